@@ -1,0 +1,155 @@
+//! The one mapping from service errors to the wire. Every error carries an
+//! `ErrorDetail` (ADP code, message, field, HTTP status, correlation id) in
+//! the gRPC status details; the HTTP facade turns that same detail into the
+//! problem+json body of SPECS.md, so gRPC and JSON clients can never disagree.
+
+use prost::Message;
+use serde_json::{json, Value};
+use tonic::{Code, Status};
+
+use crate::pb;
+use crate::service::ServiceError;
+
+/// Metadata key carrying the leader's address when a node cannot commit.
+pub const LEADER_METADATA: &str = "x-agentry-leader";
+
+/// ADP code, gRPC code and HTTP status of each error kind.
+fn classify(e: &ServiceError) -> (&'static str, Code, u16) {
+    match e {
+        ServiceError::InvalidRequest { .. } => ("invalid_request", Code::InvalidArgument, 400),
+        ServiceError::Unauthorized(_) => ("unauthorized", Code::Unauthenticated, 401),
+        ServiceError::Forbidden(_) => ("forbidden", Code::PermissionDenied, 403),
+        ServiceError::NotFound(_) => ("not_found", Code::NotFound, 404),
+        ServiceError::Gone(_) => ("not_found", Code::NotFound, 410),
+        ServiceError::Conflict(_) => ("conflict", Code::AlreadyExists, 409),
+        ServiceError::Stale(_) => ("stale_metadata", Code::FailedPrecondition, 409),
+        ServiceError::RevisionCompacted { .. } => ("not_found", Code::OutOfRange, 410),
+        ServiceError::Unavailable { .. } => ("unavailable", Code::Unavailable, 503),
+        ServiceError::Internal(_) => ("internal", Code::Internal, 500),
+    }
+}
+
+/// Converts a service error to a gRPC status with its `ErrorDetail`.
+pub fn to_status(e: &ServiceError) -> Status {
+    let (code, grpc, http_status) = classify(e);
+    let correlation_id = uuid::Uuid::new_v4().to_string();
+    let field = match e {
+        ServiceError::InvalidRequest { field, .. } => field.clone(),
+        _ => None,
+    };
+    let retry_after = matches!(e, ServiceError::Unavailable { .. }).then_some(1);
+    if http_status >= 500 {
+        tracing::warn!(%correlation_id, error = %e, "request failed");
+    } else {
+        tracing::debug!(%correlation_id, error = %e, "request refused");
+    }
+    let detail = pb::ErrorDetail {
+        code: code.to_string(),
+        message: e.to_string(),
+        field,
+        http_status: u32::from(http_status),
+        correlation_id,
+        retry_after,
+    };
+    let mut status = Status::with_details(grpc, e.to_string(), detail.encode_to_vec().into());
+    if let ServiceError::Unavailable { leader: Some(l), .. } = e {
+        if let Ok(v) = l.parse() {
+            status.metadata_mut().insert(LEADER_METADATA, v);
+        }
+    }
+    status
+}
+
+impl From<ServiceError> for Status {
+    fn from(e: ServiceError) -> Self {
+        to_status(&e)
+    }
+}
+
+/// The grpc-gateway table, for statuses that carry no `ErrorDetail` (from
+/// tonic itself rather than from Agentry).
+fn gateway_mapping(code: Code) -> (&'static str, u16) {
+    match code {
+        Code::Ok => ("ok", 200),
+        Code::InvalidArgument | Code::OutOfRange => ("invalid_request", 400),
+        Code::FailedPrecondition => ("invalid_request", 400),
+        Code::Unauthenticated => ("unauthorized", 401),
+        Code::PermissionDenied => ("forbidden", 403),
+        Code::NotFound => ("not_found", 404),
+        Code::AlreadyExists | Code::Aborted => ("conflict", 409),
+        Code::ResourceExhausted => ("rate_limited", 429),
+        Code::Cancelled => ("cancelled", 499),
+        Code::Unimplemented => ("not_implemented", 501),
+        Code::Unavailable => ("unavailable", 503),
+        Code::DeadlineExceeded => ("timeout", 504),
+        Code::Unknown | Code::Internal | Code::DataLoss => ("internal", 500),
+    }
+}
+
+/// Decodes the `ErrorDetail` of a status, synthesising one when absent.
+pub fn detail_of(status: &Status) -> pb::ErrorDetail {
+    if let Ok(d) = pb::ErrorDetail::decode(status.details()) {
+        if !d.code.is_empty() {
+            return d;
+        }
+    }
+    let (code, http) = gateway_mapping(status.code());
+    pb::ErrorDetail {
+        code: code.into(),
+        message: status.message().to_string(),
+        field: None,
+        http_status: u32::from(http),
+        correlation_id: uuid::Uuid::new_v4().to_string(),
+        retry_after: None,
+    }
+}
+
+/// The problem+json body (RFC 9457) carrying ADP's and AIDIP's members too.
+pub fn problem_body(d: &pb::ErrorDetail, instance: &str) -> Value {
+    let status = u16::try_from(d.http_status).unwrap_or(500);
+    let title = axum::http::StatusCode::from_u16(status)
+        .ok()
+        .and_then(|s| s.canonical_reason())
+        .unwrap_or("Error");
+    let mut body = json!({
+        "type": "about:blank",
+        "title": title,
+        "status": status,
+        "detail": d.message,
+        "instance": instance,
+        "code": d.code,
+        "message": d.message,
+        "correlation_id": d.correlation_id,
+        "error": {"code": d.code, "message": d.message},
+    });
+    if let Some(f) = &d.field {
+        body["field"] = json!(f);
+    }
+    if let Some(r) = d.retry_after {
+        body["retry_after"] = json!(r);
+    }
+    body
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_and_problem_agree() {
+        let e = ServiceError::InvalidRequest { field: Some("/name".into()), message: "/name: is required".into() };
+        let s = to_status(&e);
+        assert_eq!(s.code(), Code::InvalidArgument);
+        let d = detail_of(&s);
+        assert_eq!((d.code.as_str(), d.http_status, d.field.as_deref()), ("invalid_request", 400, Some("/name")));
+        let body = problem_body(&d, "/agents");
+        assert_eq!(body["error"]["code"], "invalid_request");
+        assert_eq!(body["status"], 400);
+    }
+
+    #[test]
+    fn tonic_statuses_without_detail_use_the_gateway_table() {
+        let d = detail_of(&Status::resource_exhausted("too big"));
+        assert_eq!((d.code.as_str(), d.http_status), ("rate_limited", 429));
+    }
+}

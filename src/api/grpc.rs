@@ -1,0 +1,153 @@
+//! The gRPC core: thin tonic handlers that convert, call the service, and
+//! convert back. The HTTP facade calls these same handlers in-process.
+
+use std::pin::Pin;
+
+use futures::{Stream, StreamExt};
+use tonic::{Request, Response, Status};
+
+use super::auth::Identity;
+use crate::convert::{change_kind_to_pb, record_to_pb, status_from_pb, visibility_from_pb};
+use crate::domain::{query::Filter, Principal};
+use crate::pb::{self, registry_server::Registry};
+use crate::service::{Consistency, ListQuery, RegistryService, ServiceError};
+
+/// The `agentry.v1.Registry` service.
+#[derive(Clone)]
+pub struct RegistryApi {
+    service: RegistryService,
+}
+
+impl RegistryApi {
+    pub fn new(service: RegistryService) -> Self {
+        Self { service }
+    }
+
+    pub fn service(&self) -> &RegistryService {
+        &self.service
+    }
+}
+
+/// The caller, as placed in the request extensions by authentication.
+fn principal<T>(req: &Request<T>) -> Option<Principal> {
+    req.extensions().get::<Identity>().and_then(|i| i.0.clone())
+}
+
+fn consistency(v: i32) -> Result<Consistency, ServiceError> {
+    match pb::ReadConsistency::try_from(v) {
+        Ok(pb::ReadConsistency::Unspecified | pb::ReadConsistency::Local) => Ok(Consistency::Local),
+        Ok(pb::ReadConsistency::Linearizable) => Ok(Consistency::Linearizable),
+        Err(_) => Err(ServiceError::InvalidRequest { field: Some("/consistency".into()), message: format!("/consistency: unknown value {v}") }),
+    }
+}
+
+fn now() -> time::OffsetDateTime {
+    time::OffsetDateTime::now_utc()
+}
+
+#[tonic::async_trait]
+impl Registry for RegistryApi {
+    #[tracing::instrument(name = "grpc.Register", skip_all)]
+    async fn register(&self, req: Request<pb::RegisterRequest>) -> Result<Response<pb::RegisterResponse>, Status> {
+        let who = principal(&req);
+        let req = req.into_inner();
+        let metadata = req.metadata.ok_or_else(|| ServiceError::InvalidRequest { field: Some("/metadata".into()), message: "metadata is required".into() })?;
+        let metadata = metadata.try_into().map_err(ServiceError::from)?;
+        let visibility = visibility_from_pb(req.visibility).map_err(ServiceError::from)?;
+        let (record, created) = self.service.register(who.as_ref(), metadata, visibility).await?;
+        Ok(Response::new(pb::RegisterResponse { record: Some(record_to_pb(&record, now())), created }))
+    }
+
+    #[tracing::instrument(name = "grpc.Get", skip_all)]
+    async fn get(&self, req: Request<pb::GetRequest>) -> Result<Response<pb::GetResponse>, Status> {
+        let who = principal(&req);
+        let req = req.into_inner();
+        let (record, applied_revision) = self.service.get(who.as_ref(), &req.id, consistency(req.consistency)?).await?;
+        Ok(Response::new(pb::GetResponse { record: Some(record_to_pb(&record, now())), applied_revision }))
+    }
+
+    #[tracing::instrument(name = "grpc.Update", skip_all)]
+    async fn update(&self, req: Request<pb::UpdateRequest>) -> Result<Response<pb::UpdateResponse>, Status> {
+        let who = principal(&req);
+        let req = req.into_inner();
+        let metadata = req.metadata.ok_or_else(|| ServiceError::InvalidRequest { field: Some("/metadata".into()), message: "metadata is required".into() })?;
+        let metadata = metadata.try_into().map_err(ServiceError::from)?;
+        let visibility = visibility_from_pb(req.visibility).map_err(ServiceError::from)?;
+        let record = self.service.update(who.as_ref(), &req.id, metadata, visibility).await?;
+        Ok(Response::new(pb::UpdateResponse { record: Some(record_to_pb(&record, now())) }))
+    }
+
+    #[tracing::instrument(name = "grpc.Delete", skip_all)]
+    async fn delete(&self, req: Request<pb::DeleteRequest>) -> Result<Response<pb::DeleteResponse>, Status> {
+        let who = principal(&req);
+        let req = req.into_inner();
+        let revision = self.service.delete(who.as_ref(), &req.id).await?;
+        Ok(Response::new(pb::DeleteResponse { id: req.id, revision }))
+    }
+
+    #[tracing::instrument(name = "grpc.SetStatus", skip_all)]
+    async fn set_status(&self, req: Request<pb::SetStatusRequest>) -> Result<Response<pb::SetStatusResponse>, Status> {
+        let who = principal(&req);
+        let req = req.into_inner();
+        let status = status_from_pb(req.status, "/status")
+            .map_err(ServiceError::from)?
+            .ok_or_else(|| ServiceError::InvalidRequest { field: Some("/status".into()), message: "/status: must be one of active, deprecated, inactive, deleted".into() })?;
+        let record = self.service.set_status(who.as_ref(), &req.id, status, req.reason).await?;
+        Ok(Response::new(pb::SetStatusResponse { record: Some(record_to_pb(&record, now())) }))
+    }
+
+    #[tracing::instrument(name = "grpc.List", skip_all)]
+    async fn list(&self, req: Request<pb::ListRequest>) -> Result<Response<pb::ListResponse>, Status> {
+        let who = principal(&req);
+        let req = req.into_inner();
+        let statuses = req
+            .statuses
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                status_from_pb(*s, &format!("/statuses/{i}"))?
+                    .ok_or_else(|| crate::domain::FieldError::new(format!("/statuses/{i}"), "must not be unspecified"))
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(ServiceError::from)?;
+        let query = ListQuery {
+            filter: Filter {
+                capabilities: req.capabilities,
+                tags: req.tags,
+                languages: req.languages,
+                statuses,
+                publisher: req.publisher,
+                owner: req.owner,
+                include_expired: req.include_expired,
+            },
+            page_size: req.page_size,
+            page_token: req.page_token,
+            consistency: consistency(req.consistency)?,
+        };
+        let page = self.service.list(who.as_ref(), query).await?;
+        let now = now();
+        Ok(Response::new(pb::ListResponse {
+            records: page.records.iter().map(|r| record_to_pb(r, now)).collect(),
+            next_page_token: page.next_page_token,
+            total_count: page.total_count,
+            applied_revision: page.applied_revision,
+        }))
+    }
+
+    type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchResponse, Status>> + Send>>;
+
+    #[tracing::instrument(name = "grpc.Watch", skip_all)]
+    async fn watch(&self, req: Request<pb::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
+        let who = principal(&req);
+        let changes = self.service.watch(who.as_ref(), req.get_ref().from_revision)?;
+        let stream = changes.map(|c| {
+            c.map(|c| pb::WatchResponse {
+                revision: c.revision,
+                kind: change_kind_to_pb(c.kind) as i32,
+                record: Some(record_to_pb(&c.record, now())),
+            })
+            .map_err(Status::from)
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+}

@@ -1,0 +1,473 @@
+//! The JSON/HTTP facade. Each route translates JSON to the protobuf request,
+//! authenticates with the same `Authenticator`, calls the same gRPC handler
+//! in-process, and translates the answer (or the error's `ErrorDetail`) back.
+//! Validation, authorisation and error codes therefore exist once.
+
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{self, MethodRouter};
+use axum::Router;
+use serde_json::{json, Value};
+use tonic::metadata::MetadataMap;
+use tonic::Status;
+
+use super::auth::Authenticator;
+use super::error::{detail_of, problem_body};
+use super::grpc::RegistryApi;
+use crate::convert::{record_pb_to_json, status_to_pb};
+use crate::domain::{AgentStatus, Visibility};
+use crate::pb::{self, registry_server::Registry};
+use crate::service::ServiceError;
+
+mod openapi;
+
+pub use openapi::OPENAPI_JSON;
+
+/// Shared state of the facade.
+#[derive(Clone)]
+pub struct HttpState {
+    pub api: RegistryApi,
+    pub auth: Arc<Authenticator>,
+    /// Largest request body accepted, in bytes.
+    pub max_body: usize,
+}
+
+/// An error answer: the gRPC status plus the path it answers for.
+struct ApiError(Status);
+
+impl From<Status> for ApiError {
+    fn from(s: Status) -> Self {
+        Self(s)
+    }
+}
+
+impl From<ServiceError> for ApiError {
+    fn from(e: ServiceError) -> Self {
+        Self(e.into())
+    }
+}
+
+fn invalid(field: Option<&str>, message: impl Into<String>) -> ApiError {
+    ServiceError::InvalidRequest { field: field.map(String::from), message: message.into() }.into()
+}
+
+type ApiResult = Result<Response, ApiError>;
+
+/// Renders an error as problem+json. The instance is filled in by the
+/// middleware that knows the request path.
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let d = detail_of(&self.0);
+        let status = StatusCode::from_u16(u16::try_from(d.http_status).unwrap_or(500)).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let mut resp = (status, [(header::CONTENT_TYPE, "application/problem+json")], problem_body(&d, "").to_string()).into_response();
+        if let Some(r) = d.retry_after {
+            resp.headers_mut().insert(header::RETRY_AFTER, r.into());
+        }
+        if let Some(leader) = self.0.metadata().get(super::error::LEADER_METADATA).and_then(|v| v.to_str().ok()) {
+            if let Ok(v) = leader.parse() {
+                resp.headers_mut().insert(super::error::LEADER_METADATA, v);
+            }
+        }
+        resp
+    }
+}
+
+/// Fills the problem body's `instance` with the request path, so every
+/// error names the resource it concerns.
+async fn set_problem_instance(uri: Uri, req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let resp = next.run(req).await;
+    let is_problem = resp.headers().get(header::CONTENT_TYPE).is_some_and(|v| v == "application/problem+json");
+    if !is_problem {
+        return resp;
+    }
+    let (parts, body) = resp.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, 1 << 20).await else {
+        return Response::from_parts(parts, Body::empty());
+    };
+    let mut v: Value = serde_json::from_slice(&bytes).unwrap_or_default();
+    v["instance"] = json!(uri.path());
+    Response::from_parts(parts, Body::from(v.to_string()))
+}
+
+/// Builds a tonic request carrying the caller's identity, as the gRPC
+/// interceptor would.
+fn grpc_request<T>(state: &HttpState, headers: &HeaderMap, msg: T) -> Result<tonic::Request<T>, ApiError> {
+    let identity = state.auth.identify(&MetadataMap::from_headers(headers.clone()))?;
+    let mut req = tonic::Request::new(msg);
+    req.extensions_mut().insert(identity);
+    Ok(req)
+}
+
+fn json_response(status: StatusCode, body: &Value) -> Response {
+    (status, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
+}
+
+fn record_json(r: Option<&pb::AgentRecord>) -> Result<Value, ApiError> {
+    let r = r.ok_or_else(|| ServiceError::Internal("handler returned no record".into()))?;
+    record_pb_to_json(r).map_err(|e| ServiceError::Internal(e.to_string()).into())
+}
+
+fn etag(r: &pb::AgentRecord) -> String {
+    format!("\"{}\"", r.envelope.as_ref().map(|e| e.revision).unwrap_or(0))
+}
+
+/// Reads a JSON body: the media type must be JSON, the size within the
+/// limit, and the text well-formed.
+async fn json_body(state: &HttpState, headers: &HeaderMap, body: Body) -> Result<Value, ApiError> {
+    let ctype = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let essence = ctype.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    if !(essence == "application/json" || (essence.starts_with("application/") && essence.ends_with("+json"))) {
+        return Err(ApiError(Status::with_details(
+            tonic::Code::InvalidArgument,
+            "unsupported media type",
+            prost::Message::encode_to_vec(&pb::ErrorDetail {
+                code: "invalid_request".into(),
+                message: format!("Content-Type must be application/json, not '{ctype}'"),
+                field: None,
+                http_status: 415,
+                correlation_id: uuid::Uuid::new_v4().to_string(),
+                retry_after: None,
+            })
+            .into(),
+        )));
+    }
+    let bytes: Bytes = axum::body::to_bytes(body, state.max_body).await.map_err(|_| {
+        ApiError(Status::with_details(
+            tonic::Code::InvalidArgument,
+            "request body too large",
+            prost::Message::encode_to_vec(&pb::ErrorDetail {
+                code: "invalid_request".into(),
+                message: format!("request body is larger than the limit of {} bytes", state.max_body),
+                field: None,
+                http_status: 413,
+                correlation_id: uuid::Uuid::new_v4().to_string(),
+                retry_after: None,
+            })
+            .into(),
+        ))
+    })?;
+    serde_json::from_slice(&bytes).map_err(|e| invalid(None, format!("request body is not valid JSON: {e}")))
+}
+
+/// Parses agent metadata JSON, naming the member with the wrong type.
+fn parse_metadata(v: Value) -> Result<pb::AgentMetadata, ApiError> {
+    crate::convert::metadata_from_json(v).map_err(|e| ServiceError::from(e).into())
+}
+
+/// Query parameters, all values of repeated or comma-separated keys, with
+/// unknown keys refused so typos do not silently widen a query.
+fn query_params(raw: Option<&str>, allowed: &[&str]) -> Result<Vec<(String, String)>, ApiError> {
+    let pairs: Vec<(String, String)> = url::form_urlencoded::parse(raw.unwrap_or("").as_bytes()).into_owned().collect();
+    for (k, _) in &pairs {
+        if !allowed.contains(&k.as_str()) {
+            return Err(invalid(None, format!("unknown query parameter '{k}' (allowed: {})", allowed.join(", "))));
+        }
+    }
+    Ok(pairs)
+}
+
+fn values(pairs: &[(String, String)], key: &str) -> Vec<String> {
+    pairs
+        .iter()
+        .filter(|(k, _)| k == key)
+        .flat_map(|(_, v)| v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect::<Vec<_>>())
+        .collect()
+}
+
+fn single(pairs: &[(String, String)], key: &str) -> Option<String> {
+    pairs.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v.clone())
+}
+
+fn consistency_param(pairs: &[(String, String)]) -> Result<i32, ApiError> {
+    Ok(match single(pairs, "consistency").as_deref() {
+        None | Some("local") => pb::ReadConsistency::Local as i32,
+        Some("linearizable") => pb::ReadConsistency::Linearizable as i32,
+        Some(other) => return Err(invalid(Some("/consistency"), format!("consistency must be 'local' or 'linearizable', not '{other}'"))),
+    })
+}
+
+fn visibility_param(pairs: &[(String, String)]) -> Result<i32, ApiError> {
+    Ok(match single(pairs, "visibility").as_deref() {
+        None => pb::Visibility::Unspecified as i32,
+        Some(v) => match Visibility::parse(v) {
+            Some(Visibility::Public) => pb::Visibility::Public as i32,
+            Some(Visibility::Private) => pb::Visibility::Private as i32,
+            None => return Err(invalid(Some("/visibility"), format!("visibility must be 'public' or 'private', not '{v}'"))),
+        },
+    })
+}
+
+fn status_list(raw: &[String], pointer: &str) -> Result<Vec<i32>, ApiError> {
+    raw.iter()
+        .map(|s| {
+            AgentStatus::parse(s)
+                .map(|st| status_to_pb(Some(st)) as i32)
+                .ok_or_else(|| invalid(Some(pointer), format!("unknown status '{s}' (use active, deprecated, inactive or deleted)")))
+        })
+        .collect()
+}
+
+fn parse_u32(v: Option<String>, pointer: &str) -> Result<u32, ApiError> {
+    v.map(|s| s.parse::<u32>().map_err(|_| invalid(Some(pointer), format!("{pointer}: '{s}' is not a non-negative integer"))))
+        .transpose()
+        .map(Option::unwrap_or_default)
+}
+
+fn parse_bool(v: Option<String>, pointer: &str) -> Result<bool, ApiError> {
+    match v.as_deref() {
+        None | Some("false") | Some("0") => Ok(false),
+        Some("true") | Some("1") | Some("") => Ok(true),
+        Some(o) => Err(invalid(Some(pointer), format!("{pointer}: '{o}' is not a boolean"))),
+    }
+}
+
+async fn register(State(s): State<HttpState>, RawQuery(q): RawQuery, headers: HeaderMap, body: Body) -> ApiResult {
+    let pairs = query_params(q.as_deref(), &["visibility"])?;
+    let metadata = parse_metadata(json_body(&s, &headers, body).await?)?;
+    let req = grpc_request(&s, &headers, pb::RegisterRequest { metadata: Some(metadata), visibility: visibility_param(&pairs)? })?;
+    let resp = s.api.register(req).await?.into_inner();
+    let record = resp.record.as_ref();
+    let body = record_json(record)?;
+    let mut out = json_response(if resp.created { StatusCode::CREATED } else { StatusCode::OK }, &body);
+    if let Some(r) = record {
+        if let Ok(v) = etag(r).parse() {
+            out.headers_mut().insert(header::ETAG, v);
+        }
+        if resp.created {
+            let id = r.metadata.as_ref().map(|m| m.id.as_str()).unwrap_or_default();
+            let loc = format!("/agents/{}", url::form_urlencoded::byte_serialize(id.as_bytes()).collect::<String>());
+            if let Ok(v) = loc.parse() {
+                out.headers_mut().insert(header::LOCATION, v);
+            }
+        }
+    }
+    Ok(out)
+}
+
+async fn get_agent(State(s): State<HttpState>, Path(id): Path<String>, RawQuery(q): RawQuery, headers: HeaderMap) -> ApiResult {
+    let pairs = query_params(q.as_deref(), &["consistency"])?;
+    let req = grpc_request(&s, &headers, pb::GetRequest { id, consistency: consistency_param(&pairs)? })?;
+    let resp = s.api.get(req).await?.into_inner();
+    let mut out = json_response(StatusCode::OK, &record_json(resp.record.as_ref())?);
+    if let Some(r) = &resp.record {
+        if let Ok(v) = etag(r).parse() {
+            out.headers_mut().insert(header::ETAG, v);
+        }
+    }
+    out.headers_mut().insert("x-agentry-applied-revision", resp.applied_revision.into());
+    Ok(out)
+}
+
+async fn update_agent(State(s): State<HttpState>, Path(id): Path<String>, RawQuery(q): RawQuery, headers: HeaderMap, body: Body) -> ApiResult {
+    let pairs = query_params(q.as_deref(), &["visibility"])?;
+    let metadata = parse_metadata(json_body(&s, &headers, body).await?)?;
+    let req = grpc_request(&s, &headers, pb::UpdateRequest { id, metadata: Some(metadata), visibility: visibility_param(&pairs)? })?;
+    let resp = s.api.update(req).await?.into_inner();
+    Ok(json_response(StatusCode::OK, &record_json(resp.record.as_ref())?))
+}
+
+async fn delete_agent(State(s): State<HttpState>, Path(id): Path<String>, RawQuery(q): RawQuery, headers: HeaderMap) -> ApiResult {
+    query_params(q.as_deref(), &[])?;
+    let req = grpc_request(&s, &headers, pb::DeleteRequest { id })?;
+    let resp = s.api.delete(req).await?.into_inner();
+    Ok(json_response(StatusCode::OK, &json!({"id": resp.id, "revision": resp.revision, "deleted": true})))
+}
+
+async fn set_status(State(s): State<HttpState>, Path(id): Path<String>, headers: HeaderMap, body: Body) -> ApiResult {
+    let v = json_body(&s, &headers, body).await?;
+    let status = match v.get("status") {
+        Some(Value::String(st)) => status_list(std::slice::from_ref(st), "/status")?[0],
+        Some(_) => return Err(invalid(Some("/status"), "/status: must be a string")),
+        None => return Err(invalid(Some("/status"), "/status: is required (active, deprecated, inactive or deleted)")),
+    };
+    let reason = match v.get("reason") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(r)) => Some(r.clone()),
+        Some(_) => return Err(invalid(Some("/reason"), "/reason: must be a string")),
+    };
+    let req = grpc_request(&s, &headers, pb::SetStatusRequest { id, status, reason })?;
+    let resp = s.api.set_status(req).await?.into_inner();
+    Ok(json_response(StatusCode::OK, &record_json(resp.record.as_ref())?))
+}
+
+async fn list_agents(State(s): State<HttpState>, RawQuery(q): RawQuery, headers: HeaderMap) -> ApiResult {
+    let pairs = query_params(
+        q.as_deref(),
+        &["capabilities", "tags", "language", "status", "publisher", "owner", "include_expired", "page_size", "page_token", "consistency"],
+    )?;
+    let req = pb::ListRequest {
+        capabilities: values(&pairs, "capabilities"),
+        tags: values(&pairs, "tags"),
+        languages: values(&pairs, "language"),
+        statuses: status_list(&values(&pairs, "status"), "/status")?,
+        publisher: single(&pairs, "publisher"),
+        owner: single(&pairs, "owner"),
+        include_expired: parse_bool(single(&pairs, "include_expired"), "/include_expired")?,
+        page_size: parse_u32(single(&pairs, "page_size"), "/page_size")?,
+        page_token: single(&pairs, "page_token").unwrap_or_default(),
+        consistency: consistency_param(&pairs)?,
+    };
+    let resp = s.api.list(grpc_request(&s, &headers, req)?).await?.into_inner();
+    let agents = resp.records.iter().map(|r| record_json(Some(r))).collect::<Result<Vec<_>, _>>()?;
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({
+            "agents": agents,
+            "next_page_token": resp.next_page_token,
+            "total_count": resp.total_count,
+            "applied_revision": resp.applied_revision,
+        }),
+    ))
+}
+
+/// Reads a string-or-array member of the AIDIP search filters.
+fn string_list(v: Option<&Value>, pointer: &str) -> Result<Vec<String>, ApiError> {
+    match v {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::String(s)) => Ok(vec![s.clone()]),
+        Some(Value::Array(a)) => a
+            .iter()
+            .enumerate()
+            .map(|(i, x)| x.as_str().map(String::from).ok_or_else(|| invalid(Some(&format!("{pointer}/{i}")), format!("{pointer}/{i}: must be a string"))))
+            .collect(),
+        Some(_) => Err(invalid(Some(pointer), format!("{pointer}: must be a string or an array of strings"))),
+    }
+}
+
+/// AIDIP summary of a record: the fields a client needs to choose.
+fn summary(r: &Value) -> Value {
+    let endpoint = r.get("endpoint").cloned().or_else(|| r.pointer("/bindings/0/endpoint").cloned());
+    let mut out = json!({"id": r["id"], "name": r["name"], "description": r["description"]});
+    for (k, v) in [("endpoint", endpoint), ("capabilities", r.get("capabilities").cloned()), ("tags", r.get("tags").cloned()),
+                   ("status", r.get("status").cloned()), ("version", r.get("version").cloned())] {
+        if let Some(v) = v {
+            out[k] = v;
+        }
+    }
+    out
+}
+
+/// `POST /agents/search`, AIDIP shape. The natural-language `query` is
+/// accepted and, until the discovery engine ranks by it, ignored as AIDIP
+/// allows for registries without semantic search.
+async fn search_agents(State(s): State<HttpState>, headers: HeaderMap, body: Body) -> ApiResult {
+    let v = json_body(&s, &headers, body).await?;
+    let Value::Object(obj) = &v else { return Err(invalid(Some(""), "the search request must be a JSON object")) };
+    for k in obj.keys() {
+        if !["filters", "query", "top"].contains(&k.as_str()) {
+            return Err(invalid(Some(&format!("/{k}")), format!("unknown member '{k}' (allowed: filters, query, top)")));
+        }
+    }
+    if let Some(q) = obj.get("query") {
+        if !q.is_string() && !q.is_null() {
+            return Err(invalid(Some("/query"), "/query: must be a string"));
+        }
+    }
+    let top = match obj.get("top") {
+        None | Some(Value::Null) => 10,
+        Some(t) => t.as_u64().filter(|n| (1..=1000).contains(n)).ok_or_else(|| invalid(Some("/top"), "/top: must be an integer from 1 to 1000"))? as u32,
+    };
+    let empty = serde_json::Map::new();
+    let filters = match obj.get("filters") {
+        None | Some(Value::Null) => &empty,
+        Some(Value::Object(f)) => f,
+        Some(_) => return Err(invalid(Some("/filters"), "/filters: must be an object")),
+    };
+    const FILTERS: [&str; 7] = ["capabilities", "tags", "supported_languages", "supported_language", "language", "status", "publisher"];
+    for k in filters.keys() {
+        if !FILTERS.contains(&k.as_str()) {
+            return Err(invalid(Some(&format!("/filters/{k}")), format!("unsupported filter '{k}' (supported: {})", FILTERS.join(", "))));
+        }
+    }
+    let mut languages = string_list(filters.get("supported_languages"), "/filters/supported_languages")?;
+    languages.extend(string_list(filters.get("supported_language"), "/filters/supported_language")?);
+    languages.extend(string_list(filters.get("language"), "/filters/language")?);
+    let req = pb::ListRequest {
+        capabilities: string_list(filters.get("capabilities"), "/filters/capabilities")?,
+        tags: string_list(filters.get("tags"), "/filters/tags")?,
+        languages,
+        statuses: status_list(&string_list(filters.get("status"), "/filters/status")?, "/filters/status")?,
+        publisher: string_list(filters.get("publisher"), "/filters/publisher")?.into_iter().next(),
+        page_size: top,
+        ..Default::default()
+    };
+    let resp = s.api.list(grpc_request(&s, &headers, req)?).await?.into_inner();
+    let out = resp.records.iter().map(|r| record_json(Some(r)).map(|v| summary(&v))).collect::<Result<Vec<_>, _>>()?;
+    Ok(json_response(StatusCode::OK, &Value::Array(out)))
+}
+
+async fn healthz() -> Response {
+    json_response(StatusCode::OK, &json!({"status": "ok"}))
+}
+
+async fn readyz(State(s): State<HttpState>) -> Response {
+    match s.api.service().ready() {
+        Ok(revision) => json_response(StatusCode::OK, &json!({"status": "ready", "applied_revision": revision})),
+        Err(e) => ApiError::from(e).into_response(),
+    }
+}
+
+async fn openapi() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], OPENAPI_JSON).into_response()
+}
+
+async fn no_route(method: Method, uri: Uri) -> Response {
+    ApiError::from(ServiceError::NotFound(format!("no route for {method} {}", uri.path()))).into_response()
+}
+
+async fn wrong_method(method: Method, uri: Uri) -> Response {
+    let d = pb::ErrorDetail {
+        code: "invalid_request".into(),
+        message: format!("method {method} is not allowed on {}", uri.path()),
+        field: None,
+        http_status: 405,
+        correlation_id: uuid::Uuid::new_v4().to_string(),
+        retry_after: None,
+    };
+    ApiError(Status::with_details(tonic::Code::Unimplemented, d.message.clone(), prost::Message::encode_to_vec(&d).into())).into_response()
+}
+
+/// The facade's routes, collected as (method, path) while the router is
+/// built, so the OpenAPI document can be checked against exactly these.
+pub struct Routes {
+    router: Router<HttpState>,
+    pub table: Vec<(&'static str, &'static str)>,
+}
+
+impl Routes {
+    fn add(mut self, method: &'static str, path: &'static str, handler: MethodRouter<HttpState>) -> Self {
+        self.router = self.router.route(path, handler);
+        self.table.push((method, path));
+        self
+    }
+}
+
+/// Builds the facade's routes.
+pub fn routes() -> Routes {
+    Routes { router: Router::new(), table: Vec::new() }
+        .add("POST", "/agents", routing::post(register))
+        .add("GET", "/agents", routing::get(list_agents))
+        .add("POST", "/agents/search", routing::post(search_agents))
+        .add("GET", "/agents/{id}", routing::get(get_agent))
+        .add("PUT", "/agents/{id}", routing::put(update_agent))
+        .add("DELETE", "/agents/{id}", routing::delete(delete_agent))
+        .add("POST", "/agents/{id}/status", routing::post(set_status))
+        .add("GET", "/healthz", routing::get(healthz))
+        .add("GET", "/readyz", routing::get(readyz))
+        .add("GET", "/openapi.json", routing::get(openapi))
+}
+
+/// The facade as a ready router.
+pub fn router(state: HttpState) -> Router {
+    routes()
+        .router
+        .fallback(no_route)
+        .method_not_allowed_fallback(wrong_method)
+        .layer(axum::middleware::from_fn(set_problem_instance))
+        .layer(tower_http::trace::TraceLayer::new_for_http())
+        .with_state(state)
+}

@@ -1,0 +1,7 @@
+//! The transports: the gRPC core, the JSON/HTTP facade that calls the same
+//! gRPC handlers in-process, authentication, and the one error mapping.
+
+pub mod auth;
+pub mod error;
+pub mod grpc;
+pub mod http;

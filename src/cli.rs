@@ -1,0 +1,336 @@
+//! Command line: `agentry serve` and the client commands, which talk to the
+//! public gRPC API like any other client.
+
+use std::io::Read;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use futures::StreamExt;
+use serde_json::Value;
+use tonic::transport::Channel;
+
+use crate::api::error::detail_of;
+use crate::config::Config;
+use crate::convert::{metadata_from_json, record_pb_to_json, status_to_pb};
+use crate::domain::AgentStatus;
+use crate::pb::{self, registry_client::RegistryClient};
+
+#[derive(Debug, Parser)]
+#[command(name = "agentry", version, about = "A federated registry cluster for AI agents")]
+pub struct Cli {
+    /// Log filter (tracing EnvFilter syntax), e.g. "info" or "agentry=debug".
+    #[arg(long, env = "AGENTRY_LOG", default_value = "info", global = true)]
+    pub log: String,
+    /// Log format: text or json.
+    #[arg(long, env = "AGENTRY_LOG_FORMAT", default_value = "text", global = true)]
+    pub log_format: String,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a registry node.
+    Serve(ServeArgs),
+    /// Manage agent records on a running registry.
+    Agents(AgentsArgs),
+}
+
+/// Flags and environment variables override the config file.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// TOML config file.
+    #[arg(long, env = "AGENTRY_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Data directory (RocksDB, snapshots, admin key digest).
+    #[arg(long, env = "AGENTRY_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Public gRPC listener address.
+    #[arg(long, env = "AGENTRY_GRPC_ADDR")]
+    pub grpc_addr: Option<SocketAddr>,
+    /// HTTP/JSON facade listener address.
+    #[arg(long, env = "AGENTRY_HTTP_ADDR")]
+    pub http_addr: Option<SocketAddr>,
+    /// Address advertised for Raft traffic.
+    #[arg(long, env = "AGENTRY_RAFT_ADDR")]
+    pub raft_addr: Option<String>,
+    /// Raft node id.
+    #[arg(long, env = "AGENTRY_NODE_ID")]
+    pub node_id: Option<u64>,
+    /// Require an API key for reads too.
+    #[arg(long, env = "AGENTRY_NO_ANONYMOUS_READS")]
+    pub no_anonymous_reads: bool,
+    /// Bootstrap admin API key.
+    #[arg(long = "admin-key", env = "AGENTRY_ADMIN_KEY", hide_env_values = true)]
+    pub admin_key: Option<String>,
+}
+
+impl ServeArgs {
+    /// The effective configuration: defaults < file < env/flags.
+    pub fn config(&self) -> Result<Config, crate::config::ConfigError> {
+        let mut c = match &self.config {
+            Some(p) => Config::from_file(p)?,
+            None => Config::default(),
+        };
+        if let Some(v) = &self.data_dir {
+            c.data_dir = v.clone();
+        }
+        if let Some(v) = self.grpc_addr {
+            c.grpc_addr = v;
+        }
+        if let Some(v) = self.http_addr {
+            c.http_addr = v;
+        }
+        if let Some(v) = &self.raft_addr {
+            c.raft_addr = v.clone();
+        }
+        if let Some(v) = self.node_id {
+            c.node_id = v;
+        }
+        if self.no_anonymous_reads {
+            c.anonymous_reads = false;
+        }
+        c.admin_key = self.admin_key.clone().filter(|k| !k.is_empty());
+        Ok(c)
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct AgentsArgs {
+    /// gRPC address of a registry node.
+    #[arg(long, env = "AGENTRY_SERVER", default_value = "http://127.0.0.1:8471", global = true)]
+    pub server: String,
+    /// API key sent as a bearer token.
+    #[arg(long, env = "AGENTRY_API_KEY", hide_env_values = true, global = true)]
+    pub api_key: Option<String>,
+    /// Print JSON instead of tables.
+    #[arg(long, global = true)]
+    pub json: bool,
+    #[command(subcommand)]
+    pub command: AgentsCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AgentsCommand {
+    /// Register (or refresh) an agent from a JSON file, or '-' for stdin.
+    Register {
+        file: String,
+        /// Only the owner and admins may read it.
+        #[arg(long)]
+        private: bool,
+    },
+    /// Show one agent.
+    Get { id: String },
+    /// List agents; filters combine with AND.
+    List {
+        #[arg(long = "capability")]
+        capabilities: Vec<String>,
+        #[arg(long = "tag")]
+        tags: Vec<String>,
+        #[arg(long = "language")]
+        languages: Vec<String>,
+        #[arg(long = "status")]
+        statuses: Vec<String>,
+        #[arg(long)]
+        publisher: Option<String>,
+        #[arg(long)]
+        owner: Option<String>,
+        #[arg(long)]
+        include_expired: bool,
+        #[arg(long, default_value_t = 50)]
+        page_size: u32,
+        /// Follow page tokens to the end.
+        #[arg(long)]
+        all: bool,
+    },
+    /// Delete an agent (leaves a tombstone).
+    Delete { id: String },
+    /// Set an agent's lifecycle status: active, deprecated, inactive, deleted.
+    Status {
+        id: String,
+        status: String,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Stream changes, from a revision or from now.
+    Watch {
+        #[arg(long = "from", default_value_t = 0)]
+        from: u64,
+    },
+}
+
+/// A client-side failure, printed with the server's code when it has one.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error("{code}: {message}")]
+    Server { code: String, message: String },
+    #[error("{0}")]
+    Local(String),
+}
+
+impl From<tonic::Status> for CliError {
+    fn from(s: tonic::Status) -> Self {
+        let d = detail_of(&s);
+        Self::Server { code: d.code, message: d.message }
+    }
+}
+
+fn local(e: impl std::fmt::Display) -> CliError {
+    CliError::Local(e.to_string())
+}
+
+fn request<T>(args: &AgentsArgs, msg: T) -> Result<tonic::Request<T>, CliError> {
+    let mut req = tonic::Request::new(msg);
+    if let Some(key) = &args.api_key {
+        let value = format!("Bearer {key}").parse().map_err(|_| local("the API key is not valid header text"))?;
+        req.metadata_mut().insert("authorization", value);
+    }
+    Ok(req)
+}
+
+fn print_record(args: &AgentsArgs, r: &pb::AgentRecord) -> Result<(), CliError> {
+    let v = record_pb_to_json(r).map_err(local)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&v).map_err(local)?);
+        return Ok(());
+    }
+    let env = &v["registry"];
+    let s = |v: &Value| match v {
+        Value::String(s) => s.clone(),
+        Value::Null => "-".into(),
+        other => other.to_string(),
+    };
+    let endpoints: Vec<String> = v["bindings"].as_array().map(|b| b.iter().map(|b| format!("{} {}", s(&b["protocol"]), s(&b["endpoint"]))).collect()).unwrap_or_default();
+    for (k, val) in [
+        ("ID", s(&v["id"])),
+        ("NAME", s(&v["name"])),
+        ("DESCRIPTION", s(&v["description"])),
+        ("VERSION", s(&v["version"])),
+        ("STATUS", s(&v["status"])),
+        ("TAGS", v["tags"].as_array().map(|t| t.iter().map(&s).collect::<Vec<_>>().join(", ")).unwrap_or_default()),
+        ("BINDINGS", endpoints.join("; ")),
+        ("OWNER", s(&env["owner"])),
+        ("REVISION", s(&env["revision"])),
+        ("VISIBILITY", s(&env["visibility"])),
+        ("EXPIRED", s(&env["expired"])),
+    ] {
+        println!("{k:<12} {val}");
+    }
+    Ok(())
+}
+
+fn status_name(v: i32) -> &'static str {
+    match pb::AgentStatus::try_from(v) {
+        Ok(pb::AgentStatus::Deprecated) => "deprecated",
+        Ok(pb::AgentStatus::Inactive) => "inactive",
+        Ok(pb::AgentStatus::Deleted) => "deleted",
+        _ => "active",
+    }
+}
+
+fn parse_status(s: &str) -> Result<i32, CliError> {
+    AgentStatus::parse(s)
+        .map(|st| status_to_pb(Some(st)) as i32)
+        .ok_or_else(|| local(format!("unknown status '{s}' (use active, deprecated, inactive or deleted)")))
+}
+
+/// Runs a client command against `args.server`.
+pub async fn run_agents(args: AgentsArgs) -> Result<(), CliError> {
+    let channel = Channel::from_shared(args.server.clone()).map_err(local)?.connect().await.map_err(|e| local(format!("cannot reach {}: {e}", args.server)))?;
+    let mut client = RegistryClient::new(channel);
+    match &args.command {
+        AgentsCommand::Register { file, private } => {
+            let mut text = String::new();
+            if file == "-" {
+                std::io::stdin().read_to_string(&mut text).map_err(local)?;
+            } else {
+                text = std::fs::read_to_string(file).map_err(|e| local(format!("{file}: {e}")))?;
+            }
+            let v: Value = serde_json::from_str(&text).map_err(|e| local(format!("{file} is not valid JSON: {e}")))?;
+            let metadata = metadata_from_json(v).map_err(|e| CliError::Server { code: "invalid_request".into(), message: e.to_string() })?;
+            let visibility = if *private { pb::Visibility::Private } else { pb::Visibility::Unspecified } as i32;
+            let resp = client.register(request(&args, pb::RegisterRequest { metadata: Some(metadata), visibility })?).await?.into_inner();
+            if !args.json {
+                println!("{}", if resp.created { "created" } else { "updated" });
+            }
+            if let Some(r) = &resp.record {
+                print_record(&args, r)?;
+            }
+        }
+        AgentsCommand::Get { id } => {
+            let resp = client.get(request(&args, pb::GetRequest { id: id.clone(), consistency: 0 })?).await?.into_inner();
+            if let Some(r) = &resp.record {
+                print_record(&args, r)?;
+            }
+        }
+        AgentsCommand::List { capabilities, tags, languages, statuses, publisher, owner, include_expired, page_size, all } => {
+            let statuses = statuses.iter().map(|s| parse_status(s)).collect::<Result<Vec<_>, _>>()?;
+            let mut token = String::new();
+            let mut rows = Vec::new();
+            let mut total = 0;
+            loop {
+                let req = pb::ListRequest {
+                    capabilities: capabilities.clone(),
+                    tags: tags.clone(),
+                    languages: languages.clone(),
+                    statuses: statuses.clone(),
+                    publisher: publisher.clone(),
+                    owner: owner.clone(),
+                    include_expired: *include_expired,
+                    page_size: *page_size,
+                    page_token: token.clone(),
+                    consistency: 0,
+                };
+                let resp = client.list(request(&args, req)?).await?.into_inner();
+                total = resp.total_count;
+                rows.extend(resp.records);
+                token = resp.next_page_token;
+                if token.is_empty() || !*all {
+                    break;
+                }
+            }
+            if args.json {
+                let agents = rows.iter().map(record_pb_to_json).collect::<Result<Vec<_>, _>>().map_err(local)?;
+                println!("{}", serde_json::to_string_pretty(&serde_json::json!({"agents": agents, "total_count": total, "next_page_token": token})).map_err(local)?);
+            } else {
+                println!("{:<40} {:<28} {:<11} {:>8} OWNER", "ID", "NAME", "STATUS", "REVISION");
+                for r in &rows {
+                    let (m, e) = (r.metadata.clone().unwrap_or_default(), r.envelope.clone().unwrap_or_default());
+                    println!("{:<40} {:<28} {:<11} {:>8} {}", m.id, m.name, status_name(m.status), e.revision, e.owner);
+                }
+                println!("{} of {} shown{}", rows.len(), total, if token.is_empty() { "" } else { " (more: --all)" });
+            }
+        }
+        AgentsCommand::Delete { id } => {
+            let resp = client.delete(request(&args, pb::DeleteRequest { id: id.clone() })?).await?.into_inner();
+            if args.json {
+                println!("{}", serde_json::json!({"id": resp.id, "revision": resp.revision, "deleted": true}));
+            } else {
+                println!("deleted {} at revision {}", resp.id, resp.revision);
+            }
+        }
+        AgentsCommand::Status { id, status, reason } => {
+            let req = pb::SetStatusRequest { id: id.clone(), status: parse_status(status)?, reason: reason.clone() };
+            let resp = client.set_status(request(&args, req)?).await?.into_inner();
+            if let Some(r) = &resp.record {
+                print_record(&args, r)?;
+            }
+        }
+        AgentsCommand::Watch { from } => {
+            let mut stream = client.watch(request(&args, pb::WatchRequest { from_revision: *from })?).await?.into_inner();
+            while let Some(item) = stream.next().await {
+                let change = item?;
+                let kind = pb::ChangeKind::try_from(change.kind).map(|k| k.as_str_name()).unwrap_or("UNKNOWN");
+                if args.json {
+                    let record = change.record.as_ref().map(record_pb_to_json).transpose().map_err(local)?;
+                    println!("{}", serde_json::json!({"revision": change.revision, "kind": kind.trim_start_matches("CHANGE_KIND_").to_lowercase(), "record": record}));
+                } else {
+                    let id = change.record.and_then(|r| r.metadata).map(|m| m.id).unwrap_or_default();
+                    println!("{:>8} {:<15} {}", change.revision, kind.trim_start_matches("CHANGE_KIND_"), id);
+                }
+            }
+        }
+    }
+    Ok(())
+}

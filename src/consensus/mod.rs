@@ -1,0 +1,30 @@
+//! Consensus: the Raft type configuration, the commands every write becomes,
+//! and the node that proposes them. A write is only acknowledged once openraft
+//! has committed its log entry and the state machine has applied it.
+
+mod command;
+mod network;
+mod node;
+
+pub use command::{Command, CommandResult};
+pub use network::Network;
+pub use node::{RaftNode, WriteError};
+
+use std::io::Cursor;
+
+openraft::declare_raft_types!(
+    /// Raft types of the registry: commands in, command results out.
+    pub TypeConfig:
+        D = Command,
+        R = CommandResult,
+        NodeId = u64,
+        Node = openraft::BasicNode,
+        Entry = openraft::Entry<TypeConfig>,
+        SnapshotData = Cursor<Vec<u8>>,
+);
+
+pub type Raft = openraft::Raft<TypeConfig>;
+pub type NodeId = u64;
+pub type LogId = openraft::LogId<NodeId>;
+pub type StoredMembership = openraft::StoredMembership<NodeId, openraft::BasicNode>;
+pub type StorageError = openraft::StorageError<NodeId>;

@@ -1,0 +1,398 @@
+//! Conversions between the generated protobuf types and the domain types.
+//! `TryFrom<pb>` checks shape (enum values in range); meaning-level checks
+//! stay in `domain::validate` so gRPC and JSON share them.
+
+use prost_types::value::Kind;
+use serde_json::{Map, Number, Value};
+
+use crate::domain::{self, FieldError};
+use crate::pb;
+
+/// JSON value to protobuf `Value`.
+pub fn json_to_pb(v: &Value) -> prost_types::Value {
+    let kind = match v {
+        Value::Null => Kind::NullValue(0),
+        Value::Bool(b) => Kind::BoolValue(*b),
+        Value::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or(0.0)),
+        Value::String(s) => Kind::StringValue(s.clone()),
+        Value::Array(a) => Kind::ListValue(prost_types::ListValue { values: a.iter().map(json_to_pb).collect() }),
+        Value::Object(m) => Kind::StructValue(map_to_struct(m)),
+    };
+    prost_types::Value { kind: Some(kind) }
+}
+
+/// Largest integer a double holds exactly; integral numbers up to it come
+/// back as JSON integers, so `10` does not turn into `10.0`.
+const EXACT_INT: f64 = 9_007_199_254_740_992.0;
+
+/// Protobuf `Value` to JSON value.
+pub fn pb_to_json(v: &prost_types::Value) -> Value {
+    match &v.kind {
+        None | Some(Kind::NullValue(_)) => Value::Null,
+        Some(Kind::BoolValue(b)) => Value::Bool(*b),
+        Some(Kind::NumberValue(n)) => {
+            if n.fract() == 0.0 && n.abs() <= EXACT_INT {
+                Value::Number(Number::from(*n as i64))
+            } else {
+                Number::from_f64(*n).map(Value::Number).unwrap_or(Value::Null)
+            }
+        }
+        Some(Kind::StringValue(s)) => Value::String(s.clone()),
+        Some(Kind::ListValue(l)) => Value::Array(l.values.iter().map(pb_to_json).collect()),
+        Some(Kind::StructValue(s)) => Value::Object(struct_to_map(s)),
+    }
+}
+
+pub fn map_to_struct(m: &Map<String, Value>) -> prost_types::Struct {
+    prost_types::Struct { fields: m.iter().map(|(k, v)| (k.clone(), json_to_pb(v))).collect() }
+}
+
+pub fn struct_to_map(s: &prost_types::Struct) -> Map<String, Value> {
+    s.fields.iter().map(|(k, v)| (k.clone(), pb_to_json(v))).collect()
+}
+
+fn opt_struct(m: &Map<String, Value>) -> Option<prost_types::Struct> {
+    (!m.is_empty()).then(|| map_to_struct(m))
+}
+
+fn extras(s: &Option<prost_types::Struct>) -> Map<String, Value> {
+    s.as_ref().map(struct_to_map).unwrap_or_default()
+}
+
+pub fn status_to_pb(s: Option<domain::AgentStatus>) -> pb::AgentStatus {
+    match s {
+        None => pb::AgentStatus::Unspecified,
+        Some(domain::AgentStatus::Active) => pb::AgentStatus::Active,
+        Some(domain::AgentStatus::Deprecated) => pb::AgentStatus::Deprecated,
+        Some(domain::AgentStatus::Inactive) => pb::AgentStatus::Inactive,
+        Some(domain::AgentStatus::Deleted) => pb::AgentStatus::Deleted,
+    }
+}
+
+pub fn status_from_pb(v: i32, pointer: &str) -> Result<Option<domain::AgentStatus>, FieldError> {
+    match pb::AgentStatus::try_from(v) {
+        Ok(pb::AgentStatus::Unspecified) => Ok(None),
+        Ok(pb::AgentStatus::Active) => Ok(Some(domain::AgentStatus::Active)),
+        Ok(pb::AgentStatus::Deprecated) => Ok(Some(domain::AgentStatus::Deprecated)),
+        Ok(pb::AgentStatus::Inactive) => Ok(Some(domain::AgentStatus::Inactive)),
+        Ok(pb::AgentStatus::Deleted) => Ok(Some(domain::AgentStatus::Deleted)),
+        Err(_) => Err(FieldError::new(pointer, format!("unknown status value {v}"))),
+    }
+}
+
+pub fn visibility_to_pb(v: domain::Visibility) -> pb::Visibility {
+    match v {
+        domain::Visibility::Public => pb::Visibility::Public,
+        domain::Visibility::Private => pb::Visibility::Private,
+    }
+}
+
+pub fn visibility_from_pb(v: i32) -> Result<Option<domain::Visibility>, FieldError> {
+    match pb::Visibility::try_from(v) {
+        Ok(pb::Visibility::Unspecified) => Ok(None),
+        Ok(pb::Visibility::Public) => Ok(Some(domain::Visibility::Public)),
+        Ok(pb::Visibility::Private) => Ok(Some(domain::Visibility::Private)),
+        Err(_) => Err(FieldError::new("/visibility", format!("unknown visibility value {v}"))),
+    }
+}
+
+fn auth_to_pb(a: &domain::AuthRequirement) -> pb::AuthRequirement {
+    pb::AuthRequirement {
+        r#type: a.kind.clone(),
+        instructions: a.instructions.clone(),
+        scopes: a.scopes.clone(),
+        extensions: opt_struct(&a.extra),
+    }
+}
+
+fn auth_from_pb(a: pb::AuthRequirement) -> domain::AuthRequirement {
+    domain::AuthRequirement {
+        kind: a.r#type,
+        instructions: a.instructions,
+        scopes: a.scopes,
+        extra: extras(&a.extensions),
+    }
+}
+
+impl From<&domain::AgentMetadata> for pb::AgentMetadata {
+    fn from(m: &domain::AgentMetadata) -> Self {
+        let schema = |v: &Option<Value>| v.as_ref().map(json_to_pb);
+        pb::AgentMetadata {
+            id: m.id.clone(),
+            name: m.name.clone(),
+            description: m.description.clone(),
+            version: m.version.clone(),
+            publisher: m.publisher.clone(),
+            capabilities: m.capabilities.clone(),
+            tags: m.tags.clone(),
+            endpoint: m.endpoint.clone(),
+            supported_languages: m.supported_languages.clone(),
+            authentication: m.authentication.as_ref().map(auth_to_pb),
+            auth: m.auth.as_ref().map(auth_to_pb),
+            status: status_to_pb(m.status) as i32,
+            operations: m
+                .operations
+                .iter()
+                .map(|o| pb::Operation {
+                    name: o.name.clone(),
+                    description: o.description.clone(),
+                    inputs: schema(&o.inputs),
+                    outputs: schema(&o.outputs),
+                    examples: o
+                        .examples
+                        .iter()
+                        .map(|e| pb::OperationExample {
+                            input: schema(&e.input),
+                            output: schema(&e.output),
+                            extensions: opt_struct(&e.extra),
+                        })
+                        .collect(),
+                    extensions: opt_struct(&o.extra),
+                })
+                .collect(),
+            inputs: schema(&m.inputs),
+            outputs: schema(&m.outputs),
+            examples: m
+                .examples
+                .iter()
+                .map(|e| pb::TaskExample {
+                    id: e.id.clone(),
+                    text: e.text.clone(),
+                    tags: e.tags.clone(),
+                    input_schema: schema(&e.input_schema),
+                    output_schema: schema(&e.output_schema),
+                    language: e.language.clone(),
+                    extensions: opt_struct(&e.extra),
+                })
+                .collect(),
+            bindings: m
+                .bindings
+                .iter()
+                .map(|b| pb::Binding {
+                    protocol: b.protocol.clone(),
+                    endpoint: b.endpoint.clone(),
+                    media_types: b.media_types.clone(),
+                    interaction_model: b.interaction_model.clone(),
+                    priority: b.priority,
+                    extensions: opt_struct(&b.extra),
+                })
+                .collect(),
+            constraints: m.constraints.as_ref().map(map_to_struct),
+            expires_at: m.expires_at.clone(),
+            updated_at: m.updated_at.clone(),
+            signature: m.signature.as_ref().map(map_to_struct),
+            extensions: opt_struct(&m.extra),
+        }
+    }
+}
+
+impl TryFrom<pb::AgentMetadata> for domain::AgentMetadata {
+    type Error = FieldError;
+
+    fn try_from(m: pb::AgentMetadata) -> Result<Self, FieldError> {
+        let schema = |v: Option<prost_types::Value>| v.as_ref().map(pb_to_json);
+        Ok(domain::AgentMetadata {
+            status: status_from_pb(m.status, "/status")?,
+            id: m.id,
+            name: m.name,
+            description: m.description,
+            version: m.version,
+            publisher: m.publisher,
+            capabilities: m.capabilities,
+            tags: m.tags,
+            endpoint: m.endpoint,
+            supported_languages: m.supported_languages,
+            authentication: m.authentication.map(auth_from_pb),
+            auth: m.auth.map(auth_from_pb),
+            operations: m
+                .operations
+                .into_iter()
+                .map(|o| domain::Operation {
+                    extra: extras(&o.extensions),
+                    name: o.name,
+                    description: o.description,
+                    inputs: schema(o.inputs),
+                    outputs: schema(o.outputs),
+                    examples: o
+                        .examples
+                        .into_iter()
+                        .map(|e| domain::OperationExample {
+                            extra: extras(&e.extensions),
+                            input: schema(e.input),
+                            output: schema(e.output),
+                        })
+                        .collect(),
+                })
+                .collect(),
+            inputs: schema(m.inputs),
+            outputs: schema(m.outputs),
+            examples: m
+                .examples
+                .into_iter()
+                .map(|e| domain::TaskExample {
+                    extra: extras(&e.extensions),
+                    id: e.id,
+                    text: e.text,
+                    tags: e.tags,
+                    input_schema: schema(e.input_schema),
+                    output_schema: schema(e.output_schema),
+                    language: e.language,
+                })
+                .collect(),
+            bindings: m
+                .bindings
+                .into_iter()
+                .map(|b| domain::Binding {
+                    extra: extras(&b.extensions),
+                    protocol: b.protocol,
+                    endpoint: b.endpoint,
+                    media_types: b.media_types,
+                    interaction_model: b.interaction_model,
+                    priority: b.priority,
+                })
+                .collect(),
+            constraints: m.constraints.as_ref().map(struct_to_map),
+            expires_at: m.expires_at,
+            updated_at: m.updated_at,
+            signature: m.signature.as_ref().map(struct_to_map),
+            extra: extras(&m.extensions),
+        })
+    }
+}
+
+/// A stored record as sent to clients; `expired` is judged at `now`.
+pub fn record_to_pb(r: &domain::AgentRecord, now: time::OffsetDateTime) -> pb::AgentRecord {
+    let e = &r.envelope;
+    pb::AgentRecord {
+        metadata: Some((&r.metadata).into()),
+        envelope: Some(pb::RecordEnvelope {
+            owner: e.owner.clone(),
+            revision: e.revision,
+            created_revision: e.created_revision,
+            registered_at: e.registered_at.clone(),
+            modified_at: e.modified_at.clone(),
+            status_reason: e.status_reason.clone(),
+            visibility: visibility_to_pb(e.visibility) as i32,
+            deleted: e.deleted,
+            expired: r.metadata.is_expired_at(now),
+        }),
+    }
+}
+
+pub fn change_kind_to_pb(k: domain::ChangeKind) -> pb::ChangeKind {
+    match k {
+        domain::ChangeKind::Created => pb::ChangeKind::Created,
+        domain::ChangeKind::Updated => pb::ChangeKind::Updated,
+        domain::ChangeKind::StatusChanged => pb::ChangeKind::StatusChanged,
+        domain::ChangeKind::Deleted => pb::ChangeKind::Deleted,
+    }
+}
+
+/// The JSON form of a stored record: the metadata with the drafts' field
+/// names, plus the read-only envelope under `registry`.
+pub fn record_pb_to_json(r: &pb::AgentRecord) -> Result<Value, FieldError> {
+    let meta: domain::AgentMetadata = r.metadata.clone().unwrap_or_default().try_into()?;
+    let mut obj = match serde_json::to_value(&meta) {
+        Ok(Value::Object(m)) => m,
+        _ => Map::new(),
+    };
+    if let Some(e) = &r.envelope {
+        let visibility = match pb::Visibility::try_from(e.visibility) {
+            Ok(pb::Visibility::Private) => "private",
+            _ => "public",
+        };
+        let mut env = serde_json::json!({
+            "owner": e.owner,
+            "revision": e.revision,
+            "created_revision": e.created_revision,
+            "registered_at": e.registered_at,
+            "modified_at": e.modified_at,
+            "visibility": visibility,
+            "deleted": e.deleted,
+            "expired": e.expired,
+        });
+        if let Some(reason) = &e.status_reason {
+            env["status_reason"] = Value::String(reason.clone());
+        }
+        obj.insert(domain::ENVELOPE_MEMBER.to_string(), env);
+    }
+    Ok(Value::Object(obj))
+}
+
+/// Converts a serde path such as `bindings[0].endpoint` to a JSON pointer.
+fn serde_path_to_pointer(path: &serde_path_to_error::Path) -> String {
+    use serde_path_to_error::Segment;
+    let mut out = String::new();
+    for seg in path.iter() {
+        match seg {
+            Segment::Seq { index } => out.push_str(&format!("/{index}")),
+            Segment::Map { key } | Segment::Enum { variant: key } => {
+                out.push('/');
+                out.push_str(&key.replace('~', "~0").replace('/', "~1"));
+            }
+            Segment::Unknown => {}
+        }
+    }
+    out
+}
+
+/// Parses agent metadata from its JSON form (the drafts' field names). A
+/// member of the wrong type is named by its JSON pointer.
+pub fn metadata_from_json(v: Value) -> Result<pb::AgentMetadata, FieldError> {
+    if !v.is_object() {
+        return Err(FieldError::new("", "the agent metadata must be a JSON object"));
+    }
+    let meta: domain::AgentMetadata = serde_path_to_error::deserialize(v).map_err(|e| {
+        let pointer = serde_path_to_pointer(e.path());
+        let inner = e.into_inner().to_string();
+        FieldError::new(pointer, inner)
+    })?;
+    Ok(pb::AgentMetadata::from(&meta))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn metadata_round_trips_through_protobuf() {
+        let v = json!({
+            "id": "agent-12345", "name": "Translator", "description": "Translates.",
+            "version": "1.2.0", "publisher": "ExampleAI", "capabilities": ["translation"],
+            "tags": ["nlp"], "endpoint": "https://api.example.com/t", "supported_languages": ["en", "zh"],
+            "authentication": {"type": "api_key", "instructions": "X-API-Key", "x-extra": true},
+            "status": "active",
+            "operations": [{"name": "translateText", "inputs": {"type": "object", "maxProperties": 10},
+                            "examples": [{"input": {"text": "hi"}, "output": {"t": "salut"}}]}],
+            "examples": [{"id": "ex-1", "text": "Translate a menu", "tags": ["menu"]}],
+            "bindings": [{"protocol": "https", "endpoint": "https://api.example.com/t", "priority": 1}],
+            "constraints": {"region": "apac", "rate": 1.5},
+            "updated_at": "2026-05-08T00:00:00Z",
+            "signature": {"alg": "EdDSA"},
+            "com.example/rating": {"stars": 5, "list": [1, "two", null]}
+        });
+        let meta: domain::AgentMetadata = serde_json::from_value(v.clone()).unwrap();
+        let back: domain::AgentMetadata = pb::AgentMetadata::from(&meta).try_into().unwrap();
+        assert_eq!(back, meta);
+        let again = serde_json::to_value(&back).unwrap();
+        assert_eq!(again, v, "JSON survives the protobuf encoding");
+    }
+
+    #[test]
+    fn wrong_types_are_named_by_pointer() {
+        let v = json!({"id": "a", "name": "n", "description": "d", "bindings": [{"protocol": "https", "endpoint": 5}]});
+        assert_eq!(metadata_from_json(v).unwrap_err().pointer, "/bindings/0/endpoint");
+        let v = json!({"id": "a", "name": "n", "description": "d", "tags": "nlp"});
+        assert_eq!(metadata_from_json(v).unwrap_err().pointer, "/tags");
+        let v = json!({"id": "a", "name": "n", "description": "d", "status": "sleeping"});
+        assert_eq!(metadata_from_json(v).unwrap_err().pointer, "/status");
+    }
+
+    #[test]
+    fn integral_numbers_stay_integers() {
+        assert_eq!(pb_to_json(&json_to_pb(&json!(10))), json!(10));
+        assert_eq!(pb_to_json(&json_to_pb(&json!(-3))), json!(-3));
+        assert_eq!(pb_to_json(&json_to_pb(&json!(2.5))), json!(2.5));
+    }
+}

@@ -1,0 +1,12 @@
+//! Pure types of the registry and their invariants: the agent record, its
+//! envelope, validation and normalisation. Nothing here knows about gRPC, HTTP,
+//! Raft or RocksDB, so every layer can share these rules.
+
+pub mod query;
+pub mod record;
+pub mod time;
+pub mod validate;
+pub mod write;
+
+pub use record::*;
+pub use validate::{FieldError, Limits};

@@ -1,0 +1,285 @@
+//! The agent record: the union of AIDIP's and ADP's metadata (SPECS.md "One
+//! agent record") plus the registry's envelope.
+//!
+//! Every object keeps the members it does not know in `extra`, so a relay
+//! returns them as they came (ADP: a relay MUST preserve unknown fields).
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// Member name reserved for the registry envelope in the JSON form of a stored
+/// record. It is read-only: writes ignore it.
+pub const ENVELOPE_MEMBER: &str = "registry";
+
+/// Lifecycle status (ADP/AIDIP `status`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AgentStatus {
+    Active,
+    Deprecated,
+    Inactive,
+    Deleted,
+}
+
+impl AgentStatus {
+    pub const ALL: [AgentStatus; 4] = [Self::Active, Self::Deprecated, Self::Inactive, Self::Deleted];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Active => "active",
+            Self::Deprecated => "deprecated",
+            Self::Inactive => "inactive",
+            Self::Deleted => "deleted",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|v| v.as_str() == s.trim().to_ascii_lowercase())
+    }
+}
+
+/// Who may read a record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Visibility {
+    #[default]
+    Public,
+    Private,
+}
+
+impl Visibility {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "public" => Some(Self::Public),
+            "private" => Some(Self::Private),
+            _ => None,
+        }
+    }
+}
+
+/// AIDIP `authentication` / ADP `auth`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct AuthRequirement {
+    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instructions: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub scopes: Vec<String>,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+/// ADP binding.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Binding {
+    pub protocol: String,
+    pub endpoint: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub media_types: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interaction_model: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i64>,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+/// AIDIP operation example.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct OperationExample {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<Value>,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+/// AIDIP operation.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Operation {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inputs: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outputs: Option<Value>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub examples: Vec<OperationExample>,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+/// ADP example task.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct TaskExample {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    pub text: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tags: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_schema: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_schema: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub language: Option<String>,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+/// The publisher's metadata of one agent.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct AgentMetadata {
+    /// Empty only before the registry assigns an id on registration.
+    #[serde(default)]
+    pub id: String,
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub publisher: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub capabilities: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tags: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub supported_languages: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub authentication: Option<AuthRequirement>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<AuthRequirement>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<AgentStatus>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub operations: Vec<Operation>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inputs: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outputs: Option<Value>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub examples: Vec<TaskExample>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bindings: Vec<Binding>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub constraints: Option<Map<String, Value>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub updated_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signature: Option<Map<String, Value>>,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+impl AgentMetadata {
+    /// The status filters and lists go by: an unset status counts as active.
+    pub fn effective_status(&self) -> AgentStatus {
+        self.status.unwrap_or(AgentStatus::Active)
+    }
+
+    /// True when `expires_at` lies before `now` (both RFC 3339).
+    pub fn is_expired_at(&self, now: time::OffsetDateTime) -> bool {
+        self.expires_at
+            .as_deref()
+            .and_then(super::time::parse)
+            .is_some_and(|t| t <= now)
+    }
+}
+
+/// The registry's envelope around a record.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Envelope {
+    pub owner: String,
+    pub revision: u64,
+    pub created_revision: u64,
+    pub registered_at: String,
+    pub modified_at: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status_reason: Option<String>,
+    #[serde(default)]
+    pub visibility: Visibility,
+    #[serde(default)]
+    pub deleted: bool,
+}
+
+/// A stored record as the state machine keeps it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AgentRecord {
+    pub metadata: AgentMetadata,
+    pub envelope: Envelope,
+}
+
+impl AgentRecord {
+    /// Whether `principal` may read this record.
+    pub fn readable_by(&self, principal: Option<&Principal>) -> bool {
+        match self.envelope.visibility {
+            Visibility::Public => true,
+            Visibility::Private => principal.is_some_and(|p| p.may_manage(&self.envelope.owner)),
+        }
+    }
+}
+
+/// Role of an authenticated caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    Admin,
+    Publisher,
+    Reader,
+}
+
+impl Role {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "admin" => Some(Self::Admin),
+            "publisher" => Some(Self::Publisher),
+            "reader" => Some(Self::Reader),
+            _ => None,
+        }
+    }
+}
+
+/// An authenticated caller.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Principal {
+    pub name: String,
+    pub role: Role,
+}
+
+impl Principal {
+    /// Owners manage their own records; admins manage every record.
+    pub fn may_manage(&self, owner: &str) -> bool {
+        self.role == Role::Admin || self.name == owner
+    }
+
+    pub fn may_write(&self) -> bool {
+        matches!(self.role, Role::Admin | Role::Publisher)
+    }
+}
+
+/// What a change did, for the change feed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChangeKind {
+    Created,
+    Updated,
+    StatusChanged,
+    Deleted,
+}
+
+/// One entry of the change feed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Change {
+    pub revision: u64,
+    pub kind: ChangeKind,
+    pub record: AgentRecord,
+}

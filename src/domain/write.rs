@@ -1,0 +1,249 @@
+//! The write rules of SPECS.md "Freshness and idempotence", as a pure decision
+//! over the stored record. The state machine calls this inside `apply`, so the
+//! checks and the write happen atomically in log order on every node.
+
+use super::record::{AgentMetadata, AgentRecord, AgentStatus, ChangeKind, Envelope, Principal, Visibility};
+
+/// Why a write was refused. These are values, not storage errors: a refused
+/// write is a normal outcome of a committed log entry.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize, thiserror::Error)]
+pub enum Rejection {
+    #[error("agent '{id}' not found")]
+    NotFound { id: String },
+    #[error("agent '{id}' was deleted at revision {revision}")]
+    Deleted { id: String, revision: u64 },
+    #[error("agent '{id}' is owned by another principal")]
+    OwnedByOther { id: String },
+    #[error("principal '{principal}' may not change agent '{id}' owned by another principal")]
+    Forbidden { id: String, principal: String },
+    #[error("agent '{id}' is registered with other endpoints ({stored}); update it with PUT to change its bindings")]
+    IncompatibleBindings { id: String, stored: String },
+    #[error("stale metadata for agent '{id}': {detail}")]
+    Stale { id: String, detail: String },
+}
+
+/// How a metadata write treats an existing record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum WriteMode {
+    /// POST: create, or refresh when id and a binding endpoint match.
+    Register,
+    /// PUT: replace an existing record; bindings may change.
+    Update,
+}
+
+/// Compares freshness: `Some(true)` when `new` is older than `old`.
+/// `updated_at` decides when both have it, then dotted numeric versions.
+fn is_stale(new: &AgentMetadata, old: &AgentMetadata) -> Option<String> {
+    if let (Some(n), Some(o)) = (&new.updated_at, &old.updated_at) {
+        if let (Some(nt), Some(ot)) = (super::time::parse(n), super::time::parse(o)) {
+            return (nt < ot).then(|| format!("updated_at {n} is older than the stored {o}"));
+        }
+    }
+    if let (Some(n), Some(o)) = (&new.version, &old.version) {
+        if let (Some(nv), Some(ov)) = (numeric_version(n), numeric_version(o)) {
+            return (nv < ov).then(|| format!("version {n} is older than the stored {o}"));
+        }
+    }
+    None
+}
+
+/// Parses "1.2.3" (an optional leading 'v', and anything after '-' or '+'
+/// ignored) into comparable parts; other version schemes are not ordered.
+fn numeric_version(v: &str) -> Option<Vec<u64>> {
+    let core = v.trim().trim_start_matches('v');
+    let core = core.split(['-', '+']).next()?;
+    core.split('.').map(|p| p.parse().ok()).collect()
+}
+
+/// Decides a metadata write (register or update).
+pub fn decide_put(
+    current: Option<&AgentRecord>,
+    metadata: AgentMetadata,
+    visibility: Option<Visibility>,
+    principal: &Principal,
+    mode: WriteMode,
+    revision: u64,
+    now: &str,
+) -> Result<(AgentRecord, ChangeKind), Rejection> {
+    let id = metadata.id.clone();
+    let live = current.filter(|r| !r.envelope.deleted);
+    let Some(old) = live else {
+        if mode == WriteMode::Update {
+            return Err(match current {
+                Some(t) => Rejection::Deleted { id, revision: t.envelope.revision },
+                None => Rejection::NotFound { id },
+            });
+        }
+        // A tombstone keeps the freshness of the deleted record, so a delayed
+        // re-registration of older metadata cannot resurrect it.
+        if let Some(tomb) = current {
+            if let Some(detail) = is_stale(&metadata, &tomb.metadata) {
+                return Err(Rejection::Stale { id, detail });
+            }
+        }
+        let envelope = Envelope {
+            owner: principal.name.clone(),
+            revision,
+            created_revision: revision,
+            registered_at: now.to_string(),
+            modified_at: now.to_string(),
+            status_reason: None,
+            visibility: visibility.unwrap_or_default(),
+            deleted: false,
+        };
+        return Ok((AgentRecord { metadata, envelope }, ChangeKind::Created));
+    };
+
+    if !principal.may_manage(&old.envelope.owner) {
+        return Err(match mode {
+            WriteMode::Register => Rejection::OwnedByOther { id },
+            WriteMode::Update => Rejection::Forbidden { id, principal: principal.name.clone() },
+        });
+    }
+    if mode == WriteMode::Register
+        && !metadata.bindings.iter().any(|n| old.metadata.bindings.iter().any(|o| o.endpoint == n.endpoint))
+    {
+        let stored = old.metadata.bindings.iter().map(|b| b.endpoint.as_str()).collect::<Vec<_>>().join(", ");
+        return Err(Rejection::IncompatibleBindings { id, stored });
+    }
+    if let Some(detail) = is_stale(&metadata, &old.metadata) {
+        return Err(Rejection::Stale { id, detail });
+    }
+    let mut envelope = old.envelope.clone();
+    envelope.revision = revision;
+    envelope.modified_at = now.to_string();
+    if let Some(v) = visibility {
+        envelope.visibility = v;
+    }
+    Ok((AgentRecord { metadata, envelope }, ChangeKind::Updated))
+}
+
+fn live_managed<'a>(current: Option<&'a AgentRecord>, id: &str, principal: &Principal) -> Result<&'a AgentRecord, Rejection> {
+    let rec = current.ok_or_else(|| Rejection::NotFound { id: id.to_string() })?;
+    if rec.envelope.deleted {
+        return Err(Rejection::Deleted { id: id.to_string(), revision: rec.envelope.revision });
+    }
+    if !principal.may_manage(&rec.envelope.owner) {
+        return Err(Rejection::Forbidden { id: id.to_string(), principal: principal.name.clone() });
+    }
+    Ok(rec)
+}
+
+/// Decides a deletion: the record becomes a tombstone at `revision`.
+pub fn decide_delete(current: Option<&AgentRecord>, id: &str, principal: &Principal, revision: u64, now: &str) -> Result<AgentRecord, Rejection> {
+    let mut rec = live_managed(current, id, principal)?.clone();
+    rec.envelope.deleted = true;
+    rec.envelope.revision = revision;
+    rec.envelope.modified_at = now.to_string();
+    Ok(rec)
+}
+
+/// Decides a lifecycle status change.
+pub fn decide_status(
+    current: Option<&AgentRecord>,
+    id: &str,
+    status: AgentStatus,
+    reason: Option<String>,
+    principal: &Principal,
+    revision: u64,
+    now: &str,
+) -> Result<AgentRecord, Rejection> {
+    let mut rec = live_managed(current, id, principal)?.clone();
+    rec.metadata.status = Some(status);
+    rec.envelope.status_reason = reason;
+    rec.envelope.revision = revision;
+    rec.envelope.modified_at = now.to_string();
+    Ok(rec)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::record::{Binding, Role};
+
+    fn p(name: &str, role: Role) -> Principal {
+        Principal { name: name.into(), role }
+    }
+
+    fn meta(endpoint: &str, updated_at: Option<&str>, version: Option<&str>) -> AgentMetadata {
+        AgentMetadata {
+            id: "a".into(),
+            name: "A".into(),
+            description: "d".into(),
+            bindings: vec![Binding { protocol: "https".into(), endpoint: endpoint.into(), ..Default::default() }],
+            updated_at: updated_at.map(String::from),
+            version: version.map(String::from),
+            ..Default::default()
+        }
+    }
+
+    fn create(m: AgentMetadata) -> AgentRecord {
+        decide_put(None, m, None, &p("alice", Role::Publisher), WriteMode::Register, 1, "t0").unwrap().0
+    }
+
+    #[test]
+    fn refresh_with_same_endpoint_and_newer_time() {
+        let old = create(meta("https://x/", Some("2026-01-01T00:00:00Z"), None));
+        let (rec, kind) = decide_put(Some(&old), meta("https://x/", Some("2026-02-01T00:00:00Z"), None), None,
+            &p("alice", Role::Publisher), WriteMode::Register, 2, "t1").unwrap();
+        assert_eq!(kind, ChangeKind::Updated);
+        assert_eq!(rec.envelope.created_revision, 1);
+        assert_eq!(rec.envelope.revision, 2);
+    }
+
+    #[test]
+    fn stale_time_or_version_is_refused() {
+        let old = create(meta("https://x/", Some("2026-02-01T00:00:00Z"), Some("1.2.0")));
+        let alice = p("alice", Role::Publisher);
+        let r = decide_put(Some(&old), meta("https://x/", Some("2026-01-01T00:00:00Z"), None), None, &alice, WriteMode::Update, 2, "t");
+        assert!(matches!(r, Err(Rejection::Stale { .. })));
+        let r = decide_put(Some(&old), meta("https://x/", None, Some("1.10.0")), None, &alice, WriteMode::Update, 2, "t");
+        assert!(r.is_ok(), "1.10.0 is newer than 1.2.0");
+        let r = decide_put(Some(&old), meta("https://x/", None, Some("1.1.9")), None, &alice, WriteMode::Update, 2, "t");
+        assert!(matches!(r, Err(Rejection::Stale { .. })));
+    }
+
+    #[test]
+    fn other_owner_conflicts_and_admin_may_manage() {
+        let old = create(meta("https://x/", None, None));
+        let r = decide_put(Some(&old), meta("https://x/", None, None), None, &p("bob", Role::Publisher), WriteMode::Register, 2, "t");
+        assert!(matches!(r, Err(Rejection::OwnedByOther { .. })));
+        let r = decide_put(Some(&old), meta("https://x/", None, None), None, &p("bob", Role::Publisher), WriteMode::Update, 2, "t");
+        assert!(matches!(r, Err(Rejection::Forbidden { .. })));
+        let r = decide_put(Some(&old), meta("https://y/", None, None), None, &p("root", Role::Admin), WriteMode::Update, 2, "t");
+        assert_eq!(r.unwrap().0.envelope.owner, "alice", "an admin's update keeps the owner");
+    }
+
+    #[test]
+    fn register_with_other_endpoints_conflicts_but_update_may_change_them() {
+        let old = create(meta("https://x/", None, None));
+        let alice = p("alice", Role::Publisher);
+        let r = decide_put(Some(&old), meta("https://y/", None, None), None, &alice, WriteMode::Register, 2, "t");
+        assert!(matches!(r, Err(Rejection::IncompatibleBindings { .. })));
+        assert!(decide_put(Some(&old), meta("https://y/", None, None), None, &alice, WriteMode::Update, 2, "t").is_ok());
+    }
+
+    #[test]
+    fn tombstone_blocks_update_and_stale_resurrection() {
+        let old = create(meta("https://x/", Some("2026-02-01T00:00:00Z"), None));
+        let alice = p("alice", Role::Publisher);
+        let tomb = decide_delete(Some(&old), "a", &alice, 2, "t").unwrap();
+        assert!(tomb.envelope.deleted);
+        assert!(matches!(decide_delete(Some(&tomb), "a", &alice, 3, "t"), Err(Rejection::Deleted { revision: 2, .. })));
+        let r = decide_put(Some(&tomb), meta("https://x/", Some("2026-01-01T00:00:00Z"), None), None, &alice, WriteMode::Register, 3, "t");
+        assert!(matches!(r, Err(Rejection::Stale { .. })));
+        let (rec, kind) = decide_put(Some(&tomb), meta("https://x/", Some("2026-03-01T00:00:00Z"), None), None,
+            &p("bob", Role::Publisher), WriteMode::Register, 3, "t").unwrap();
+        assert_eq!((kind, rec.envelope.owner.as_str(), rec.envelope.created_revision), (ChangeKind::Created, "bob", 3));
+    }
+
+    #[test]
+    fn status_change_needs_ownership() {
+        let old = create(meta("https://x/", None, None));
+        let r = decide_status(Some(&old), "a", AgentStatus::Deprecated, Some("moved".into()), &p("bob", Role::Publisher), 2, "t");
+        assert!(matches!(r, Err(Rejection::Forbidden { .. })));
+        let rec = decide_status(Some(&old), "a", AgentStatus::Deprecated, Some("moved".into()), &p("alice", Role::Publisher), 2, "t").unwrap();
+        assert_eq!(rec.metadata.status, Some(AgentStatus::Deprecated));
+        assert_eq!(rec.envelope.status_reason.as_deref(), Some("moved"));
+    }
+}

@@ -1,0 +1,24 @@
+//! Agentry: a federated registry cluster for AI agents.
+//!
+//! Layers depend in one direction: `api` -> `service` -> `consensus` ->
+//! `storage`, with `domain` (pure types) shared by all. See
+//! `docs/architecture.md`.
+
+pub mod api;
+pub mod cli;
+pub mod config;
+pub mod consensus;
+pub mod convert;
+pub mod domain;
+pub mod server;
+pub mod service;
+pub mod storage;
+
+/// Generated protobuf and gRPC code of `proto/agentry/v1`.
+pub mod pb {
+    #![allow(clippy::all, missing_docs)]
+    tonic::include_proto!("agentry.v1");
+
+    /// Descriptor set served by gRPC reflection.
+    pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("agentry_descriptor");
+}

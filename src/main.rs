@@ -1,0 +1,32 @@
+//! The `agentry` binary: parse the command line, set up tracing, run.
+
+use clap::Parser;
+use tracing_subscriber::EnvFilter;
+
+use agentry::cli::{run_agents, Cli, Command};
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let filter = EnvFilter::try_new(&cli.log).unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if cli.log_format == "json" {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+    let result = match cli.command {
+        Command::Serve(args) => match args.config() {
+            Ok(config) => agentry::server::run(config).await.map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        },
+        Command::Agents(args) => run_agents(args).await.map_err(|e| e.to_string()),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

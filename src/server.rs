@@ -1,0 +1,204 @@
+//! Composition root: open storage, start Raft, build the services, bind the
+//! listeners, and shut down gracefully.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::service::interceptor::InterceptedService;
+use tracing::info;
+
+use crate::api::auth::{key_digest, Authenticator};
+use crate::api::grpc::RegistryApi;
+use crate::api::http::{router, HttpState};
+use crate::config::Config;
+use crate::consensus::RaftNode;
+use crate::domain::{Principal, Role};
+use crate::pb::registry_server::RegistryServer;
+use crate::service::RegistryService;
+use crate::storage::{self, LogStore, StateMachine};
+
+/// Errors that stop the server from starting or running.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error("storage: {0}")]
+    Storage(#[from] storage::StorageError),
+    #[error("raft: {0}")]
+    Raft(#[from] crate::consensus::WriteError),
+    #[error("cannot bind {addr}: {source}")]
+    Bind { addr: SocketAddr, source: std::io::Error },
+    #[error("io: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("gRPC: {0}")]
+    Grpc(String),
+}
+
+/// A started server.
+pub struct RunningServer {
+    pub grpc_addr: SocketAddr,
+    pub http_addr: SocketAddr,
+    /// The bootstrap admin key when this start generated it (printed once).
+    pub generated_admin_key: Option<String>,
+    shutdown: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+    node: RaftNode,
+}
+
+impl RunningServer {
+    /// Stops the listeners (letting in-flight requests finish) and Raft.
+    pub async fn shutdown(self) {
+        let _ = self.shutdown.send(true);
+        for t in self.tasks {
+            let _ = t.await;
+        }
+        let _ = self.node.raft.shutdown().await;
+    }
+}
+
+const ADMIN_DIGEST_FILE: &str = "admin-key.sha256";
+
+/// Builds the authenticator: configured keys plus the bootstrap admin key,
+/// which comes from `AGENTRY_ADMIN_KEY`, else from the digest stored on a
+/// previous start, else is generated now (and returned to be shown once).
+fn authenticator(config: &Config) -> Result<(Authenticator, Option<String>), ServerError> {
+    let mut auth = Authenticator::default();
+    for k in &config.api_keys {
+        let role = Role::parse(&k.role).unwrap_or(Role::Reader);
+        let digest = match (&k.key_sha256, &k.key) {
+            (Some(d), _) => d.clone(),
+            (None, Some(key)) => key_digest(key),
+            (None, None) => continue,
+        };
+        auth.add_digest(&digest, Principal { name: k.name.clone(), role });
+    }
+    let admin = Principal { name: "admin".into(), role: Role::Admin };
+    if let Some(key) = &config.admin_key {
+        auth.add_digest(&key_digest(key), admin);
+        return Ok((auth, None));
+    }
+    let path = config.data_dir.join(ADMIN_DIGEST_FILE);
+    if let Ok(digest) = std::fs::read_to_string(&path) {
+        auth.add_digest(digest.trim(), admin);
+        return Ok((auth, None));
+    }
+    let mut bytes = [0u8; 24];
+    getrandom::fill(&mut bytes).map_err(|e| std::io::Error::other(e.to_string()))?;
+    let key = format!("agk_{}", bytes.iter().map(|b| format!("{b:02x}")).collect::<String>());
+    std::fs::write(&path, key_digest(&key))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+    }
+    auth.add_digest(&key_digest(&key), admin);
+    Ok((auth, Some(key)))
+}
+
+async fn bind(addr: SocketAddr) -> Result<TcpListener, ServerError> {
+    TcpListener::bind(addr).await.map_err(|source| ServerError::Bind { addr, source })
+}
+
+/// Starts a node: storage, Raft (initialising a single-voter cluster on first
+/// start), the gRPC listener and the HTTP facade.
+pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
+    config.validate()?;
+    std::fs::create_dir_all(&config.data_dir)?;
+    let (auth, generated_admin_key) = authenticator(&config)?;
+    let auth = Arc::new(auth);
+
+    let db = storage::open(&config.data_dir)?;
+    let state_machine = StateMachine::open(db.clone(), config.data_dir.join("snapshots"), config.watch_history)?;
+    let reader = state_machine.reader();
+    let node = RaftNode::start(config.node_id, config.raft_addr.clone(), LogStore::new(db), state_machine, config.snapshot_logs).await?;
+    node.wait_for_leader(Duration::from_secs(30)).await?;
+
+    let service = RegistryService::new(node.clone(), reader, config.limits(), config.anonymous_reads);
+    let api = RegistryApi::new(service);
+    let (shutdown, shutdown_rx) = watch::channel(false);
+    let stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+
+    // gRPC: health and reflection next to the registry, on one listener.
+    let grpc_listener = bind(config.grpc_addr).await?;
+    let grpc_addr = grpc_listener.local_addr()?;
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health.set_serving::<RegistryServer<RegistryApi>>().await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(crate::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| ServerError::Grpc(e.to_string()))?;
+    let max_message = config.max_record_bytes * 2 + 64 * 1024;
+    let interceptor_auth = auth.clone();
+    let registry = InterceptedService::new(
+        RegistryServer::new(api.clone()).max_decoding_message_size(max_message),
+        move |mut req: tonic::Request<()>| {
+            let identity = interceptor_auth.identify(req.metadata())?;
+            req.extensions_mut().insert(identity);
+            Ok(req)
+        },
+    );
+    let grpc = tonic::transport::Server::builder()
+        .timeout(Duration::from_secs(config.request_timeout_secs))
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(registry)
+        .serve_with_incoming_shutdown(TcpListenerStream::new(grpc_listener), stopped(shutdown_rx.clone()));
+    let grpc_task = tokio::spawn(async move {
+        if let Err(e) = grpc.await {
+            tracing::error!(error = %e, "gRPC listener failed");
+        }
+    });
+
+    let http_listener = bind(config.http_addr).await?;
+    let http_addr = http_listener.local_addr()?;
+    let state = HttpState { api, auth, max_body: config.max_record_bytes + 64 * 1024 };
+    let app = router(state).layer(tower_http::timeout::TimeoutLayer::with_status_code(
+        axum::http::StatusCode::GATEWAY_TIMEOUT,
+        Duration::from_secs(config.request_timeout_secs),
+    ));
+    let http_rx = shutdown_rx.clone();
+    let http_task = tokio::spawn(async move {
+        if let Err(e) = axum::serve(http_listener, app).with_graceful_shutdown(stopped(http_rx)).await {
+            tracing::error!(error = %e, "HTTP listener failed");
+        }
+    });
+
+    info!(%grpc_addr, %http_addr, data_dir = %config.data_dir.display(), node_id = config.node_id, "agentry is serving");
+    Ok(RunningServer { grpc_addr, http_addr, generated_admin_key, shutdown, tasks: vec![grpc_task, http_task], node })
+}
+
+/// Runs until SIGINT or SIGTERM, then shuts down gracefully.
+pub async fn run(config: Config) -> Result<(), ServerError> {
+    let data_dir = config.data_dir.clone();
+    let server = start(config).await?;
+    if let Some(key) = &server.generated_admin_key {
+        eprintln!("Generated the bootstrap admin API key (shown only this once; its digest is in {}):\n  {key}", data_dir.join(ADMIN_DIGEST_FILE).display());
+    }
+    // One line for people and scripts (tests parse it) to know where to go.
+    println!("agentry ready grpc={} http={} data_dir={}", server.grpc_addr, server.http_addr, data_dir.display());
+    wait_for_signal().await?;
+    info!("shutting down");
+    server.shutdown().await;
+    Ok(())
+}
+
+async fn wait_for_signal() -> Result<(), ServerError> {
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            r = tokio::signal::ctrl_c() => r?,
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    tokio::signal::ctrl_c().await?;
+    Ok(())
+}

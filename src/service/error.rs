@@ -1,0 +1,70 @@
+//! The service layer's one error type. The API layer maps it to gRPC status
+//! and HTTP problem bodies in exactly one place.
+
+use crate::consensus::WriteError;
+use crate::domain::write::Rejection;
+use crate::domain::FieldError;
+use crate::storage::StorageError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    /// The request is malformed; `field` is a JSON pointer when known.
+    #[error("{message}")]
+    InvalidRequest { field: Option<String>, message: String },
+    #[error("{0}")]
+    Unauthorized(String),
+    #[error("{0}")]
+    Forbidden(String),
+    #[error("{0}")]
+    NotFound(String),
+    /// The record existed and was deleted; its tombstone remains.
+    #[error("{0}")]
+    Gone(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    Stale(String),
+    /// A watch asked for history that has been compacted away.
+    #[error("revision {requested} is no longer in the change history; the oldest available is {oldest}")]
+    RevisionCompacted { requested: u64, oldest: u64 },
+    /// No leader, or this node cannot commit right now.
+    #[error("{message}")]
+    Unavailable { message: String, leader: Option<String> },
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl From<FieldError> for ServiceError {
+    fn from(e: FieldError) -> Self {
+        let message = e.to_string();
+        Self::InvalidRequest { field: (!e.pointer.is_empty()).then_some(e.pointer), message }
+    }
+}
+
+impl From<Rejection> for ServiceError {
+    fn from(r: Rejection) -> Self {
+        let message = r.to_string();
+        match r {
+            Rejection::NotFound { .. } => Self::NotFound(message),
+            Rejection::Deleted { .. } => Self::Gone(message),
+            Rejection::OwnedByOther { .. } | Rejection::IncompatibleBindings { .. } => Self::Conflict(message),
+            Rejection::Forbidden { .. } => Self::Forbidden(message),
+            Rejection::Stale { .. } => Self::Stale(message),
+        }
+    }
+}
+
+impl From<StorageError> for ServiceError {
+    fn from(e: StorageError) -> Self {
+        Self::Internal(e.to_string())
+    }
+}
+
+impl From<WriteError> for ServiceError {
+    fn from(e: WriteError) -> Self {
+        match e {
+            WriteError::NotLeader { ref leader } => Self::Unavailable { message: e.to_string(), leader: leader.clone() },
+            WriteError::Fatal(m) => Self::Unavailable { message: format!("the registry cannot commit writes: {m}"), leader: None },
+        }
+    }
+}

@@ -1,0 +1,326 @@
+//! The registry use cases over the Raft node (writes) and the applied state
+//! (reads).
+
+use std::pin::Pin;
+
+use futures::Stream;
+use tokio::sync::{broadcast, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+use tracing::{debug, instrument};
+
+use super::ServiceError;
+use crate::consensus::{Command, CommandResult, RaftNode};
+use crate::domain::query::Filter;
+use crate::domain::validate::{normalise_and_validate, validate_id};
+use crate::domain::write::WriteMode;
+use crate::domain::{AgentMetadata, AgentRecord, AgentStatus, Change, Limits, Principal, Visibility};
+use crate::storage::Reader;
+
+type Result<T> = std::result::Result<T, ServiceError>;
+
+/// How fresh a read must be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Consistency {
+    /// This node's applied state.
+    #[default]
+    Local,
+    /// Confirmed with a quorum first.
+    Linearizable,
+}
+
+/// A list request.
+#[derive(Debug, Clone, Default)]
+pub struct ListQuery {
+    pub filter: Filter,
+    pub page_size: u32,
+    pub page_token: String,
+    pub consistency: Consistency,
+}
+
+/// One page of results.
+#[derive(Debug, Clone)]
+pub struct ListPage {
+    pub records: Vec<AgentRecord>,
+    pub next_page_token: String,
+    pub total_count: u64,
+    pub applied_revision: u64,
+}
+
+pub const DEFAULT_PAGE_SIZE: u32 = 50;
+pub const MAX_PAGE_SIZE: u32 = 1000;
+/// Changes read from history per batch while a watcher catches up.
+const WATCH_BATCH: usize = 512;
+
+/// A stream of changes for a watcher.
+pub type ChangeStream = Pin<Box<dyn Stream<Item = Result<Change>> + Send>>;
+
+/// The registry's use cases.
+#[derive(Clone)]
+pub struct RegistryService {
+    node: RaftNode,
+    reader: Reader,
+    limits: Limits,
+    anonymous_reads: bool,
+}
+
+fn require_writer(principal: Option<&Principal>) -> Result<&Principal> {
+    match principal {
+        None => Err(ServiceError::Unauthorized("this operation needs an API key (Authorization: Bearer <key>)".into())),
+        Some(p) if !p.may_write() => Err(ServiceError::Forbidden(format!("principal '{}' has the reader role and may not write", p.name))),
+        Some(p) => Ok(p),
+    }
+}
+
+fn encode_token(id: &str) -> String {
+    id.bytes().map(|b| format!("{b:02x}")).collect()
+}
+
+fn decode_token(token: &str) -> Result<String> {
+    let bad = || ServiceError::InvalidRequest { field: Some("/page_token".into()), message: "page_token is not a token this registry issued".into() };
+    if token.len() % 2 != 0 {
+        return Err(bad());
+    }
+    let bytes = (0..token.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(token.get(i..i + 2).ok_or_else(bad)?, 16).map_err(|_| bad()))
+        .collect::<Result<Vec<u8>>>()?;
+    String::from_utf8(bytes).map_err(|_| bad())
+}
+
+impl RegistryService {
+    pub fn new(node: RaftNode, reader: Reader, limits: Limits, anonymous_reads: bool) -> Self {
+        Self { node, reader, limits, anonymous_reads }
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    pub fn reader(&self) -> &Reader {
+        &self.reader
+    }
+
+    /// Ready when this node knows a leader; returns the applied revision.
+    pub fn ready(&self) -> Result<u64> {
+        let metrics = self.node.raft.metrics().borrow().clone();
+        match metrics.current_leader {
+            Some(_) => Ok(self.reader.applied_revision()),
+            None => Err(ServiceError::Unavailable { message: "no Raft leader is known yet".into(), leader: None }),
+        }
+    }
+
+    fn require_reader(&self, principal: Option<&Principal>) -> Result<()> {
+        if principal.is_none() && !self.anonymous_reads {
+            return Err(ServiceError::Unauthorized("anonymous reads are disabled; send an API key".into()));
+        }
+        Ok(())
+    }
+
+    async fn read_barrier(&self, consistency: Consistency) -> Result<()> {
+        if consistency == Consistency::Linearizable {
+            self.node.read_barrier().await?;
+        }
+        Ok(())
+    }
+
+    async fn commit(&self, command: Command) -> Result<Change> {
+        match self.node.write(command).await? {
+            CommandResult::Applied(change) => Ok(change),
+            CommandResult::Rejected(r) => Err(r.into()),
+            CommandResult::Internal => Err(ServiceError::Internal("a client command produced no result".into())),
+        }
+    }
+
+    /// Registers (creates or refreshes) an agent. Returns the record and
+    /// whether it was created.
+    #[instrument(skip_all, fields(agent_id = %metadata.id, principal = principal.map(|p| p.name.as_str())))]
+    pub async fn register(&self, principal: Option<&Principal>, mut metadata: AgentMetadata, visibility: Option<Visibility>) -> Result<(AgentRecord, bool)> {
+        let principal = require_writer(principal)?;
+        if metadata.id.is_empty() {
+            metadata.id = format!("agent-{}", uuid::Uuid::new_v4());
+        }
+        normalise_and_validate(&mut metadata, &self.limits)?;
+        let change = self
+            .commit(Command::Put { metadata, visibility, principal: principal.clone(), mode: WriteMode::Register, now: crate::domain::time::now() })
+            .await?;
+        let created = change.kind == crate::domain::ChangeKind::Created;
+        debug!(revision = change.revision, created, "registered");
+        Ok((change.record, created))
+    }
+
+    /// Replaces an existing agent's metadata.
+    #[instrument(skip_all, fields(agent_id = %id, principal = principal.map(|p| p.name.as_str())))]
+    pub async fn update(&self, principal: Option<&Principal>, id: &str, mut metadata: AgentMetadata, visibility: Option<Visibility>) -> Result<AgentRecord> {
+        let principal = require_writer(principal)?;
+        validate_id(id, "/id")?;
+        if metadata.id.is_empty() {
+            metadata.id = id.to_string();
+        } else if metadata.id != id {
+            return Err(ServiceError::InvalidRequest {
+                field: Some("/id".into()),
+                message: format!("/id: '{}' does not match the agent id '{id}' in the request path", metadata.id),
+            });
+        }
+        normalise_and_validate(&mut metadata, &self.limits)?;
+        let change = self
+            .commit(Command::Put { metadata, visibility, principal: principal.clone(), mode: WriteMode::Update, now: crate::domain::time::now() })
+            .await?;
+        Ok(change.record)
+    }
+
+    /// Deletes an agent, leaving a tombstone; returns its revision.
+    #[instrument(skip_all, fields(agent_id = %id, principal = principal.map(|p| p.name.as_str())))]
+    pub async fn delete(&self, principal: Option<&Principal>, id: &str) -> Result<u64> {
+        let principal = require_writer(principal)?;
+        validate_id(id, "/id")?;
+        let change = self.commit(Command::Delete { id: id.to_string(), principal: principal.clone(), now: crate::domain::time::now() }).await?;
+        Ok(change.revision)
+    }
+
+    /// Sets an agent's lifecycle status.
+    #[instrument(skip_all, fields(agent_id = %id, principal = principal.map(|p| p.name.as_str())))]
+    pub async fn set_status(&self, principal: Option<&Principal>, id: &str, status: AgentStatus, reason: Option<String>) -> Result<AgentRecord> {
+        let principal = require_writer(principal)?;
+        validate_id(id, "/id")?;
+        if let Some(r) = &reason {
+            if r.chars().count() > 1024 || r.chars().any(|c| c.is_control()) {
+                return Err(ServiceError::InvalidRequest { field: Some("/reason".into()), message: "/reason: must be at most 1024 characters without control characters".into() });
+            }
+        }
+        let now = crate::domain::time::now();
+        let change = self.commit(Command::SetStatus { id: id.to_string(), status, reason, principal: principal.clone(), now }).await?;
+        Ok(change.record)
+    }
+
+    /// Fetches one agent. Private records of others read as not found.
+    #[instrument(skip_all, fields(agent_id = %id))]
+    pub async fn get(&self, principal: Option<&Principal>, id: &str, consistency: Consistency) -> Result<(AgentRecord, u64)> {
+        self.require_reader(principal)?;
+        validate_id(id, "/id")?;
+        self.read_barrier(consistency).await?;
+        let revision = self.reader.applied_revision();
+        match self.reader.get(id)? {
+            Some(r) if !r.readable_by(principal) => Err(ServiceError::NotFound(format!("agent '{id}' not found"))),
+            Some(r) if r.envelope.deleted => {
+                Err(ServiceError::Gone(format!("agent '{id}' was deleted at revision {}", r.envelope.revision)))
+            }
+            Some(r) => Ok((r, revision)),
+            None => Err(ServiceError::NotFound(format!("agent '{id}' not found"))),
+        }
+    }
+
+    /// Lists agents matching the filters, in id order, one page at a time.
+    #[instrument(skip_all)]
+    pub async fn list(&self, principal: Option<&Principal>, mut query: ListQuery) -> Result<ListPage> {
+        self.require_reader(principal)?;
+        query.filter.normalise()?;
+        let page_size = match query.page_size {
+            0 => DEFAULT_PAGE_SIZE,
+            n if n > MAX_PAGE_SIZE => {
+                return Err(ServiceError::InvalidRequest { field: Some("/page_size".into()), message: format!("/page_size: must be at most {MAX_PAGE_SIZE}") })
+            }
+            n => n,
+        } as usize;
+        let after = if query.page_token.is_empty() { None } else { Some(decode_token(&query.page_token)?) };
+        self.read_barrier(query.consistency).await?;
+        let revision = self.reader.applied_revision();
+        let now = time::OffsetDateTime::now_utc();
+        let (mut total, mut records, mut more) = (0u64, Vec::new(), false);
+        // Count what lies before the page too, so total_count is the same on
+        // every page.
+        self.reader.scan(None, |r| {
+            if query.filter.matches(&r, principal, now) {
+                total += 1;
+                let after_token = after.as_deref().is_none_or(|a| r.metadata.id.as_str() > a);
+                if after_token {
+                    if records.len() < page_size {
+                        records.push(r);
+                    } else {
+                        more = true;
+                    }
+                }
+            }
+            true
+        })?;
+        let next_page_token = match (more, records.last()) {
+            (true, Some(last)) => encode_token(&last.metadata.id),
+            _ => String::new(),
+        };
+        Ok(ListPage { records, next_page_token, total_count: total, applied_revision: revision })
+    }
+
+    /// Streams changes from `from_revision` on (0: from now). The stream
+    /// first replays history, then follows live changes, never skipping or
+    /// repeating a revision.
+    pub fn watch(&self, principal: Option<&Principal>, from_revision: u64) -> Result<ChangeStream> {
+        self.require_reader(principal)?;
+        // Subscribe before reading history so nothing falls in between.
+        let live = self.reader.subscribe();
+        let oldest = self.reader.oldest_revision();
+        if from_revision != 0 && from_revision < oldest {
+            return Err(ServiceError::RevisionCompacted { requested: from_revision, oldest });
+        }
+        let next = if from_revision == 0 { self.reader.applied_revision() + 1 } else { from_revision };
+        let (tx, rx) = mpsc::channel(256);
+        let reader = self.reader.clone();
+        let principal = principal.cloned();
+        tokio::spawn(forward_changes(reader, live, next, principal, tx));
+        Ok(Box::pin(ReceiverStream::new(rx)))
+    }
+}
+
+/// Feeds one watcher: history from `next`, then live changes. When the
+/// watcher falls behind the live channel it goes back to history.
+async fn forward_changes(
+    reader: Reader,
+    mut live: broadcast::Receiver<Change>,
+    mut next: u64,
+    principal: Option<Principal>,
+    tx: mpsc::Sender<Result<Change>>,
+) {
+    let send = |c: Change| {
+        let tx = tx.clone();
+        let visible = c.record.readable_by(principal.as_ref());
+        async move { !visible || tx.send(Ok(c)).await.is_ok() }
+    };
+    'catch_up: loop {
+        loop {
+            let batch = match reader.changes_from(next, WATCH_BATCH) {
+                Ok(b) => b,
+                Err(e) => {
+                    let _ = tx.send(Err(e.into())).await;
+                    return;
+                }
+            };
+            if batch.is_empty() {
+                break;
+            }
+            for c in batch {
+                next = c.revision + 1;
+                if !send(c).await {
+                    return;
+                }
+            }
+        }
+        loop {
+            match live.recv().await {
+                Ok(c) if c.revision < next => continue,
+                Ok(c) => {
+                    next = c.revision + 1;
+                    if !send(c).await {
+                        return;
+                    }
+                }
+                Err(broadcast::error::RecvError::Lagged(_)) => {
+                    let oldest = reader.oldest_revision();
+                    if next < oldest {
+                        let _ = tx.send(Err(ServiceError::RevisionCompacted { requested: next, oldest })).await;
+                        return;
+                    }
+                    continue 'catch_up;
+                }
+                Err(broadcast::error::RecvError::Closed) => return,
+            }
+        }
+    }
+}

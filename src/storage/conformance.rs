@@ -1,0 +1,24 @@
+//! openraft's storage conformance suite, run against the real RocksDB log
+//! store and state machine.
+
+use openraft::testing::{StoreBuilder, Suite};
+
+use super::{open, LogStore, StateMachine};
+use crate::consensus::{StorageError, TypeConfig};
+
+struct RocksBuilder;
+
+impl StoreBuilder<TypeConfig, LogStore, StateMachine, tempfile::TempDir> for RocksBuilder {
+    async fn build(&self) -> Result<(tempfile::TempDir, LogStore, StateMachine), StorageError> {
+        let dir = tempfile::tempdir().map_err(|e| openraft::StorageIOError::write(&e))?;
+        let db = open(dir.path()).map_err(|e| openraft::StorageIOError::write(&e))?;
+        let sm = StateMachine::open(db.clone(), dir.path().join("snapshots"), 10_000)
+            .map_err(|e| openraft::StorageIOError::write(&e))?;
+        Ok((dir, LogStore::new(db), sm))
+    }
+}
+
+#[test]
+fn openraft_storage_suite() -> Result<(), StorageError> {
+    Suite::test_all(RocksBuilder)
+}

@@ -1,0 +1,162 @@
+//! The Raft log store.
+//!
+//! Correctness contract kept here: an append is reported flushed to openraft
+//! (`LogFlushed::log_io_completed`) only after the write batch is synced to
+//! disk (WAL fsync), and votes are synced before `save_vote` returns. So a
+//! node that acknowledged an entry or a vote still has it after a kill -9.
+
+use std::fmt::Debug;
+use std::ops::{Bound, RangeBounds};
+use std::sync::Arc;
+
+use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
+use openraft::{Entry, OptionalSend, RaftLogReader, StorageIOError, Vote};
+use rocksdb::{WriteBatch, WriteOptions, DB};
+
+use super::{cf, get_json, key_u64, u64_key, StorageError as LocalError, CF_LOG, CF_RAFT};
+use crate::consensus::{LogId, NodeId, StorageError, TypeConfig};
+
+const KEY_VOTE: &[u8] = b"vote";
+const KEY_COMMITTED: &[u8] = b"committed";
+const KEY_LAST_PURGED: &[u8] = b"last_purged";
+
+/// RocksDB-backed Raft log. Cheap to clone; clones share the database.
+#[derive(Clone)]
+pub struct LogStore {
+    db: Arc<DB>,
+}
+
+fn synced() -> WriteOptions {
+    let mut o = WriteOptions::default();
+    o.set_sync(true);
+    o
+}
+
+fn read_err(e: impl Into<LocalError>) -> StorageError {
+    StorageIOError::read_logs(&e.into()).into()
+}
+
+fn write_err(e: impl Into<LocalError>) -> StorageError {
+    StorageIOError::write_logs(&e.into()).into()
+}
+
+impl LogStore {
+    pub fn new(db: Arc<DB>) -> Self {
+        Self { db }
+    }
+
+    fn meta<T: serde::de::DeserializeOwned>(&self, key: &[u8]) -> Result<Option<T>, LocalError> {
+        get_json(&self.db, CF_RAFT, key)
+    }
+
+    fn put_meta<T: serde::Serialize>(&self, key: &[u8], value: &T) -> Result<(), LocalError> {
+        let bytes = serde_json::to_vec(value)?;
+        self.db.put_cf_opt(cf(&self.db, CF_RAFT)?, key, bytes, &synced())?;
+        Ok(())
+    }
+
+    fn last_entry_log_id(&self) -> Result<Option<LogId>, LocalError> {
+        let mut it = self.db.raw_iterator_cf(cf(&self.db, CF_LOG)?);
+        it.seek_to_last();
+        it.status()?;
+        match it.value() {
+            Some(v) => Ok(Some(serde_json::from_slice::<Entry<TypeConfig>>(v)?.log_id)),
+            None => Ok(None),
+        }
+    }
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry<TypeConfig>>, StorageError> {
+        let start = match range.start_bound() {
+            Bound::Included(&n) => n,
+            Bound::Excluded(&n) => n.saturating_add(1),
+            Bound::Unbounded => 0,
+        };
+        let log = cf(&self.db, CF_LOG).map_err(read_err)?;
+        let mut it = self.db.raw_iterator_cf(log);
+        it.seek(u64_key(start));
+        let mut out = Vec::new();
+        while let (Some(k), Some(v)) = (it.key(), it.value()) {
+            let Some(index) = key_u64(k) else { break };
+            if !range.contains(&index) {
+                break;
+            }
+            out.push(serde_json::from_slice(v).map_err(read_err)?);
+            it.next();
+        }
+        it.status().map_err(read_err)?;
+        Ok(out)
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = Self;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
+        let last_purged_log_id: Option<LogId> = self.meta(KEY_LAST_PURGED).map_err(read_err)?;
+        let last_log_id = self.last_entry_log_id().map_err(read_err)?.or(last_purged_log_id);
+        Ok(LogState { last_purged_log_id, last_log_id })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError> {
+        self.put_meta(KEY_VOTE, vote).map_err(|e| StorageIOError::write_vote(&e).into())
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError> {
+        self.meta(KEY_VOTE).map_err(|e| StorageIOError::read_vote(&e).into())
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
+        // Committed need not be synced: losing it only delays re-applying.
+        let bytes = serde_json::to_vec(&committed).map_err(write_err)?;
+        let raft = cf(&self.db, CF_RAFT).map_err(write_err)?;
+        self.db.put_cf(raft, KEY_COMMITTED, bytes).map_err(write_err)
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError> {
+        Ok(self.meta::<Option<LogId>>(KEY_COMMITTED).map_err(read_err)?.flatten())
+    }
+
+    #[tracing::instrument(level = "trace", skip_all)]
+    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> Result<(), StorageError>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let log = cf(&self.db, CF_LOG).map_err(write_err)?;
+        let mut batch = WriteBatch::default();
+        for entry in entries {
+            batch.put_cf(log, u64_key(entry.log_id.index), serde_json::to_vec(&entry).map_err(write_err)?);
+        }
+        let result = self.db.write_opt(batch, &synced());
+        let io_result = result.as_ref().map(|_| ()).map_err(|e| std::io::Error::other(e.to_string()));
+        callback.log_io_completed(io_result);
+        result.map_err(write_err)
+    }
+
+    async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        let log = cf(&self.db, CF_LOG).map_err(write_err)?;
+        let mut batch = WriteBatch::default();
+        batch.delete_range_cf(log, u64_key(log_id.index), u64_key(u64::MAX));
+        batch.delete_cf(log, u64_key(u64::MAX));
+        self.db.write_opt(batch, &synced()).map_err(write_err)
+    }
+
+    async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        // Record the purge point first: a crash between the two steps leaves
+        // extra entries below it, which readers never ask for.
+        self.put_meta(KEY_LAST_PURGED, &log_id).map_err(write_err)?;
+        let log = cf(&self.db, CF_LOG).map_err(write_err)?;
+        self.db
+            .delete_range_cf(log, u64_key(0), u64_key(log_id.index.saturating_add(1)))
+            .map_err(write_err)
+    }
+}

@@ -1,0 +1,74 @@
+//! RocksDB storage: one database per node holding the Raft log, Raft's own
+//! metadata and the registry state machine in separate column families.
+//!
+//! Keys: log entries and changes are keyed by big-endian u64 index/revision so
+//! RocksDB's byte order is numeric order; agents are keyed by id bytes.
+//! Values are JSON, which keeps unknown metadata fields exactly as published.
+
+mod log_store;
+mod reader;
+mod state_machine;
+
+pub use log_store::LogStore;
+pub use reader::Reader;
+pub use state_machine::StateMachine;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use rocksdb::{ColumnFamilyDescriptor, Options, DB};
+
+pub(crate) const CF_LOG: &str = "raft_log";
+pub(crate) const CF_RAFT: &str = "raft_meta";
+pub(crate) const CF_SM: &str = "sm_meta";
+pub(crate) const CF_AGENTS: &str = "agents";
+pub(crate) const CF_CHANGES: &str = "changes";
+
+/// Storage failures. They are fatal to Raft (openraft stops the node), so
+/// anything a client can cause is handled before it reaches storage.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    #[error("rocksdb: {0}")]
+    Rocks(#[from] rocksdb::Error),
+    #[error("corrupt stored value: {0}")]
+    Codec(#[from] serde_json::Error),
+    #[error("io: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("column family {0} missing")]
+    MissingColumnFamily(&'static str),
+}
+
+/// Opens (or creates) the node's database under `dir`.
+pub fn open(dir: &Path) -> Result<Arc<DB>, StorageError> {
+    std::fs::create_dir_all(dir)?;
+    let mut opts = Options::default();
+    opts.create_if_missing(true);
+    opts.create_missing_column_families(true);
+    opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
+    let cfs = [CF_LOG, CF_RAFT, CF_SM, CF_AGENTS, CF_CHANGES]
+        .into_iter()
+        .map(|name| ColumnFamilyDescriptor::new(name, Options::default()));
+    Ok(Arc::new(DB::open_cf_descriptors(&opts, dir.join("db"), cfs)?))
+}
+
+pub(crate) fn cf<'a>(db: &'a DB, name: &'static str) -> Result<&'a rocksdb::ColumnFamily, StorageError> {
+    db.cf_handle(name).ok_or(StorageError::MissingColumnFamily(name))
+}
+
+pub(crate) fn u64_key(n: u64) -> [u8; 8] {
+    n.to_be_bytes()
+}
+
+pub(crate) fn key_u64(k: &[u8]) -> Option<u64> {
+    Some(u64::from_be_bytes(k.try_into().ok()?))
+}
+
+fn get_json<T: serde::de::DeserializeOwned>(db: &DB, cf_name: &'static str, key: &[u8]) -> Result<Option<T>, StorageError> {
+    match db.get_cf(cf(db, cf_name)?, key)? {
+        Some(bytes) => Ok(Some(serde_json::from_slice(&bytes)?)),
+        None => Ok(None),
+    }
+}
+
+#[cfg(test)]
+mod conformance;

@@ -1,0 +1,86 @@
+//! Read access to the applied state for the service layer. Reads never go
+//! through Raft: they see what this node has applied, and report the revision.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use rocksdb::DB;
+use tokio::sync::broadcast;
+
+use super::{cf, get_json, key_u64, u64_key, StorageError, CF_AGENTS, CF_CHANGES};
+use crate::domain::{AgentRecord, Change};
+
+/// Shared between the state machine (which advances it) and the readers.
+pub(crate) struct AppliedState {
+    pub revision: AtomicU64,
+    pub oldest_revision: AtomicU64,
+    pub changes: broadcast::Sender<Change>,
+}
+
+/// A handle for reading the registry's applied state. Cheap to clone.
+#[derive(Clone)]
+pub struct Reader {
+    pub(crate) db: Arc<DB>,
+    pub(crate) applied: Arc<AppliedState>,
+}
+
+impl Reader {
+    /// Revision of the last applied log entry.
+    pub fn applied_revision(&self) -> u64 {
+        self.applied.revision.load(Ordering::Acquire)
+    }
+
+    /// Oldest revision still in the change history.
+    pub fn oldest_revision(&self) -> u64 {
+        self.applied.oldest_revision.load(Ordering::Acquire)
+    }
+
+    /// Subscribes to changes applied from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<Change> {
+        self.applied.changes.subscribe()
+    }
+
+    /// The record (or tombstone) with this id.
+    pub fn get(&self, id: &str) -> Result<Option<AgentRecord>, StorageError> {
+        get_json(&self.db, CF_AGENTS, id.as_bytes())
+    }
+
+    /// Visits records in id order, starting after `after`, until `visit`
+    /// returns false.
+    pub fn scan(&self, after: Option<&str>, mut visit: impl FnMut(AgentRecord) -> bool) -> Result<(), StorageError> {
+        let mut it = self.db.raw_iterator_cf(cf(&self.db, CF_AGENTS)?);
+        match after {
+            Some(a) => {
+                it.seek(a.as_bytes());
+                if it.key() == Some(a.as_bytes()) {
+                    it.next();
+                }
+            }
+            None => it.seek_to_first(),
+        }
+        while let Some(v) = it.value() {
+            if !visit(serde_json::from_slice(v)?) {
+                return Ok(());
+            }
+            it.next();
+        }
+        it.status()?;
+        Ok(())
+    }
+
+    /// Changes with revision >= `from`, at most `limit` of them, in order.
+    pub fn changes_from(&self, from: u64, limit: usize) -> Result<Vec<Change>, StorageError> {
+        let mut it = self.db.raw_iterator_cf(cf(&self.db, CF_CHANGES)?);
+        it.seek(u64_key(from));
+        let mut out = Vec::new();
+        while let (Some(k), Some(v)) = (it.key(), it.value()) {
+            if out.len() >= limit || key_u64(k).is_none() {
+                break;
+            }
+            out.push(serde_json::from_slice(v)?);
+            it.next();
+        }
+        it.status()?;
+        Ok(out)
+    }
+}

@@ -1,0 +1,287 @@
+//! The registry state machine.
+//!
+//! Correctness contract kept here:
+//! - `apply` is deterministic: it reads only the stored state and the command
+//!   (which carries the caller and the leader's clock), never the local clock
+//!   or the network, so every node reaches the same state.
+//! - Each entry's record write, change-feed entry and `last_applied` go into
+//!   one `WriteBatch`, so a crash never leaves a record without its revision.
+//! - Refused writes are `CommandResult::Rejected` values, never storage errors
+//!   (openraft treats those as fatal).
+//! - Snapshots are taken from a RocksDB snapshot, so writes keep flowing while
+//!   one is built.
+
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use openraft::storage::{RaftStateMachine, Snapshot};
+use openraft::{
+    Entry, EntryPayload, OptionalSend, RaftSnapshotBuilder, SnapshotMeta, StorageIOError,
+};
+use rocksdb::{WriteBatch, DB};
+use serde::{Deserialize, Serialize};
+use tokio::sync::broadcast;
+
+use super::reader::AppliedState;
+use super::{cf, get_json, u64_key, Reader, StorageError as LocalError, CF_AGENTS, CF_CHANGES, CF_SM};
+use crate::consensus::{Command, CommandResult, LogId, NodeId, StorageError, StoredMembership, TypeConfig};
+use crate::domain::write::{decide_delete, decide_put, decide_status};
+use crate::domain::{AgentRecord, Change, ChangeKind};
+
+const KEY_APPLIED: &[u8] = b"last_applied";
+const KEY_MEMBERSHIP: &[u8] = b"membership";
+const KEY_OLDEST: &[u8] = b"oldest_revision";
+/// History is trimmed in steps of this many revisions, so trimming costs one
+/// range deletion per step rather than one per write.
+const TRIM_STEP: u64 = 1024;
+
+/// The serialised form of a snapshot.
+#[derive(Serialize, Deserialize)]
+struct SnapshotData {
+    last_applied: Option<LogId>,
+    membership: StoredMembership,
+    records: Vec<AgentRecord>,
+}
+
+/// A snapshot file as kept on disk: its metadata and its data.
+#[derive(Serialize, Deserialize)]
+struct StoredSnapshot {
+    meta: SnapshotMeta<NodeId, openraft::BasicNode>,
+    data: Vec<u8>,
+}
+
+/// RocksDB-backed state machine. Cheap to clone; clones share state.
+#[derive(Clone)]
+pub struct StateMachine {
+    db: Arc<DB>,
+    applied: Arc<AppliedState>,
+    snapshot_dir: PathBuf,
+    history: u64,
+}
+
+fn sm_read(e: impl Into<LocalError>) -> StorageError {
+    StorageIOError::read_state_machine(&e.into()).into()
+}
+
+fn sm_write(e: impl Into<LocalError>) -> StorageError {
+    StorageIOError::write_state_machine(&e.into()).into()
+}
+
+fn snap_err(e: impl Into<LocalError>) -> StorageError {
+    StorageIOError::write_snapshot(None, &e.into()).into()
+}
+
+impl StateMachine {
+    /// Opens the state machine over `db`, keeping `history` revisions of
+    /// change feed, and snapshots under `snapshot_dir`.
+    pub fn open(db: Arc<DB>, snapshot_dir: PathBuf, history: u64) -> Result<Self, LocalError> {
+        std::fs::create_dir_all(&snapshot_dir)?;
+        let applied: Option<LogId> = get_json(&db, CF_SM, KEY_APPLIED)?;
+        let oldest: Option<u64> = get_json(&db, CF_SM, KEY_OLDEST)?;
+        let (changes, _) = broadcast::channel(4096);
+        let applied = Arc::new(AppliedState {
+            revision: applied.map(|l| l.index).unwrap_or(0).into(),
+            oldest_revision: oldest.unwrap_or(1).into(),
+            changes,
+        });
+        Ok(Self { db, applied, snapshot_dir, history: history.max(TRIM_STEP) })
+    }
+
+    /// A read handle over the applied state.
+    pub fn reader(&self) -> Reader {
+        Reader { db: self.db.clone(), applied: self.applied.clone() }
+    }
+
+    fn current_path(&self) -> PathBuf {
+        self.snapshot_dir.join("current.snapshot")
+    }
+
+    fn decide(&self, cmd: Command, revision: u64) -> Result<CommandResult, LocalError> {
+        let current: Option<AgentRecord> = get_json(&self.db, CF_AGENTS, cmd.id().as_bytes())?;
+        let decided = match cmd {
+            Command::Put { metadata, visibility, principal, mode, now } => {
+                decide_put(current.as_ref(), metadata, visibility, &principal, mode, revision, &now)
+            }
+            Command::Delete { id, principal, now } => {
+                decide_delete(current.as_ref(), &id, &principal, revision, &now).map(|r| (r, ChangeKind::Deleted))
+            }
+            Command::SetStatus { id, status, reason, principal, now } => {
+                decide_status(current.as_ref(), &id, status, reason, &principal, revision, &now)
+                    .map(|r| (r, ChangeKind::StatusChanged))
+            }
+        };
+        Ok(match decided {
+            Ok((record, kind)) => CommandResult::Applied(Change { revision, kind, record }),
+            Err(rejection) => CommandResult::Rejected(rejection),
+        })
+    }
+
+    fn trim_history(&self, batch: &mut WriteBatch, revision: u64) -> Result<(), LocalError> {
+        if revision % TRIM_STEP != 0 || revision <= self.history {
+            return Ok(());
+        }
+        let new_oldest = revision - self.history;
+        batch.delete_range_cf(cf(&self.db, CF_CHANGES)?, u64_key(0), u64_key(new_oldest));
+        batch.put_cf(cf(&self.db, CF_SM)?, KEY_OLDEST, serde_json::to_vec(&new_oldest)?);
+        Ok(())
+    }
+
+    fn read_snapshot_file(&self) -> Result<Option<StoredSnapshot>, LocalError> {
+        match std::fs::read(self.current_path()) {
+            Ok(bytes) => Ok(Some(serde_json::from_slice(&bytes)?)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn write_snapshot_file(&self, snap: &StoredSnapshot) -> Result<(), LocalError> {
+        let tmp = self.snapshot_dir.join("current.snapshot.tmp");
+        std::fs::write(&tmp, serde_json::to_vec(snap)?)?;
+        std::fs::File::open(&tmp)?.sync_all()?;
+        std::fs::rename(&tmp, self.current_path())?;
+        Ok(())
+    }
+
+    fn build(&self) -> Result<Snapshot<TypeConfig>, LocalError> {
+        // Everything is read from one RocksDB snapshot, so applies that run
+        // meanwhile are either wholly in it or wholly out of it.
+        let snap = self.db.snapshot();
+        let read = |key: &[u8]| -> Result<Option<Vec<u8>>, LocalError> { Ok(snap.get_cf(cf(&self.db, CF_SM)?, key)?) };
+        let last_applied: Option<LogId> = read(KEY_APPLIED)?.map(|b| serde_json::from_slice(&b)).transpose()?;
+        let membership: StoredMembership =
+            read(KEY_MEMBERSHIP)?.map(|b| serde_json::from_slice(&b)).transpose()?.unwrap_or_default();
+        let mut records = Vec::new();
+        let mut it = snap.raw_iterator_cf(cf(&self.db, CF_AGENTS)?);
+        it.seek_to_first();
+        while let Some(v) = it.value() {
+            records.push(serde_json::from_slice::<AgentRecord>(v)?);
+            it.next();
+        }
+        it.status()?;
+        let data = serde_json::to_vec(&SnapshotData { last_applied, membership: membership.clone(), records })?;
+        let snapshot_id = format!(
+            "{}-{}",
+            last_applied.map(|l| l.to_string()).unwrap_or_else(|| "empty".into()),
+            crate::domain::time::now()
+        );
+        let meta = SnapshotMeta { last_log_id: last_applied, last_membership: membership, snapshot_id };
+        let stored = StoredSnapshot { meta: meta.clone(), data };
+        self.write_snapshot_file(&stored)?;
+        Ok(Snapshot { meta, snapshot: Box::new(std::io::Cursor::new(stored.data)) })
+    }
+
+    fn install(&self, meta: &SnapshotMeta<NodeId, openraft::BasicNode>, bytes: Vec<u8>) -> Result<(), LocalError> {
+        let data: SnapshotData = serde_json::from_slice(&bytes)?;
+        let agents = cf(&self.db, CF_AGENTS)?;
+        let changes = cf(&self.db, CF_CHANGES)?;
+        let sm = cf(&self.db, CF_SM)?;
+        let mut batch = WriteBatch::default();
+        // Replace the whole state: range deletions cover every possible key
+        // (agent ids are bounded in length, far below this upper key).
+        batch.delete_range_cf(agents, [0u8].as_slice(), [0xffu8; 1024].as_slice());
+        batch.delete_range_cf(changes, u64_key(0), u64_key(u64::MAX));
+        for r in &data.records {
+            batch.put_cf(agents, r.metadata.id.as_bytes(), serde_json::to_vec(r)?);
+        }
+        let last = meta.last_log_id;
+        let oldest = last.map(|l| l.index + 1).unwrap_or(1);
+        batch.put_cf(sm, KEY_APPLIED, serde_json::to_vec(&last)?);
+        batch.put_cf(sm, KEY_MEMBERSHIP, serde_json::to_vec(&meta.last_membership)?);
+        batch.put_cf(sm, KEY_OLDEST, serde_json::to_vec(&oldest)?);
+        self.db.write(batch)?;
+        self.write_snapshot_file(&StoredSnapshot { meta: meta.clone(), data: bytes })?;
+        self.applied.oldest_revision.store(oldest, Ordering::Release);
+        self.applied.revision.store(last.map(|l| l.index).unwrap_or(0), Ordering::Release);
+        Ok(())
+    }
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
+    #[tracing::instrument(level = "info", skip_all)]
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || this.build())
+            .await
+            .map_err(|e| snap_err(std::io::Error::other(e.to_string())))?
+            .map_err(snap_err)
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachine {
+    type SnapshotBuilder = Self;
+
+    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), StorageError> {
+        let applied = get_json(&self.db, CF_SM, KEY_APPLIED).map_err(sm_read)?;
+        let membership = get_json(&self.db, CF_SM, KEY_MEMBERSHIP).map_err(sm_read)?.unwrap_or_default();
+        Ok((applied, membership))
+    }
+
+    #[tracing::instrument(level = "debug", skip_all)]
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<CommandResult>, StorageError>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let mut results = Vec::new();
+        for entry in entries {
+            let revision = entry.log_id.index;
+            let mut batch = WriteBatch::default();
+            let sm = cf(&self.db, CF_SM).map_err(sm_write)?;
+            let result = match entry.payload {
+                EntryPayload::Blank => CommandResult::Internal,
+                EntryPayload::Membership(m) => {
+                    let stored = StoredMembership::new(Some(entry.log_id), m);
+                    batch.put_cf(sm, KEY_MEMBERSHIP, serde_json::to_vec(&stored).map_err(sm_write)?);
+                    CommandResult::Internal
+                }
+                EntryPayload::Normal(cmd) => {
+                    let result = self.decide(cmd, revision).map_err(sm_read)?;
+                    if let CommandResult::Applied(change) = &result {
+                        let agents = cf(&self.db, CF_AGENTS).map_err(sm_write)?;
+                        let changes = cf(&self.db, CF_CHANGES).map_err(sm_write)?;
+                        batch.put_cf(agents, change.record.metadata.id.as_bytes(), serde_json::to_vec(&change.record).map_err(sm_write)?);
+                        batch.put_cf(changes, u64_key(revision), serde_json::to_vec(change).map_err(sm_write)?);
+                    }
+                    result
+                }
+            };
+            self.trim_history(&mut batch, revision).map_err(sm_write)?;
+            batch.put_cf(sm, KEY_APPLIED, serde_json::to_vec(&Some(entry.log_id)).map_err(sm_write)?);
+            self.db.write(batch).map_err(sm_write)?;
+            self.applied.revision.store(revision, Ordering::Release);
+            if revision % TRIM_STEP == 0 && revision > self.history {
+                self.applied.oldest_revision.store(revision - self.history, Ordering::Release);
+            }
+            if let CommandResult::Applied(change) = &result {
+                // No subscriber is normal; the send result says nothing else.
+                let _ = self.applied.changes.send(change.clone());
+            }
+            results.push(result);
+        }
+        Ok(results)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        self.clone()
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<std::io::Cursor<Vec<u8>>>, StorageError> {
+        Ok(Box::new(std::io::Cursor::new(Vec::new())))
+    }
+
+    #[tracing::instrument(level = "info", skip_all)]
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta<NodeId, openraft::BasicNode>,
+        snapshot: Box<std::io::Cursor<Vec<u8>>>,
+    ) -> Result<(), StorageError> {
+        self.install(meta, snapshot.into_inner())
+            .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e).into())
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
+        let stored = self.read_snapshot_file().map_err(|e| StorageIOError::read_snapshot(None, &e))?;
+        Ok(stored.map(|s| Snapshot { meta: s.meta, snapshot: Box::new(std::io::Cursor::new(s.data)) }))
+    }
+}

@@ -1,0 +1,8 @@
+//! Integration tests: real servers (RocksDB, Raft, gRPC and HTTP listeners)
+//! on loopback ports they pick themselves.
+
+mod bad_input;
+mod harness;
+mod restart;
+mod scenario;
+mod watch;
