@@ -17,13 +17,22 @@ use crate::domain::AgentStatus;
 use crate::pb::{self, registry_client::RegistryClient};
 
 #[derive(Debug, Parser)]
-#[command(name = "agentry", version, about = "A federated registry cluster for AI agents")]
+#[command(
+    name = "agentry",
+    version,
+    about = "A federated registry cluster for AI agents"
+)]
 pub struct Cli {
     /// Log filter (tracing EnvFilter syntax), e.g. "info" or "agentry=debug".
     #[arg(long, env = "AGENTRY_LOG", default_value = "info", global = true)]
     pub log: String,
     /// Log format: text or json.
-    #[arg(long, env = "AGENTRY_LOG_FORMAT", default_value = "text", global = true)]
+    #[arg(
+        long,
+        env = "AGENTRY_LOG_FORMAT",
+        default_value = "text",
+        global = true
+    )]
     pub log_format: String,
     #[command(subcommand)]
     pub command: Command,
@@ -99,7 +108,12 @@ impl ServeArgs {
 #[derive(Debug, Args)]
 pub struct AgentsArgs {
     /// gRPC address of a registry node.
-    #[arg(long, env = "AGENTRY_SERVER", default_value = "http://127.0.0.1:8471", global = true)]
+    #[arg(
+        long,
+        env = "AGENTRY_SERVER",
+        default_value = "http://127.0.0.1:8471",
+        global = true
+    )]
     pub server: String,
     /// API key sent as a bearer token.
     #[arg(long, env = "AGENTRY_API_KEY", hide_env_values = true, global = true)]
@@ -172,7 +186,10 @@ pub enum CliError {
 impl From<tonic::Status> for CliError {
     fn from(s: tonic::Status) -> Self {
         let d = detail_of(&s);
-        Self::Server { code: d.code, message: d.message }
+        Self::Server {
+            code: d.code,
+            message: d.message,
+        }
     }
 }
 
@@ -183,7 +200,9 @@ fn local(e: impl std::fmt::Display) -> CliError {
 fn request<T>(args: &AgentsArgs, msg: T) -> Result<tonic::Request<T>, CliError> {
     let mut req = tonic::Request::new(msg);
     if let Some(key) = &args.api_key {
-        let value = format!("Bearer {key}").parse().map_err(|_| local("the API key is not valid header text"))?;
+        let value = format!("Bearer {key}")
+            .parse()
+            .map_err(|_| local("the API key is not valid header text"))?;
         req.metadata_mut().insert("authorization", value);
     }
     Ok(req)
@@ -201,14 +220,27 @@ fn print_record(args: &AgentsArgs, r: &pb::AgentRecord) -> Result<(), CliError> 
         Value::Null => "-".into(),
         other => other.to_string(),
     };
-    let endpoints: Vec<String> = v["bindings"].as_array().map(|b| b.iter().map(|b| format!("{} {}", s(&b["protocol"]), s(&b["endpoint"]))).collect()).unwrap_or_default();
+    let endpoints: Vec<String> = v["bindings"]
+        .as_array()
+        .map(|b| {
+            b.iter()
+                .map(|b| format!("{} {}", s(&b["protocol"]), s(&b["endpoint"])))
+                .collect()
+        })
+        .unwrap_or_default();
     for (k, val) in [
         ("ID", s(&v["id"])),
         ("NAME", s(&v["name"])),
         ("DESCRIPTION", s(&v["description"])),
         ("VERSION", s(&v["version"])),
         ("STATUS", s(&v["status"])),
-        ("TAGS", v["tags"].as_array().map(|t| t.iter().map(&s).collect::<Vec<_>>().join(", ")).unwrap_or_default()),
+        (
+            "TAGS",
+            v["tags"]
+                .as_array()
+                .map(|t| t.iter().map(&s).collect::<Vec<_>>().join(", "))
+                .unwrap_or_default(),
+        ),
         ("BINDINGS", endpoints.join("; ")),
         ("OWNER", s(&env["owner"])),
         ("REVISION", s(&env["revision"])),
@@ -232,12 +264,20 @@ fn status_name(v: i32) -> &'static str {
 fn parse_status(s: &str) -> Result<i32, CliError> {
     AgentStatus::parse(s)
         .map(|st| status_to_pb(Some(st)) as i32)
-        .ok_or_else(|| local(format!("unknown status '{s}' (use active, deprecated, inactive or deleted)")))
+        .ok_or_else(|| {
+            local(format!(
+                "unknown status '{s}' (use active, deprecated, inactive or deleted)"
+            ))
+        })
 }
 
 /// Runs a client command against `args.server`.
 pub async fn run_agents(args: AgentsArgs) -> Result<(), CliError> {
-    let channel = Channel::from_shared(args.server.clone()).map_err(local)?.connect().await.map_err(|e| local(format!("cannot reach {}: {e}", args.server)))?;
+    let channel = Channel::from_shared(args.server.clone())
+        .map_err(local)?
+        .connect()
+        .await
+        .map_err(|e| local(format!("cannot reach {}: {e}", args.server)))?;
     let mut client = RegistryClient::new(channel);
     match &args.command {
         AgentsCommand::Register { file, private } => {
@@ -247,10 +287,27 @@ pub async fn run_agents(args: AgentsArgs) -> Result<(), CliError> {
             } else {
                 text = std::fs::read_to_string(file).map_err(|e| local(format!("{file}: {e}")))?;
             }
-            let v: Value = serde_json::from_str(&text).map_err(|e| local(format!("{file} is not valid JSON: {e}")))?;
-            let metadata = metadata_from_json(v).map_err(|e| CliError::Server { code: "invalid_request".into(), message: e.to_string() })?;
-            let visibility = if *private { pb::Visibility::Private } else { pb::Visibility::Unspecified } as i32;
-            let resp = client.register(request(&args, pb::RegisterRequest { metadata: Some(metadata), visibility })?).await?.into_inner();
+            let v: Value = serde_json::from_str(&text)
+                .map_err(|e| local(format!("{file} is not valid JSON: {e}")))?;
+            let metadata = metadata_from_json(v).map_err(|e| CliError::Server {
+                code: "invalid_request".into(),
+                message: e.to_string(),
+            })?;
+            let visibility = if *private {
+                pb::Visibility::Private
+            } else {
+                pb::Visibility::Unspecified
+            } as i32;
+            let resp = client
+                .register(request(
+                    &args,
+                    pb::RegisterRequest {
+                        metadata: Some(metadata),
+                        visibility,
+                    },
+                )?)
+                .await?
+                .into_inner();
             if !args.json {
                 println!("{}", if resp.created { "created" } else { "updated" });
             }
@@ -259,16 +316,38 @@ pub async fn run_agents(args: AgentsArgs) -> Result<(), CliError> {
             }
         }
         AgentsCommand::Get { id } => {
-            let resp = client.get(request(&args, pb::GetRequest { id: id.clone(), consistency: 0 })?).await?.into_inner();
+            let resp = client
+                .get(request(
+                    &args,
+                    pb::GetRequest {
+                        id: id.clone(),
+                        consistency: 0,
+                    },
+                )?)
+                .await?
+                .into_inner();
             if let Some(r) = &resp.record {
                 print_record(&args, r)?;
             }
         }
-        AgentsCommand::List { capabilities, tags, languages, statuses, publisher, owner, include_expired, page_size, all } => {
-            let statuses = statuses.iter().map(|s| parse_status(s)).collect::<Result<Vec<_>, _>>()?;
+        AgentsCommand::List {
+            capabilities,
+            tags,
+            languages,
+            statuses,
+            publisher,
+            owner,
+            include_expired,
+            page_size,
+            all,
+        } => {
+            let statuses = statuses
+                .iter()
+                .map(|s| parse_status(s))
+                .collect::<Result<Vec<_>, _>>()?;
             let mut token = String::new();
             let mut rows = Vec::new();
-            let mut total = 0;
+            let mut total: u64;
             loop {
                 let req = pb::ListRequest {
                     capabilities: capabilities.clone(),
@@ -291,43 +370,106 @@ pub async fn run_agents(args: AgentsArgs) -> Result<(), CliError> {
                 }
             }
             if args.json {
-                let agents = rows.iter().map(record_pb_to_json).collect::<Result<Vec<_>, _>>().map_err(local)?;
+                let agents = rows
+                    .iter()
+                    .map(record_pb_to_json)
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(local)?;
                 println!("{}", serde_json::to_string_pretty(&serde_json::json!({"agents": agents, "total_count": total, "next_page_token": token})).map_err(local)?);
             } else {
-                println!("{:<40} {:<28} {:<11} {:>8} OWNER", "ID", "NAME", "STATUS", "REVISION");
+                println!(
+                    "{:<40} {:<28} {:<11} {:>8} OWNER",
+                    "ID", "NAME", "STATUS", "REVISION"
+                );
                 for r in &rows {
-                    let (m, e) = (r.metadata.clone().unwrap_or_default(), r.envelope.clone().unwrap_or_default());
-                    println!("{:<40} {:<28} {:<11} {:>8} {}", m.id, m.name, status_name(m.status), e.revision, e.owner);
+                    let (m, e) = (
+                        r.metadata.clone().unwrap_or_default(),
+                        r.envelope.clone().unwrap_or_default(),
+                    );
+                    println!(
+                        "{:<40} {:<28} {:<11} {:>8} {}",
+                        m.id,
+                        m.name,
+                        status_name(m.status),
+                        e.revision,
+                        e.owner
+                    );
                 }
-                println!("{} of {} shown{}", rows.len(), total, if token.is_empty() { "" } else { " (more: --all)" });
+                println!(
+                    "{} of {} shown{}",
+                    rows.len(),
+                    total,
+                    if token.is_empty() {
+                        ""
+                    } else {
+                        " (more: --all)"
+                    }
+                );
             }
         }
         AgentsCommand::Delete { id } => {
-            let resp = client.delete(request(&args, pb::DeleteRequest { id: id.clone() })?).await?.into_inner();
+            let resp = client
+                .delete(request(&args, pb::DeleteRequest { id: id.clone() })?)
+                .await?
+                .into_inner();
             if args.json {
-                println!("{}", serde_json::json!({"id": resp.id, "revision": resp.revision, "deleted": true}));
+                println!(
+                    "{}",
+                    serde_json::json!({"id": resp.id, "revision": resp.revision, "deleted": true})
+                );
             } else {
                 println!("deleted {} at revision {}", resp.id, resp.revision);
             }
         }
         AgentsCommand::Status { id, status, reason } => {
-            let req = pb::SetStatusRequest { id: id.clone(), status: parse_status(status)?, reason: reason.clone() };
+            let req = pb::SetStatusRequest {
+                id: id.clone(),
+                status: parse_status(status)?,
+                reason: reason.clone(),
+            };
             let resp = client.set_status(request(&args, req)?).await?.into_inner();
             if let Some(r) = &resp.record {
                 print_record(&args, r)?;
             }
         }
         AgentsCommand::Watch { from } => {
-            let mut stream = client.watch(request(&args, pb::WatchRequest { from_revision: *from })?).await?.into_inner();
+            let mut stream = client
+                .watch(request(
+                    &args,
+                    pb::WatchRequest {
+                        from_revision: *from,
+                    },
+                )?)
+                .await?
+                .into_inner();
             while let Some(item) = stream.next().await {
                 let change = item?;
-                let kind = pb::ChangeKind::try_from(change.kind).map(|k| k.as_str_name()).unwrap_or("UNKNOWN");
+                let kind = pb::ChangeKind::try_from(change.kind)
+                    .map(|k| k.as_str_name())
+                    .unwrap_or("UNKNOWN");
                 if args.json {
-                    let record = change.record.as_ref().map(record_pb_to_json).transpose().map_err(local)?;
-                    println!("{}", serde_json::json!({"revision": change.revision, "kind": kind.trim_start_matches("CHANGE_KIND_").to_lowercase(), "record": record}));
+                    let record = change
+                        .record
+                        .as_ref()
+                        .map(record_pb_to_json)
+                        .transpose()
+                        .map_err(local)?;
+                    println!(
+                        "{}",
+                        serde_json::json!({"revision": change.revision, "kind": kind.trim_start_matches("CHANGE_KIND_").to_lowercase(), "record": record})
+                    );
                 } else {
-                    let id = change.record.and_then(|r| r.metadata).map(|m| m.id).unwrap_or_default();
-                    println!("{:>8} {:<15} {}", change.revision, kind.trim_start_matches("CHANGE_KIND_"), id);
+                    let id = change
+                        .record
+                        .and_then(|r| r.metadata)
+                        .map(|m| m.id)
+                        .unwrap_or_default();
+                    println!(
+                        "{:>8} {:<15} {}",
+                        change.revision,
+                        kind.trim_start_matches("CHANGE_KIND_"),
+                        id
+                    );
                 }
             }
         }

@@ -84,9 +84,15 @@ impl Default for Config {
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read config file {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("invalid config file {path}: {source}")]
-    Parse { path: PathBuf, source: Box<toml::de::Error> },
+    Parse {
+        path: PathBuf,
+        source: Box<toml::de::Error>,
+    },
     #[error("api key '{name}': {message}")]
     ApiKey { name: String, message: String },
     #[error("{0}")]
@@ -96,24 +102,38 @@ pub enum ConfigError {
 impl Config {
     /// Loads a TOML config file over the defaults.
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
-        toml::from_str(&text).map_err(|source| ConfigError::Parse { path: path.into(), source: Box::new(source) })
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.into(),
+            source,
+        })?;
+        toml::from_str(&text).map_err(|source| ConfigError::Parse {
+            path: path.into(),
+            source: Box::new(source),
+        })
     }
 
     pub fn limits(&self) -> Limits {
-        Limits { max_record_bytes: self.max_record_bytes, allowed_schemes: self.allowed_schemes.clone() }
+        Limits {
+            max_record_bytes: self.max_record_bytes,
+            allowed_schemes: self.allowed_schemes.clone(),
+        }
     }
 
     /// Checks what serde cannot.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.max_record_bytes < 1024 {
-            return Err(ConfigError::Invalid("max_record_bytes must be at least 1024".into()));
+            return Err(ConfigError::Invalid(
+                "max_record_bytes must be at least 1024".into(),
+            ));
         }
         if self.node_id == 0 {
             return Err(ConfigError::Invalid("node_id must be at least 1".into()));
         }
         for k in &self.api_keys {
-            let err = |m: &str| ConfigError::ApiKey { name: k.name.clone(), message: m.into() };
+            let err = |m: &str| ConfigError::ApiKey {
+                name: k.name.clone(),
+                message: m.into(),
+            };
             if Role::parse(&k.role).is_none() {
                 return Err(err("role must be admin, publisher or reader"));
             }

@@ -20,5 +20,6 @@ pub mod pb {
     tonic::include_proto!("agentry.v1");
 
     /// Descriptor set served by gRPC reflection.
-    pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("agentry_descriptor");
+    pub const FILE_DESCRIPTOR_SET: &[u8] =
+        tonic::include_file_descriptor_set!("agentry_descriptor");
 }

@@ -9,7 +9,9 @@ use agentry::cli::{run_agents, Cli, Command};
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let filter = EnvFilter::try_new(&cli.log).unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     if cli.log_format == "json" {
         builder.json().init();
     } else {
@@ -17,7 +19,9 @@ async fn main() -> std::process::ExitCode {
     }
     let result = match cli.command {
         Command::Serve(args) => match args.config() {
-            Ok(config) => agentry::server::run(config).await.map_err(|e| e.to_string()),
+            Ok(config) => agentry::server::run(config)
+                .await
+                .map_err(|e| e.to_string()),
             Err(e) => Err(e.to_string()),
         },
         Command::Agents(args) => run_agents(args).await.map_err(|e| e.to_string()),

@@ -32,7 +32,10 @@ pub enum ServerError {
     #[error("raft: {0}")]
     Raft(#[from] crate::consensus::WriteError),
     #[error("cannot bind {addr}: {source}")]
-    Bind { addr: SocketAddr, source: std::io::Error },
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
     #[error("io: {0}")]
     Io(#[from] std::io::Error),
     #[error("gRPC: {0}")]
@@ -75,9 +78,18 @@ fn authenticator(config: &Config) -> Result<(Authenticator, Option<String>), Ser
             (None, Some(key)) => key_digest(key),
             (None, None) => continue,
         };
-        auth.add_digest(&digest, Principal { name: k.name.clone(), role });
+        auth.add_digest(
+            &digest,
+            Principal {
+                name: k.name.clone(),
+                role,
+            },
+        );
     }
-    let admin = Principal { name: "admin".into(), role: Role::Admin };
+    let admin = Principal {
+        name: "admin".into(),
+        role: Role::Admin,
+    };
     if let Some(key) = &config.admin_key {
         auth.add_digest(&key_digest(key), admin);
         return Ok((auth, None));
@@ -89,7 +101,10 @@ fn authenticator(config: &Config) -> Result<(Authenticator, Option<String>), Ser
     }
     let mut bytes = [0u8; 24];
     getrandom::fill(&mut bytes).map_err(|e| std::io::Error::other(e.to_string()))?;
-    let key = format!("agk_{}", bytes.iter().map(|b| format!("{b:02x}")).collect::<String>());
+    let key = format!(
+        "agk_{}",
+        bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()
+    );
     std::fs::write(&path, key_digest(&key))?;
     #[cfg(unix)]
     {
@@ -101,7 +116,9 @@ fn authenticator(config: &Config) -> Result<(Authenticator, Option<String>), Ser
 }
 
 async fn bind(addr: SocketAddr) -> Result<TcpListener, ServerError> {
-    TcpListener::bind(addr).await.map_err(|source| ServerError::Bind { addr, source })
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServerError::Bind { addr, source })
 }
 
 /// Starts a node: storage, Raft (initialising a single-voter cluster on first
@@ -113,12 +130,28 @@ pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
     let auth = Arc::new(auth);
 
     let db = storage::open(&config.data_dir)?;
-    let state_machine = StateMachine::open(db.clone(), config.data_dir.join("snapshots"), config.watch_history)?;
+    let state_machine = StateMachine::open(
+        db.clone(),
+        config.data_dir.join("snapshots"),
+        config.watch_history,
+    )?;
     let reader = state_machine.reader();
-    let node = RaftNode::start(config.node_id, config.raft_addr.clone(), LogStore::new(db), state_machine, config.snapshot_logs).await?;
+    let node = RaftNode::start(
+        config.node_id,
+        config.raft_addr.clone(),
+        LogStore::new(db),
+        state_machine,
+        config.snapshot_logs,
+    )
+    .await?;
     node.wait_for_leader(Duration::from_secs(30)).await?;
 
-    let service = RegistryService::new(node.clone(), reader, config.limits(), config.anonymous_reads);
+    let service = RegistryService::new(
+        node.clone(),
+        reader,
+        config.limits(),
+        config.anonymous_reads,
+    );
     let api = RegistryApi::new(service);
     let (shutdown, shutdown_rx) = watch::channel(false);
     let stopped = |mut rx: watch::Receiver<bool>| async move {
@@ -149,7 +182,10 @@ pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
         .add_service(health_service)
         .add_service(reflection)
         .add_service(registry)
-        .serve_with_incoming_shutdown(TcpListenerStream::new(grpc_listener), stopped(shutdown_rx.clone()));
+        .serve_with_incoming_shutdown(
+            TcpListenerStream::new(grpc_listener),
+            stopped(shutdown_rx.clone()),
+        );
     let grpc_task = tokio::spawn(async move {
         if let Err(e) = grpc.await {
             tracing::error!(error = %e, "gRPC listener failed");
@@ -158,20 +194,34 @@ pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
 
     let http_listener = bind(config.http_addr).await?;
     let http_addr = http_listener.local_addr()?;
-    let state = HttpState { api, auth, max_body: config.max_record_bytes + 64 * 1024 };
+    let state = HttpState {
+        api,
+        auth,
+        max_body: config.max_record_bytes + 64 * 1024,
+    };
     let app = router(state).layer(tower_http::timeout::TimeoutLayer::with_status_code(
         axum::http::StatusCode::GATEWAY_TIMEOUT,
         Duration::from_secs(config.request_timeout_secs),
     ));
     let http_rx = shutdown_rx.clone();
     let http_task = tokio::spawn(async move {
-        if let Err(e) = axum::serve(http_listener, app).with_graceful_shutdown(stopped(http_rx)).await {
+        if let Err(e) = axum::serve(http_listener, app)
+            .with_graceful_shutdown(stopped(http_rx))
+            .await
+        {
             tracing::error!(error = %e, "HTTP listener failed");
         }
     });
 
     info!(%grpc_addr, %http_addr, data_dir = %config.data_dir.display(), node_id = config.node_id, "agentry is serving");
-    Ok(RunningServer { grpc_addr, http_addr, generated_admin_key, shutdown, tasks: vec![grpc_task, http_task], node })
+    Ok(RunningServer {
+        grpc_addr,
+        http_addr,
+        generated_admin_key,
+        shutdown,
+        tasks: vec![grpc_task, http_task],
+        node,
+    })
 }
 
 /// Runs until SIGINT or SIGTERM, then shuts down gracefully.
@@ -182,7 +232,12 @@ pub async fn run(config: Config) -> Result<(), ServerError> {
         eprintln!("Generated the bootstrap admin API key (shown only this once; its digest is in {}):\n  {key}", data_dir.join(ADMIN_DIGEST_FILE).display());
     }
     // One line for people and scripts (tests parse it) to know where to go.
-    println!("agentry ready grpc={} http={} data_dir={}", server.grpc_addr, server.http_addr, data_dir.display());
+    println!(
+        "agentry ready grpc={} http={} data_dir={}",
+        server.grpc_addr,
+        server.http_addr,
+        data_dir.display()
+    );
     wait_for_signal().await?;
     info!("shutting down");
     server.shutdown().await;

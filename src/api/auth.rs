@@ -16,7 +16,10 @@ pub struct Identity(pub Option<Principal>);
 
 /// Hex SHA-256 of an API key.
 pub fn key_digest(key: &str) -> String {
-    Sha256::digest(key.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+    Sha256::digest(key.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// Maps API keys to principals.
@@ -28,7 +31,8 @@ pub struct Authenticator {
 impl Authenticator {
     /// Adds a key by the hex SHA-256 digest of its secret.
     pub fn add_digest(&mut self, digest: &str, principal: Principal) {
-        self.by_digest.insert(digest.to_ascii_lowercase(), principal);
+        self.by_digest
+            .insert(digest.to_ascii_lowercase(), principal);
     }
 
     /// Identifies the caller from `authorization: Bearer <key>`. No header is
@@ -37,15 +41,17 @@ impl Authenticator {
         let Some(value) = metadata.get("authorization") else {
             return Ok(Identity(None));
         };
-        let value = value
-            .to_str()
-            .map_err(|_| ServiceError::Unauthorized("the authorization header is not valid text".into()))?;
+        let value = value.to_str().map_err(|_| {
+            ServiceError::Unauthorized("the authorization header is not valid text".into())
+        })?;
         let key = value
             .strip_prefix("Bearer ")
             .or_else(|| value.strip_prefix("bearer "))
             .map(str::trim)
             .filter(|k| !k.is_empty())
-            .ok_or_else(|| ServiceError::Unauthorized("use 'Authorization: Bearer <api key>'".into()))?;
+            .ok_or_else(|| {
+                ServiceError::Unauthorized("use 'Authorization: Bearer <api key>'".into())
+            })?;
         self.by_digest
             .get(&key_digest(key))
             .cloned()
@@ -70,8 +76,21 @@ mod tests {
     #[test]
     fn bearer_keys_map_to_principals() {
         let mut a = Authenticator::default();
-        a.add_digest(&key_digest("s3cret"), Principal { name: "ci".into(), role: Role::Publisher });
-        assert_eq!(a.identify(&md(Some("Bearer s3cret"))).unwrap().0.unwrap().name, "ci");
+        a.add_digest(
+            &key_digest("s3cret"),
+            Principal {
+                name: "ci".into(),
+                role: Role::Publisher,
+            },
+        );
+        assert_eq!(
+            a.identify(&md(Some("Bearer s3cret")))
+                .unwrap()
+                .0
+                .unwrap()
+                .name,
+            "ci"
+        );
         assert!(a.identify(&md(None)).unwrap().0.is_none());
         assert!(a.identify(&md(Some("Bearer nope"))).is_err());
         assert!(a.identify(&md(Some("Basic abc"))).is_err());

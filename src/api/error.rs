@@ -52,7 +52,10 @@ pub fn to_status(e: &ServiceError) -> Status {
         retry_after,
     };
     let mut status = Status::with_details(grpc, e.to_string(), detail.encode_to_vec().into());
-    if let ServiceError::Unavailable { leader: Some(l), .. } = e {
+    if let ServiceError::Unavailable {
+        leader: Some(l), ..
+    } = e
+    {
         if let Ok(v) = l.parse() {
             status.metadata_mut().insert(LEADER_METADATA, v);
         }
@@ -137,11 +140,17 @@ mod tests {
 
     #[test]
     fn status_and_problem_agree() {
-        let e = ServiceError::InvalidRequest { field: Some("/name".into()), message: "/name: is required".into() };
+        let e = ServiceError::InvalidRequest {
+            field: Some("/name".into()),
+            message: "/name: is required".into(),
+        };
         let s = to_status(&e);
         assert_eq!(s.code(), Code::InvalidArgument);
         let d = detail_of(&s);
-        assert_eq!((d.code.as_str(), d.http_status, d.field.as_deref()), ("invalid_request", 400, Some("/name")));
+        assert_eq!(
+            (d.code.as_str(), d.http_status, d.field.as_deref()),
+            ("invalid_request", 400, Some("/name"))
+        );
         let body = problem_body(&d, "/agents");
         assert_eq!(body["error"]["code"], "invalid_request");
         assert_eq!(body["status"], 400);

@@ -37,7 +37,10 @@ fn consistency(v: i32) -> Result<Consistency, ServiceError> {
     match pb::ReadConsistency::try_from(v) {
         Ok(pb::ReadConsistency::Unspecified | pb::ReadConsistency::Local) => Ok(Consistency::Local),
         Ok(pb::ReadConsistency::Linearizable) => Ok(Consistency::Linearizable),
-        Err(_) => Err(ServiceError::InvalidRequest { field: Some("/consistency".into()), message: format!("/consistency: unknown value {v}") }),
+        Err(_) => Err(ServiceError::InvalidRequest {
+            field: Some("/consistency".into()),
+            message: format!("/consistency: unknown value {v}"),
+        }),
     }
 }
 
@@ -48,56 +51,105 @@ fn now() -> time::OffsetDateTime {
 #[tonic::async_trait]
 impl Registry for RegistryApi {
     #[tracing::instrument(name = "grpc.Register", skip_all)]
-    async fn register(&self, req: Request<pb::RegisterRequest>) -> Result<Response<pb::RegisterResponse>, Status> {
+    async fn register(
+        &self,
+        req: Request<pb::RegisterRequest>,
+    ) -> Result<Response<pb::RegisterResponse>, Status> {
         let who = principal(&req);
         let req = req.into_inner();
-        let metadata = req.metadata.ok_or_else(|| ServiceError::InvalidRequest { field: Some("/metadata".into()), message: "metadata is required".into() })?;
+        let metadata = req.metadata.ok_or_else(|| ServiceError::InvalidRequest {
+            field: Some("/metadata".into()),
+            message: "metadata is required".into(),
+        })?;
         let metadata = metadata.try_into().map_err(ServiceError::from)?;
         let visibility = visibility_from_pb(req.visibility).map_err(ServiceError::from)?;
-        let (record, created) = self.service.register(who.as_ref(), metadata, visibility).await?;
-        Ok(Response::new(pb::RegisterResponse { record: Some(record_to_pb(&record, now())), created }))
+        let (record, created) = self
+            .service
+            .register(who.as_ref(), metadata, visibility)
+            .await?;
+        Ok(Response::new(pb::RegisterResponse {
+            record: Some(record_to_pb(&record, now())),
+            created,
+        }))
     }
 
     #[tracing::instrument(name = "grpc.Get", skip_all)]
     async fn get(&self, req: Request<pb::GetRequest>) -> Result<Response<pb::GetResponse>, Status> {
         let who = principal(&req);
         let req = req.into_inner();
-        let (record, applied_revision) = self.service.get(who.as_ref(), &req.id, consistency(req.consistency)?).await?;
-        Ok(Response::new(pb::GetResponse { record: Some(record_to_pb(&record, now())), applied_revision }))
+        let (record, applied_revision) = self
+            .service
+            .get(who.as_ref(), &req.id, consistency(req.consistency)?)
+            .await?;
+        Ok(Response::new(pb::GetResponse {
+            record: Some(record_to_pb(&record, now())),
+            applied_revision,
+        }))
     }
 
     #[tracing::instrument(name = "grpc.Update", skip_all)]
-    async fn update(&self, req: Request<pb::UpdateRequest>) -> Result<Response<pb::UpdateResponse>, Status> {
+    async fn update(
+        &self,
+        req: Request<pb::UpdateRequest>,
+    ) -> Result<Response<pb::UpdateResponse>, Status> {
         let who = principal(&req);
         let req = req.into_inner();
-        let metadata = req.metadata.ok_or_else(|| ServiceError::InvalidRequest { field: Some("/metadata".into()), message: "metadata is required".into() })?;
+        let metadata = req.metadata.ok_or_else(|| ServiceError::InvalidRequest {
+            field: Some("/metadata".into()),
+            message: "metadata is required".into(),
+        })?;
         let metadata = metadata.try_into().map_err(ServiceError::from)?;
         let visibility = visibility_from_pb(req.visibility).map_err(ServiceError::from)?;
-        let record = self.service.update(who.as_ref(), &req.id, metadata, visibility).await?;
-        Ok(Response::new(pb::UpdateResponse { record: Some(record_to_pb(&record, now())) }))
+        let record = self
+            .service
+            .update(who.as_ref(), &req.id, metadata, visibility)
+            .await?;
+        Ok(Response::new(pb::UpdateResponse {
+            record: Some(record_to_pb(&record, now())),
+        }))
     }
 
     #[tracing::instrument(name = "grpc.Delete", skip_all)]
-    async fn delete(&self, req: Request<pb::DeleteRequest>) -> Result<Response<pb::DeleteResponse>, Status> {
+    async fn delete(
+        &self,
+        req: Request<pb::DeleteRequest>,
+    ) -> Result<Response<pb::DeleteResponse>, Status> {
         let who = principal(&req);
         let req = req.into_inner();
         let revision = self.service.delete(who.as_ref(), &req.id).await?;
-        Ok(Response::new(pb::DeleteResponse { id: req.id, revision }))
+        Ok(Response::new(pb::DeleteResponse {
+            id: req.id,
+            revision,
+        }))
     }
 
     #[tracing::instrument(name = "grpc.SetStatus", skip_all)]
-    async fn set_status(&self, req: Request<pb::SetStatusRequest>) -> Result<Response<pb::SetStatusResponse>, Status> {
+    async fn set_status(
+        &self,
+        req: Request<pb::SetStatusRequest>,
+    ) -> Result<Response<pb::SetStatusResponse>, Status> {
         let who = principal(&req);
         let req = req.into_inner();
         let status = status_from_pb(req.status, "/status")
             .map_err(ServiceError::from)?
-            .ok_or_else(|| ServiceError::InvalidRequest { field: Some("/status".into()), message: "/status: must be one of active, deprecated, inactive, deleted".into() })?;
-        let record = self.service.set_status(who.as_ref(), &req.id, status, req.reason).await?;
-        Ok(Response::new(pb::SetStatusResponse { record: Some(record_to_pb(&record, now())) }))
+            .ok_or_else(|| ServiceError::InvalidRequest {
+                field: Some("/status".into()),
+                message: "/status: must be one of active, deprecated, inactive, deleted".into(),
+            })?;
+        let record = self
+            .service
+            .set_status(who.as_ref(), &req.id, status, req.reason)
+            .await?;
+        Ok(Response::new(pb::SetStatusResponse {
+            record: Some(record_to_pb(&record, now())),
+        }))
     }
 
     #[tracing::instrument(name = "grpc.List", skip_all)]
-    async fn list(&self, req: Request<pb::ListRequest>) -> Result<Response<pb::ListResponse>, Status> {
+    async fn list(
+        &self,
+        req: Request<pb::ListRequest>,
+    ) -> Result<Response<pb::ListResponse>, Status> {
         let who = principal(&req);
         let req = req.into_inner();
         let statuses = req
@@ -105,8 +157,12 @@ impl Registry for RegistryApi {
             .iter()
             .enumerate()
             .map(|(i, s)| {
-                status_from_pb(*s, &format!("/statuses/{i}"))?
-                    .ok_or_else(|| crate::domain::FieldError::new(format!("/statuses/{i}"), "must not be unspecified"))
+                status_from_pb(*s, &format!("/statuses/{i}"))?.ok_or_else(|| {
+                    crate::domain::FieldError::new(
+                        format!("/statuses/{i}"),
+                        "must not be unspecified",
+                    )
+                })
             })
             .collect::<Result<Vec<_>, _>>()
             .map_err(ServiceError::from)?;
@@ -137,9 +193,14 @@ impl Registry for RegistryApi {
     type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchResponse, Status>> + Send>>;
 
     #[tracing::instrument(name = "grpc.Watch", skip_all)]
-    async fn watch(&self, req: Request<pb::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
+    async fn watch(
+        &self,
+        req: Request<pb::WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
         let who = principal(&req);
-        let changes = self.service.watch(who.as_ref(), req.get_ref().from_revision)?;
+        let changes = self
+            .service
+            .watch(who.as_ref(), req.get_ref().from_revision)?;
         let stream = changes.map(|c| {
             c.map(|c| pb::WatchResponse {
                 revision: c.revision,

@@ -12,14 +12,19 @@ use crate::domain::{AgentMetadata, AgentStatus, Change, Principal, Visibility};
 pub enum Command {
     /// Register or update metadata.
     Put {
-        metadata: AgentMetadata,
+        /// Boxed: records are large next to the other commands.
+        metadata: Box<AgentMetadata>,
         visibility: Option<Visibility>,
         principal: Principal,
         mode: WriteMode,
         now: String,
     },
     /// Delete, leaving a tombstone.
-    Delete { id: String, principal: Principal, now: String },
+    Delete {
+        id: String,
+        principal: Principal,
+        now: String,
+    },
     /// Set the lifecycle status.
     SetStatus {
         id: String,
@@ -43,8 +48,9 @@ impl Command {
 /// The outcome of applying one log entry.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum CommandResult {
-    /// The write happened; this is the change it made.
-    Applied(Change),
+    /// The write happened; this is the change it made (boxed: it holds a
+    /// whole record).
+    Applied(Box<Change>),
     /// The write was refused by the registry's rules; nothing changed.
     Rejected(Rejection),
     /// A blank or membership entry; there is no client to answer.

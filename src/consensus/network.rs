@@ -6,8 +6,8 @@
 use openraft::error::{InstallSnapshotError, RPCError, RaftError, Unreachable};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest,
-    VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
 };
 use openraft::BasicNode;
 
@@ -33,7 +33,10 @@ impl RaftNetworkFactory<TypeConfig> for Network {
 
 impl Connection {
     fn unreachable<E: std::error::Error>(&self) -> RPCError<NodeId, BasicNode, E> {
-        let msg = format!("no Raft transport to node {} in a single-node registry", self.target);
+        let msg = format!(
+            "no Raft transport to node {} in a single-node registry",
+            self.target
+        );
         RPCError::Unreachable(Unreachable::new(&std::io::Error::other(msg)))
     }
 }
@@ -51,8 +54,10 @@ impl RaftNetwork<TypeConfig> for Connection {
         &mut self,
         _rpc: InstallSnapshotRequest<TypeConfig>,
         _option: RPCOption,
-    ) -> Result<InstallSnapshotResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>>
-    {
+    ) -> Result<
+        InstallSnapshotResponse<NodeId>,
+        RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>,
+    > {
         Err(self.unreachable())
     }
 

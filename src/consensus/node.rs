@@ -51,13 +51,28 @@ impl RaftNode {
             purge_batch_size: 256,
             ..Default::default()
         };
-        let config = Arc::new(config.validate().map_err(|e| WriteError::Fatal(e.to_string()))?);
+        let config = Arc::new(
+            config
+                .validate()
+                .map_err(|e| WriteError::Fatal(e.to_string()))?,
+        );
         let raft = Raft::new(id, config, Network, log_store, state_machine)
             .await
             .map_err(|e| WriteError::Fatal(e.to_string()))?;
-        if !raft.is_initialized().await.map_err(|e| WriteError::Fatal(e.to_string()))? {
-            let members = BTreeMap::from([(id, BasicNode { addr: advertise_addr })]);
-            raft.initialize(members).await.map_err(|e| WriteError::Fatal(e.to_string()))?;
+        if !raft
+            .is_initialized()
+            .await
+            .map_err(|e| WriteError::Fatal(e.to_string()))?
+        {
+            let members = BTreeMap::from([(
+                id,
+                BasicNode {
+                    addr: advertise_addr,
+                },
+            )]);
+            raft.initialize(members)
+                .await
+                .map_err(|e| WriteError::Fatal(e.to_string()))?;
             info!(node_id = id, "initialised a new single-voter cluster");
         } else {
             info!(node_id = id, "resuming existing cluster state");
@@ -71,7 +86,9 @@ impl RaftNode {
         match self.raft.client_write(command).await {
             Ok(resp) => Ok(resp.data),
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
-                Err(WriteError::NotLeader { leader: f.leader_node.map(|n| n.addr) })
+                Err(WriteError::NotLeader {
+                    leader: f.leader_node.map(|n| n.addr),
+                })
             }
             Err(e) => Err(WriteError::Fatal(e.to_string())),
         }
@@ -93,7 +110,9 @@ impl RaftNode {
         match self.raft.ensure_linearizable().await {
             Ok(_) => Ok(()),
             Err(RaftError::APIError(openraft::error::CheckIsLeaderError::ForwardToLeader(f))) => {
-                Err(WriteError::NotLeader { leader: f.leader_node.map(|n| n.addr) })
+                Err(WriteError::NotLeader {
+                    leader: f.leader_node.map(|n| n.addr),
+                })
             }
             Err(e) => Err(WriteError::Fatal(e.to_string())),
         }

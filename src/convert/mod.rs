@@ -15,7 +15,9 @@ pub fn json_to_pb(v: &Value) -> prost_types::Value {
         Value::Bool(b) => Kind::BoolValue(*b),
         Value::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or(0.0)),
         Value::String(s) => Kind::StringValue(s.clone()),
-        Value::Array(a) => Kind::ListValue(prost_types::ListValue { values: a.iter().map(json_to_pb).collect() }),
+        Value::Array(a) => Kind::ListValue(prost_types::ListValue {
+            values: a.iter().map(json_to_pb).collect(),
+        }),
         Value::Object(m) => Kind::StructValue(map_to_struct(m)),
     };
     prost_types::Value { kind: Some(kind) }
@@ -34,7 +36,9 @@ pub fn pb_to_json(v: &prost_types::Value) -> Value {
             if n.fract() == 0.0 && n.abs() <= EXACT_INT {
                 Value::Number(Number::from(*n as i64))
             } else {
-                Number::from_f64(*n).map(Value::Number).unwrap_or(Value::Null)
+                Number::from_f64(*n)
+                    .map(Value::Number)
+                    .unwrap_or(Value::Null)
             }
         }
         Some(Kind::StringValue(s)) => Value::String(s.clone()),
@@ -44,11 +48,16 @@ pub fn pb_to_json(v: &prost_types::Value) -> Value {
 }
 
 pub fn map_to_struct(m: &Map<String, Value>) -> prost_types::Struct {
-    prost_types::Struct { fields: m.iter().map(|(k, v)| (k.clone(), json_to_pb(v))).collect() }
+    prost_types::Struct {
+        fields: m.iter().map(|(k, v)| (k.clone(), json_to_pb(v))).collect(),
+    }
 }
 
 pub fn struct_to_map(s: &prost_types::Struct) -> Map<String, Value> {
-    s.fields.iter().map(|(k, v)| (k.clone(), pb_to_json(v))).collect()
+    s.fields
+        .iter()
+        .map(|(k, v)| (k.clone(), pb_to_json(v)))
+        .collect()
 }
 
 fn opt_struct(m: &Map<String, Value>) -> Option<prost_types::Struct> {
@@ -76,7 +85,10 @@ pub fn status_from_pb(v: i32, pointer: &str) -> Result<Option<domain::AgentStatu
         Ok(pb::AgentStatus::Deprecated) => Ok(Some(domain::AgentStatus::Deprecated)),
         Ok(pb::AgentStatus::Inactive) => Ok(Some(domain::AgentStatus::Inactive)),
         Ok(pb::AgentStatus::Deleted) => Ok(Some(domain::AgentStatus::Deleted)),
-        Err(_) => Err(FieldError::new(pointer, format!("unknown status value {v}"))),
+        Err(_) => Err(FieldError::new(
+            pointer,
+            format!("unknown status value {v}"),
+        )),
     }
 }
 
@@ -92,7 +104,10 @@ pub fn visibility_from_pb(v: i32) -> Result<Option<domain::Visibility>, FieldErr
         Ok(pb::Visibility::Unspecified) => Ok(None),
         Ok(pb::Visibility::Public) => Ok(Some(domain::Visibility::Public)),
         Ok(pb::Visibility::Private) => Ok(Some(domain::Visibility::Private)),
-        Err(_) => Err(FieldError::new("/visibility", format!("unknown visibility value {v}"))),
+        Err(_) => Err(FieldError::new(
+            "/visibility",
+            format!("unknown visibility value {v}"),
+        )),
     }
 }
 
@@ -340,7 +355,10 @@ fn serde_path_to_pointer(path: &serde_path_to_error::Path) -> String {
 /// member of the wrong type is named by its JSON pointer.
 pub fn metadata_from_json(v: Value) -> Result<pb::AgentMetadata, FieldError> {
     if !v.is_object() {
-        return Err(FieldError::new("", "the agent metadata must be a JSON object"));
+        return Err(FieldError::new(
+            "",
+            "the agent metadata must be a JSON object",
+        ));
     }
     let meta: domain::AgentMetadata = serde_path_to_error::deserialize(v).map_err(|e| {
         let pointer = serde_path_to_pointer(e.path());
@@ -382,7 +400,10 @@ mod tests {
     #[test]
     fn wrong_types_are_named_by_pointer() {
         let v = json!({"id": "a", "name": "n", "description": "d", "bindings": [{"protocol": "https", "endpoint": 5}]});
-        assert_eq!(metadata_from_json(v).unwrap_err().pointer, "/bindings/0/endpoint");
+        assert_eq!(
+            metadata_from_json(v).unwrap_err().pointer,
+            "/bindings/0/endpoint"
+        );
         let v = json!({"id": "a", "name": "n", "description": "d", "tags": "nlp"});
         assert_eq!(metadata_from_json(v).unwrap_err().pointer, "/tags");
         let v = json!({"id": "a", "name": "n", "description": "d", "status": "sleeping"});

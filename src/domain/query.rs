@@ -28,7 +28,12 @@ impl Filter {
     }
 
     /// Whether `record` passes every filter and may be shown to `principal`.
-    pub fn matches(&self, record: &AgentRecord, principal: Option<&Principal>, now: time::OffsetDateTime) -> bool {
+    pub fn matches(
+        &self,
+        record: &AgentRecord,
+        principal: Option<&Principal>,
+        now: time::OffsetDateTime,
+    ) -> bool {
         let m = &record.metadata;
         if record.envelope.deleted || !record.readable_by(principal) {
             return false;
@@ -53,7 +58,7 @@ impl Filter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::record::{AgentMetadata, Envelope, Visibility, Role};
+    use crate::domain::record::{AgentMetadata, Envelope, Role, Visibility};
 
     fn rec(tags: &[&str], langs: &[&str], status: Option<AgentStatus>) -> AgentRecord {
         AgentRecord {
@@ -64,7 +69,10 @@ mod tests {
                 status,
                 ..Default::default()
             },
-            envelope: Envelope { owner: "alice".into(), ..Default::default() },
+            envelope: Envelope {
+                owner: "alice".into(),
+                ..Default::default()
+            },
         }
     }
 
@@ -74,7 +82,11 @@ mod tests {
 
     #[test]
     fn tags_are_and_and_languages_respect_agnostic_agents() {
-        let f = Filter { tags: vec!["nlp".into(), "chinese".into()], languages: vec!["zh".into()], ..Default::default() };
+        let f = Filter {
+            tags: vec!["nlp".into(), "chinese".into()],
+            languages: vec!["zh".into()],
+            ..Default::default()
+        };
         assert!(f.matches(&rec(&["nlp", "chinese", "x"], &["zh"], None), None, now()));
         assert!(!f.matches(&rec(&["nlp"], &["zh"], None), None, now()));
         assert!(f.matches(&rec(&["nlp", "chinese"], &[], None), None, now()));
@@ -85,12 +97,21 @@ mod tests {
     fn deleted_status_hidden_unless_asked_and_private_hidden_from_others() {
         let f = Filter::default();
         assert!(!f.matches(&rec(&[], &[], Some(AgentStatus::Deleted)), None, now()));
-        let f = Filter { statuses: vec![AgentStatus::Deleted], ..Default::default() };
+        let f = Filter {
+            statuses: vec![AgentStatus::Deleted],
+            ..Default::default()
+        };
         assert!(f.matches(&rec(&[], &[], Some(AgentStatus::Deleted)), None, now()));
         let mut private = rec(&[], &[], None);
         private.envelope.visibility = Visibility::Private;
-        let bob = Principal { name: "bob".into(), role: Role::Reader };
-        let alice = Principal { name: "alice".into(), role: Role::Publisher };
+        let bob = Principal {
+            name: "bob".into(),
+            role: Role::Reader,
+        };
+        let alice = Principal {
+            name: "alice".into(),
+            role: Role::Publisher,
+        };
         assert!(!Filter::default().matches(&private, Some(&bob), now()));
         assert!(Filter::default().matches(&private, Some(&alice), now()));
     }
@@ -100,6 +121,10 @@ mod tests {
         let mut r = rec(&[], &[], None);
         r.metadata.expires_at = Some("2000-01-01T00:00:00Z".into());
         assert!(!Filter::default().matches(&r, None, now()));
-        assert!(Filter { include_expired: true, ..Default::default() }.matches(&r, None, now()));
+        assert!(Filter {
+            include_expired: true,
+            ..Default::default()
+        }
+        .matches(&r, None, now()));
     }
 }

@@ -22,7 +22,12 @@ pub enum AgentStatus {
 }
 
 impl AgentStatus {
-    pub const ALL: [AgentStatus; 4] = [Self::Active, Self::Deprecated, Self::Inactive, Self::Deleted];
+    pub const ALL: [AgentStatus; 4] = [
+        Self::Active,
+        Self::Deprecated,
+        Self::Inactive,
+        Self::Deleted,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -34,7 +39,9 @@ impl AgentStatus {
     }
 
     pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|v| v.as_str() == s.trim().to_ascii_lowercase())
+        Self::ALL
+            .into_iter()
+            .find(|v| v.as_str() == s.trim().to_ascii_lowercase())
     }
 }
 

@@ -18,7 +18,10 @@ pub struct FieldError {
 
 impl FieldError {
     pub fn new(pointer: impl Into<String>, message: impl Into<String>) -> Self {
-        Self { pointer: pointer.into(), message: message.into() }
+        Self {
+            pointer: pointer.into(),
+            message: message.into(),
+        }
     }
 }
 
@@ -48,7 +51,9 @@ impl Default for Limits {
     fn default() -> Self {
         Self {
             max_record_bytes: 256 * 1024,
-            allowed_schemes: ["https", "http", "grpc", "grpcs", "wss", "ws"].map(String::from).to_vec(),
+            allowed_schemes: ["https", "http", "grpc", "grpcs", "wss", "ws"]
+                .map(String::from)
+                .to_vec(),
         }
     }
 }
@@ -76,20 +81,36 @@ pub fn validate_id(id: &str, pointer: &str) -> Result {
         return Err(FieldError::new(pointer, "must not be empty"));
     }
     if id.len() > MAX_ID_LEN {
-        return Err(FieldError::new(pointer, format!("must be at most {MAX_ID_LEN} bytes")));
+        return Err(FieldError::new(
+            pointer,
+            format!("must be at most {MAX_ID_LEN} bytes"),
+        ));
     }
     if has_control(id) || id.chars().any(char::is_whitespace) {
-        return Err(FieldError::new(pointer, "must not contain whitespace or control characters"));
+        return Err(FieldError::new(
+            pointer,
+            "must not contain whitespace or control characters",
+        ));
     }
     if id.contains(':') {
-        let uri = url::Url::parse(id)
-            .map_err(|e| FieldError::new(pointer, format!("contains ':' but is not an absolute URI ({e})")))?;
+        let uri = url::Url::parse(id).map_err(|e| {
+            FieldError::new(
+                pointer,
+                format!("contains ':' but is not an absolute URI ({e})"),
+            )
+        })?;
         if id.len() <= uri.scheme().len() + 1 {
-            return Err(FieldError::new(pointer, "is a URI with nothing after its scheme"));
+            return Err(FieldError::new(
+                pointer,
+                "is a URI with nothing after its scheme",
+            ));
         }
         return Ok(());
     }
-    if !id.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '~' | '-')) {
+    if !id
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '~' | '-'))
+    {
         return Err(FieldError::new(
             pointer,
             "must be an absolute URI, a DNS-style name or a token of letters, digits, '.', '_', '~' and '-'",
@@ -100,13 +121,25 @@ pub fn validate_id(id: &str, pointer: &str) -> Result {
 
 fn validate_text(value: &str, pointer: &str, max: usize, required: bool) -> Result {
     if required && value.trim().is_empty() {
-        return Err(FieldError::new(pointer, "is required and must not be blank"));
+        return Err(FieldError::new(
+            pointer,
+            "is required and must not be blank",
+        ));
     }
     if value.chars().count() > max {
-        return Err(FieldError::new(pointer, format!("must be at most {max} characters")));
+        return Err(FieldError::new(
+            pointer,
+            format!("must be at most {max} characters"),
+        ));
     }
-    if value.chars().any(|c| c.is_control() && !matches!(c, '\n' | '\r' | '\t')) {
-        return Err(FieldError::new(pointer, "must not contain control characters"));
+    if value
+        .chars()
+        .any(|c| c.is_control() && !matches!(c, '\n' | '\r' | '\t'))
+    {
+        return Err(FieldError::new(
+            pointer,
+            "must not contain control characters",
+        ));
     }
     Ok(())
 }
@@ -123,7 +156,10 @@ pub fn normalise_tags(tags: &mut Vec<String>, pointer: &str) -> Result {
             return Err(FieldError::new(p, "must not be blank"));
         }
         if t.chars().count() > MAX_TAG_LEN {
-            return Err(FieldError::new(p, format!("must be at most {MAX_TAG_LEN} characters")));
+            return Err(FieldError::new(
+                p,
+                format!("must be at most {MAX_TAG_LEN} characters"),
+            ));
         }
         if has_control(&t) {
             return Err(FieldError::new(p, "must not contain control characters"));
@@ -133,7 +169,10 @@ pub fn normalise_tags(tags: &mut Vec<String>, pointer: &str) -> Result {
         }
     }
     if out.len() > MAX_TAGS {
-        return Err(FieldError::new(pointer, format!("must hold at most {MAX_TAGS} distinct entries")));
+        return Err(FieldError::new(
+            pointer,
+            format!("must hold at most {MAX_TAGS} distinct entries"),
+        ));
     }
     *tags = out;
     Ok(())
@@ -142,13 +181,21 @@ pub fn normalise_tags(tags: &mut Vec<String>, pointer: &str) -> Result {
 /// Checks that an endpoint is an absolute URL with an allowed scheme.
 pub fn validate_url(value: &str, pointer: &str, limits: &Limits) -> Result {
     if value.len() > MAX_URL_LEN {
-        return Err(FieldError::new(pointer, format!("must be at most {MAX_URL_LEN} bytes")));
+        return Err(FieldError::new(
+            pointer,
+            format!("must be at most {MAX_URL_LEN} bytes"),
+        ));
     }
-    let url = url::Url::parse(value).map_err(|e| FieldError::new(pointer, format!("is not an absolute URL ({e})")))?;
+    let url = url::Url::parse(value)
+        .map_err(|e| FieldError::new(pointer, format!("is not an absolute URL ({e})")))?;
     if !limits.allowed_schemes.iter().any(|s| s == url.scheme()) {
         return Err(FieldError::new(
             pointer,
-            format!("scheme '{}' is not allowed (allowed: {})", url.scheme(), limits.allowed_schemes.join(", ")),
+            format!(
+                "scheme '{}' is not allowed (allowed: {})",
+                url.scheme(),
+                limits.allowed_schemes.join(", ")
+            ),
         ));
     }
     if url.host_str().is_none_or(str::is_empty) {
@@ -160,7 +207,10 @@ pub fn validate_url(value: &str, pointer: &str, limits: &Limits) -> Result {
 fn validate_time(value: &Option<String>, pointer: &str) -> Result {
     if let Some(v) = value {
         if super::time::parse(v).is_none() {
-            return Err(FieldError::new(pointer, "must be an RFC 3339 timestamp such as 2026-05-08T00:00:00Z"));
+            return Err(FieldError::new(
+                pointer,
+                "must be an RFC 3339 timestamp such as 2026-05-08T00:00:00Z",
+            ));
         }
     }
     Ok(())
@@ -170,15 +220,26 @@ fn validate_time(value: &Option<String>, pointer: &str) -> Result {
 /// fetched, so a schema that needs one is rejected rather than resolved.
 pub fn compile_schema(schema: &Value, pointer: &str) -> Result<jsonschema::Validator> {
     if !(schema.is_object() || schema.is_boolean()) {
-        return Err(FieldError::new(pointer, "must be a JSON Schema (an object or a boolean)"));
+        return Err(FieldError::new(
+            pointer,
+            "must be a JSON Schema (an object or a boolean)",
+        ));
     }
-    jsonschema::draft202012::new(schema)
-        .map_err(|e| FieldError::new(pointer, format!("is not a valid JSON Schema 2020-12 document: {e}")))
+    jsonschema::draft202012::new(schema).map_err(|e| {
+        FieldError::new(
+            pointer,
+            format!("is not a valid JSON Schema 2020-12 document: {e}"),
+        )
+    })
 }
 
 /// Validates `instance` against a compiled schema; the error names the first
 /// failing member inside the instance.
-pub fn check_instance(validator: &jsonschema::Validator, instance: &Value, pointer: &str) -> Result {
+pub fn check_instance(
+    validator: &jsonschema::Validator,
+    instance: &Value,
+    pointer: &str,
+) -> Result {
     match validator.validate(instance) {
         Ok(()) => Ok(()),
         Err(e) => Err(FieldError::new(
@@ -191,18 +252,35 @@ pub fn check_instance(validator: &jsonschema::Validator, instance: &Value, point
 fn validate_binding(b: &mut Binding, pointer: &str, limits: &Limits) -> Result {
     b.protocol = b.protocol.trim().to_ascii_lowercase();
     if b.protocol.is_empty() {
-        return Err(FieldError::new(format!("{pointer}/protocol"), "is required"));
+        return Err(FieldError::new(
+            format!("{pointer}/protocol"),
+            "is required",
+        ));
     }
-    if b.protocol.len() > 64 || !b.protocol.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '+' | '_' | '/')) {
-        return Err(FieldError::new(format!("{pointer}/protocol"), "must be a short protocol identifier such as 'https'"));
+    if b.protocol.len() > 64
+        || !b
+            .protocol
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '+' | '_' | '/'))
+    {
+        return Err(FieldError::new(
+            format!("{pointer}/protocol"),
+            "must be a short protocol identifier such as 'https'",
+        ));
     }
     if b.endpoint.is_empty() {
-        return Err(FieldError::new(format!("{pointer}/endpoint"), "is required"));
+        return Err(FieldError::new(
+            format!("{pointer}/endpoint"),
+            "is required",
+        ));
     }
     validate_url(&b.endpoint, &format!("{pointer}/endpoint"), limits)?;
     for (i, m) in b.media_types.iter().enumerate() {
         if !m.contains('/') || has_control(m) || m.len() > 255 {
-            return Err(FieldError::new(format!("{pointer}/media_types/{i}"), "must be a media type such as application/json"));
+            return Err(FieldError::new(
+                format!("{pointer}/media_types/{i}"),
+                "must be a media type such as application/json",
+            ));
         }
     }
     if let Some(im) = &b.interaction_model {
@@ -216,7 +294,12 @@ fn validate_auth(a: &AuthRequirement, pointer: &str) -> Result {
         validate_text(kind, &format!("{pointer}/type"), 64, true)?;
     }
     if let Some(i) = &a.instructions {
-        validate_text(i, &format!("{pointer}/instructions"), MAX_SHORT_TEXT_LEN, false)?;
+        validate_text(
+            i,
+            &format!("{pointer}/instructions"),
+            MAX_SHORT_TEXT_LEN,
+            false,
+        )?;
     }
     Ok(())
 }
@@ -257,7 +340,10 @@ pub fn normalise_and_validate(meta: &mut AgentMetadata, limits: &Limits) -> Resu
     }
 
     if meta.bindings.len() > MAX_BINDINGS {
-        return Err(FieldError::new("/bindings", format!("must hold at most {MAX_BINDINGS} entries")));
+        return Err(FieldError::new(
+            "/bindings",
+            format!("must hold at most {MAX_BINDINGS} entries"),
+        ));
     }
     for (i, b) in meta.bindings.iter_mut().enumerate() {
         validate_binding(b, &format!("/bindings/{i}"), limits)?;
@@ -265,11 +351,18 @@ pub fn normalise_and_validate(meta: &mut AgentMetadata, limits: &Limits) -> Resu
     if let Some(ep) = &meta.endpoint {
         validate_url(ep, "/endpoint", limits)?;
         if !meta.bindings.iter().any(|b| &b.endpoint == ep) {
-            meta.bindings.push(Binding { protocol: "https".into(), endpoint: ep.clone(), ..Default::default() });
+            meta.bindings.push(Binding {
+                protocol: "https".into(),
+                endpoint: ep.clone(),
+                ..Default::default()
+            });
         }
     }
     if meta.bindings.is_empty() {
-        return Err(FieldError::new("/bindings", "at least one binding (or an AIDIP endpoint) is required"));
+        return Err(FieldError::new(
+            "/bindings",
+            "at least one binding (or an AIDIP endpoint) is required",
+        ));
     }
 
     if let Some(s) = &meta.inputs {
@@ -279,20 +372,34 @@ pub fn normalise_and_validate(meta: &mut AgentMetadata, limits: &Limits) -> Resu
         compile_schema(s, "/outputs")?;
     }
     if meta.operations.len() > MAX_OPERATIONS {
-        return Err(FieldError::new("/operations", format!("must hold at most {MAX_OPERATIONS} entries")));
+        return Err(FieldError::new(
+            "/operations",
+            format!("must hold at most {MAX_OPERATIONS} entries"),
+        ));
     }
     let mut names = HashSet::new();
     for (i, op) in meta.operations.iter().enumerate() {
         let p = format!("/operations/{i}");
         validate_text(&op.name, &format!("{p}/name"), MAX_NAME_LEN, true)?;
         if !names.insert(op.name.as_str()) {
-            return Err(FieldError::new(format!("{p}/name"), format!("duplicates operation name '{}'", op.name)));
+            return Err(FieldError::new(
+                format!("{p}/name"),
+                format!("duplicates operation name '{}'", op.name),
+            ));
         }
         if let Some(d) = &op.description {
             validate_text(d, &format!("{p}/description"), MAX_DESCRIPTION_LEN, false)?;
         }
-        let inputs = op.inputs.as_ref().map(|s| compile_schema(s, &format!("{p}/inputs"))).transpose()?;
-        let outputs = op.outputs.as_ref().map(|s| compile_schema(s, &format!("{p}/outputs"))).transpose()?;
+        let inputs = op
+            .inputs
+            .as_ref()
+            .map(|s| compile_schema(s, &format!("{p}/inputs")))
+            .transpose()?;
+        let outputs = op
+            .outputs
+            .as_ref()
+            .map(|s| compile_schema(s, &format!("{p}/outputs")))
+            .transpose()?;
         for (j, ex) in op.examples.iter().enumerate() {
             let ep = format!("{p}/examples/{j}");
             if let (Some(v), Some(input)) = (&inputs, &ex.input) {
@@ -305,7 +412,10 @@ pub fn normalise_and_validate(meta: &mut AgentMetadata, limits: &Limits) -> Resu
     }
 
     if meta.examples.len() > MAX_EXAMPLES {
-        return Err(FieldError::new("/examples", format!("must hold at most {MAX_EXAMPLES} entries")));
+        return Err(FieldError::new(
+            "/examples",
+            format!("must hold at most {MAX_EXAMPLES} entries"),
+        ));
     }
     for (i, ex) in meta.examples.iter_mut().enumerate() {
         let p = format!("/examples/{i}");
@@ -319,11 +429,16 @@ pub fn normalise_and_validate(meta: &mut AgentMetadata, limits: &Limits) -> Resu
         }
     }
 
-    let size = serde_json::to_vec(meta).map(|v| v.len()).unwrap_or(usize::MAX);
+    let size = serde_json::to_vec(meta)
+        .map(|v| v.len())
+        .unwrap_or(usize::MAX);
     if size > limits.max_record_bytes {
         return Err(FieldError::new(
             "",
-            format!("record is {size} bytes, larger than the limit of {} bytes", limits.max_record_bytes),
+            format!(
+                "record is {size} bytes, larger than the limit of {} bytes",
+                limits.max_record_bytes
+            ),
         ));
     }
     Ok(())
@@ -375,7 +490,10 @@ mod tests {
         let m = check(v).unwrap();
         assert_eq!(m.bindings.len(), 1);
         assert_eq!(m.bindings[0].protocol, "https");
-        assert_eq!(m.auth.as_ref().and_then(|a| a.kind.as_deref()), Some("api_key"));
+        assert_eq!(
+            m.auth.as_ref().and_then(|a| a.kind.as_deref()),
+            Some("api_key")
+        );
     }
 
     #[test]
@@ -388,24 +506,66 @@ mod tests {
     #[test]
     fn errors_name_the_field() {
         let cases: Vec<(Value, &str)> = vec![
-            (json!({"id": "bad id", "name": "n", "description": "d", "endpoint": "https://a.b/"}), "/id"),
-            (json!({"id": "a\u{7}b", "name": "n", "description": "d", "endpoint": "https://a.b/"}), "/id"),
-            (json!({"id": "x", "name": "", "description": "d", "endpoint": "https://a.b/"}), "/name"),
-            (json!({"id": "x", "name": "n", "description": " ", "endpoint": "https://a.b/"}), "/description"),
-            (json!({"id": "x", "name": "n", "description": "d"}), "/bindings"),
-            (json!({"id": "x", "name": "n", "description": "d", "endpoint": "ftp://a.b/"}), "/endpoint"),
-            (json!({"id": "x", "name": "n", "description": "d", "bindings": [{"protocol": "https", "endpoint": "not a url"}]}), "/bindings/0/endpoint"),
-            (json!({"id": "x", "name": "n", "description": "d", "bindings": [{"protocol": "", "endpoint": "https://a.b"}]}), "/bindings/0/protocol"),
-            (json!({"id": "x", "name": "n", "description": "d", "endpoint": "https://a.b/", "tags": ["ok", ""]}), "/tags/1"),
-            (json!({"id": "x", "name": "n", "description": "d", "endpoint": "https://a.b/", "updated_at": "yesterday"}), "/updated_at"),
-            (json!({"id": "x", "name": "n", "description": "d", "endpoint": "https://a.b/",
-                    "operations": [{"name": "op", "inputs": {"type": "nonsense"}}]}), "/operations/0/inputs"),
-            (json!({"id": "x", "name": "n", "description": "d", "endpoint": "https://a.b/",
+            (
+                json!({"id": "bad id", "name": "n", "description": "d", "endpoint": "https://a.b/"}),
+                "/id",
+            ),
+            (
+                json!({"id": "a\u{7}b", "name": "n", "description": "d", "endpoint": "https://a.b/"}),
+                "/id",
+            ),
+            (
+                json!({"id": "x", "name": "", "description": "d", "endpoint": "https://a.b/"}),
+                "/name",
+            ),
+            (
+                json!({"id": "x", "name": "n", "description": " ", "endpoint": "https://a.b/"}),
+                "/description",
+            ),
+            (
+                json!({"id": "x", "name": "n", "description": "d"}),
+                "/bindings",
+            ),
+            (
+                json!({"id": "x", "name": "n", "description": "d", "endpoint": "ftp://a.b/"}),
+                "/endpoint",
+            ),
+            (
+                json!({"id": "x", "name": "n", "description": "d", "bindings": [{"protocol": "https", "endpoint": "not a url"}]}),
+                "/bindings/0/endpoint",
+            ),
+            (
+                json!({"id": "x", "name": "n", "description": "d", "bindings": [{"protocol": "", "endpoint": "https://a.b"}]}),
+                "/bindings/0/protocol",
+            ),
+            (
+                json!({"id": "x", "name": "n", "description": "d", "endpoint": "https://a.b/", "tags": ["ok", ""]}),
+                "/tags/1",
+            ),
+            (
+                json!({"id": "x", "name": "n", "description": "d", "endpoint": "https://a.b/", "updated_at": "yesterday"}),
+                "/updated_at",
+            ),
+            (
+                json!({"id": "x", "name": "n", "description": "d", "endpoint": "https://a.b/",
+                    "operations": [{"name": "op", "inputs": {"type": "nonsense"}}]}),
+                "/operations/0/inputs",
+            ),
+            (
+                json!({"id": "x", "name": "n", "description": "d", "endpoint": "https://a.b/",
                     "operations": [{"name": "op", "inputs": {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
-                                    "examples": [{"input": {"text": 5}}]}]}), "/operations/0/examples/0/input/text"),
-            (json!({"id": "x", "name": "n", "description": "d", "endpoint": "https://a.b/",
-                    "operations": [{"name": "op"}, {"name": "op"}]}), "/operations/1/name"),
-            (json!({"id": "x", "name": "n", "description": "d", "endpoint": "https://a.b/", "examples": [{"text": ""}]}), "/examples/0/text"),
+                                    "examples": [{"input": {"text": 5}}]}]}),
+                "/operations/0/examples/0/input/text",
+            ),
+            (
+                json!({"id": "x", "name": "n", "description": "d", "endpoint": "https://a.b/",
+                    "operations": [{"name": "op"}, {"name": "op"}]}),
+                "/operations/1/name",
+            ),
+            (
+                json!({"id": "x", "name": "n", "description": "d", "endpoint": "https://a.b/", "examples": [{"text": ""}]}),
+                "/examples/0/text",
+            ),
         ];
         for (v, pointer) in cases {
             let err = check(v.clone()).expect_err(&format!("{v} should be rejected"));
@@ -434,13 +594,21 @@ mod tests {
         v["com.example/rating"] = json!({"stars": 5});
         v["registry"] = json!({"owner": "someone"});
         let m = check(v).unwrap();
-        assert_eq!(m.extra.get("com.example/rating"), Some(&json!({"stars": 5})));
+        assert_eq!(
+            m.extra.get("com.example/rating"),
+            Some(&json!({"stars": 5}))
+        );
         assert!(!m.extra.contains_key("registry"));
     }
 
     #[test]
     fn id_forms() {
-        for ok in ["agent-12345", "translator.example.com", "urn:uuid:6e8bc430-9c3a-11d9-9669-0800200c9a66", "https://a.example/x"] {
+        for ok in [
+            "agent-12345",
+            "translator.example.com",
+            "urn:uuid:6e8bc430-9c3a-11d9-9669-0800200c9a66",
+            "https://a.example/x",
+        ] {
             assert!(validate_id(ok, "/id").is_ok(), "{ok}");
         }
         for bad in ["", "a b", "a/b", "x:", &"a".repeat(MAX_ID_LEN + 1)] {

@@ -2,7 +2,9 @@
 //! over the stored record. The state machine calls this inside `apply`, so the
 //! checks and the write happen atomically in log order on every node.
 
-use super::record::{AgentMetadata, AgentRecord, AgentStatus, ChangeKind, Envelope, Principal, Visibility};
+use super::record::{
+    AgentMetadata, AgentRecord, AgentStatus, ChangeKind, Envelope, Principal, Visibility,
+};
 
 /// Why a write was refused. These are values, not storage errors: a refused
 /// write is a normal outcome of a committed log entry.
@@ -70,7 +72,10 @@ pub fn decide_put(
     let Some(old) = live else {
         if mode == WriteMode::Update {
             return Err(match current {
-                Some(t) => Rejection::Deleted { id, revision: t.envelope.revision },
+                Some(t) => Rejection::Deleted {
+                    id,
+                    revision: t.envelope.revision,
+                },
                 None => Rejection::NotFound { id },
             });
         }
@@ -97,13 +102,27 @@ pub fn decide_put(
     if !principal.may_manage(&old.envelope.owner) {
         return Err(match mode {
             WriteMode::Register => Rejection::OwnedByOther { id },
-            WriteMode::Update => Rejection::Forbidden { id, principal: principal.name.clone() },
+            WriteMode::Update => Rejection::Forbidden {
+                id,
+                principal: principal.name.clone(),
+            },
         });
     }
     if mode == WriteMode::Register
-        && !metadata.bindings.iter().any(|n| old.metadata.bindings.iter().any(|o| o.endpoint == n.endpoint))
+        && !metadata.bindings.iter().any(|n| {
+            old.metadata
+                .bindings
+                .iter()
+                .any(|o| o.endpoint == n.endpoint)
+        })
     {
-        let stored = old.metadata.bindings.iter().map(|b| b.endpoint.as_str()).collect::<Vec<_>>().join(", ");
+        let stored = old
+            .metadata
+            .bindings
+            .iter()
+            .map(|b| b.endpoint.as_str())
+            .collect::<Vec<_>>()
+            .join(", ");
         return Err(Rejection::IncompatibleBindings { id, stored });
     }
     if let Some(detail) = is_stale(&metadata, &old.metadata) {
@@ -118,19 +137,35 @@ pub fn decide_put(
     Ok((AgentRecord { metadata, envelope }, ChangeKind::Updated))
 }
 
-fn live_managed<'a>(current: Option<&'a AgentRecord>, id: &str, principal: &Principal) -> Result<&'a AgentRecord, Rejection> {
+fn live_managed<'a>(
+    current: Option<&'a AgentRecord>,
+    id: &str,
+    principal: &Principal,
+) -> Result<&'a AgentRecord, Rejection> {
     let rec = current.ok_or_else(|| Rejection::NotFound { id: id.to_string() })?;
     if rec.envelope.deleted {
-        return Err(Rejection::Deleted { id: id.to_string(), revision: rec.envelope.revision });
+        return Err(Rejection::Deleted {
+            id: id.to_string(),
+            revision: rec.envelope.revision,
+        });
     }
     if !principal.may_manage(&rec.envelope.owner) {
-        return Err(Rejection::Forbidden { id: id.to_string(), principal: principal.name.clone() });
+        return Err(Rejection::Forbidden {
+            id: id.to_string(),
+            principal: principal.name.clone(),
+        });
     }
     Ok(rec)
 }
 
 /// Decides a deletion: the record becomes a tombstone at `revision`.
-pub fn decide_delete(current: Option<&AgentRecord>, id: &str, principal: &Principal, revision: u64, now: &str) -> Result<AgentRecord, Rejection> {
+pub fn decide_delete(
+    current: Option<&AgentRecord>,
+    id: &str,
+    principal: &Principal,
+    revision: u64,
+    now: &str,
+) -> Result<AgentRecord, Rejection> {
     let mut rec = live_managed(current, id, principal)?.clone();
     rec.envelope.deleted = true;
     rec.envelope.revision = revision;
@@ -162,7 +197,10 @@ mod tests {
     use crate::domain::record::{Binding, Role};
 
     fn p(name: &str, role: Role) -> Principal {
-        Principal { name: name.into(), role }
+        Principal {
+            name: name.into(),
+            role,
+        }
     }
 
     fn meta(endpoint: &str, updated_at: Option<&str>, version: Option<&str>) -> AgentMetadata {
@@ -170,7 +208,11 @@ mod tests {
             id: "a".into(),
             name: "A".into(),
             description: "d".into(),
-            bindings: vec![Binding { protocol: "https".into(), endpoint: endpoint.into(), ..Default::default() }],
+            bindings: vec![Binding {
+                protocol: "https".into(),
+                endpoint: endpoint.into(),
+                ..Default::default()
+            }],
             updated_at: updated_at.map(String::from),
             version: version.map(String::from),
             ..Default::default()
@@ -178,14 +220,32 @@ mod tests {
     }
 
     fn create(m: AgentMetadata) -> AgentRecord {
-        decide_put(None, m, None, &p("alice", Role::Publisher), WriteMode::Register, 1, "t0").unwrap().0
+        decide_put(
+            None,
+            m,
+            None,
+            &p("alice", Role::Publisher),
+            WriteMode::Register,
+            1,
+            "t0",
+        )
+        .unwrap()
+        .0
     }
 
     #[test]
     fn refresh_with_same_endpoint_and_newer_time() {
         let old = create(meta("https://x/", Some("2026-01-01T00:00:00Z"), None));
-        let (rec, kind) = decide_put(Some(&old), meta("https://x/", Some("2026-02-01T00:00:00Z"), None), None,
-            &p("alice", Role::Publisher), WriteMode::Register, 2, "t1").unwrap();
+        let (rec, kind) = decide_put(
+            Some(&old),
+            meta("https://x/", Some("2026-02-01T00:00:00Z"), None),
+            None,
+            &p("alice", Role::Publisher),
+            WriteMode::Register,
+            2,
+            "t1",
+        )
+        .unwrap();
         assert_eq!(kind, ChangeKind::Updated);
         assert_eq!(rec.envelope.created_revision, 1);
         assert_eq!(rec.envelope.revision, 2);
@@ -193,34 +253,107 @@ mod tests {
 
     #[test]
     fn stale_time_or_version_is_refused() {
-        let old = create(meta("https://x/", Some("2026-02-01T00:00:00Z"), Some("1.2.0")));
+        let old = create(meta(
+            "https://x/",
+            Some("2026-02-01T00:00:00Z"),
+            Some("1.2.0"),
+        ));
         let alice = p("alice", Role::Publisher);
-        let r = decide_put(Some(&old), meta("https://x/", Some("2026-01-01T00:00:00Z"), None), None, &alice, WriteMode::Update, 2, "t");
+        let r = decide_put(
+            Some(&old),
+            meta("https://x/", Some("2026-01-01T00:00:00Z"), None),
+            None,
+            &alice,
+            WriteMode::Update,
+            2,
+            "t",
+        );
         assert!(matches!(r, Err(Rejection::Stale { .. })));
-        let r = decide_put(Some(&old), meta("https://x/", None, Some("1.10.0")), None, &alice, WriteMode::Update, 2, "t");
+        let r = decide_put(
+            Some(&old),
+            meta("https://x/", None, Some("1.10.0")),
+            None,
+            &alice,
+            WriteMode::Update,
+            2,
+            "t",
+        );
         assert!(r.is_ok(), "1.10.0 is newer than 1.2.0");
-        let r = decide_put(Some(&old), meta("https://x/", None, Some("1.1.9")), None, &alice, WriteMode::Update, 2, "t");
+        let r = decide_put(
+            Some(&old),
+            meta("https://x/", None, Some("1.1.9")),
+            None,
+            &alice,
+            WriteMode::Update,
+            2,
+            "t",
+        );
         assert!(matches!(r, Err(Rejection::Stale { .. })));
     }
 
     #[test]
     fn other_owner_conflicts_and_admin_may_manage() {
         let old = create(meta("https://x/", None, None));
-        let r = decide_put(Some(&old), meta("https://x/", None, None), None, &p("bob", Role::Publisher), WriteMode::Register, 2, "t");
+        let r = decide_put(
+            Some(&old),
+            meta("https://x/", None, None),
+            None,
+            &p("bob", Role::Publisher),
+            WriteMode::Register,
+            2,
+            "t",
+        );
         assert!(matches!(r, Err(Rejection::OwnedByOther { .. })));
-        let r = decide_put(Some(&old), meta("https://x/", None, None), None, &p("bob", Role::Publisher), WriteMode::Update, 2, "t");
+        let r = decide_put(
+            Some(&old),
+            meta("https://x/", None, None),
+            None,
+            &p("bob", Role::Publisher),
+            WriteMode::Update,
+            2,
+            "t",
+        );
         assert!(matches!(r, Err(Rejection::Forbidden { .. })));
-        let r = decide_put(Some(&old), meta("https://y/", None, None), None, &p("root", Role::Admin), WriteMode::Update, 2, "t");
-        assert_eq!(r.unwrap().0.envelope.owner, "alice", "an admin's update keeps the owner");
+        let r = decide_put(
+            Some(&old),
+            meta("https://y/", None, None),
+            None,
+            &p("root", Role::Admin),
+            WriteMode::Update,
+            2,
+            "t",
+        );
+        assert_eq!(
+            r.unwrap().0.envelope.owner,
+            "alice",
+            "an admin's update keeps the owner"
+        );
     }
 
     #[test]
     fn register_with_other_endpoints_conflicts_but_update_may_change_them() {
         let old = create(meta("https://x/", None, None));
         let alice = p("alice", Role::Publisher);
-        let r = decide_put(Some(&old), meta("https://y/", None, None), None, &alice, WriteMode::Register, 2, "t");
+        let r = decide_put(
+            Some(&old),
+            meta("https://y/", None, None),
+            None,
+            &alice,
+            WriteMode::Register,
+            2,
+            "t",
+        );
         assert!(matches!(r, Err(Rejection::IncompatibleBindings { .. })));
-        assert!(decide_put(Some(&old), meta("https://y/", None, None), None, &alice, WriteMode::Update, 2, "t").is_ok());
+        assert!(decide_put(
+            Some(&old),
+            meta("https://y/", None, None),
+            None,
+            &alice,
+            WriteMode::Update,
+            2,
+            "t"
+        )
+        .is_ok());
     }
 
     #[test]
@@ -229,20 +362,63 @@ mod tests {
         let alice = p("alice", Role::Publisher);
         let tomb = decide_delete(Some(&old), "a", &alice, 2, "t").unwrap();
         assert!(tomb.envelope.deleted);
-        assert!(matches!(decide_delete(Some(&tomb), "a", &alice, 3, "t"), Err(Rejection::Deleted { revision: 2, .. })));
-        let r = decide_put(Some(&tomb), meta("https://x/", Some("2026-01-01T00:00:00Z"), None), None, &alice, WriteMode::Register, 3, "t");
+        assert!(matches!(
+            decide_delete(Some(&tomb), "a", &alice, 3, "t"),
+            Err(Rejection::Deleted { revision: 2, .. })
+        ));
+        let r = decide_put(
+            Some(&tomb),
+            meta("https://x/", Some("2026-01-01T00:00:00Z"), None),
+            None,
+            &alice,
+            WriteMode::Register,
+            3,
+            "t",
+        );
         assert!(matches!(r, Err(Rejection::Stale { .. })));
-        let (rec, kind) = decide_put(Some(&tomb), meta("https://x/", Some("2026-03-01T00:00:00Z"), None), None,
-            &p("bob", Role::Publisher), WriteMode::Register, 3, "t").unwrap();
-        assert_eq!((kind, rec.envelope.owner.as_str(), rec.envelope.created_revision), (ChangeKind::Created, "bob", 3));
+        let (rec, kind) = decide_put(
+            Some(&tomb),
+            meta("https://x/", Some("2026-03-01T00:00:00Z"), None),
+            None,
+            &p("bob", Role::Publisher),
+            WriteMode::Register,
+            3,
+            "t",
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                kind,
+                rec.envelope.owner.as_str(),
+                rec.envelope.created_revision
+            ),
+            (ChangeKind::Created, "bob", 3)
+        );
     }
 
     #[test]
     fn status_change_needs_ownership() {
         let old = create(meta("https://x/", None, None));
-        let r = decide_status(Some(&old), "a", AgentStatus::Deprecated, Some("moved".into()), &p("bob", Role::Publisher), 2, "t");
+        let r = decide_status(
+            Some(&old),
+            "a",
+            AgentStatus::Deprecated,
+            Some("moved".into()),
+            &p("bob", Role::Publisher),
+            2,
+            "t",
+        );
         assert!(matches!(r, Err(Rejection::Forbidden { .. })));
-        let rec = decide_status(Some(&old), "a", AgentStatus::Deprecated, Some("moved".into()), &p("alice", Role::Publisher), 2, "t").unwrap();
+        let rec = decide_status(
+            Some(&old),
+            "a",
+            AgentStatus::Deprecated,
+            Some("moved".into()),
+            &p("alice", Role::Publisher),
+            2,
+            "t",
+        )
+        .unwrap();
         assert_eq!(rec.metadata.status, Some(AgentStatus::Deprecated));
         assert_eq!(rec.envelope.status_reason.as_deref(), Some("moved"));
     }

@@ -10,7 +10,10 @@ use crate::storage::StorageError;
 pub enum ServiceError {
     /// The request is malformed; `field` is a JSON pointer when known.
     #[error("{message}")]
-    InvalidRequest { field: Option<String>, message: String },
+    InvalidRequest {
+        field: Option<String>,
+        message: String,
+    },
     #[error("{0}")]
     Unauthorized(String),
     #[error("{0}")]
@@ -25,11 +28,16 @@ pub enum ServiceError {
     #[error("{0}")]
     Stale(String),
     /// A watch asked for history that has been compacted away.
-    #[error("revision {requested} is no longer in the change history; the oldest available is {oldest}")]
+    #[error(
+        "revision {requested} is no longer in the change history; the oldest available is {oldest}"
+    )]
     RevisionCompacted { requested: u64, oldest: u64 },
     /// No leader, or this node cannot commit right now.
     #[error("{message}")]
-    Unavailable { message: String, leader: Option<String> },
+    Unavailable {
+        message: String,
+        leader: Option<String>,
+    },
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -37,7 +45,10 @@ pub enum ServiceError {
 impl From<FieldError> for ServiceError {
     fn from(e: FieldError) -> Self {
         let message = e.to_string();
-        Self::InvalidRequest { field: (!e.pointer.is_empty()).then_some(e.pointer), message }
+        Self::InvalidRequest {
+            field: (!e.pointer.is_empty()).then_some(e.pointer),
+            message,
+        }
     }
 }
 
@@ -47,7 +58,9 @@ impl From<Rejection> for ServiceError {
         match r {
             Rejection::NotFound { .. } => Self::NotFound(message),
             Rejection::Deleted { .. } => Self::Gone(message),
-            Rejection::OwnedByOther { .. } | Rejection::IncompatibleBindings { .. } => Self::Conflict(message),
+            Rejection::OwnedByOther { .. } | Rejection::IncompatibleBindings { .. } => {
+                Self::Conflict(message)
+            }
             Rejection::Forbidden { .. } => Self::Forbidden(message),
             Rejection::Stale { .. } => Self::Stale(message),
         }
@@ -63,8 +76,14 @@ impl From<StorageError> for ServiceError {
 impl From<WriteError> for ServiceError {
     fn from(e: WriteError) -> Self {
         match e {
-            WriteError::NotLeader { ref leader } => Self::Unavailable { message: e.to_string(), leader: leader.clone() },
-            WriteError::Fatal(m) => Self::Unavailable { message: format!("the registry cannot commit writes: {m}"), leader: None },
+            WriteError::NotLeader { ref leader } => Self::Unavailable {
+                message: e.to_string(),
+                leader: leader.clone(),
+            },
+            WriteError::Fatal(m) => Self::Unavailable {
+                message: format!("the registry cannot commit writes: {m}"),
+                leader: None,
+            },
         }
     }
 }

@@ -13,7 +13,9 @@ use crate::consensus::{Command, CommandResult, RaftNode};
 use crate::domain::query::Filter;
 use crate::domain::validate::{normalise_and_validate, validate_id};
 use crate::domain::write::WriteMode;
-use crate::domain::{AgentMetadata, AgentRecord, AgentStatus, Change, Limits, Principal, Visibility};
+use crate::domain::{
+    AgentMetadata, AgentRecord, AgentStatus, Change, Limits, Principal, Visibility,
+};
 use crate::storage::Reader;
 
 type Result<T> = std::result::Result<T, ServiceError>;
@@ -65,8 +67,13 @@ pub struct RegistryService {
 
 fn require_writer(principal: Option<&Principal>) -> Result<&Principal> {
     match principal {
-        None => Err(ServiceError::Unauthorized("this operation needs an API key (Authorization: Bearer <key>)".into())),
-        Some(p) if !p.may_write() => Err(ServiceError::Forbidden(format!("principal '{}' has the reader role and may not write", p.name))),
+        None => Err(ServiceError::Unauthorized(
+            "this operation needs an API key (Authorization: Bearer <key>)".into(),
+        )),
+        Some(p) if !p.may_write() => Err(ServiceError::Forbidden(format!(
+            "principal '{}' has the reader role and may not write",
+            p.name
+        ))),
         Some(p) => Ok(p),
     }
 }
@@ -76,7 +83,10 @@ fn encode_token(id: &str) -> String {
 }
 
 fn decode_token(token: &str) -> Result<String> {
-    let bad = || ServiceError::InvalidRequest { field: Some("/page_token".into()), message: "page_token is not a token this registry issued".into() };
+    let bad = || ServiceError::InvalidRequest {
+        field: Some("/page_token".into()),
+        message: "page_token is not a token this registry issued".into(),
+    };
     if token.len() % 2 != 0 {
         return Err(bad());
     }
@@ -89,7 +99,12 @@ fn decode_token(token: &str) -> Result<String> {
 
 impl RegistryService {
     pub fn new(node: RaftNode, reader: Reader, limits: Limits, anonymous_reads: bool) -> Self {
-        Self { node, reader, limits, anonymous_reads }
+        Self {
+            node,
+            reader,
+            limits,
+            anonymous_reads,
+        }
     }
 
     pub fn limits(&self) -> &Limits {
@@ -105,13 +120,18 @@ impl RegistryService {
         let metrics = self.node.raft.metrics().borrow().clone();
         match metrics.current_leader {
             Some(_) => Ok(self.reader.applied_revision()),
-            None => Err(ServiceError::Unavailable { message: "no Raft leader is known yet".into(), leader: None }),
+            None => Err(ServiceError::Unavailable {
+                message: "no Raft leader is known yet".into(),
+                leader: None,
+            }),
         }
     }
 
     fn require_reader(&self, principal: Option<&Principal>) -> Result<()> {
         if principal.is_none() && !self.anonymous_reads {
-            return Err(ServiceError::Unauthorized("anonymous reads are disabled; send an API key".into()));
+            return Err(ServiceError::Unauthorized(
+                "anonymous reads are disabled; send an API key".into(),
+            ));
         }
         Ok(())
     }
@@ -125,23 +145,36 @@ impl RegistryService {
 
     async fn commit(&self, command: Command) -> Result<Change> {
         match self.node.write(command).await? {
-            CommandResult::Applied(change) => Ok(change),
+            CommandResult::Applied(change) => Ok(*change),
             CommandResult::Rejected(r) => Err(r.into()),
-            CommandResult::Internal => Err(ServiceError::Internal("a client command produced no result".into())),
+            CommandResult::Internal => Err(ServiceError::Internal(
+                "a client command produced no result".into(),
+            )),
         }
     }
 
     /// Registers (creates or refreshes) an agent. Returns the record and
     /// whether it was created.
     #[instrument(skip_all, fields(agent_id = %metadata.id, principal = principal.map(|p| p.name.as_str())))]
-    pub async fn register(&self, principal: Option<&Principal>, mut metadata: AgentMetadata, visibility: Option<Visibility>) -> Result<(AgentRecord, bool)> {
+    pub async fn register(
+        &self,
+        principal: Option<&Principal>,
+        mut metadata: AgentMetadata,
+        visibility: Option<Visibility>,
+    ) -> Result<(AgentRecord, bool)> {
         let principal = require_writer(principal)?;
         if metadata.id.is_empty() {
             metadata.id = format!("agent-{}", uuid::Uuid::new_v4());
         }
         normalise_and_validate(&mut metadata, &self.limits)?;
         let change = self
-            .commit(Command::Put { metadata, visibility, principal: principal.clone(), mode: WriteMode::Register, now: crate::domain::time::now() })
+            .commit(Command::Put {
+                metadata: Box::new(metadata),
+                visibility,
+                principal: principal.clone(),
+                mode: WriteMode::Register,
+                now: crate::domain::time::now(),
+            })
             .await?;
         let created = change.kind == crate::domain::ChangeKind::Created;
         debug!(revision = change.revision, created, "registered");
@@ -150,7 +183,13 @@ impl RegistryService {
 
     /// Replaces an existing agent's metadata.
     #[instrument(skip_all, fields(agent_id = %id, principal = principal.map(|p| p.name.as_str())))]
-    pub async fn update(&self, principal: Option<&Principal>, id: &str, mut metadata: AgentMetadata, visibility: Option<Visibility>) -> Result<AgentRecord> {
+    pub async fn update(
+        &self,
+        principal: Option<&Principal>,
+        id: &str,
+        mut metadata: AgentMetadata,
+        visibility: Option<Visibility>,
+    ) -> Result<AgentRecord> {
         let principal = require_writer(principal)?;
         validate_id(id, "/id")?;
         if metadata.id.is_empty() {
@@ -158,12 +197,21 @@ impl RegistryService {
         } else if metadata.id != id {
             return Err(ServiceError::InvalidRequest {
                 field: Some("/id".into()),
-                message: format!("/id: '{}' does not match the agent id '{id}' in the request path", metadata.id),
+                message: format!(
+                    "/id: '{}' does not match the agent id '{id}' in the request path",
+                    metadata.id
+                ),
             });
         }
         normalise_and_validate(&mut metadata, &self.limits)?;
         let change = self
-            .commit(Command::Put { metadata, visibility, principal: principal.clone(), mode: WriteMode::Update, now: crate::domain::time::now() })
+            .commit(Command::Put {
+                metadata: Box::new(metadata),
+                visibility,
+                principal: principal.clone(),
+                mode: WriteMode::Update,
+                now: crate::domain::time::now(),
+            })
             .await?;
         Ok(change.record)
     }
@@ -173,37 +221,69 @@ impl RegistryService {
     pub async fn delete(&self, principal: Option<&Principal>, id: &str) -> Result<u64> {
         let principal = require_writer(principal)?;
         validate_id(id, "/id")?;
-        let change = self.commit(Command::Delete { id: id.to_string(), principal: principal.clone(), now: crate::domain::time::now() }).await?;
+        let change = self
+            .commit(Command::Delete {
+                id: id.to_string(),
+                principal: principal.clone(),
+                now: crate::domain::time::now(),
+            })
+            .await?;
         Ok(change.revision)
     }
 
     /// Sets an agent's lifecycle status.
     #[instrument(skip_all, fields(agent_id = %id, principal = principal.map(|p| p.name.as_str())))]
-    pub async fn set_status(&self, principal: Option<&Principal>, id: &str, status: AgentStatus, reason: Option<String>) -> Result<AgentRecord> {
+    pub async fn set_status(
+        &self,
+        principal: Option<&Principal>,
+        id: &str,
+        status: AgentStatus,
+        reason: Option<String>,
+    ) -> Result<AgentRecord> {
         let principal = require_writer(principal)?;
         validate_id(id, "/id")?;
         if let Some(r) = &reason {
             if r.chars().count() > 1024 || r.chars().any(|c| c.is_control()) {
-                return Err(ServiceError::InvalidRequest { field: Some("/reason".into()), message: "/reason: must be at most 1024 characters without control characters".into() });
+                return Err(ServiceError::InvalidRequest {
+                    field: Some("/reason".into()),
+                    message: "/reason: must be at most 1024 characters without control characters"
+                        .into(),
+                });
             }
         }
         let now = crate::domain::time::now();
-        let change = self.commit(Command::SetStatus { id: id.to_string(), status, reason, principal: principal.clone(), now }).await?;
+        let change = self
+            .commit(Command::SetStatus {
+                id: id.to_string(),
+                status,
+                reason,
+                principal: principal.clone(),
+                now,
+            })
+            .await?;
         Ok(change.record)
     }
 
     /// Fetches one agent. Private records of others read as not found.
     #[instrument(skip_all, fields(agent_id = %id))]
-    pub async fn get(&self, principal: Option<&Principal>, id: &str, consistency: Consistency) -> Result<(AgentRecord, u64)> {
+    pub async fn get(
+        &self,
+        principal: Option<&Principal>,
+        id: &str,
+        consistency: Consistency,
+    ) -> Result<(AgentRecord, u64)> {
         self.require_reader(principal)?;
         validate_id(id, "/id")?;
         self.read_barrier(consistency).await?;
         let revision = self.reader.applied_revision();
         match self.reader.get(id)? {
-            Some(r) if !r.readable_by(principal) => Err(ServiceError::NotFound(format!("agent '{id}' not found"))),
-            Some(r) if r.envelope.deleted => {
-                Err(ServiceError::Gone(format!("agent '{id}' was deleted at revision {}", r.envelope.revision)))
+            Some(r) if !r.readable_by(principal) => {
+                Err(ServiceError::NotFound(format!("agent '{id}' not found")))
             }
+            Some(r) if r.envelope.deleted => Err(ServiceError::Gone(format!(
+                "agent '{id}' was deleted at revision {}",
+                r.envelope.revision
+            ))),
             Some(r) => Ok((r, revision)),
             None => Err(ServiceError::NotFound(format!("agent '{id}' not found"))),
         }
@@ -211,17 +291,28 @@ impl RegistryService {
 
     /// Lists agents matching the filters, in id order, one page at a time.
     #[instrument(skip_all)]
-    pub async fn list(&self, principal: Option<&Principal>, mut query: ListQuery) -> Result<ListPage> {
+    pub async fn list(
+        &self,
+        principal: Option<&Principal>,
+        mut query: ListQuery,
+    ) -> Result<ListPage> {
         self.require_reader(principal)?;
         query.filter.normalise()?;
         let page_size = match query.page_size {
             0 => DEFAULT_PAGE_SIZE,
             n if n > MAX_PAGE_SIZE => {
-                return Err(ServiceError::InvalidRequest { field: Some("/page_size".into()), message: format!("/page_size: must be at most {MAX_PAGE_SIZE}") })
+                return Err(ServiceError::InvalidRequest {
+                    field: Some("/page_size".into()),
+                    message: format!("/page_size: must be at most {MAX_PAGE_SIZE}"),
+                })
             }
             n => n,
         } as usize;
-        let after = if query.page_token.is_empty() { None } else { Some(decode_token(&query.page_token)?) };
+        let after = if query.page_token.is_empty() {
+            None
+        } else {
+            Some(decode_token(&query.page_token)?)
+        };
         self.read_barrier(query.consistency).await?;
         let revision = self.reader.applied_revision();
         let now = time::OffsetDateTime::now_utc();
@@ -246,7 +337,12 @@ impl RegistryService {
             (true, Some(last)) => encode_token(&last.metadata.id),
             _ => String::new(),
         };
-        Ok(ListPage { records, next_page_token, total_count: total, applied_revision: revision })
+        Ok(ListPage {
+            records,
+            next_page_token,
+            total_count: total,
+            applied_revision: revision,
+        })
     }
 
     /// Streams changes from `from_revision` on (0: from now). The stream
@@ -258,9 +354,16 @@ impl RegistryService {
         let live = self.reader.subscribe();
         let oldest = self.reader.oldest_revision();
         if from_revision != 0 && from_revision < oldest {
-            return Err(ServiceError::RevisionCompacted { requested: from_revision, oldest });
+            return Err(ServiceError::RevisionCompacted {
+                requested: from_revision,
+                oldest,
+            });
         }
-        let next = if from_revision == 0 { self.reader.applied_revision() + 1 } else { from_revision };
+        let next = if from_revision == 0 {
+            self.reader.applied_revision() + 1
+        } else {
+            from_revision
+        };
         let (tx, rx) = mpsc::channel(256);
         let reader = self.reader.clone();
         let principal = principal.cloned();
@@ -314,7 +417,12 @@ async fn forward_changes(
                 Err(broadcast::error::RecvError::Lagged(_)) => {
                     let oldest = reader.oldest_revision();
                     if next < oldest {
-                        let _ = tx.send(Err(ServiceError::RevisionCompacted { requested: next, oldest })).await;
+                        let _ = tx
+                            .send(Err(ServiceError::RevisionCompacted {
+                                requested: next,
+                                oldest,
+                            }))
+                            .await;
                         return;
                     }
                     continue 'catch_up;

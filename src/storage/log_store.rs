@@ -51,7 +51,8 @@ impl LogStore {
 
     fn put_meta<T: serde::Serialize>(&self, key: &[u8], value: &T) -> Result<(), LocalError> {
         let bytes = serde_json::to_vec(value)?;
-        self.db.put_cf_opt(cf(&self.db, CF_RAFT)?, key, bytes, &synced())?;
+        self.db
+            .put_cf_opt(cf(&self.db, CF_RAFT)?, key, bytes, &synced())?;
         Ok(())
     }
 
@@ -98,8 +99,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
         let last_purged_log_id: Option<LogId> = self.meta(KEY_LAST_PURGED).map_err(read_err)?;
-        let last_log_id = self.last_entry_log_id().map_err(read_err)?.or(last_purged_log_id);
-        Ok(LogState { last_purged_log_id, last_log_id })
+        let last_log_id = self
+            .last_entry_log_id()
+            .map_err(read_err)?
+            .or(last_purged_log_id);
+        Ok(LogState {
+            last_purged_log_id,
+            last_log_id,
+        })
     }
 
     async fn get_log_reader(&mut self) -> Self::LogReader {
@@ -107,26 +114,37 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError> {
-        self.put_meta(KEY_VOTE, vote).map_err(|e| StorageIOError::write_vote(&e).into())
+        self.put_meta(KEY_VOTE, vote)
+            .map_err(|e| StorageIOError::write_vote(&e).into())
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError> {
-        self.meta(KEY_VOTE).map_err(|e| StorageIOError::read_vote(&e).into())
+        self.meta(KEY_VOTE)
+            .map_err(|e| StorageIOError::read_vote(&e).into())
     }
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
         // Committed need not be synced: losing it only delays re-applying.
         let bytes = serde_json::to_vec(&committed).map_err(write_err)?;
         let raft = cf(&self.db, CF_RAFT).map_err(write_err)?;
-        self.db.put_cf(raft, KEY_COMMITTED, bytes).map_err(write_err)
+        self.db
+            .put_cf(raft, KEY_COMMITTED, bytes)
+            .map_err(write_err)
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError> {
-        Ok(self.meta::<Option<LogId>>(KEY_COMMITTED).map_err(read_err)?.flatten())
+        Ok(self
+            .meta::<Option<LogId>>(KEY_COMMITTED)
+            .map_err(read_err)?
+            .flatten())
     }
 
     #[tracing::instrument(level = "trace", skip_all)]
-    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> Result<(), StorageError>
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: LogFlushed<TypeConfig>,
+    ) -> Result<(), StorageError>
     where
         I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
         I::IntoIter: OptionalSend,
@@ -134,10 +152,17 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let log = cf(&self.db, CF_LOG).map_err(write_err)?;
         let mut batch = WriteBatch::default();
         for entry in entries {
-            batch.put_cf(log, u64_key(entry.log_id.index), serde_json::to_vec(&entry).map_err(write_err)?);
+            batch.put_cf(
+                log,
+                u64_key(entry.log_id.index),
+                serde_json::to_vec(&entry).map_err(write_err)?,
+            );
         }
         let result = self.db.write_opt(batch, &synced());
-        let io_result = result.as_ref().map(|_| ()).map_err(|e| std::io::Error::other(e.to_string()));
+        let io_result = result
+            .as_ref()
+            .map(|_| ())
+            .map_err(|e| std::io::Error::other(e.to_string()));
         callback.log_io_completed(io_result);
         result.map_err(write_err)
     }

@@ -48,11 +48,19 @@ pub fn open(dir: &Path) -> Result<Arc<DB>, StorageError> {
     let cfs = [CF_LOG, CF_RAFT, CF_SM, CF_AGENTS, CF_CHANGES]
         .into_iter()
         .map(|name| ColumnFamilyDescriptor::new(name, Options::default()));
-    Ok(Arc::new(DB::open_cf_descriptors(&opts, dir.join("db"), cfs)?))
+    Ok(Arc::new(DB::open_cf_descriptors(
+        &opts,
+        dir.join("db"),
+        cfs,
+    )?))
 }
 
-pub(crate) fn cf<'a>(db: &'a DB, name: &'static str) -> Result<&'a rocksdb::ColumnFamily, StorageError> {
-    db.cf_handle(name).ok_or(StorageError::MissingColumnFamily(name))
+pub(crate) fn cf<'a>(
+    db: &'a DB,
+    name: &'static str,
+) -> Result<&'a rocksdb::ColumnFamily, StorageError> {
+    db.cf_handle(name)
+        .ok_or(StorageError::MissingColumnFamily(name))
 }
 
 pub(crate) fn u64_key(n: u64) -> [u8; 8] {
@@ -63,7 +71,11 @@ pub(crate) fn key_u64(k: &[u8]) -> Option<u64> {
     Some(u64::from_be_bytes(k.try_into().ok()?))
 }
 
-fn get_json<T: serde::de::DeserializeOwned>(db: &DB, cf_name: &'static str, key: &[u8]) -> Result<Option<T>, StorageError> {
+fn get_json<T: serde::de::DeserializeOwned>(
+    db: &DB,
+    cf_name: &'static str,
+    key: &[u8],
+) -> Result<Option<T>, StorageError> {
     match db.get_cf(cf(db, cf_name)?, key)? {
         Some(bytes) => Ok(Some(serde_json::from_slice(&bytes)?)),
         None => Ok(None),

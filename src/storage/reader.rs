@@ -47,7 +47,11 @@ impl Reader {
 
     /// Visits records in id order, starting after `after`, until `visit`
     /// returns false.
-    pub fn scan(&self, after: Option<&str>, mut visit: impl FnMut(AgentRecord) -> bool) -> Result<(), StorageError> {
+    pub fn scan(
+        &self,
+        after: Option<&str>,
+        mut visit: impl FnMut(AgentRecord) -> bool,
+    ) -> Result<(), StorageError> {
         let mut it = self.db.raw_iterator_cf(cf(&self.db, CF_AGENTS)?);
         match after {
             Some(a) => {

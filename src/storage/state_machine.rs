@@ -24,8 +24,12 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
 
 use super::reader::AppliedState;
-use super::{cf, get_json, u64_key, Reader, StorageError as LocalError, CF_AGENTS, CF_CHANGES, CF_SM};
-use crate::consensus::{Command, CommandResult, LogId, NodeId, StorageError, StoredMembership, TypeConfig};
+use super::{
+    cf, get_json, u64_key, Reader, StorageError as LocalError, CF_AGENTS, CF_CHANGES, CF_SM,
+};
+use crate::consensus::{
+    Command, CommandResult, LogId, NodeId, StorageError, StoredMembership, TypeConfig,
+};
 use crate::domain::write::{decide_delete, decide_put, decide_status};
 use crate::domain::{AgentRecord, Change, ChangeKind};
 
@@ -85,12 +89,20 @@ impl StateMachine {
             oldest_revision: oldest.unwrap_or(1).into(),
             changes,
         });
-        Ok(Self { db, applied, snapshot_dir, history: history.max(TRIM_STEP) })
+        Ok(Self {
+            db,
+            applied,
+            snapshot_dir,
+            history: history.max(TRIM_STEP),
+        })
     }
 
     /// A read handle over the applied state.
     pub fn reader(&self) -> Reader {
-        Reader { db: self.db.clone(), applied: self.applied.clone() }
+        Reader {
+            db: self.db.clone(),
+            applied: self.applied.clone(),
+        }
     }
 
     fn current_path(&self) -> PathBuf {
@@ -100,19 +112,48 @@ impl StateMachine {
     fn decide(&self, cmd: Command, revision: u64) -> Result<CommandResult, LocalError> {
         let current: Option<AgentRecord> = get_json(&self.db, CF_AGENTS, cmd.id().as_bytes())?;
         let decided = match cmd {
-            Command::Put { metadata, visibility, principal, mode, now } => {
-                decide_put(current.as_ref(), metadata, visibility, &principal, mode, revision, &now)
-            }
+            Command::Put {
+                metadata,
+                visibility,
+                principal,
+                mode,
+                now,
+            } => decide_put(
+                current.as_ref(),
+                *metadata,
+                visibility,
+                &principal,
+                mode,
+                revision,
+                &now,
+            ),
             Command::Delete { id, principal, now } => {
-                decide_delete(current.as_ref(), &id, &principal, revision, &now).map(|r| (r, ChangeKind::Deleted))
+                decide_delete(current.as_ref(), &id, &principal, revision, &now)
+                    .map(|r| (r, ChangeKind::Deleted))
             }
-            Command::SetStatus { id, status, reason, principal, now } => {
-                decide_status(current.as_ref(), &id, status, reason, &principal, revision, &now)
-                    .map(|r| (r, ChangeKind::StatusChanged))
-            }
+            Command::SetStatus {
+                id,
+                status,
+                reason,
+                principal,
+                now,
+            } => decide_status(
+                current.as_ref(),
+                &id,
+                status,
+                reason,
+                &principal,
+                revision,
+                &now,
+            )
+            .map(|r| (r, ChangeKind::StatusChanged)),
         };
         Ok(match decided {
-            Ok((record, kind)) => CommandResult::Applied(Change { revision, kind, record }),
+            Ok((record, kind)) => CommandResult::Applied(Box::new(Change {
+                revision,
+                kind,
+                record,
+            })),
             Err(rejection) => CommandResult::Rejected(rejection),
         })
     }
@@ -123,7 +164,11 @@ impl StateMachine {
         }
         let new_oldest = revision - self.history;
         batch.delete_range_cf(cf(&self.db, CF_CHANGES)?, u64_key(0), u64_key(new_oldest));
-        batch.put_cf(cf(&self.db, CF_SM)?, KEY_OLDEST, serde_json::to_vec(&new_oldest)?);
+        batch.put_cf(
+            cf(&self.db, CF_SM)?,
+            KEY_OLDEST,
+            serde_json::to_vec(&new_oldest)?,
+        );
         Ok(())
     }
 
@@ -147,10 +192,16 @@ impl StateMachine {
         // Everything is read from one RocksDB snapshot, so applies that run
         // meanwhile are either wholly in it or wholly out of it.
         let snap = self.db.snapshot();
-        let read = |key: &[u8]| -> Result<Option<Vec<u8>>, LocalError> { Ok(snap.get_cf(cf(&self.db, CF_SM)?, key)?) };
-        let last_applied: Option<LogId> = read(KEY_APPLIED)?.map(|b| serde_json::from_slice(&b)).transpose()?;
-        let membership: StoredMembership =
-            read(KEY_MEMBERSHIP)?.map(|b| serde_json::from_slice(&b)).transpose()?.unwrap_or_default();
+        let read = |key: &[u8]| -> Result<Option<Vec<u8>>, LocalError> {
+            Ok(snap.get_cf(cf(&self.db, CF_SM)?, key)?)
+        };
+        let last_applied: Option<LogId> = read(KEY_APPLIED)?
+            .map(|b| serde_json::from_slice(&b))
+            .transpose()?;
+        let membership: StoredMembership = read(KEY_MEMBERSHIP)?
+            .map(|b| serde_json::from_slice(&b))
+            .transpose()?
+            .unwrap_or_default();
         let mut records = Vec::new();
         let mut it = snap.raw_iterator_cf(cf(&self.db, CF_AGENTS)?);
         it.seek_to_first();
@@ -159,19 +210,39 @@ impl StateMachine {
             it.next();
         }
         it.status()?;
-        let data = serde_json::to_vec(&SnapshotData { last_applied, membership: membership.clone(), records })?;
+        let data = serde_json::to_vec(&SnapshotData {
+            last_applied,
+            membership: membership.clone(),
+            records,
+        })?;
         let snapshot_id = format!(
             "{}-{}",
-            last_applied.map(|l| l.to_string()).unwrap_or_else(|| "empty".into()),
+            last_applied
+                .map(|l| l.to_string())
+                .unwrap_or_else(|| "empty".into()),
             crate::domain::time::now()
         );
-        let meta = SnapshotMeta { last_log_id: last_applied, last_membership: membership, snapshot_id };
-        let stored = StoredSnapshot { meta: meta.clone(), data };
+        let meta = SnapshotMeta {
+            last_log_id: last_applied,
+            last_membership: membership,
+            snapshot_id,
+        };
+        let stored = StoredSnapshot {
+            meta: meta.clone(),
+            data,
+        };
         self.write_snapshot_file(&stored)?;
-        Ok(Snapshot { meta, snapshot: Box::new(std::io::Cursor::new(stored.data)) })
+        Ok(Snapshot {
+            meta,
+            snapshot: Box::new(std::io::Cursor::new(stored.data)),
+        })
     }
 
-    fn install(&self, meta: &SnapshotMeta<NodeId, openraft::BasicNode>, bytes: Vec<u8>) -> Result<(), LocalError> {
+    fn install(
+        &self,
+        meta: &SnapshotMeta<NodeId, openraft::BasicNode>,
+        bytes: Vec<u8>,
+    ) -> Result<(), LocalError> {
         let data: SnapshotData = serde_json::from_slice(&bytes)?;
         let agents = cf(&self.db, CF_AGENTS)?;
         let changes = cf(&self.db, CF_CHANGES)?;
@@ -187,12 +258,23 @@ impl StateMachine {
         let last = meta.last_log_id;
         let oldest = last.map(|l| l.index + 1).unwrap_or(1);
         batch.put_cf(sm, KEY_APPLIED, serde_json::to_vec(&last)?);
-        batch.put_cf(sm, KEY_MEMBERSHIP, serde_json::to_vec(&meta.last_membership)?);
+        batch.put_cf(
+            sm,
+            KEY_MEMBERSHIP,
+            serde_json::to_vec(&meta.last_membership)?,
+        );
         batch.put_cf(sm, KEY_OLDEST, serde_json::to_vec(&oldest)?);
         self.db.write(batch)?;
-        self.write_snapshot_file(&StoredSnapshot { meta: meta.clone(), data: bytes })?;
-        self.applied.oldest_revision.store(oldest, Ordering::Release);
-        self.applied.revision.store(last.map(|l| l.index).unwrap_or(0), Ordering::Release);
+        self.write_snapshot_file(&StoredSnapshot {
+            meta: meta.clone(),
+            data: bytes,
+        })?;
+        self.applied
+            .oldest_revision
+            .store(oldest, Ordering::Release);
+        self.applied
+            .revision
+            .store(last.map(|l| l.index).unwrap_or(0), Ordering::Release);
         Ok(())
     }
 }
@@ -213,7 +295,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
 
     async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), StorageError> {
         let applied = get_json(&self.db, CF_SM, KEY_APPLIED).map_err(sm_read)?;
-        let membership = get_json(&self.db, CF_SM, KEY_MEMBERSHIP).map_err(sm_read)?.unwrap_or_default();
+        let membership = get_json(&self.db, CF_SM, KEY_MEMBERSHIP)
+            .map_err(sm_read)?
+            .unwrap_or_default();
         Ok((applied, membership))
     }
 
@@ -232,7 +316,11 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 EntryPayload::Blank => CommandResult::Internal,
                 EntryPayload::Membership(m) => {
                     let stored = StoredMembership::new(Some(entry.log_id), m);
-                    batch.put_cf(sm, KEY_MEMBERSHIP, serde_json::to_vec(&stored).map_err(sm_write)?);
+                    batch.put_cf(
+                        sm,
+                        KEY_MEMBERSHIP,
+                        serde_json::to_vec(&stored).map_err(sm_write)?,
+                    );
                     CommandResult::Internal
                 }
                 EntryPayload::Normal(cmd) => {
@@ -240,22 +328,36 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     if let CommandResult::Applied(change) = &result {
                         let agents = cf(&self.db, CF_AGENTS).map_err(sm_write)?;
                         let changes = cf(&self.db, CF_CHANGES).map_err(sm_write)?;
-                        batch.put_cf(agents, change.record.metadata.id.as_bytes(), serde_json::to_vec(&change.record).map_err(sm_write)?);
-                        batch.put_cf(changes, u64_key(revision), serde_json::to_vec(change).map_err(sm_write)?);
+                        batch.put_cf(
+                            agents,
+                            change.record.metadata.id.as_bytes(),
+                            serde_json::to_vec(&change.record).map_err(sm_write)?,
+                        );
+                        batch.put_cf(
+                            changes,
+                            u64_key(revision),
+                            serde_json::to_vec(change).map_err(sm_write)?,
+                        );
                     }
                     result
                 }
             };
             self.trim_history(&mut batch, revision).map_err(sm_write)?;
-            batch.put_cf(sm, KEY_APPLIED, serde_json::to_vec(&Some(entry.log_id)).map_err(sm_write)?);
+            batch.put_cf(
+                sm,
+                KEY_APPLIED,
+                serde_json::to_vec(&Some(entry.log_id)).map_err(sm_write)?,
+            );
             self.db.write(batch).map_err(sm_write)?;
             self.applied.revision.store(revision, Ordering::Release);
             if revision % TRIM_STEP == 0 && revision > self.history {
-                self.applied.oldest_revision.store(revision - self.history, Ordering::Release);
+                self.applied
+                    .oldest_revision
+                    .store(revision - self.history, Ordering::Release);
             }
             if let CommandResult::Applied(change) = &result {
                 // No subscriber is normal; the send result says nothing else.
-                let _ = self.applied.changes.send(change.clone());
+                let _ = self.applied.changes.send(change.as_ref().clone());
             }
             results.push(result);
         }
@@ -266,7 +368,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         self.clone()
     }
 
-    async fn begin_receiving_snapshot(&mut self) -> Result<Box<std::io::Cursor<Vec<u8>>>, StorageError> {
+    async fn begin_receiving_snapshot(
+        &mut self,
+    ) -> Result<Box<std::io::Cursor<Vec<u8>>>, StorageError> {
         Ok(Box::new(std::io::Cursor::new(Vec::new())))
     }
 
@@ -281,7 +385,12 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
-        let stored = self.read_snapshot_file().map_err(|e| StorageIOError::read_snapshot(None, &e))?;
-        Ok(stored.map(|s| Snapshot { meta: s.meta, snapshot: Box::new(std::io::Cursor::new(s.data)) }))
+        let stored = self
+            .read_snapshot_file()
+            .map_err(|e| StorageIOError::read_snapshot(None, &e))?;
+        Ok(stored.map(|s| Snapshot {
+            meta: s.meta,
+            snapshot: Box::new(std::io::Cursor::new(s.data)),
+        }))
     }
 }

@@ -19,7 +19,15 @@ struct Case {
     field: Option<&'static str>,
 }
 
-fn case(name: &'static str, method: Method, path: &str, body: Option<Value>, status: u16, code: &'static str, field: Option<&'static str>) -> Case {
+fn case(
+    name: &'static str,
+    method: Method,
+    path: &str,
+    body: Option<Value>,
+    status: u16,
+    code: &'static str,
+    field: Option<&'static str>,
+) -> Case {
     Case {
         name,
         method,
@@ -40,8 +48,20 @@ fn with(mut m: Value, f: impl FnOnce(&mut Value)) -> Value {
 
 /// Everything stored, tombstones and all statuses included.
 async fn snapshot(h: &Http) -> Value {
-    let url = format!("{}/agents?status=active,deprecated,inactive,deleted&include_expired=true&page_size=1000", h.base);
-    let mut v: Value = h.client.get(url).bearer_auth(ADMIN).send().await.unwrap().json().await.unwrap();
+    let url = format!(
+        "{}/agents?status=active,deprecated,inactive,deleted&include_expired=true&page_size=1000",
+        h.base
+    );
+    let mut v: Value = h
+        .client
+        .get(url)
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     v.as_object_mut().unwrap().remove("applied_revision");
     v
 }
@@ -51,71 +71,589 @@ async fn bad_input_is_refused_and_changes_nothing() {
     let s = TestServer::start_with(|c| c.max_record_bytes = 64 * 1024).await;
     let h = Http::new(&s.http);
     // A stored record to attempt stale, foreign and conflicting writes on.
-    h.register(Some(ALICE), translator("agent-12345")).await.unwrap();
-    h.register(Some(ALICE), minimal("to-be-deleted")).await.unwrap();
+    h.register(Some(ALICE), translator("agent-12345"))
+        .await
+        .unwrap();
+    h.register(Some(ALICE), minimal("to-be-deleted"))
+        .await
+        .unwrap();
     h.delete(Some(ALICE), "to-be-deleted").await.unwrap();
 
     let t = translator("fresh-agent");
     let post = Method::POST;
     let mut cases = vec![
-        case("malformed JSON", post.clone(), "/agents", None, 400, "invalid_request", None),
-        case("array instead of object", post.clone(), "/agents", Some(json!([])), 400, "invalid_request", Some("")),
-        case("name of wrong type", post.clone(), "/agents", Some(with(t.clone(), |m| m["name"] = json!(5))), 400, "invalid_request", Some("/name")),
-        case("missing name", post.clone(), "/agents", Some(with(t.clone(), |m| { m.as_object_mut().unwrap().remove("name"); })), 400, "invalid_request", Some("/name")),
-        case("missing description", post.clone(), "/agents", Some(with(t.clone(), |m| { m.as_object_mut().unwrap().remove("description"); })), 400, "invalid_request", Some("/description")),
-        case("no binding and no endpoint", post.clone(), "/agents", Some(json!({"id": "x1", "name": "n", "description": "d"})), 400, "invalid_request", Some("/bindings")),
-        case("id with a space", post.clone(), "/agents", Some(with(t.clone(), |m| m["id"] = json!("bad id"))), 400, "invalid_request", Some("/id")),
-        case("id with a control character", post.clone(), "/agents", Some(with(t.clone(), |m| m["id"] = json!("bad\u{1}id"))), 400, "invalid_request", Some("/id")),
-        case("id too long", post.clone(), "/agents", Some(with(t.clone(), |m| m["id"] = json!("a".repeat(600)))), 400, "invalid_request", Some("/id")),
-        case("id of wrong type", post.clone(), "/agents", Some(with(t.clone(), |m| m["id"] = json!(12))), 400, "invalid_request", Some("/id")),
-        case("endpoint not a URL", post.clone(), "/agents", Some(with(t.clone(), |m| m["endpoint"] = json!("not a url"))), 400, "invalid_request", Some("/endpoint")),
-        case("endpoint with a forbidden scheme", post.clone(), "/agents", Some(with(t.clone(), |m| m["endpoint"] = json!("file:///etc/passwd"))), 400, "invalid_request", Some("/endpoint")),
-        case("binding endpoint missing", post.clone(), "/agents", Some(json!({"id": "x2", "name": "n", "description": "d", "bindings": [{"protocol": "https"}]})), 400, "invalid_request", Some("/bindings/0/endpoint")),
-        case("invalid JSON Schema", post.clone(), "/agents", Some(with(t.clone(), |m| m["operations"][0]["inputs"] = json!({"type": "nonsense"}))), 400, "invalid_request", Some("/operations/0/inputs")),
-        case("schema that is not an object", post.clone(), "/agents", Some(with(t.clone(), |m| m["operations"][0]["outputs"] = json!("string"))), 400, "invalid_request", Some("/operations/0/outputs")),
-        case("example not matching its schema", post.clone(), "/agents", Some(with(t.clone(), |m| m["operations"][0]["examples"][0]["input"]["source_language"] = json!("fr"))), 400, "invalid_request", Some("/operations/0/examples/0/input/source_language")),
-        case("example missing a required input", post.clone(), "/agents", Some(with(t.clone(), |m| { m["operations"][0]["examples"][0]["input"].as_object_mut().unwrap().remove("text"); })), 400, "invalid_request", Some("/operations/0/examples/0/input")),
-        case("duplicate operation names", post.clone(), "/agents", Some(with(t.clone(), |m| { let op = m["operations"][0].clone(); m["operations"].as_array_mut().unwrap().push(op); })), 400, "invalid_request", Some("/operations/1/name")),
-        case("tags not an array", post.clone(), "/agents", Some(with(t.clone(), |m| m["tags"] = json!("nlp"))), 400, "invalid_request", Some("/tags")),
-        case("blank tag", post.clone(), "/agents", Some(with(t.clone(), |m| m["tags"] = json!(["ok", "  "]))), 400, "invalid_request", Some("/tags/1")),
-        case("too many tags", post.clone(), "/agents", Some(with(t.clone(), |m| m["tags"] = json!((0..65).map(|i| format!("t{i}")).collect::<Vec<_>>()))), 400, "invalid_request", Some("/tags")),
-        case("updated_at not RFC 3339", post.clone(), "/agents", Some(with(t.clone(), |m| m["updated_at"] = json!("last tuesday"))), 400, "invalid_request", Some("/updated_at")),
-        case("unknown status", post.clone(), "/agents", Some(with(t.clone(), |m| m["status"] = json!("sleeping"))), 400, "invalid_request", Some("/status")),
-        case("oversize record", post.clone(), "/agents", Some(with(t.clone(), |m| m["x-blob"] = json!("a".repeat(100 * 1024)))), 413, "invalid_request", None),
-        case("record over the record limit but under the body limit", post.clone(), "/agents", Some(with(t.clone(), |m| m["x-blob"] = json!("a".repeat(70 * 1024)))), 400, "invalid_request", None),
-        case("bad visibility", post.clone(), "/agents?visibility=secret", Some(t.clone()), 400, "invalid_request", Some("/visibility")),
-        case("stale update", Method::PUT, "/agents/agent-12345", Some(with(translator("agent-12345"), |m| m["updated_at"] = json!("2020-01-01T00:00:00Z"))), 409, "stale_metadata", None),
-        case("stale version", Method::PUT, "/agents/agent-12345", Some(with(translator("agent-12345"), |m| m["version"] = json!("1.0.0"))), 409, "stale_metadata", None),
-        case("path and body ids differ", Method::PUT, "/agents/agent-12345", Some(translator("agent-99999")), 400, "invalid_request", Some("/id")),
-        case("update of an unknown agent", Method::PUT, "/agents/nobody", Some(translator("nobody")), 404, "not_found", None),
-        case("update of a deleted agent", Method::PUT, "/agents/to-be-deleted", Some(minimal("to-be-deleted")), 410, "not_found", None),
-        case("incompatible bindings on register", post.clone(), "/agents", Some(with(translator("agent-12345"), |m| { m["endpoint"] = json!("https://elsewhere.example/x"); m["updated_at"] = json!("2027-01-01T00:00:00Z"); })), 409, "conflict", None),
-        case("bad status value", post.clone(), "/agents/agent-12345/status", Some(json!({"status": "asleep"})), 400, "invalid_request", Some("/status")),
-        case("status missing", post.clone(), "/agents/agent-12345/status", Some(json!({"reason": "x"})), 400, "invalid_request", Some("/status")),
-        case("unknown list parameter", Method::GET, "/agents?tag=nlp", None, 400, "invalid_request", None),
-        case("page size too large", Method::GET, "/agents?page_size=5000", None, 400, "invalid_request", Some("/page_size")),
-        case("page size not a number", Method::GET, "/agents?page_size=ten", None, 400, "invalid_request", Some("/page_size")),
-        case("forged page token", Method::GET, "/agents?page_token=zz", None, 400, "invalid_request", Some("/page_token")),
-        case("bad consistency", Method::GET, "/agents/agent-12345?consistency=eventual", None, 400, "invalid_request", Some("/consistency")),
-        case("search with an unsupported filter", post.clone(), "/agents/search", Some(json!({"filters": {"price": 3}})), 400, "invalid_request", Some("/filters/price")),
-        case("search top out of range", post.clone(), "/agents/search", Some(json!({"top": 0})), 400, "invalid_request", Some("/top")),
-        case("search filters of wrong type", post.clone(), "/agents/search", Some(json!({"filters": {"tags": 7}})), 400, "invalid_request", Some("/filters/tags")),
-        case("unknown route", Method::GET, "/nope", None, 404, "not_found", None),
-        case("wrong method on an agent", Method::PATCH, "/agents/agent-12345", Some(json!({})), 405, "invalid_request", None),
-        case("wrong method on the collection", Method::DELETE, "/agents", None, 405, "invalid_request", None),
-        case("get unknown agent", Method::GET, "/agents/no-such-agent", None, 404, "not_found", None),
-        case("get deleted agent", Method::GET, "/agents/to-be-deleted", None, 410, "not_found", None),
+        case(
+            "malformed JSON",
+            post.clone(),
+            "/agents",
+            None,
+            400,
+            "invalid_request",
+            None,
+        ),
+        case(
+            "array instead of object",
+            post.clone(),
+            "/agents",
+            Some(json!([])),
+            400,
+            "invalid_request",
+            Some(""),
+        ),
+        case(
+            "name of wrong type",
+            post.clone(),
+            "/agents",
+            Some(with(t.clone(), |m| m["name"] = json!(5))),
+            400,
+            "invalid_request",
+            Some("/name"),
+        ),
+        case(
+            "missing name",
+            post.clone(),
+            "/agents",
+            Some(with(t.clone(), |m| {
+                m.as_object_mut().unwrap().remove("name");
+            })),
+            400,
+            "invalid_request",
+            Some("/name"),
+        ),
+        case(
+            "missing description",
+            post.clone(),
+            "/agents",
+            Some(with(t.clone(), |m| {
+                m.as_object_mut().unwrap().remove("description");
+            })),
+            400,
+            "invalid_request",
+            Some("/description"),
+        ),
+        case(
+            "no binding and no endpoint",
+            post.clone(),
+            "/agents",
+            Some(json!({"id": "x1", "name": "n", "description": "d"})),
+            400,
+            "invalid_request",
+            Some("/bindings"),
+        ),
+        case(
+            "id with a space",
+            post.clone(),
+            "/agents",
+            Some(with(t.clone(), |m| m["id"] = json!("bad id"))),
+            400,
+            "invalid_request",
+            Some("/id"),
+        ),
+        case(
+            "id with a control character",
+            post.clone(),
+            "/agents",
+            Some(with(t.clone(), |m| m["id"] = json!("bad\u{1}id"))),
+            400,
+            "invalid_request",
+            Some("/id"),
+        ),
+        case(
+            "id too long",
+            post.clone(),
+            "/agents",
+            Some(with(t.clone(), |m| m["id"] = json!("a".repeat(600)))),
+            400,
+            "invalid_request",
+            Some("/id"),
+        ),
+        case(
+            "id of wrong type",
+            post.clone(),
+            "/agents",
+            Some(with(t.clone(), |m| m["id"] = json!(12))),
+            400,
+            "invalid_request",
+            Some("/id"),
+        ),
+        case(
+            "endpoint not a URL",
+            post.clone(),
+            "/agents",
+            Some(with(t.clone(), |m| m["endpoint"] = json!("not a url"))),
+            400,
+            "invalid_request",
+            Some("/endpoint"),
+        ),
+        case(
+            "endpoint with a forbidden scheme",
+            post.clone(),
+            "/agents",
+            Some(with(t.clone(), |m| {
+                m["endpoint"] = json!("file:///etc/passwd")
+            })),
+            400,
+            "invalid_request",
+            Some("/endpoint"),
+        ),
+        case(
+            "binding endpoint missing",
+            post.clone(),
+            "/agents",
+            Some(
+                json!({"id": "x2", "name": "n", "description": "d", "bindings": [{"protocol": "https"}]}),
+            ),
+            400,
+            "invalid_request",
+            Some("/bindings/0/endpoint"),
+        ),
+        case(
+            "invalid JSON Schema",
+            post.clone(),
+            "/agents",
+            Some(with(t.clone(), |m| {
+                m["operations"][0]["inputs"] = json!({"type": "nonsense"})
+            })),
+            400,
+            "invalid_request",
+            Some("/operations/0/inputs"),
+        ),
+        case(
+            "schema that is not an object",
+            post.clone(),
+            "/agents",
+            Some(with(t.clone(), |m| {
+                m["operations"][0]["outputs"] = json!("string")
+            })),
+            400,
+            "invalid_request",
+            Some("/operations/0/outputs"),
+        ),
+        case(
+            "example not matching its schema",
+            post.clone(),
+            "/agents",
+            Some(with(t.clone(), |m| {
+                m["operations"][0]["examples"][0]["input"]["source_language"] = json!("fr")
+            })),
+            400,
+            "invalid_request",
+            Some("/operations/0/examples/0/input/source_language"),
+        ),
+        case(
+            "example missing a required input",
+            post.clone(),
+            "/agents",
+            Some(with(t.clone(), |m| {
+                m["operations"][0]["examples"][0]["input"]
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("text");
+            })),
+            400,
+            "invalid_request",
+            Some("/operations/0/examples/0/input"),
+        ),
+        case(
+            "duplicate operation names",
+            post.clone(),
+            "/agents",
+            Some(with(t.clone(), |m| {
+                let op = m["operations"][0].clone();
+                m["operations"].as_array_mut().unwrap().push(op);
+            })),
+            400,
+            "invalid_request",
+            Some("/operations/1/name"),
+        ),
+        case(
+            "tags not an array",
+            post.clone(),
+            "/agents",
+            Some(with(t.clone(), |m| m["tags"] = json!("nlp"))),
+            400,
+            "invalid_request",
+            Some("/tags"),
+        ),
+        case(
+            "blank tag",
+            post.clone(),
+            "/agents",
+            Some(with(t.clone(), |m| m["tags"] = json!(["ok", "  "]))),
+            400,
+            "invalid_request",
+            Some("/tags/1"),
+        ),
+        case(
+            "too many tags",
+            post.clone(),
+            "/agents",
+            Some(with(t.clone(), |m| {
+                m["tags"] = json!((0..65).map(|i| format!("t{i}")).collect::<Vec<_>>())
+            })),
+            400,
+            "invalid_request",
+            Some("/tags"),
+        ),
+        case(
+            "updated_at not RFC 3339",
+            post.clone(),
+            "/agents",
+            Some(with(t.clone(), |m| m["updated_at"] = json!("last tuesday"))),
+            400,
+            "invalid_request",
+            Some("/updated_at"),
+        ),
+        case(
+            "unknown status",
+            post.clone(),
+            "/agents",
+            Some(with(t.clone(), |m| m["status"] = json!("sleeping"))),
+            400,
+            "invalid_request",
+            Some("/status"),
+        ),
+        case(
+            "oversize record",
+            post.clone(),
+            "/agents",
+            Some(with(t.clone(), |m| {
+                m["x-blob"] = json!("a".repeat(100 * 1024))
+            })),
+            413,
+            "invalid_request",
+            None,
+        ),
+        case(
+            "record over the record limit but under the body limit",
+            post.clone(),
+            "/agents",
+            Some(with(t.clone(), |m| {
+                m["x-blob"] = json!("a".repeat(70 * 1024))
+            })),
+            400,
+            "invalid_request",
+            None,
+        ),
+        case(
+            "bad visibility",
+            post.clone(),
+            "/agents?visibility=secret",
+            Some(t.clone()),
+            400,
+            "invalid_request",
+            Some("/visibility"),
+        ),
+        case(
+            "stale update",
+            Method::PUT,
+            "/agents/agent-12345",
+            Some(with(translator("agent-12345"), |m| {
+                m["updated_at"] = json!("2020-01-01T00:00:00Z")
+            })),
+            409,
+            "stale_metadata",
+            None,
+        ),
+        case(
+            "stale version",
+            Method::PUT,
+            "/agents/agent-12345",
+            Some(with(translator("agent-12345"), |m| {
+                m["version"] = json!("1.0.0")
+            })),
+            409,
+            "stale_metadata",
+            None,
+        ),
+        case(
+            "path and body ids differ",
+            Method::PUT,
+            "/agents/agent-12345",
+            Some(translator("agent-99999")),
+            400,
+            "invalid_request",
+            Some("/id"),
+        ),
+        case(
+            "update of an unknown agent",
+            Method::PUT,
+            "/agents/nobody",
+            Some(translator("nobody")),
+            404,
+            "not_found",
+            None,
+        ),
+        case(
+            "update of a deleted agent",
+            Method::PUT,
+            "/agents/to-be-deleted",
+            Some(minimal("to-be-deleted")),
+            410,
+            "not_found",
+            None,
+        ),
+        case(
+            "incompatible bindings on register",
+            post.clone(),
+            "/agents",
+            Some(with(translator("agent-12345"), |m| {
+                m["endpoint"] = json!("https://elsewhere.example/x");
+                m["updated_at"] = json!("2027-01-01T00:00:00Z");
+            })),
+            409,
+            "conflict",
+            None,
+        ),
+        case(
+            "bad status value",
+            post.clone(),
+            "/agents/agent-12345/status",
+            Some(json!({"status": "asleep"})),
+            400,
+            "invalid_request",
+            Some("/status"),
+        ),
+        case(
+            "status missing",
+            post.clone(),
+            "/agents/agent-12345/status",
+            Some(json!({"reason": "x"})),
+            400,
+            "invalid_request",
+            Some("/status"),
+        ),
+        case(
+            "unknown list parameter",
+            Method::GET,
+            "/agents?tag=nlp",
+            None,
+            400,
+            "invalid_request",
+            None,
+        ),
+        case(
+            "page size too large",
+            Method::GET,
+            "/agents?page_size=5000",
+            None,
+            400,
+            "invalid_request",
+            Some("/page_size"),
+        ),
+        case(
+            "page size not a number",
+            Method::GET,
+            "/agents?page_size=ten",
+            None,
+            400,
+            "invalid_request",
+            Some("/page_size"),
+        ),
+        case(
+            "forged page token",
+            Method::GET,
+            "/agents?page_token=zz",
+            None,
+            400,
+            "invalid_request",
+            Some("/page_token"),
+        ),
+        case(
+            "bad consistency",
+            Method::GET,
+            "/agents/agent-12345?consistency=eventual",
+            None,
+            400,
+            "invalid_request",
+            Some("/consistency"),
+        ),
+        case(
+            "search with an unsupported filter",
+            post.clone(),
+            "/agents/search",
+            Some(json!({"filters": {"price": 3}})),
+            400,
+            "invalid_request",
+            Some("/filters/price"),
+        ),
+        case(
+            "search top out of range",
+            post.clone(),
+            "/agents/search",
+            Some(json!({"top": 0})),
+            400,
+            "invalid_request",
+            Some("/top"),
+        ),
+        case(
+            "search filters of wrong type",
+            post.clone(),
+            "/agents/search",
+            Some(json!({"filters": {"tags": 7}})),
+            400,
+            "invalid_request",
+            Some("/filters/tags"),
+        ),
+        case(
+            "unknown route",
+            Method::GET,
+            "/nope",
+            None,
+            404,
+            "not_found",
+            None,
+        ),
+        case(
+            "wrong method on an agent",
+            Method::PATCH,
+            "/agents/agent-12345",
+            Some(json!({})),
+            405,
+            "invalid_request",
+            None,
+        ),
+        case(
+            "wrong method on the collection",
+            Method::DELETE,
+            "/agents",
+            None,
+            405,
+            "invalid_request",
+            None,
+        ),
+        case(
+            "get unknown agent",
+            Method::GET,
+            "/agents/no-such-agent",
+            None,
+            404,
+            "not_found",
+            None,
+        ),
+        case(
+            "get deleted agent",
+            Method::GET,
+            "/agents/to-be-deleted",
+            None,
+            410,
+            "not_found",
+            None,
+        ),
     ];
     let mut special = vec![
-        Case { content_type: Some("text/plain"), ..case("text/plain body", post.clone(), "/agents", Some(t.clone()), 415, "invalid_request", None) },
-        Case { content_type: None, ..case("no content type", post.clone(), "/agents", Some(t.clone()), 415, "invalid_request", None) },
-        Case { key: None, ..case("no API key", post.clone(), "/agents", Some(t.clone()), 401, "unauthorized", None) },
-        Case { key: Some("not-a-key-0000000000"), ..case("unknown API key", post.clone(), "/agents", Some(t.clone()), 401, "unauthorized", None) },
-        Case { key: Some(CAROL_READER), ..case("reader may not register", post.clone(), "/agents", Some(t.clone()), 403, "forbidden", None) },
-        Case { key: Some(BOB), ..case("another owner's update", Method::PUT, "/agents/agent-12345", Some(with(translator("agent-12345"), |m| m["updated_at"] = json!("2027-01-01T00:00:00Z"))), 403, "forbidden", None) },
-        Case { key: Some(BOB), ..case("another owner's registration", post.clone(), "/agents", Some(with(translator("agent-12345"), |m| m["updated_at"] = json!("2027-01-01T00:00:00Z"))), 409, "conflict", None) },
-        Case { key: Some(BOB), ..case("another owner's delete", Method::DELETE, "/agents/agent-12345", None, 403, "forbidden", None) },
-        Case { key: Some(BOB), ..case("another owner's status change", post.clone(), "/agents/agent-12345/status", Some(json!({"status": "inactive"})), 403, "forbidden", None) },
+        Case {
+            content_type: Some("text/plain"),
+            ..case(
+                "text/plain body",
+                post.clone(),
+                "/agents",
+                Some(t.clone()),
+                415,
+                "invalid_request",
+                None,
+            )
+        },
+        Case {
+            content_type: None,
+            ..case(
+                "no content type",
+                post.clone(),
+                "/agents",
+                Some(t.clone()),
+                415,
+                "invalid_request",
+                None,
+            )
+        },
+        Case {
+            key: None,
+            ..case(
+                "no API key",
+                post.clone(),
+                "/agents",
+                Some(t.clone()),
+                401,
+                "unauthorized",
+                None,
+            )
+        },
+        Case {
+            key: Some("not-a-key-0000000000"),
+            ..case(
+                "unknown API key",
+                post.clone(),
+                "/agents",
+                Some(t.clone()),
+                401,
+                "unauthorized",
+                None,
+            )
+        },
+        Case {
+            key: Some(CAROL_READER),
+            ..case(
+                "reader may not register",
+                post.clone(),
+                "/agents",
+                Some(t.clone()),
+                403,
+                "forbidden",
+                None,
+            )
+        },
+        Case {
+            key: Some(BOB),
+            ..case(
+                "another owner's update",
+                Method::PUT,
+                "/agents/agent-12345",
+                Some(with(translator("agent-12345"), |m| {
+                    m["updated_at"] = json!("2027-01-01T00:00:00Z")
+                })),
+                403,
+                "forbidden",
+                None,
+            )
+        },
+        Case {
+            key: Some(BOB),
+            ..case(
+                "another owner's registration",
+                post.clone(),
+                "/agents",
+                Some(with(translator("agent-12345"), |m| {
+                    m["updated_at"] = json!("2027-01-01T00:00:00Z")
+                })),
+                409,
+                "conflict",
+                None,
+            )
+        },
+        Case {
+            key: Some(BOB),
+            ..case(
+                "another owner's delete",
+                Method::DELETE,
+                "/agents/agent-12345",
+                None,
+                403,
+                "forbidden",
+                None,
+            )
+        },
+        Case {
+            key: Some(BOB),
+            ..case(
+                "another owner's status change",
+                post.clone(),
+                "/agents/agent-12345/status",
+                Some(json!({"status": "inactive"})),
+                403,
+                "forbidden",
+                None,
+            )
+        },
     ];
     cases.append(&mut special);
     cases[0].body = Some("{\"id\": \"x\", \"name\": ".into());
@@ -123,7 +661,9 @@ async fn bad_input_is_refused_and_changes_nothing() {
 
     let before = snapshot(&h).await;
     for c in &cases {
-        let mut req = h.client.request(c.method.clone(), format!("{}{}", s.http, c.path));
+        let mut req = h
+            .client
+            .request(c.method.clone(), format!("{}{}", s.http, c.path));
         if let Some(k) = c.key {
             req = req.bearer_auth(k);
         }
@@ -135,16 +675,36 @@ async fn bad_input_is_refused_and_changes_nothing() {
         }
         let resp = req.send().await.unwrap();
         let status = resp.status().as_u16();
-        let ctype = resp.headers().get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+        let ctype = resp
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string();
         let body: Value = resp.json().await.unwrap_or(Value::Null);
         assert_eq!(status, c.status, "{}: {body}", c.name);
         assert_eq!(ctype, "application/problem+json", "{}", c.name);
         assert_eq!(body["code"], c.code, "{}: {body}", c.name);
         assert_eq!(body["error"]["code"], c.code, "{}", c.name);
         assert_eq!(body["status"], c.status, "{}", c.name);
-        assert!(body["message"].as_str().is_some_and(|m| !m.is_empty()), "{}: a message", c.name);
-        assert!(body["correlation_id"].as_str().is_some_and(|m| !m.is_empty()), "{}: a correlation id", c.name);
-        assert_eq!(body["instance"], c.path.split('?').next().unwrap(), "{}", c.name);
+        assert!(
+            body["message"].as_str().is_some_and(|m| !m.is_empty()),
+            "{}: a message",
+            c.name
+        );
+        assert!(
+            body["correlation_id"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty()),
+            "{}: a correlation id",
+            c.name
+        );
+        assert_eq!(
+            body["instance"],
+            c.path.split('?').next().unwrap(),
+            "{}",
+            c.name
+        );
         if let Some(f) = c.field {
             assert_eq!(body["field"], f, "{}: {body}", c.name);
         }

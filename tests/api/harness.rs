@@ -18,17 +18,27 @@ pub struct TestServer {
     pub http: String,
     pub grpc: String,
     pub server: Option<RunningServer>,
-    pub dir: tempfile::TempDir,
+    /// Kept so the data directory lives as long as the server.
+    _dir: tempfile::TempDir,
 }
 
 pub fn test_config(dir: &std::path::Path) -> Config {
-    let key = |name: &str, role: &str, key: &str| ApiKeyConfig { name: name.into(), role: role.into(), key: Some(key.into()), key_sha256: None };
+    let key = |name: &str, role: &str, key: &str| ApiKeyConfig {
+        name: name.into(),
+        role: role.into(),
+        key: Some(key.into()),
+        key_sha256: None,
+    };
     Config {
         data_dir: dir.to_path_buf(),
         grpc_addr: "127.0.0.1:0".parse().unwrap(),
         http_addr: "127.0.0.1:0".parse().unwrap(),
         admin_key: Some(ADMIN.into()),
-        api_keys: vec![key("alice", "publisher", ALICE), key("bob", "publisher", BOB), key("carol", "reader", CAROL_READER)],
+        api_keys: vec![
+            key("alice", "publisher", ALICE),
+            key("bob", "publisher", BOB),
+            key("carol", "reader", CAROL_READER),
+        ],
         ..Config::default()
     }
 }
@@ -47,7 +57,7 @@ impl TestServer {
             http: format!("http://{}", server.http_addr),
             grpc: format!("http://{}", server.grpc_addr),
             server: Some(server),
-            dir,
+            _dir: dir,
         }
     }
 
@@ -76,9 +86,23 @@ pub trait Transport {
     async fn get(&self, key: Option<&str>, id: &str) -> Outcome<Value>;
     async fn update(&self, key: Option<&str>, id: &str, meta: Value) -> Outcome<Value>;
     async fn delete(&self, key: Option<&str>, id: &str) -> Outcome<u64>;
-    async fn set_status(&self, key: Option<&str>, id: &str, status: &str, reason: &str) -> Outcome<Value>;
+    async fn set_status(
+        &self,
+        key: Option<&str>,
+        id: &str,
+        status: &str,
+        reason: &str,
+    ) -> Outcome<Value>;
     /// (ids of the page, next page token, total count)
-    async fn list(&self, key: Option<&str>, tags: &[&str], capabilities: &[&str], language: Option<&str>, page_size: u32, token: &str) -> Outcome<(Vec<String>, String, u64)>;
+    async fn list(
+        &self,
+        key: Option<&str>,
+        tags: &[&str],
+        capabilities: &[&str],
+        language: Option<&str>,
+        page_size: u32,
+        token: &str,
+    ) -> Outcome<(Vec<String>, String, u64)>;
 }
 
 pub struct Http {
@@ -88,15 +112,26 @@ pub struct Http {
 
 impl Http {
     pub fn new(base: &str) -> Self {
-        Self { base: base.to_string(), client: reqwest::Client::new() }
+        Self {
+            base: base.to_string(),
+            client: reqwest::Client::new(),
+        }
     }
 
     pub fn url_id(id: &str) -> String {
         url::form_urlencoded::byte_serialize(id.as_bytes()).collect()
     }
 
-    async fn call(&self, method: reqwest::Method, path: &str, key: Option<&str>, body: Option<Value>) -> Outcome<(u16, Value)> {
-        let mut req = self.client.request(method, format!("{}{}", self.base, path));
+    async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        key: Option<&str>,
+        body: Option<Value>,
+    ) -> Outcome<(u16, Value)> {
+        let mut req = self
+            .client
+            .request(method, format!("{}{}", self.base, path));
         if let Some(k) = key {
             req = req.bearer_auth(k);
         }
@@ -105,13 +140,28 @@ impl Http {
         }
         let resp = req.send().await.expect("HTTP request is sent");
         let status = resp.status().as_u16();
-        let ctype = resp.headers().get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+        let ctype = resp
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string();
         let body: Value = resp.json().await.unwrap_or(Value::Null);
         if status >= 400 {
-            assert_eq!(ctype, "application/problem+json", "errors are problem+json: {body}");
-            assert_eq!(body["error"]["code"], body["code"], "AIDIP error object mirrors the ADP code");
+            assert_eq!(
+                ctype, "application/problem+json",
+                "errors are problem+json: {body}"
+            );
+            assert_eq!(
+                body["error"]["code"], body["code"],
+                "AIDIP error object mirrors the ADP code"
+            );
             assert_eq!(body["status"], status, "problem status matches HTTP status");
-            return Err(Failure { code: body["code"].as_str().unwrap_or("").into(), http: status, field: body["field"].as_str().map(String::from) });
+            return Err(Failure {
+                code: body["code"].as_str().unwrap_or("").into(),
+                http: status,
+                field: body["field"].as_str().map(String::from),
+            });
         }
         Ok((status, body))
     }
@@ -122,24 +172,72 @@ impl Transport for Http {
         "http"
     }
     async fn register(&self, key: Option<&str>, meta: Value) -> Outcome<(Value, bool)> {
-        let (status, body) = self.call(reqwest::Method::POST, "/agents", key, Some(meta)).await?;
+        let (status, body) = self
+            .call(reqwest::Method::POST, "/agents", key, Some(meta))
+            .await?;
         Ok((body, status == 201))
     }
     async fn get(&self, key: Option<&str>, id: &str) -> Outcome<Value> {
-        Ok(self.call(reqwest::Method::GET, &format!("/agents/{}", Self::url_id(id)), key, None).await?.1)
+        Ok(self
+            .call(
+                reqwest::Method::GET,
+                &format!("/agents/{}", Self::url_id(id)),
+                key,
+                None,
+            )
+            .await?
+            .1)
     }
     async fn update(&self, key: Option<&str>, id: &str, meta: Value) -> Outcome<Value> {
-        Ok(self.call(reqwest::Method::PUT, &format!("/agents/{}", Self::url_id(id)), key, Some(meta)).await?.1)
+        Ok(self
+            .call(
+                reqwest::Method::PUT,
+                &format!("/agents/{}", Self::url_id(id)),
+                key,
+                Some(meta),
+            )
+            .await?
+            .1)
     }
     async fn delete(&self, key: Option<&str>, id: &str) -> Outcome<u64> {
-        let body = self.call(reqwest::Method::DELETE, &format!("/agents/{}", Self::url_id(id)), key, None).await?.1;
+        let body = self
+            .call(
+                reqwest::Method::DELETE,
+                &format!("/agents/{}", Self::url_id(id)),
+                key,
+                None,
+            )
+            .await?
+            .1;
         Ok(body["revision"].as_u64().expect("revision"))
     }
-    async fn set_status(&self, key: Option<&str>, id: &str, status: &str, reason: &str) -> Outcome<Value> {
+    async fn set_status(
+        &self,
+        key: Option<&str>,
+        id: &str,
+        status: &str,
+        reason: &str,
+    ) -> Outcome<Value> {
         let path = format!("/agents/{}/status", Self::url_id(id));
-        Ok(self.call(reqwest::Method::POST, &path, key, Some(json!({"status": status, "reason": reason}))).await?.1)
+        Ok(self
+            .call(
+                reqwest::Method::POST,
+                &path,
+                key,
+                Some(json!({"status": status, "reason": reason})),
+            )
+            .await?
+            .1)
     }
-    async fn list(&self, key: Option<&str>, tags: &[&str], capabilities: &[&str], language: Option<&str>, page_size: u32, token: &str) -> Outcome<(Vec<String>, String, u64)> {
+    async fn list(
+        &self,
+        key: Option<&str>,
+        tags: &[&str],
+        capabilities: &[&str],
+        language: Option<&str>,
+        page_size: u32,
+        token: &str,
+    ) -> Outcome<(Vec<String>, String, u64)> {
         let mut q = url::form_urlencoded::Serializer::new(String::new());
         if !tags.is_empty() {
             q.append_pair("tags", &tags.join(","));
@@ -154,9 +252,26 @@ impl Transport for Http {
         if !token.is_empty() {
             q.append_pair("page_token", token);
         }
-        let body = self.call(reqwest::Method::GET, &format!("/agents?{}", q.finish()), key, None).await?.1;
-        let ids = body["agents"].as_array().expect("agents").iter().map(|a| a["id"].as_str().unwrap().to_string()).collect();
-        Ok((ids, body["next_page_token"].as_str().unwrap_or("").into(), body["total_count"].as_u64().unwrap()))
+        let body = self
+            .call(
+                reqwest::Method::GET,
+                &format!("/agents?{}", q.finish()),
+                key,
+                None,
+            )
+            .await?
+            .1;
+        let ids = body["agents"]
+            .as_array()
+            .expect("agents")
+            .iter()
+            .map(|a| a["id"].as_str().unwrap().to_string())
+            .collect();
+        Ok((
+            ids,
+            body["next_page_token"].as_str().unwrap_or("").into(),
+            body["total_count"].as_u64().unwrap(),
+        ))
     }
 }
 
@@ -166,20 +281,29 @@ pub struct Grpc {
 
 impl Grpc {
     pub async fn connect(addr: &str) -> Self {
-        Self { client: RegistryClient::connect(addr.to_string()).await.expect("gRPC connects") }
+        Self {
+            client: RegistryClient::connect(addr.to_string())
+                .await
+                .expect("gRPC connects"),
+        }
     }
 
     fn req<T>(key: Option<&str>, msg: T) -> tonic::Request<T> {
         let mut r = tonic::Request::new(msg);
         if let Some(k) = key {
-            r.metadata_mut().insert("authorization", format!("Bearer {k}").parse().unwrap());
+            r.metadata_mut()
+                .insert("authorization", format!("Bearer {k}").parse().unwrap());
         }
         r
     }
 
     fn fail(s: tonic::Status) -> Failure {
         let d = detail_of(&s);
-        Failure { code: d.code, http: d.http_status as u16, field: d.field }
+        Failure {
+            code: d.code,
+            http: d.http_status as u16,
+            field: d.field,
+        }
     }
 
     fn json(r: Option<pb::AgentRecord>) -> Value {
@@ -202,29 +326,104 @@ impl Transport for Grpc {
         "grpc"
     }
     async fn register(&self, key: Option<&str>, meta: Value) -> Outcome<(Value, bool)> {
-        let metadata = metadata_from_json(meta).map_err(|e| Failure { code: "invalid_request".into(), http: 400, field: Some(e.pointer) })?;
-        let r = self.client.clone().register(Self::req(key, pb::RegisterRequest { metadata: Some(metadata), visibility: 0 })).await.map_err(Self::fail)?.into_inner();
+        let metadata = metadata_from_json(meta).map_err(|e| Failure {
+            code: "invalid_request".into(),
+            http: 400,
+            field: Some(e.pointer),
+        })?;
+        let r = self
+            .client
+            .clone()
+            .register(Self::req(
+                key,
+                pb::RegisterRequest {
+                    metadata: Some(metadata),
+                    visibility: 0,
+                },
+            ))
+            .await
+            .map_err(Self::fail)?
+            .into_inner();
         Ok((Self::json(r.record), r.created))
     }
     async fn get(&self, key: Option<&str>, id: &str) -> Outcome<Value> {
-        let r = self.client.clone().get(Self::req(key, pb::GetRequest { id: id.into(), consistency: 0 })).await.map_err(Self::fail)?.into_inner();
+        let r = self
+            .client
+            .clone()
+            .get(Self::req(
+                key,
+                pb::GetRequest {
+                    id: id.into(),
+                    consistency: 0,
+                },
+            ))
+            .await
+            .map_err(Self::fail)?
+            .into_inner();
         Ok(Self::json(r.record))
     }
     async fn update(&self, key: Option<&str>, id: &str, meta: Value) -> Outcome<Value> {
-        let metadata = metadata_from_json(meta).map_err(|e| Failure { code: "invalid_request".into(), http: 400, field: Some(e.pointer) })?;
-        let r = self.client.clone().update(Self::req(key, pb::UpdateRequest { id: id.into(), metadata: Some(metadata), visibility: 0 })).await.map_err(Self::fail)?.into_inner();
+        let metadata = metadata_from_json(meta).map_err(|e| Failure {
+            code: "invalid_request".into(),
+            http: 400,
+            field: Some(e.pointer),
+        })?;
+        let r = self
+            .client
+            .clone()
+            .update(Self::req(
+                key,
+                pb::UpdateRequest {
+                    id: id.into(),
+                    metadata: Some(metadata),
+                    visibility: 0,
+                },
+            ))
+            .await
+            .map_err(Self::fail)?
+            .into_inner();
         Ok(Self::json(r.record))
     }
     async fn delete(&self, key: Option<&str>, id: &str) -> Outcome<u64> {
-        let r = self.client.clone().delete(Self::req(key, pb::DeleteRequest { id: id.into() })).await.map_err(Self::fail)?.into_inner();
+        let r = self
+            .client
+            .clone()
+            .delete(Self::req(key, pb::DeleteRequest { id: id.into() }))
+            .await
+            .map_err(Self::fail)?
+            .into_inner();
         Ok(r.revision)
     }
-    async fn set_status(&self, key: Option<&str>, id: &str, status: &str, reason: &str) -> Outcome<Value> {
-        let req = pb::SetStatusRequest { id: id.into(), status: status_of(status), reason: Some(reason.into()) };
-        let r = self.client.clone().set_status(Self::req(key, req)).await.map_err(Self::fail)?.into_inner();
+    async fn set_status(
+        &self,
+        key: Option<&str>,
+        id: &str,
+        status: &str,
+        reason: &str,
+    ) -> Outcome<Value> {
+        let req = pb::SetStatusRequest {
+            id: id.into(),
+            status: status_of(status),
+            reason: Some(reason.into()),
+        };
+        let r = self
+            .client
+            .clone()
+            .set_status(Self::req(key, req))
+            .await
+            .map_err(Self::fail)?
+            .into_inner();
         Ok(Self::json(r.record))
     }
-    async fn list(&self, key: Option<&str>, tags: &[&str], capabilities: &[&str], language: Option<&str>, page_size: u32, token: &str) -> Outcome<(Vec<String>, String, u64)> {
+    async fn list(
+        &self,
+        key: Option<&str>,
+        tags: &[&str],
+        capabilities: &[&str],
+        language: Option<&str>,
+        page_size: u32,
+        token: &str,
+    ) -> Outcome<(Vec<String>, String, u64)> {
         let req = pb::ListRequest {
             tags: tags.iter().map(|s| s.to_string()).collect(),
             capabilities: capabilities.iter().map(|s| s.to_string()).collect(),
@@ -233,8 +432,18 @@ impl Transport for Grpc {
             page_token: token.into(),
             ..Default::default()
         };
-        let r = self.client.clone().list(Self::req(key, req)).await.map_err(Self::fail)?.into_inner();
-        let ids = r.records.iter().map(|r| r.metadata.as_ref().unwrap().id.clone()).collect();
+        let r = self
+            .client
+            .clone()
+            .list(Self::req(key, req))
+            .await
+            .map_err(Self::fail)?
+            .into_inner();
+        let ids = r
+            .records
+            .iter()
+            .map(|r| r.metadata.as_ref().unwrap().id.clone())
+            .collect();
         Ok((ids, r.next_page_token, r.total_count))
     }
 }

@@ -10,12 +10,29 @@ async fn registry_lifecycle(t: &impl Transport) {
     let id = format!("https://agents.example.net/id/{n}-translator");
 
     // Create: 201, normalised, unknown members kept, envelope filled in.
-    let (rec, created) = t.register(Some(ALICE), translator(&id)).await.expect("register");
+    let (rec, created) = t
+        .register(Some(ALICE), translator(&id))
+        .await
+        .expect("register");
     assert!(created, "{n}: first registration creates");
-    assert_eq!(rec["tags"], json!(["nlp", "chinese", "english", "cloud"]), "{n}: tags normalised");
-    assert_eq!(rec["com.example/pricing"], json!({"per_call_usd": 0.002, "free_tier": true}), "{n}: unknown member kept");
-    assert_eq!(rec["bindings"][0]["endpoint"], "https://api.example.com/agents/translate", "{n}: endpoint exposed as binding");
-    assert_eq!(rec["auth"]["type"], "api_key", "{n}: auth mirrors authentication");
+    assert_eq!(
+        rec["tags"],
+        json!(["nlp", "chinese", "english", "cloud"]),
+        "{n}: tags normalised"
+    );
+    assert_eq!(
+        rec["com.example/pricing"],
+        json!({"per_call_usd": 0.002, "free_tier": true}),
+        "{n}: unknown member kept"
+    );
+    assert_eq!(
+        rec["bindings"][0]["endpoint"], "https://api.example.com/agents/translate",
+        "{n}: endpoint exposed as binding"
+    );
+    assert_eq!(
+        rec["auth"]["type"], "api_key",
+        "{n}: auth mirrors authentication"
+    );
     assert_eq!(rec["registry"]["owner"], "alice");
     let first_rev = rec["registry"]["revision"].as_u64().unwrap();
 
@@ -27,44 +44,100 @@ async fn registry_lifecycle(t: &impl Transport) {
     let mut newer = translator(&id);
     newer["updated_at"] = json!("2026-06-01T00:00:00Z");
     newer["version"] = json!("1.3.0");
-    let (rec2, created) = t.register(Some(ALICE), newer.clone()).await.expect("refresh");
+    let (rec2, created) = t
+        .register(Some(ALICE), newer.clone())
+        .await
+        .expect("refresh");
     assert!(!created, "{n}: same id and endpoint refreshes");
     assert!(rec2["registry"]["revision"].as_u64().unwrap() > first_rev);
-    assert_eq!(rec2["registry"]["created_revision"].as_u64().unwrap(), first_rev);
+    assert_eq!(
+        rec2["registry"]["created_revision"].as_u64().unwrap(),
+        first_rev
+    );
 
     // A stale write never replaces the newer record.
-    let err = t.register(Some(ALICE), translator(&id)).await.expect_err("stale");
-    assert_eq!((err.code.as_str(), err.http), ("stale_metadata", 409), "{n}");
-    assert_eq!(t.get(None, &id).await.unwrap()["version"], "1.3.0", "{n}: stale write changed nothing");
+    let err = t
+        .register(Some(ALICE), translator(&id))
+        .await
+        .expect_err("stale");
+    assert_eq!(
+        (err.code.as_str(), err.http),
+        ("stale_metadata", 409),
+        "{n}"
+    );
+    assert_eq!(
+        t.get(None, &id).await.unwrap()["version"],
+        "1.3.0",
+        "{n}: stale write changed nothing"
+    );
 
     // Another owner: conflict on register, forbidden on update/delete/status.
-    let err = t.register(Some(BOB), newer.clone()).await.expect_err("other owner");
+    let err = t
+        .register(Some(BOB), newer.clone())
+        .await
+        .expect_err("other owner");
     assert_eq!((err.code.as_str(), err.http), ("conflict", 409), "{n}");
-    let err = t.update(Some(BOB), &id, newer.clone()).await.expect_err("other owner update");
+    let err = t
+        .update(Some(BOB), &id, newer.clone())
+        .await
+        .expect_err("other owner update");
     assert_eq!((err.code.as_str(), err.http), ("forbidden", 403), "{n}");
-    let err = t.delete(Some(BOB), &id).await.expect_err("other owner delete");
+    let err = t
+        .delete(Some(BOB), &id)
+        .await
+        .expect_err("other owner delete");
     assert_eq!(err.code, "forbidden", "{n}");
-    let err = t.set_status(Some(BOB), &id, "inactive", "x").await.expect_err("other owner status");
+    let err = t
+        .set_status(Some(BOB), &id, "inactive", "x")
+        .await
+        .expect_err("other owner status");
     assert_eq!(err.code, "forbidden", "{n}");
     // No key, or a reader key, may not write.
-    assert_eq!(t.register(None, minimal(&format!("{n}-anon"))).await.unwrap_err().code, "unauthorized");
-    assert_eq!(t.register(Some(CAROL_READER), minimal(&format!("{n}-reader"))).await.unwrap_err().code, "forbidden");
+    assert_eq!(
+        t.register(None, minimal(&format!("{n}-anon")))
+            .await
+            .unwrap_err()
+            .code,
+        "unauthorized"
+    );
+    assert_eq!(
+        t.register(Some(CAROL_READER), minimal(&format!("{n}-reader")))
+            .await
+            .unwrap_err()
+            .code,
+        "forbidden"
+    );
 
     // Update with new bindings by the owner; then an admin may update too.
     let mut moved = newer.clone();
     moved["endpoint"] = json!("https://api2.example.com/translate");
     moved["updated_at"] = json!("2026-07-01T00:00:00Z");
-    let rec3 = t.update(Some(ALICE), &id, moved.clone()).await.expect("owner update");
+    let rec3 = t
+        .update(Some(ALICE), &id, moved.clone())
+        .await
+        .expect("owner update");
     assert_eq!(rec3["endpoint"], "https://api2.example.com/translate");
     // Registering with an endpoint the record no longer has: incompatible.
-    let err = t.register(Some(ALICE), newer.clone()).await.expect_err("incompatible bindings");
+    let err = t
+        .register(Some(ALICE), newer.clone())
+        .await
+        .expect_err("incompatible bindings");
     assert_eq!(err.code, "conflict", "{n}");
     moved["updated_at"] = json!("2026-08-01T00:00:00Z");
-    let rec4 = t.update(Some(ADMIN), &id, moved).await.expect("admin update");
-    assert_eq!(rec4["registry"]["owner"], "alice", "{n}: admin update keeps the owner");
+    let rec4 = t
+        .update(Some(ADMIN), &id, moved)
+        .await
+        .expect("admin update");
+    assert_eq!(
+        rec4["registry"]["owner"], "alice",
+        "{n}: admin update keeps the owner"
+    );
 
     // Lifecycle status with a reason; deprecated agents still list.
-    let rec5 = t.set_status(Some(ALICE), &id, "deprecated", "use v2").await.expect("status");
+    let rec5 = t
+        .set_status(Some(ALICE), &id, "deprecated", "use v2")
+        .await
+        .expect("status");
     assert_eq!(rec5["status"], "deprecated");
     assert_eq!(rec5["registry"]["status_reason"], "use v2");
 
@@ -77,12 +150,30 @@ async fn registry_lifecycle(t: &impl Transport) {
     t.register(Some(BOB), s).await.expect("second agent");
     let (ids, _, _) = t.list(None, &["nlp"], &[], None, 100, "").await.unwrap();
     assert!(ids.contains(&id) && ids.contains(&other), "{n}: {ids:?}");
-    let (ids, _, _) = t.list(None, &["nlp", "chinese"], &[], None, 100, "").await.unwrap();
-    assert!(ids.contains(&id) && !ids.contains(&other), "{n}: AND over tags {ids:?}");
-    let (ids, _, _) = t.list(None, &[], &["summarization"], Some("en"), 100, "").await.unwrap();
-    assert!(ids.contains(&other) && !ids.contains(&id), "{n}: capability + language {ids:?}");
-    let (ids, _, _) = t.list(None, &["NLP"], &[], Some("zh"), 100, "").await.unwrap();
-    assert!(ids.contains(&id) && !ids.contains(&other), "{n}: filters normalised like tags {ids:?}");
+    let (ids, _, _) = t
+        .list(None, &["nlp", "chinese"], &[], None, 100, "")
+        .await
+        .unwrap();
+    assert!(
+        ids.contains(&id) && !ids.contains(&other),
+        "{n}: AND over tags {ids:?}"
+    );
+    let (ids, _, _) = t
+        .list(None, &[], &["summarization"], Some("en"), 100, "")
+        .await
+        .unwrap();
+    assert!(
+        ids.contains(&other) && !ids.contains(&id),
+        "{n}: capability + language {ids:?}"
+    );
+    let (ids, _, _) = t
+        .list(None, &["NLP"], &[], Some("zh"), 100, "")
+        .await
+        .unwrap();
+    assert!(
+        ids.contains(&id) && !ids.contains(&other),
+        "{n}: filters normalised like tags {ids:?}"
+    );
 
     // Delete leaves a tombstone: get says gone, list hides it, update fails.
     let rev = t.delete(Some(ALICE), &id).await.expect("delete");
@@ -107,7 +198,10 @@ async fn pagination(t: &impl Transport) {
     let tag = format!("{n}-paged");
     let (mut seen, mut token) = (Vec::new(), String::new());
     loop {
-        let (ids, next, total) = t.list(None, &[&tag], &[], None, 3, &token).await.expect("page");
+        let (ids, next, total) = t
+            .list(None, &[&tag], &[], None, 3, &token)
+            .await
+            .expect("page");
         assert_eq!(total, 7, "{n}: total is the same on every page");
         assert!(ids.len() <= 3);
         seen.extend(ids);
@@ -142,11 +236,20 @@ async fn lifecycle_over_grpc() {
 async fn both_transports_see_the_same_records() {
     let s = TestServer::start().await;
     let (h, g) = (Http::new(&s.http), Grpc::connect(&s.grpc).await);
-    let (via_grpc, _) = g.register(Some(ALICE), translator("shared-1")).await.unwrap();
-    let (via_http, _) = h.register(Some(ALICE), translator("shared-2")).await.unwrap();
+    let (via_grpc, _) = g
+        .register(Some(ALICE), translator("shared-1"))
+        .await
+        .unwrap();
+    let (via_http, _) = h
+        .register(Some(ALICE), translator("shared-2"))
+        .await
+        .unwrap();
     assert_eq!(h.get(None, "shared-1").await.unwrap(), via_grpc);
     assert_eq!(g.get(None, "shared-2").await.unwrap(), via_http);
-    assert_eq!(h.get(None, "shared-1").await.unwrap(), g.get(None, "shared-1").await.unwrap());
+    assert_eq!(
+        h.get(None, "shared-1").await.unwrap(),
+        g.get(None, "shared-1").await.unwrap()
+    );
     s.stop().await;
 }
 
@@ -154,7 +257,10 @@ async fn both_transports_see_the_same_records() {
 async fn adp_minimal_record_and_assigned_ids() {
     let s = TestServer::start().await;
     let h = Http::new(&s.http);
-    let (rec, created) = h.register(Some(ALICE), minimal("https://example.net/agents/minimal")).await.expect("ADP D0 record accepted");
+    let (rec, created) = h
+        .register(Some(ALICE), minimal("https://example.net/agents/minimal"))
+        .await
+        .expect("ADP D0 record accepted");
     assert!(created);
     assert_eq!(rec["id"], "https://example.net/agents/minimal");
     // AIDIP: the registry assigns an id when the publisher gives none.
@@ -163,7 +269,10 @@ async fn adp_minimal_record_and_assigned_ids() {
     let (rec, _) = h.register(Some(ALICE), no_id).await.expect("no id");
     let assigned = rec["id"].as_str().unwrap().to_string();
     assert!(assigned.starts_with("agent-"), "{assigned}");
-    assert_eq!(h.get(None, &assigned).await.unwrap()["name"], "Minimal Agent");
+    assert_eq!(
+        h.get(None, &assigned).await.unwrap()["name"],
+        "Minimal Agent"
+    );
     s.stop().await;
 }
 
@@ -171,11 +280,29 @@ async fn adp_minimal_record_and_assigned_ids() {
 async fn private_records_and_anonymous_reads() {
     let s = TestServer::start_with(|c| c.anonymous_reads = false).await;
     let h = Http::new(&s.http);
-    let resp = h.client.post(format!("{}/agents?visibility=private", s.http)).bearer_auth(ALICE).json(&minimal("secret-agent")).send().await.unwrap();
+    let resp = h
+        .client
+        .post(format!("{}/agents?visibility=private", s.http))
+        .bearer_auth(ALICE)
+        .json(&minimal("secret-agent"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status(), 201);
-    assert_eq!(h.get(None, "secret-agent").await.unwrap_err().code, "unauthorized", "anonymous reads off");
-    assert_eq!(h.get(Some(BOB), "secret-agent").await.unwrap_err().http, 404, "private to others");
-    assert_eq!(h.get(Some(ALICE), "secret-agent").await.unwrap()["registry"]["visibility"], "private");
+    assert_eq!(
+        h.get(None, "secret-agent").await.unwrap_err().code,
+        "unauthorized",
+        "anonymous reads off"
+    );
+    assert_eq!(
+        h.get(Some(BOB), "secret-agent").await.unwrap_err().http,
+        404,
+        "private to others"
+    );
+    assert_eq!(
+        h.get(Some(ALICE), "secret-agent").await.unwrap()["registry"]["visibility"],
+        "private"
+    );
     assert!(h.get(Some(ADMIN), "secret-agent").await.is_ok());
     let (ids, _, _) = h.list(Some(BOB), &[], &[], None, 100, "").await.unwrap();
     assert!(!ids.contains(&"secret-agent".to_string()));
@@ -186,7 +313,9 @@ async fn private_records_and_anonymous_reads() {
 async fn search_health_readiness_and_openapi() {
     let s = TestServer::start().await;
     let h = Http::new(&s.http);
-    h.register(Some(ALICE), translator("agent-12345")).await.unwrap();
+    h.register(Some(ALICE), translator("agent-12345"))
+        .await
+        .unwrap();
     let mut legal = minimal("legal-sum");
     legal["capabilities"] = json!(["summarization"]);
     legal["supported_languages"] = json!(["en"]);
@@ -199,45 +328,113 @@ async fn search_health_readiness_and_openapi() {
     let arr = found.as_array().expect("AIDIP search answers a JSON array");
     assert_eq!(arr.len(), 1);
     assert_eq!(arr[0]["id"], "agent-12345");
-    assert_eq!(arr[0]["endpoint"], "https://api.example.com/agents/translate");
+    assert_eq!(
+        arr[0]["endpoint"],
+        "https://api.example.com/agents/translate"
+    );
     assert_eq!(arr[0]["capabilities"], json!(["translation"]));
     // The AIDIP 7 example: query text plus a single-language filter.
     let found: serde_json::Value = c
         .post(format!("{}/agents/search", s.http))
         .json(&json!({"query": "summarize an English document", "filters": {"capabilities": ["summarization"], "supported_language": "en"}, "top": 3}))
         .send().await.unwrap().json().await.unwrap();
-    assert_eq!(found.as_array().unwrap().iter().map(|a| a["id"].as_str().unwrap()).collect::<Vec<_>>(), vec!["legal-sum"]);
+    assert_eq!(
+        found
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a["id"].as_str().unwrap())
+            .collect::<Vec<_>>(),
+        vec!["legal-sum"]
+    );
 
-    assert_eq!(c.get(format!("{}/healthz", s.http)).send().await.unwrap().status(), 200);
-    let ready: serde_json::Value = c.get(format!("{}/readyz", s.http)).send().await.unwrap().json().await.unwrap();
+    assert_eq!(
+        c.get(format!("{}/healthz", s.http))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let ready: serde_json::Value = c
+        .get(format!("{}/readyz", s.http))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(ready["status"], "ready");
-    let doc: serde_json::Value = c.get(format!("{}/openapi.json", s.http)).send().await.unwrap().json().await.unwrap();
+    let doc: serde_json::Value = c
+        .get(format!("{}/openapi.json", s.http))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(doc["openapi"], "3.1.0");
     // Every documented operation is served (answers something other than
     // the router's "no route" / "method not allowed").
     for (path, item) in doc["paths"].as_object().unwrap() {
         for method in item.as_object().unwrap().keys() {
             let url = format!("{}{}", s.http, path.replace("{id}", "agent-12345"));
-            let resp = c.request(method.to_uppercase().parse().unwrap(), url).send().await.unwrap();
+            let resp = c
+                .request(method.to_uppercase().parse().unwrap(), url)
+                .send()
+                .await
+                .unwrap();
             let status = resp.status().as_u16();
             let body: serde_json::Value = resp.json().await.unwrap_or_default();
             let msg = body["message"].as_str().unwrap_or("");
-            assert!(status != 405 && !msg.starts_with("no route"), "{method} {path} is not served: {status} {body}");
+            assert!(
+                status != 405 && !msg.starts_with("no route"),
+                "{method} {path} is not served: {status} {body}"
+            );
         }
     }
 
     // gRPC health and reflection on the public listener.
-    let channel = tonic::transport::Channel::from_shared(s.grpc.clone()).unwrap().connect().await.unwrap();
+    let channel = tonic::transport::Channel::from_shared(s.grpc.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
     let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
-    let r = health.check(tonic_health::pb::HealthCheckRequest { service: "agentry.v1.Registry".into() }).await.unwrap().into_inner();
-    assert_eq!(r.status, tonic_health::pb::health_check_response::ServingStatus::Serving as i32);
-    use tonic_reflection::pb::v1::{server_reflection_client::ServerReflectionClient, server_reflection_request::MessageRequest, server_reflection_response::MessageResponse, ServerReflectionRequest};
+    let r = health
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: "agentry.v1.Registry".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        r.status,
+        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+    );
+    use tonic_reflection::pb::v1::{
+        server_reflection_client::ServerReflectionClient,
+        server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
+        ServerReflectionRequest,
+    };
     let mut refl = ServerReflectionClient::new(channel);
-    let req = ServerReflectionRequest { host: String::new(), message_request: Some(MessageRequest::ListServices(String::new())) };
-    let mut stream = refl.server_reflection_info(futures::stream::iter(vec![req])).await.unwrap().into_inner();
+    let req = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut stream = refl
+        .server_reflection_info(futures::stream::iter(vec![req]))
+        .await
+        .unwrap()
+        .into_inner();
     let resp = stream.message().await.unwrap().unwrap();
-    let Some(MessageResponse::ListServicesResponse(list)) = resp.message_response else { panic!("list services answer") };
+    let Some(MessageResponse::ListServicesResponse(list)) = resp.message_response else {
+        panic!("list services answer")
+    };
     let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
-    assert!(names.contains(&"agentry.v1.Registry".to_string()), "{names:?}");
+    assert!(
+        names.contains(&"agentry.v1.Registry".to_string()),
+        "{names:?}"
+    );
     s.stop().await;
 }

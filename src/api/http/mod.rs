@@ -52,7 +52,11 @@ impl From<ServiceError> for ApiError {
 }
 
 fn invalid(field: Option<&str>, message: impl Into<String>) -> ApiError {
-    ServiceError::InvalidRequest { field: field.map(String::from), message: message.into() }.into()
+    ServiceError::InvalidRequest {
+        field: field.map(String::from),
+        message: message.into(),
+    }
+    .into()
 }
 
 type ApiResult = Result<Response, ApiError>;
@@ -62,12 +66,23 @@ type ApiResult = Result<Response, ApiError>;
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let d = detail_of(&self.0);
-        let status = StatusCode::from_u16(u16::try_from(d.http_status).unwrap_or(500)).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let mut resp = (status, [(header::CONTENT_TYPE, "application/problem+json")], problem_body(&d, "").to_string()).into_response();
+        let status = StatusCode::from_u16(u16::try_from(d.http_status).unwrap_or(500))
+            .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let mut resp = (
+            status,
+            [(header::CONTENT_TYPE, "application/problem+json")],
+            problem_body(&d, "").to_string(),
+        )
+            .into_response();
         if let Some(r) = d.retry_after {
             resp.headers_mut().insert(header::RETRY_AFTER, r.into());
         }
-        if let Some(leader) = self.0.metadata().get(super::error::LEADER_METADATA).and_then(|v| v.to_str().ok()) {
+        if let Some(leader) = self
+            .0
+            .metadata()
+            .get(super::error::LEADER_METADATA)
+            .and_then(|v| v.to_str().ok())
+        {
             if let Ok(v) = leader.parse() {
                 resp.headers_mut().insert(super::error::LEADER_METADATA, v);
             }
@@ -78,9 +93,16 @@ impl IntoResponse for ApiError {
 
 /// Fills the problem body's `instance` with the request path, so every
 /// error names the resource it concerns.
-async fn set_problem_instance(uri: Uri, req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+async fn set_problem_instance(
+    uri: Uri,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
     let resp = next.run(req).await;
-    let is_problem = resp.headers().get(header::CONTENT_TYPE).is_some_and(|v| v == "application/problem+json");
+    let is_problem = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v == "application/problem+json");
     if !is_problem {
         return resp;
     }
@@ -95,15 +117,26 @@ async fn set_problem_instance(uri: Uri, req: axum::extract::Request, next: axum:
 
 /// Builds a tonic request carrying the caller's identity, as the gRPC
 /// interceptor would.
-fn grpc_request<T>(state: &HttpState, headers: &HeaderMap, msg: T) -> Result<tonic::Request<T>, ApiError> {
-    let identity = state.auth.identify(&MetadataMap::from_headers(headers.clone()))?;
+fn grpc_request<T>(
+    state: &HttpState,
+    headers: &HeaderMap,
+    msg: T,
+) -> Result<tonic::Request<T>, ApiError> {
+    let identity = state
+        .auth
+        .identify(&MetadataMap::from_headers(headers.clone()))?;
     let mut req = tonic::Request::new(msg);
     req.extensions_mut().insert(identity);
     Ok(req)
 }
 
 fn json_response(status: StatusCode, body: &Value) -> Response {
-    (status, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
 }
 
 fn record_json(r: Option<&pb::AgentRecord>) -> Result<Value, ApiError> {
@@ -112,15 +145,28 @@ fn record_json(r: Option<&pb::AgentRecord>) -> Result<Value, ApiError> {
 }
 
 fn etag(r: &pb::AgentRecord) -> String {
-    format!("\"{}\"", r.envelope.as_ref().map(|e| e.revision).unwrap_or(0))
+    format!(
+        "\"{}\"",
+        r.envelope.as_ref().map(|e| e.revision).unwrap_or(0)
+    )
 }
 
 /// Reads a JSON body: the media type must be JSON, the size within the
 /// limit, and the text well-formed.
 async fn json_body(state: &HttpState, headers: &HeaderMap, body: Body) -> Result<Value, ApiError> {
-    let ctype = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
-    let essence = ctype.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
-    if !(essence == "application/json" || (essence.starts_with("application/") && essence.ends_with("+json"))) {
+    let ctype = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let essence = ctype
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    if !(essence == "application/json"
+        || (essence.starts_with("application/") && essence.ends_with("+json")))
+    {
         return Err(ApiError(Status::with_details(
             tonic::Code::InvalidArgument,
             "unsupported media type",
@@ -135,22 +181,28 @@ async fn json_body(state: &HttpState, headers: &HeaderMap, body: Body) -> Result
             .into(),
         )));
     }
-    let bytes: Bytes = axum::body::to_bytes(body, state.max_body).await.map_err(|_| {
-        ApiError(Status::with_details(
-            tonic::Code::InvalidArgument,
-            "request body too large",
-            prost::Message::encode_to_vec(&pb::ErrorDetail {
-                code: "invalid_request".into(),
-                message: format!("request body is larger than the limit of {} bytes", state.max_body),
-                field: None,
-                http_status: 413,
-                correlation_id: uuid::Uuid::new_v4().to_string(),
-                retry_after: None,
-            })
-            .into(),
-        ))
-    })?;
-    serde_json::from_slice(&bytes).map_err(|e| invalid(None, format!("request body is not valid JSON: {e}")))
+    let bytes: Bytes = axum::body::to_bytes(body, state.max_body)
+        .await
+        .map_err(|_| {
+            ApiError(Status::with_details(
+                tonic::Code::InvalidArgument,
+                "request body too large",
+                prost::Message::encode_to_vec(&pb::ErrorDetail {
+                    code: "invalid_request".into(),
+                    message: format!(
+                        "request body is larger than the limit of {} bytes",
+                        state.max_body
+                    ),
+                    field: None,
+                    http_status: 413,
+                    correlation_id: uuid::Uuid::new_v4().to_string(),
+                    retry_after: None,
+                })
+                .into(),
+            ))
+        })?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| invalid(None, format!("request body is not valid JSON: {e}")))
 }
 
 /// Parses agent metadata JSON, naming the member with the wrong type.
@@ -161,10 +213,18 @@ fn parse_metadata(v: Value) -> Result<pb::AgentMetadata, ApiError> {
 /// Query parameters, all values of repeated or comma-separated keys, with
 /// unknown keys refused so typos do not silently widen a query.
 fn query_params(raw: Option<&str>, allowed: &[&str]) -> Result<Vec<(String, String)>, ApiError> {
-    let pairs: Vec<(String, String)> = url::form_urlencoded::parse(raw.unwrap_or("").as_bytes()).into_owned().collect();
+    let pairs: Vec<(String, String)> = url::form_urlencoded::parse(raw.unwrap_or("").as_bytes())
+        .into_owned()
+        .collect();
     for (k, _) in &pairs {
         if !allowed.contains(&k.as_str()) {
-            return Err(invalid(None, format!("unknown query parameter '{k}' (allowed: {})", allowed.join(", "))));
+            return Err(invalid(
+                None,
+                format!(
+                    "unknown query parameter '{k}' (allowed: {})",
+                    allowed.join(", ")
+                ),
+            ));
         }
     }
     Ok(pairs)
@@ -174,19 +234,34 @@ fn values(pairs: &[(String, String)], key: &str) -> Vec<String> {
     pairs
         .iter()
         .filter(|(k, _)| k == key)
-        .flat_map(|(_, v)| v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect::<Vec<_>>())
+        .flat_map(|(_, v)| {
+            v.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(String::from)
+                .collect::<Vec<_>>()
+        })
         .collect()
 }
 
 fn single(pairs: &[(String, String)], key: &str) -> Option<String> {
-    pairs.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v.clone())
+    pairs
+        .iter()
+        .rev()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.clone())
 }
 
 fn consistency_param(pairs: &[(String, String)]) -> Result<i32, ApiError> {
     Ok(match single(pairs, "consistency").as_deref() {
         None | Some("local") => pb::ReadConsistency::Local as i32,
         Some("linearizable") => pb::ReadConsistency::Linearizable as i32,
-        Some(other) => return Err(invalid(Some("/consistency"), format!("consistency must be 'local' or 'linearizable', not '{other}'"))),
+        Some(other) => {
+            return Err(invalid(
+                Some("/consistency"),
+                format!("consistency must be 'local' or 'linearizable', not '{other}'"),
+            ))
+        }
     })
 }
 
@@ -196,7 +271,12 @@ fn visibility_param(pairs: &[(String, String)]) -> Result<i32, ApiError> {
         Some(v) => match Visibility::parse(v) {
             Some(Visibility::Public) => pb::Visibility::Public as i32,
             Some(Visibility::Private) => pb::Visibility::Private as i32,
-            None => return Err(invalid(Some("/visibility"), format!("visibility must be 'public' or 'private', not '{v}'"))),
+            None => {
+                return Err(invalid(
+                    Some("/visibility"),
+                    format!("visibility must be 'public' or 'private', not '{v}'"),
+                ))
+            }
         },
     })
 }
@@ -206,40 +286,83 @@ fn status_list(raw: &[String], pointer: &str) -> Result<Vec<i32>, ApiError> {
         .map(|s| {
             AgentStatus::parse(s)
                 .map(|st| status_to_pb(Some(st)) as i32)
-                .ok_or_else(|| invalid(Some(pointer), format!("unknown status '{s}' (use active, deprecated, inactive or deleted)")))
+                .ok_or_else(|| {
+                    invalid(
+                        Some(pointer),
+                        format!(
+                            "unknown status '{s}' (use active, deprecated, inactive or deleted)"
+                        ),
+                    )
+                })
         })
         .collect()
 }
 
 fn parse_u32(v: Option<String>, pointer: &str) -> Result<u32, ApiError> {
-    v.map(|s| s.parse::<u32>().map_err(|_| invalid(Some(pointer), format!("{pointer}: '{s}' is not a non-negative integer"))))
-        .transpose()
-        .map(Option::unwrap_or_default)
+    v.map(|s| {
+        s.parse::<u32>().map_err(|_| {
+            invalid(
+                Some(pointer),
+                format!("{pointer}: '{s}' is not a non-negative integer"),
+            )
+        })
+    })
+    .transpose()
+    .map(Option::unwrap_or_default)
 }
 
 fn parse_bool(v: Option<String>, pointer: &str) -> Result<bool, ApiError> {
     match v.as_deref() {
         None | Some("false") | Some("0") => Ok(false),
         Some("true") | Some("1") | Some("") => Ok(true),
-        Some(o) => Err(invalid(Some(pointer), format!("{pointer}: '{o}' is not a boolean"))),
+        Some(o) => Err(invalid(
+            Some(pointer),
+            format!("{pointer}: '{o}' is not a boolean"),
+        )),
     }
 }
 
-async fn register(State(s): State<HttpState>, RawQuery(q): RawQuery, headers: HeaderMap, body: Body) -> ApiResult {
+async fn register(
+    State(s): State<HttpState>,
+    RawQuery(q): RawQuery,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult {
     let pairs = query_params(q.as_deref(), &["visibility"])?;
     let metadata = parse_metadata(json_body(&s, &headers, body).await?)?;
-    let req = grpc_request(&s, &headers, pb::RegisterRequest { metadata: Some(metadata), visibility: visibility_param(&pairs)? })?;
+    let req = grpc_request(
+        &s,
+        &headers,
+        pb::RegisterRequest {
+            metadata: Some(metadata),
+            visibility: visibility_param(&pairs)?,
+        },
+    )?;
     let resp = s.api.register(req).await?.into_inner();
     let record = resp.record.as_ref();
     let body = record_json(record)?;
-    let mut out = json_response(if resp.created { StatusCode::CREATED } else { StatusCode::OK }, &body);
+    let mut out = json_response(
+        if resp.created {
+            StatusCode::CREATED
+        } else {
+            StatusCode::OK
+        },
+        &body,
+    );
     if let Some(r) = record {
         if let Ok(v) = etag(r).parse() {
             out.headers_mut().insert(header::ETAG, v);
         }
         if resp.created {
-            let id = r.metadata.as_ref().map(|m| m.id.as_str()).unwrap_or_default();
-            let loc = format!("/agents/{}", url::form_urlencoded::byte_serialize(id.as_bytes()).collect::<String>());
+            let id = r
+                .metadata
+                .as_ref()
+                .map(|m| m.id.as_str())
+                .unwrap_or_default();
+            let loc = format!(
+                "/agents/{}",
+                url::form_urlencoded::byte_serialize(id.as_bytes()).collect::<String>()
+            );
             if let Ok(v) = loc.parse() {
                 out.headers_mut().insert(header::LOCATION, v);
             }
@@ -248,9 +371,21 @@ async fn register(State(s): State<HttpState>, RawQuery(q): RawQuery, headers: He
     Ok(out)
 }
 
-async fn get_agent(State(s): State<HttpState>, Path(id): Path<String>, RawQuery(q): RawQuery, headers: HeaderMap) -> ApiResult {
+async fn get_agent(
+    State(s): State<HttpState>,
+    Path(id): Path<String>,
+    RawQuery(q): RawQuery,
+    headers: HeaderMap,
+) -> ApiResult {
     let pairs = query_params(q.as_deref(), &["consistency"])?;
-    let req = grpc_request(&s, &headers, pb::GetRequest { id, consistency: consistency_param(&pairs)? })?;
+    let req = grpc_request(
+        &s,
+        &headers,
+        pb::GetRequest {
+            id,
+            consistency: consistency_param(&pairs)?,
+        },
+    )?;
     let resp = s.api.get(req).await?.into_inner();
     let mut out = json_response(StatusCode::OK, &record_json(resp.record.as_ref())?);
     if let Some(r) = &resp.record {
@@ -258,31 +393,67 @@ async fn get_agent(State(s): State<HttpState>, Path(id): Path<String>, RawQuery(
             out.headers_mut().insert(header::ETAG, v);
         }
     }
-    out.headers_mut().insert("x-agentry-applied-revision", resp.applied_revision.into());
+    out.headers_mut()
+        .insert("x-agentry-applied-revision", resp.applied_revision.into());
     Ok(out)
 }
 
-async fn update_agent(State(s): State<HttpState>, Path(id): Path<String>, RawQuery(q): RawQuery, headers: HeaderMap, body: Body) -> ApiResult {
+async fn update_agent(
+    State(s): State<HttpState>,
+    Path(id): Path<String>,
+    RawQuery(q): RawQuery,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult {
     let pairs = query_params(q.as_deref(), &["visibility"])?;
     let metadata = parse_metadata(json_body(&s, &headers, body).await?)?;
-    let req = grpc_request(&s, &headers, pb::UpdateRequest { id, metadata: Some(metadata), visibility: visibility_param(&pairs)? })?;
+    let req = grpc_request(
+        &s,
+        &headers,
+        pb::UpdateRequest {
+            id,
+            metadata: Some(metadata),
+            visibility: visibility_param(&pairs)?,
+        },
+    )?;
     let resp = s.api.update(req).await?.into_inner();
-    Ok(json_response(StatusCode::OK, &record_json(resp.record.as_ref())?))
+    Ok(json_response(
+        StatusCode::OK,
+        &record_json(resp.record.as_ref())?,
+    ))
 }
 
-async fn delete_agent(State(s): State<HttpState>, Path(id): Path<String>, RawQuery(q): RawQuery, headers: HeaderMap) -> ApiResult {
+async fn delete_agent(
+    State(s): State<HttpState>,
+    Path(id): Path<String>,
+    RawQuery(q): RawQuery,
+    headers: HeaderMap,
+) -> ApiResult {
     query_params(q.as_deref(), &[])?;
     let req = grpc_request(&s, &headers, pb::DeleteRequest { id })?;
     let resp = s.api.delete(req).await?.into_inner();
-    Ok(json_response(StatusCode::OK, &json!({"id": resp.id, "revision": resp.revision, "deleted": true})))
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({"id": resp.id, "revision": resp.revision, "deleted": true}),
+    ))
 }
 
-async fn set_status(State(s): State<HttpState>, Path(id): Path<String>, headers: HeaderMap, body: Body) -> ApiResult {
+async fn set_status(
+    State(s): State<HttpState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult {
     let v = json_body(&s, &headers, body).await?;
     let status = match v.get("status") {
         Some(Value::String(st)) => status_list(std::slice::from_ref(st), "/status")?[0],
         Some(_) => return Err(invalid(Some("/status"), "/status: must be a string")),
-        None => return Err(invalid(Some("/status"), "/status: is required (active, deprecated, inactive or deleted)")),
+        None => {
+            return Err(invalid(
+                Some("/status"),
+                "/status: is required (active, deprecated, inactive or deleted)",
+            ))
+        }
     };
     let reason = match v.get("reason") {
         None | Some(Value::Null) => None,
@@ -291,13 +462,31 @@ async fn set_status(State(s): State<HttpState>, Path(id): Path<String>, headers:
     };
     let req = grpc_request(&s, &headers, pb::SetStatusRequest { id, status, reason })?;
     let resp = s.api.set_status(req).await?.into_inner();
-    Ok(json_response(StatusCode::OK, &record_json(resp.record.as_ref())?))
+    Ok(json_response(
+        StatusCode::OK,
+        &record_json(resp.record.as_ref())?,
+    ))
 }
 
-async fn list_agents(State(s): State<HttpState>, RawQuery(q): RawQuery, headers: HeaderMap) -> ApiResult {
+async fn list_agents(
+    State(s): State<HttpState>,
+    RawQuery(q): RawQuery,
+    headers: HeaderMap,
+) -> ApiResult {
     let pairs = query_params(
         q.as_deref(),
-        &["capabilities", "tags", "language", "status", "publisher", "owner", "include_expired", "page_size", "page_token", "consistency"],
+        &[
+            "capabilities",
+            "tags",
+            "language",
+            "status",
+            "publisher",
+            "owner",
+            "include_expired",
+            "page_size",
+            "page_token",
+            "consistency",
+        ],
     )?;
     let req = pb::ListRequest {
         capabilities: values(&pairs, "capabilities"),
@@ -311,8 +500,16 @@ async fn list_agents(State(s): State<HttpState>, RawQuery(q): RawQuery, headers:
         page_token: single(&pairs, "page_token").unwrap_or_default(),
         consistency: consistency_param(&pairs)?,
     };
-    let resp = s.api.list(grpc_request(&s, &headers, req)?).await?.into_inner();
-    let agents = resp.records.iter().map(|r| record_json(Some(r))).collect::<Result<Vec<_>, _>>()?;
+    let resp = s
+        .api
+        .list(grpc_request(&s, &headers, req)?)
+        .await?
+        .into_inner();
+    let agents = resp
+        .records
+        .iter()
+        .map(|r| record_json(Some(r)))
+        .collect::<Result<Vec<_>, _>>()?;
     Ok(json_response(
         StatusCode::OK,
         &json!({
@@ -332,18 +529,36 @@ fn string_list(v: Option<&Value>, pointer: &str) -> Result<Vec<String>, ApiError
         Some(Value::Array(a)) => a
             .iter()
             .enumerate()
-            .map(|(i, x)| x.as_str().map(String::from).ok_or_else(|| invalid(Some(&format!("{pointer}/{i}")), format!("{pointer}/{i}: must be a string"))))
+            .map(|(i, x)| {
+                x.as_str().map(String::from).ok_or_else(|| {
+                    invalid(
+                        Some(&format!("{pointer}/{i}")),
+                        format!("{pointer}/{i}: must be a string"),
+                    )
+                })
+            })
             .collect(),
-        Some(_) => Err(invalid(Some(pointer), format!("{pointer}: must be a string or an array of strings"))),
+        Some(_) => Err(invalid(
+            Some(pointer),
+            format!("{pointer}: must be a string or an array of strings"),
+        )),
     }
 }
 
 /// AIDIP summary of a record: the fields a client needs to choose.
 fn summary(r: &Value) -> Value {
-    let endpoint = r.get("endpoint").cloned().or_else(|| r.pointer("/bindings/0/endpoint").cloned());
+    let endpoint = r
+        .get("endpoint")
+        .cloned()
+        .or_else(|| r.pointer("/bindings/0/endpoint").cloned());
     let mut out = json!({"id": r["id"], "name": r["name"], "description": r["description"]});
-    for (k, v) in [("endpoint", endpoint), ("capabilities", r.get("capabilities").cloned()), ("tags", r.get("tags").cloned()),
-                   ("status", r.get("status").cloned()), ("version", r.get("version").cloned())] {
+    for (k, v) in [
+        ("endpoint", endpoint),
+        ("capabilities", r.get("capabilities").cloned()),
+        ("tags", r.get("tags").cloned()),
+        ("status", r.get("status").cloned()),
+        ("version", r.get("version").cloned()),
+    ] {
         if let Some(v) = v {
             out[k] = v;
         }
@@ -356,10 +571,18 @@ fn summary(r: &Value) -> Value {
 /// allows for registries without semantic search.
 async fn search_agents(State(s): State<HttpState>, headers: HeaderMap, body: Body) -> ApiResult {
     let v = json_body(&s, &headers, body).await?;
-    let Value::Object(obj) = &v else { return Err(invalid(Some(""), "the search request must be a JSON object")) };
+    let Value::Object(obj) = &v else {
+        return Err(invalid(
+            Some(""),
+            "the search request must be a JSON object",
+        ));
+    };
     for k in obj.keys() {
         if !["filters", "query", "top"].contains(&k.as_str()) {
-            return Err(invalid(Some(&format!("/{k}")), format!("unknown member '{k}' (allowed: filters, query, top)")));
+            return Err(invalid(
+                Some(&format!("/{k}")),
+                format!("unknown member '{k}' (allowed: filters, query, top)"),
+            ));
         }
     }
     if let Some(q) = obj.get("query") {
@@ -369,7 +592,11 @@ async fn search_agents(State(s): State<HttpState>, headers: HeaderMap, body: Bod
     }
     let top = match obj.get("top") {
         None | Some(Value::Null) => 10,
-        Some(t) => t.as_u64().filter(|n| (1..=1000).contains(n)).ok_or_else(|| invalid(Some("/top"), "/top: must be an integer from 1 to 1000"))? as u32,
+        Some(t) => t
+            .as_u64()
+            .filter(|n| (1..=1000).contains(n))
+            .ok_or_else(|| invalid(Some("/top"), "/top: must be an integer from 1 to 1000"))?
+            as u32,
     };
     let empty = serde_json::Map::new();
     let filters = match obj.get("filters") {
@@ -377,26 +604,59 @@ async fn search_agents(State(s): State<HttpState>, headers: HeaderMap, body: Bod
         Some(Value::Object(f)) => f,
         Some(_) => return Err(invalid(Some("/filters"), "/filters: must be an object")),
     };
-    const FILTERS: [&str; 7] = ["capabilities", "tags", "supported_languages", "supported_language", "language", "status", "publisher"];
+    const FILTERS: [&str; 7] = [
+        "capabilities",
+        "tags",
+        "supported_languages",
+        "supported_language",
+        "language",
+        "status",
+        "publisher",
+    ];
     for k in filters.keys() {
         if !FILTERS.contains(&k.as_str()) {
-            return Err(invalid(Some(&format!("/filters/{k}")), format!("unsupported filter '{k}' (supported: {})", FILTERS.join(", "))));
+            return Err(invalid(
+                Some(&format!("/filters/{k}")),
+                format!(
+                    "unsupported filter '{k}' (supported: {})",
+                    FILTERS.join(", ")
+                ),
+            ));
         }
     }
-    let mut languages = string_list(filters.get("supported_languages"), "/filters/supported_languages")?;
-    languages.extend(string_list(filters.get("supported_language"), "/filters/supported_language")?);
+    let mut languages = string_list(
+        filters.get("supported_languages"),
+        "/filters/supported_languages",
+    )?;
+    languages.extend(string_list(
+        filters.get("supported_language"),
+        "/filters/supported_language",
+    )?);
     languages.extend(string_list(filters.get("language"), "/filters/language")?);
     let req = pb::ListRequest {
         capabilities: string_list(filters.get("capabilities"), "/filters/capabilities")?,
         tags: string_list(filters.get("tags"), "/filters/tags")?,
         languages,
-        statuses: status_list(&string_list(filters.get("status"), "/filters/status")?, "/filters/status")?,
-        publisher: string_list(filters.get("publisher"), "/filters/publisher")?.into_iter().next(),
+        statuses: status_list(
+            &string_list(filters.get("status"), "/filters/status")?,
+            "/filters/status",
+        )?,
+        publisher: string_list(filters.get("publisher"), "/filters/publisher")?
+            .into_iter()
+            .next(),
         page_size: top,
         ..Default::default()
     };
-    let resp = s.api.list(grpc_request(&s, &headers, req)?).await?.into_inner();
-    let out = resp.records.iter().map(|r| record_json(Some(r)).map(|v| summary(&v))).collect::<Result<Vec<_>, _>>()?;
+    let resp = s
+        .api
+        .list(grpc_request(&s, &headers, req)?)
+        .await?
+        .into_inner();
+    let out = resp
+        .records
+        .iter()
+        .map(|r| record_json(Some(r)).map(|v| summary(&v)))
+        .collect::<Result<Vec<_>, _>>()?;
     Ok(json_response(StatusCode::OK, &Value::Array(out)))
 }
 
@@ -406,7 +666,10 @@ async fn healthz() -> Response {
 
 async fn readyz(State(s): State<HttpState>) -> Response {
     match s.api.service().ready() {
-        Ok(revision) => json_response(StatusCode::OK, &json!({"status": "ready", "applied_revision": revision})),
+        Ok(revision) => json_response(
+            StatusCode::OK,
+            &json!({"status": "ready", "applied_revision": revision}),
+        ),
         Err(e) => ApiError::from(e).into_response(),
     }
 }
@@ -416,7 +679,11 @@ async fn openapi() -> Response {
 }
 
 async fn no_route(method: Method, uri: Uri) -> Response {
-    ApiError::from(ServiceError::NotFound(format!("no route for {method} {}", uri.path()))).into_response()
+    ApiError::from(ServiceError::NotFound(format!(
+        "no route for {method} {}",
+        uri.path()
+    )))
+    .into_response()
 }
 
 async fn wrong_method(method: Method, uri: Uri) -> Response {
@@ -428,7 +695,12 @@ async fn wrong_method(method: Method, uri: Uri) -> Response {
         correlation_id: uuid::Uuid::new_v4().to_string(),
         retry_after: None,
     };
-    ApiError(Status::with_details(tonic::Code::Unimplemented, d.message.clone(), prost::Message::encode_to_vec(&d).into())).into_response()
+    ApiError(Status::with_details(
+        tonic::Code::Unimplemented,
+        d.message.clone(),
+        prost::Message::encode_to_vec(&d).into(),
+    ))
+    .into_response()
 }
 
 /// The facade's routes, collected as (method, path) while the router is
@@ -439,7 +711,12 @@ pub struct Routes {
 }
 
 impl Routes {
-    fn add(mut self, method: &'static str, path: &'static str, handler: MethodRouter<HttpState>) -> Self {
+    fn add(
+        mut self,
+        method: &'static str,
+        path: &'static str,
+        handler: MethodRouter<HttpState>,
+    ) -> Self {
         self.router = self.router.route(path, handler);
         self.table.push((method, path));
         self
@@ -448,17 +725,20 @@ impl Routes {
 
 /// Builds the facade's routes.
 pub fn routes() -> Routes {
-    Routes { router: Router::new(), table: Vec::new() }
-        .add("POST", "/agents", routing::post(register))
-        .add("GET", "/agents", routing::get(list_agents))
-        .add("POST", "/agents/search", routing::post(search_agents))
-        .add("GET", "/agents/{id}", routing::get(get_agent))
-        .add("PUT", "/agents/{id}", routing::put(update_agent))
-        .add("DELETE", "/agents/{id}", routing::delete(delete_agent))
-        .add("POST", "/agents/{id}/status", routing::post(set_status))
-        .add("GET", "/healthz", routing::get(healthz))
-        .add("GET", "/readyz", routing::get(readyz))
-        .add("GET", "/openapi.json", routing::get(openapi))
+    Routes {
+        router: Router::new(),
+        table: Vec::new(),
+    }
+    .add("POST", "/agents", routing::post(register))
+    .add("GET", "/agents", routing::get(list_agents))
+    .add("POST", "/agents/search", routing::post(search_agents))
+    .add("GET", "/agents/{id}", routing::get(get_agent))
+    .add("PUT", "/agents/{id}", routing::put(update_agent))
+    .add("DELETE", "/agents/{id}", routing::delete(delete_agent))
+    .add("POST", "/agents/{id}/status", routing::post(set_status))
+    .add("GET", "/healthz", routing::get(healthz))
+    .add("GET", "/readyz", routing::get(readyz))
+    .add("GET", "/openapi.json", routing::get(openapi))
 }
 
 /// The facade as a ready router.

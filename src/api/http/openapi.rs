@@ -11,7 +11,8 @@ mod tests {
 
     #[test]
     fn document_matches_the_routes() {
-        let doc: serde_json::Value = serde_json::from_str(super::OPENAPI_JSON).expect("openapi.json parses");
+        let doc: serde_json::Value =
+            serde_json::from_str(super::OPENAPI_JSON).expect("openapi.json parses");
         assert_eq!(doc["openapi"], "3.1.0");
         let mut documented = BTreeSet::new();
         for (path, item) in doc["paths"].as_object().expect("paths") {
@@ -21,14 +22,18 @@ mod tests {
                 }
             }
         }
-        let routed: BTreeSet<(String, String)> =
-            super::super::routes().table.iter().map(|(m, p)| (m.to_string(), p.to_string())).collect();
+        let routed: BTreeSet<(String, String)> = super::super::routes()
+            .table
+            .iter()
+            .map(|(m, p)| (m.to_string(), p.to_string()))
+            .collect();
         assert_eq!(documented, routed, "openapi.json and the router disagree");
     }
 
     #[test]
     fn every_reference_resolves() {
-        let doc: serde_json::Value = serde_json::from_str(super::OPENAPI_JSON).expect("openapi.json parses");
+        let doc: serde_json::Value =
+            serde_json::from_str(super::OPENAPI_JSON).expect("openapi.json parses");
         fn walk(v: &serde_json::Value, doc: &serde_json::Value) {
             match v {
                 serde_json::Value::Object(m) => {
