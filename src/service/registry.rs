@@ -406,7 +406,12 @@ async fn forward_changes(
             }
         }
         loop {
-            match live.recv().await {
+            // A watcher that hung up ends its task now, not at the next change.
+            let received = tokio::select! {
+                r = live.recv() => r,
+                _ = tx.closed() => return,
+            };
+            match received {
                 Ok(c) if c.revision < next => continue,
                 Ok(c) => {
                     next = c.revision + 1;
