@@ -57,14 +57,21 @@ impl RunningServer {
     /// Stops the listeners (letting in-flight requests finish) and Raft.
     pub async fn shutdown(self) {
         let _ = self.shutdown.send(true);
-        for t in self.tasks {
-            let _ = t.await;
+        for mut t in self.tasks {
+            // In-flight requests get a grace period; a listener still busy
+            // after it is stopped rather than holding the process open.
+            if tokio::time::timeout(SHUTDOWN_GRACE, &mut t).await.is_err() {
+                tracing::warn!("a listener did not drain within {SHUTDOWN_GRACE:?}; aborting it");
+                t.abort();
+            }
         }
         let _ = self.node.raft.shutdown().await;
     }
 }
 
 const ADMIN_DIGEST_FILE: &str = "admin-key.sha256";
+/// How long shutdown waits for in-flight requests.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// Builds the authenticator: configured keys plus the bootstrap admin key,
 /// which comes from `AGENTRY_ADMIN_KEY`, else from the digest stored on a
@@ -146,14 +153,15 @@ pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
     .await?;
     node.wait_for_leader(Duration::from_secs(30)).await?;
 
+    let (shutdown, shutdown_rx) = watch::channel(false);
     let service = RegistryService::new(
         node.clone(),
         reader,
         config.limits(),
         config.anonymous_reads,
+        shutdown_rx.clone(),
     );
     let api = RegistryApi::new(service);
-    let (shutdown, shutdown_rx) = watch::channel(false);
     let stopped = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };

@@ -80,7 +80,11 @@ pub struct AuthRequirement {
 /// ADP binding.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct Binding {
+    // Required members default to empty so validation can name them by
+    // pointer (a serde "missing field" error only names the parent).
+    #[serde(default)]
     pub protocol: String,
+    #[serde(default)]
     pub endpoint: String,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub media_types: Vec<String>,
@@ -106,6 +110,7 @@ pub struct OperationExample {
 /// AIDIP operation.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct Operation {
+    #[serde(default)]
     pub name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
@@ -124,6 +129,7 @@ pub struct Operation {
 pub struct TaskExample {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
+    #[serde(default)]
     pub text: String,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tags: Vec<String>,

@@ -33,12 +33,14 @@ pub enum WriteMode {
     Update,
 }
 
-/// Compares freshness: `Some(true)` when `new` is older than `old`.
-/// `updated_at` decides when both have it, then dotted numeric versions.
+/// Says why `new` is older than `old`, if it is. `updated_at` decides when
+/// both have it and they differ; otherwise dotted numeric versions do.
 fn is_stale(new: &AgentMetadata, old: &AgentMetadata) -> Option<String> {
     if let (Some(n), Some(o)) = (&new.updated_at, &old.updated_at) {
         if let (Some(nt), Some(ot)) = (super::time::parse(n), super::time::parse(o)) {
-            return (nt < ot).then(|| format!("updated_at {n} is older than the stored {o}"));
+            if nt != ot {
+                return (nt < ot).then(|| format!("updated_at {n} is older than the stored {o}"));
+            }
         }
     }
     if let (Some(n), Some(o)) = (&new.version, &old.version) {
@@ -421,5 +423,34 @@ mod tests {
         .unwrap();
         assert_eq!(rec.metadata.status, Some(AgentStatus::Deprecated));
         assert_eq!(rec.envelope.status_reason.as_deref(), Some("moved"));
+    }
+
+    #[test]
+    fn equal_timestamps_fall_back_to_versions() {
+        let old = create(meta(
+            "https://x/",
+            Some("2026-02-01T00:00:00Z"),
+            Some("1.2.0"),
+        ));
+        let alice = p("alice", Role::Publisher);
+        let older = meta("https://x/", Some("2026-02-01T00:00:00Z"), Some("1.0.0"));
+        assert!(matches!(
+            decide_put(Some(&old), older, None, &alice, WriteMode::Update, 2, "t"),
+            Err(Rejection::Stale { .. })
+        ));
+        let newer_time = meta("https://x/", Some("2026-03-01T00:00:00Z"), Some("1.0.0"));
+        assert!(
+            decide_put(
+                Some(&old),
+                newer_time,
+                None,
+                &alice,
+                WriteMode::Update,
+                2,
+                "t"
+            )
+            .is_ok(),
+            "a newer timestamp wins"
+        );
     }
 }

@@ -46,7 +46,8 @@ impl From<FieldError> for ServiceError {
     fn from(e: FieldError) -> Self {
         let message = e.to_string();
         Self::InvalidRequest {
-            field: (!e.pointer.is_empty()).then_some(e.pointer),
+            // An empty pointer names the whole document (RFC 6901).
+            field: Some(e.pointer),
             message,
         }
     }

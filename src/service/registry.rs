@@ -4,7 +4,7 @@
 use std::pin::Pin;
 
 use futures::Stream;
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::{broadcast, mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tracing::{debug, instrument};
 
@@ -63,6 +63,9 @@ pub struct RegistryService {
     reader: Reader,
     limits: Limits,
     anonymous_reads: bool,
+    /// Becomes true when the server shuts down; open watches then end, so
+    /// graceful shutdown does not wait on streams that never finish.
+    shutdown: watch::Receiver<bool>,
 }
 
 fn require_writer(principal: Option<&Principal>) -> Result<&Principal> {
@@ -98,12 +101,19 @@ fn decode_token(token: &str) -> Result<String> {
 }
 
 impl RegistryService {
-    pub fn new(node: RaftNode, reader: Reader, limits: Limits, anonymous_reads: bool) -> Self {
+    pub fn new(
+        node: RaftNode,
+        reader: Reader,
+        limits: Limits,
+        anonymous_reads: bool,
+        shutdown: watch::Receiver<bool>,
+    ) -> Self {
         Self {
             node,
             reader,
             limits,
             anonymous_reads,
+            shutdown,
         }
     }
 
@@ -367,7 +377,14 @@ impl RegistryService {
         let (tx, rx) = mpsc::channel(256);
         let reader = self.reader.clone();
         let principal = principal.cloned();
-        tokio::spawn(forward_changes(reader, live, next, principal, tx));
+        tokio::spawn(forward_changes(
+            reader,
+            live,
+            next,
+            principal,
+            tx,
+            self.shutdown.clone(),
+        ));
         Ok(Box::pin(ReceiverStream::new(rx)))
     }
 }
@@ -380,6 +397,7 @@ async fn forward_changes(
     mut next: u64,
     principal: Option<Principal>,
     tx: mpsc::Sender<Result<Change>>,
+    mut shutdown: watch::Receiver<bool>,
 ) {
     let send = |c: Change| {
         let tx = tx.clone();
@@ -410,6 +428,7 @@ async fn forward_changes(
             let received = tokio::select! {
                 r = live.recv() => r,
                 _ = tx.closed() => return,
+                _ = shutdown.wait_for(|s| *s) => return,
             };
             match received {
                 Ok(c) if c.revision < next => continue,
