@@ -5,4 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
-exec cargo run --quiet --bin agentry -- serve "$@"
+# Build the same targets as scripts/test.sh so both share one set of
+# compiled dependencies (RocksDB takes long to build; build it once).
+cargo build --quiet --all-targets
+exec "${CARGO_TARGET_DIR:-target}/debug/agentry" serve "$@"
