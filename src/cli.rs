@@ -16,6 +16,17 @@ use crate::convert::{metadata_from_json, record_pb_to_json, status_to_pb};
 use crate::domain::AgentStatus;
 use crate::pb::{self, registry_client::RegistryClient};
 
+/// Prints a line to stdout. A closed pipe (`agentry agents list | head`)
+/// ends the program quietly instead of panicking, as Unix tools do.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write;
+        if let Err(e) = writeln!(std::io::stdout(), $($arg)*) {
+            std::process::exit(if e.kind() == std::io::ErrorKind::BrokenPipe { 141 } else { 1 });
+        }
+    }};
+}
+
 #[derive(Debug, Parser)]
 #[command(
     name = "agentry",
@@ -211,7 +222,7 @@ fn request<T>(args: &AgentsArgs, msg: T) -> Result<tonic::Request<T>, CliError> 
 fn print_record(args: &AgentsArgs, r: &pb::AgentRecord) -> Result<(), CliError> {
     let v = record_pb_to_json(r).map_err(local)?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&v).map_err(local)?);
+        out!("{}", serde_json::to_string_pretty(&v).map_err(local)?);
         return Ok(());
     }
     let env = &v["registry"];
@@ -247,7 +258,7 @@ fn print_record(args: &AgentsArgs, r: &pb::AgentRecord) -> Result<(), CliError> 
         ("VISIBILITY", s(&env["visibility"])),
         ("EXPIRED", s(&env["expired"])),
     ] {
-        println!("{k:<12} {val}");
+        out!("{k:<12} {val}");
     }
     Ok(())
 }
@@ -309,7 +320,7 @@ pub async fn run_agents(args: AgentsArgs) -> Result<(), CliError> {
                 .await?
                 .into_inner();
             if !args.json {
-                println!("{}", if resp.created { "created" } else { "updated" });
+                out!("{}", if resp.created { "created" } else { "updated" });
             }
             if let Some(r) = &resp.record {
                 print_record(&args, r)?;
@@ -375,18 +386,21 @@ pub async fn run_agents(args: AgentsArgs) -> Result<(), CliError> {
                     .map(record_pb_to_json)
                     .collect::<Result<Vec<_>, _>>()
                     .map_err(local)?;
-                println!("{}", serde_json::to_string_pretty(&serde_json::json!({"agents": agents, "total_count": total, "next_page_token": token})).map_err(local)?);
+                out!("{}", serde_json::to_string_pretty(&serde_json::json!({"agents": agents, "total_count": total, "next_page_token": token})).map_err(local)?);
             } else {
-                println!(
+                out!(
                     "{:<40} {:<28} {:<11} {:>8} OWNER",
-                    "ID", "NAME", "STATUS", "REVISION"
+                    "ID",
+                    "NAME",
+                    "STATUS",
+                    "REVISION"
                 );
                 for r in &rows {
                     let (m, e) = (
                         r.metadata.clone().unwrap_or_default(),
                         r.envelope.clone().unwrap_or_default(),
                     );
-                    println!(
+                    out!(
                         "{:<40} {:<28} {:<11} {:>8} {}",
                         m.id,
                         m.name,
@@ -395,7 +409,7 @@ pub async fn run_agents(args: AgentsArgs) -> Result<(), CliError> {
                         e.owner
                     );
                 }
-                println!(
+                out!(
                     "{} of {} shown{}",
                     rows.len(),
                     total,
@@ -413,12 +427,12 @@ pub async fn run_agents(args: AgentsArgs) -> Result<(), CliError> {
                 .await?
                 .into_inner();
             if args.json {
-                println!(
+                out!(
                     "{}",
                     serde_json::json!({"id": resp.id, "revision": resp.revision, "deleted": true})
                 );
             } else {
-                println!("deleted {} at revision {}", resp.id, resp.revision);
+                out!("deleted {} at revision {}", resp.id, resp.revision);
             }
         }
         AgentsCommand::Status { id, status, reason } => {
@@ -454,7 +468,7 @@ pub async fn run_agents(args: AgentsArgs) -> Result<(), CliError> {
                         .map(record_pb_to_json)
                         .transpose()
                         .map_err(local)?;
-                    println!(
+                    out!(
                         "{}",
                         serde_json::json!({"revision": change.revision, "kind": kind.trim_start_matches("CHANGE_KIND_").to_lowercase(), "record": record})
                     );
@@ -464,7 +478,7 @@ pub async fn run_agents(args: AgentsArgs) -> Result<(), CliError> {
                         .and_then(|r| r.metadata)
                         .map(|m| m.id)
                         .unwrap_or_default();
-                    println!(
+                    out!(
                         "{:>8} {:<15} {}",
                         change.revision,
                         kind.trim_start_matches("CHANGE_KIND_"),
