@@ -51,7 +51,7 @@ pub fn to_status(e: &ServiceError) -> Status {
         correlation_id,
         retry_after,
     };
-    let mut status = Status::with_details(grpc, e.to_string(), detail.encode_to_vec().into());
+    let mut status = detail_status(grpc, detail);
     if let ServiceError::Unavailable {
         leader: Some(l), ..
     } = e
@@ -61,6 +61,25 @@ pub fn to_status(e: &ServiceError) -> Status {
         }
     }
     status
+}
+
+fn detail_status(grpc: Code, detail: pb::ErrorDetail) -> Status {
+    Status::with_details(grpc, detail.message.clone(), detail.encode_to_vec().into())
+}
+
+/// A request the HTTP facade refuses before any handler sees it (wrong
+/// method, media type or body size): `invalid_request` with the HTTP status
+/// that names the problem precisely (405, 413, 415).
+pub fn transport_refusal(http_status: u16, message: String) -> Status {
+    let detail = pb::ErrorDetail {
+        code: "invalid_request".into(),
+        message,
+        field: None,
+        http_status: u32::from(http_status),
+        correlation_id: uuid::Uuid::new_v4().to_string(),
+        retry_after: None,
+    };
+    detail_status(Code::InvalidArgument, detail)
 }
 
 impl From<ServiceError> for Status {

@@ -16,7 +16,7 @@ use tonic::metadata::MetadataMap;
 use tonic::Status;
 
 use super::auth::Authenticator;
-use super::error::{detail_of, problem_body};
+use super::error::{detail_of, problem_body, transport_refusal};
 use super::grpc::RegistryApi;
 use crate::convert::{record_pb_to_json, status_to_pb};
 use crate::domain::{AgentStatus, Visibility};
@@ -167,38 +167,20 @@ async fn json_body(state: &HttpState, headers: &HeaderMap, body: Body) -> Result
     if !(essence == "application/json"
         || (essence.starts_with("application/") && essence.ends_with("+json")))
     {
-        return Err(ApiError(Status::with_details(
-            tonic::Code::InvalidArgument,
-            "unsupported media type",
-            prost::Message::encode_to_vec(&pb::ErrorDetail {
-                code: "invalid_request".into(),
-                message: format!("Content-Type must be application/json, not '{ctype}'"),
-                field: None,
-                http_status: 415,
-                correlation_id: uuid::Uuid::new_v4().to_string(),
-                retry_after: None,
-            })
-            .into(),
+        return Err(ApiError(transport_refusal(
+            415,
+            format!("Content-Type must be application/json, not '{ctype}'"),
         )));
     }
     let bytes: Bytes = axum::body::to_bytes(body, state.max_body)
         .await
         .map_err(|_| {
-            ApiError(Status::with_details(
-                tonic::Code::InvalidArgument,
-                "request body too large",
-                prost::Message::encode_to_vec(&pb::ErrorDetail {
-                    code: "invalid_request".into(),
-                    message: format!(
-                        "request body is larger than the limit of {} bytes",
-                        state.max_body
-                    ),
-                    field: None,
-                    http_status: 413,
-                    correlation_id: uuid::Uuid::new_v4().to_string(),
-                    retry_after: None,
-                })
-                .into(),
+            ApiError(transport_refusal(
+                413,
+                format!(
+                    "request body is larger than the limit of {} bytes",
+                    state.max_body
+                ),
             ))
         })?;
     serde_json::from_slice(&bytes)
@@ -687,20 +669,8 @@ async fn no_route(method: Method, uri: Uri) -> Response {
 }
 
 async fn wrong_method(method: Method, uri: Uri) -> Response {
-    let d = pb::ErrorDetail {
-        code: "invalid_request".into(),
-        message: format!("method {method} is not allowed on {}", uri.path()),
-        field: None,
-        http_status: 405,
-        correlation_id: uuid::Uuid::new_v4().to_string(),
-        retry_after: None,
-    };
-    ApiError(Status::with_details(
-        tonic::Code::Unimplemented,
-        d.message.clone(),
-        prost::Message::encode_to_vec(&d).into(),
-    ))
-    .into_response()
+    let message = format!("method {method} is not allowed on {}", uri.path());
+    ApiError(transport_refusal(405, message)).into_response()
 }
 
 /// The facade's routes, collected as (method, path) while the router is
