@@ -186,6 +186,26 @@ async fn registry_lifecycle(t: &impl Transport) {
     assert_eq!(err.http, 410);
     let err = t.get(None, "never-registered").await.expect_err("unknown");
     assert_eq!((err.code.as_str(), err.http), ("not_found", 404));
+
+    // Past expires_at: still readable by id and flagged, hidden from lists.
+    let exp = format!("{n}-expired");
+    let mut m = minimal(&exp);
+    m["expires_at"] = json!("2020-01-01T00:00:00Z");
+    m["tags"] = json!([format!("{n}-exp")]);
+    t.register(Some(ALICE), m)
+        .await
+        .expect("expired record accepted");
+    assert_eq!(
+        t.get(None, &exp).await.unwrap()["registry"]["expired"],
+        true,
+        "{n}"
+    );
+    let tag = format!("{n}-exp");
+    let (ids, _, total) = t.list(None, &[&tag], &[], None, 10, "").await.unwrap();
+    assert!(
+        ids.is_empty() && total == 0,
+        "{n}: expired records are hidden from lists"
+    );
 }
 
 async fn pagination(t: &impl Transport) {
