@@ -207,10 +207,7 @@ pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
         auth,
         max_body: config.max_record_bytes + 64 * 1024,
     };
-    let app = router(state).layer(tower_http::timeout::TimeoutLayer::with_status_code(
-        axum::http::StatusCode::GATEWAY_TIMEOUT,
-        Duration::from_secs(config.request_timeout_secs),
-    ));
+    let app = router(state, Duration::from_secs(config.request_timeout_secs));
     let http_rx = shutdown_rx.clone();
     let http_task = tokio::spawn(async move {
         if let Err(e) = axum::serve(http_listener, app)

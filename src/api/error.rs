@@ -25,6 +25,7 @@ fn classify(e: &ServiceError) -> (&'static str, Code, u16) {
         ServiceError::Stale(_) => ("stale_metadata", Code::FailedPrecondition, 409),
         ServiceError::RevisionCompacted { .. } => ("not_found", Code::OutOfRange, 410),
         ServiceError::Unavailable { .. } => ("unavailable", Code::Unavailable, 503),
+        ServiceError::Timeout(_) => ("timeout", Code::DeadlineExceeded, 504),
         ServiceError::Internal(_) => ("internal", Code::Internal, 500),
     }
 }

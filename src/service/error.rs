@@ -38,6 +38,9 @@ pub enum ServiceError {
         message: String,
         leader: Option<String>,
     },
+    /// The request did not finish within its deadline.
+    #[error("{0}")]
+    Timeout(String),
     #[error("internal error: {0}")]
     Internal(String),
 }

@@ -711,12 +711,31 @@ pub fn routes() -> Routes {
     .add("GET", "/openapi.json", routing::get(openapi))
 }
 
-/// The facade as a ready router.
-pub fn router(state: HttpState) -> Router {
+/// Fails a request that runs past the deadline with a problem body.
+async fn enforce_timeout(
+    State(limit): State<std::time::Duration>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    match tokio::time::timeout(limit, next.run(req)).await {
+        Ok(resp) => resp,
+        Err(_) => {
+            let message = format!("the request did not finish within {} s", limit.as_secs());
+            ApiError::from(ServiceError::Timeout(message)).into_response()
+        }
+    }
+}
+
+/// The facade as a ready router; requests fail after `request_timeout`.
+pub fn router(state: HttpState, request_timeout: std::time::Duration) -> Router {
     routes()
         .router
         .fallback(no_route)
         .method_not_allowed_fallback(wrong_method)
+        .layer(axum::middleware::from_fn_with_state(
+            request_timeout,
+            enforce_timeout,
+        ))
         .layer(axum::middleware::from_fn(set_problem_instance))
         .layer(tower_http::trace::TraceLayer::new_for_http())
         .with_state(state)
