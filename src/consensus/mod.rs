@@ -8,7 +8,7 @@ mod node;
 
 pub use command::{Command, CommandResult};
 pub use network::Network;
-pub use node::{RaftNode, WriteError};
+pub use node::{NodeStatus, RaftNode, WriteError};
 
 use std::io::Cursor;
 

@@ -23,6 +23,23 @@ pub enum WriteError {
     Fatal(String),
 }
 
+/// A plain view of this node's Raft state for status APIs and metrics, so
+/// the API layer needs no openraft types.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct NodeStatus {
+    pub node_id: NodeId,
+    pub term: u64,
+    pub leader: Option<NodeId>,
+    pub is_leader: bool,
+    pub last_log_index: u64,
+    pub applied_index: u64,
+    pub snapshot_index: Option<u64>,
+    pub purged_index: Option<u64>,
+    pub voters: Vec<NodeId>,
+    /// Leader only: per follower, the highest log index known to match.
+    pub follower_matched: Vec<(NodeId, u64)>,
+}
+
 /// A running Raft node.
 #[derive(Clone)]
 pub struct RaftNode {
@@ -78,6 +95,29 @@ impl RaftNode {
             info!(node_id = id, "resuming existing cluster state");
         }
         Ok(Self { id, raft })
+    }
+
+    /// This node's Raft state as openraft last reported it.
+    pub fn status(&self) -> NodeStatus {
+        let m = self.raft.metrics().borrow().clone();
+        NodeStatus {
+            node_id: m.id,
+            term: m.current_term,
+            leader: m.current_leader,
+            is_leader: m.state == openraft::ServerState::Leader,
+            last_log_index: m.last_log_index.unwrap_or(0),
+            applied_index: m.last_applied.map(|l| l.index).unwrap_or(0),
+            snapshot_index: m.snapshot.map(|l| l.index),
+            purged_index: m.purged.map(|l| l.index),
+            voters: m.membership_config.voter_ids().collect(),
+            follower_matched: m
+                .replication
+                .iter()
+                .flatten()
+                .filter(|(id, _)| **id != m.id)
+                .map(|(id, l)| (*id, l.map(|l| l.index).unwrap_or(0)))
+                .collect(),
+        }
     }
 
     /// Proposes a command and waits until it is committed and applied.

@@ -9,7 +9,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tracing::{debug, instrument};
 
 use super::ServiceError;
-use crate::consensus::{Command, CommandResult, RaftNode};
+use crate::consensus::{Command, CommandResult, NodeStatus, RaftNode};
 use crate::domain::query::Filter;
 use crate::domain::validate::{normalise_and_validate, validate_id};
 use crate::domain::write::WriteMode;
@@ -127,14 +127,18 @@ impl RegistryService {
 
     /// Ready when this node knows a leader; returns the applied revision.
     pub fn ready(&self) -> Result<u64> {
-        let metrics = self.node.raft.metrics().borrow().clone();
-        match metrics.current_leader {
+        match self.node.status().leader {
             Some(_) => Ok(self.reader.applied_revision()),
             None => Err(ServiceError::Unavailable {
                 message: "no Raft leader is known yet".into(),
                 leader: None,
             }),
         }
+    }
+
+    /// This node's Raft state, for status and metrics.
+    pub fn node_status(&self) -> NodeStatus {
+        self.node.status()
     }
 
     fn require_reader(&self, principal: Option<&Principal>) -> Result<()> {

@@ -414,6 +414,25 @@ async fn search_health_readiness_and_openapi() {
         }
     }
 
+    // Prometheus metrics: this single node leads, and has applied the writes.
+    let resp = c.get(format!("{}/metrics", s.http)).send().await.unwrap();
+    assert!(resp.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/plain"));
+    let text = resp.text().await.unwrap();
+    let sample = |name: &str| -> u64 {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("{name} missing:\n{text}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    assert_eq!(sample("agentry_raft_is_leader"), 1);
+    assert_eq!(sample("agentry_raft_voters"), 1);
+    assert!(sample("agentry_raft_term") >= 1);
+    assert!(sample("agentry_raft_applied_index") >= ready["applied_revision"].as_u64().unwrap());
+
     // gRPC health and reflection on the public listener.
     let channel = tonic::transport::Channel::from_shared(s.grpc.clone())
         .unwrap()

@@ -23,6 +23,7 @@ use crate::domain::{AgentStatus, Visibility};
 use crate::pb::{self, registry_server::Registry};
 use crate::service::ServiceError;
 
+mod metrics;
 mod openapi;
 
 pub use openapi::OPENAPI_JSON;
@@ -656,6 +657,17 @@ async fn readyz(State(s): State<HttpState>) -> Response {
     }
 }
 
+async fn metrics_page(State(s): State<HttpState>) -> Response {
+    let service = s.api.service();
+    let reader = service.reader();
+    let body = metrics::render(
+        &service.node_status(),
+        reader.applied_revision(),
+        reader.oldest_revision(),
+    );
+    ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], body).into_response()
+}
+
 async fn openapi() -> Response {
     ([(header::CONTENT_TYPE, "application/json")], OPENAPI_JSON).into_response()
 }
@@ -708,6 +720,7 @@ pub fn routes() -> Routes {
     .add("POST", "/agents/{id}/status", routing::post(set_status))
     .add("GET", "/healthz", routing::get(healthz))
     .add("GET", "/readyz", routing::get(readyz))
+    .add("GET", "/metrics", routing::get(metrics_page))
     .add("GET", "/openapi.json", routing::get(openapi))
 }
 

@@ -1,0 +1,161 @@
+//! Prometheus text exposition of the node's state: Raft (term, leadership,
+//! log, applied and snapshot indexes, per-follower match) and the registry's
+//! change history bounds.
+
+use std::fmt::Write;
+
+use crate::consensus::NodeStatus;
+
+/// Content type of the Prometheus text format.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+fn gauge(out: &mut String, name: &str, help: &str, samples: &[(String, u64)]) {
+    // Writing to a String cannot fail.
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+    for (labels, value) in samples {
+        let _ = writeln!(out, "{name}{labels} {value}");
+    }
+}
+
+/// Renders the metrics page.
+pub fn render(s: &NodeStatus, applied_revision: u64, oldest_revision: u64) -> String {
+    let node = format!("{{node_id=\"{}\"}}", s.node_id);
+    let one = |v: u64| vec![(node.clone(), v)];
+    let mut out = String::new();
+    gauge(
+        &mut out,
+        "agentry_raft_term",
+        "Current Raft term.",
+        &one(s.term),
+    );
+    gauge(
+        &mut out,
+        "agentry_raft_is_leader",
+        "1 when this node is the leader.",
+        &one(u64::from(s.is_leader)),
+    );
+    gauge(
+        &mut out,
+        "agentry_raft_has_leader",
+        "1 when this node knows a leader.",
+        &one(u64::from(s.leader.is_some())),
+    );
+    gauge(
+        &mut out,
+        "agentry_raft_leader_id",
+        "Node id of the known leader (0 when none).",
+        &one(s.leader.unwrap_or(0)),
+    );
+    gauge(
+        &mut out,
+        "agentry_raft_last_log_index",
+        "Index of the last entry in the log.",
+        &one(s.last_log_index),
+    );
+    gauge(
+        &mut out,
+        "agentry_raft_applied_index",
+        "Index of the last applied entry.",
+        &one(s.applied_index),
+    );
+    gauge(
+        &mut out,
+        "agentry_raft_snapshot_index",
+        "Last index included in the latest snapshot (0 when none).",
+        &one(s.snapshot_index.unwrap_or(0)),
+    );
+    gauge(
+        &mut out,
+        "agentry_raft_purged_index",
+        "Last purged log index (0 when none).",
+        &one(s.purged_index.unwrap_or(0)),
+    );
+    gauge(
+        &mut out,
+        "agentry_raft_voters",
+        "Number of voters in the membership.",
+        &one(s.voters.len() as u64),
+    );
+    let followers: Vec<(String, u64)> = s
+        .follower_matched
+        .iter()
+        .map(|(id, idx)| {
+            (
+                format!("{{node_id=\"{}\",follower=\"{id}\"}}", s.node_id),
+                *idx,
+            )
+        })
+        .collect();
+    gauge(
+        &mut out,
+        "agentry_raft_follower_matched_index",
+        "Leader only: highest log index known to match on each follower.",
+        &followers,
+    );
+    let lag: Vec<(String, u64)> = s
+        .follower_matched
+        .iter()
+        .map(|(id, idx)| {
+            (
+                format!("{{node_id=\"{}\",follower=\"{id}\"}}", s.node_id),
+                s.last_log_index.saturating_sub(*idx),
+            )
+        })
+        .collect();
+    gauge(
+        &mut out,
+        "agentry_raft_follower_lag_entries",
+        "Leader only: log entries each follower is behind.",
+        &lag,
+    );
+    gauge(
+        &mut out,
+        "agentry_registry_applied_revision",
+        "Revision of the applied registry state.",
+        &one(applied_revision),
+    );
+    gauge(
+        &mut out,
+        "agentry_registry_oldest_revision",
+        "Oldest revision still in the change history.",
+        &one(oldest_revision),
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_prometheus_text() {
+        let s = NodeStatus {
+            node_id: 1,
+            term: 3,
+            leader: Some(1),
+            is_leader: true,
+            last_log_index: 42,
+            applied_index: 41,
+            follower_matched: vec![(2, 40)],
+            voters: vec![1, 2, 3],
+            ..Default::default()
+        };
+        let text = render(&s, 41, 1);
+        assert!(
+            text.contains("# TYPE agentry_raft_term gauge\nagentry_raft_term{node_id=\"1\"} 3\n"),
+            "{text}"
+        );
+        assert!(text.contains("agentry_raft_is_leader{node_id=\"1\"} 1\n"));
+        assert!(
+            text.contains("agentry_raft_follower_lag_entries{node_id=\"1\",follower=\"2\"} 2\n")
+        );
+        assert!(text.contains("agentry_raft_voters{node_id=\"1\"} 3\n"));
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let value = line.rsplit(' ').next().unwrap();
+            assert!(
+                value.parse::<u64>().is_ok(),
+                "sample without a number: {line}"
+            );
+        }
+    }
+}
