@@ -297,6 +297,15 @@ impl Grpc {
         r
     }
 
+    /// Parses metadata JSON as a gRPC client would, failing like the server.
+    fn metadata(meta: Value) -> Outcome<pb::AgentMetadata> {
+        metadata_from_json(meta).map_err(|e| Failure {
+            code: "invalid_request".into(),
+            http: 400,
+            field: Some(e.pointer),
+        })
+    }
+
     fn fail(s: tonic::Status) -> Failure {
         let d = detail_of(&s);
         Failure {
@@ -326,11 +335,7 @@ impl Transport for Grpc {
         "grpc"
     }
     async fn register(&self, key: Option<&str>, meta: Value) -> Outcome<(Value, bool)> {
-        let metadata = metadata_from_json(meta).map_err(|e| Failure {
-            code: "invalid_request".into(),
-            http: 400,
-            field: Some(e.pointer),
-        })?;
+        let metadata = Self::metadata(meta)?;
         let r = self
             .client
             .clone()
@@ -363,11 +368,7 @@ impl Transport for Grpc {
         Ok(Self::json(r.record))
     }
     async fn update(&self, key: Option<&str>, id: &str, meta: Value) -> Outcome<Value> {
-        let metadata = metadata_from_json(meta).map_err(|e| Failure {
-            code: "invalid_request".into(),
-            http: 400,
-            field: Some(e.pointer),
-        })?;
+        let metadata = Self::metadata(meta)?;
         let r = self
             .client
             .clone()
