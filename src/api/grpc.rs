@@ -8,7 +8,7 @@ use tonic::{Request, Response, Status};
 
 use super::auth::Identity;
 use crate::convert::{change_kind_to_pb, record_to_pb, status_from_pb, visibility_from_pb};
-use crate::domain::{query::Filter, Principal};
+use crate::domain::{query::Filter, AgentMetadata, Principal};
 use crate::pb::{self, registry_server::Registry};
 use crate::service::{Consistency, ListQuery, RegistryService, ServiceError};
 
@@ -44,6 +44,15 @@ fn consistency(v: i32) -> Result<Consistency, ServiceError> {
     }
 }
 
+/// The metadata of a Register or Update request, which must be present.
+fn required_metadata(m: Option<pb::AgentMetadata>) -> Result<AgentMetadata, ServiceError> {
+    let m = m.ok_or_else(|| ServiceError::InvalidRequest {
+        field: Some("/metadata".into()),
+        message: "metadata is required".into(),
+    })?;
+    Ok(m.try_into()?)
+}
+
 fn now() -> time::OffsetDateTime {
     time::OffsetDateTime::now_utc()
 }
@@ -57,11 +66,7 @@ impl Registry for RegistryApi {
     ) -> Result<Response<pb::RegisterResponse>, Status> {
         let who = principal(&req);
         let req = req.into_inner();
-        let metadata = req.metadata.ok_or_else(|| ServiceError::InvalidRequest {
-            field: Some("/metadata".into()),
-            message: "metadata is required".into(),
-        })?;
-        let metadata = metadata.try_into().map_err(ServiceError::from)?;
+        let metadata = required_metadata(req.metadata)?;
         let visibility = visibility_from_pb(req.visibility).map_err(ServiceError::from)?;
         let (record, created) = self
             .service
@@ -94,11 +99,7 @@ impl Registry for RegistryApi {
     ) -> Result<Response<pb::UpdateResponse>, Status> {
         let who = principal(&req);
         let req = req.into_inner();
-        let metadata = req.metadata.ok_or_else(|| ServiceError::InvalidRequest {
-            field: Some("/metadata".into()),
-            message: "metadata is required".into(),
-        })?;
-        let metadata = metadata.try_into().map_err(ServiceError::from)?;
+        let metadata = required_metadata(req.metadata)?;
         let visibility = visibility_from_pb(req.visibility).map_err(ServiceError::from)?;
         let record = self
             .service

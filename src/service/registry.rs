@@ -333,7 +333,7 @@ impl RegistryService {
         let (mut total, mut records, mut more) = (0u64, Vec::new(), false);
         // Count what lies before the page too, so total_count is the same on
         // every page.
-        self.reader.scan(None, |r| {
+        self.reader.scan(|r| {
             if query.filter.matches(&r, principal, now) {
                 total += 1;
                 let after_token = after.as_deref().is_none_or(|a| r.metadata.id.as_str() > a);
@@ -345,7 +345,6 @@ impl RegistryService {
                     }
                 }
             }
-            true
         })?;
         let next_page_token = match (more, records.last()) {
             (true, Some(last)) => encode_token(&last.metadata.id),

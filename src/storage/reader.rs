@@ -45,27 +45,12 @@ impl Reader {
         get_json(&self.db, CF_AGENTS, id.as_bytes())
     }
 
-    /// Visits records in id order, starting after `after`, until `visit`
-    /// returns false.
-    pub fn scan(
-        &self,
-        after: Option<&str>,
-        mut visit: impl FnMut(AgentRecord) -> bool,
-    ) -> Result<(), StorageError> {
+    /// Visits every record (tombstones included) in id order.
+    pub fn scan(&self, mut visit: impl FnMut(AgentRecord)) -> Result<(), StorageError> {
         let mut it = self.db.raw_iterator_cf(cf(&self.db, CF_AGENTS)?);
-        match after {
-            Some(a) => {
-                it.seek(a.as_bytes());
-                if it.key() == Some(a.as_bytes()) {
-                    it.next();
-                }
-            }
-            None => it.seek_to_first(),
-        }
+        it.seek_to_first();
         while let Some(v) = it.value() {
-            if !visit(serde_json::from_slice(v)?) {
-                return Ok(());
-            }
+            visit(serde_json::from_slice(v)?);
             it.next();
         }
         it.status()?;

@@ -158,9 +158,15 @@ impl StateMachine {
         })
     }
 
-    fn trim_history(&self, batch: &mut WriteBatch, revision: u64) -> Result<(), LocalError> {
+    /// Trims the change history in `batch` when `revision` completes a trim
+    /// step; returns the new oldest revision if it did.
+    fn trim_history(
+        &self,
+        batch: &mut WriteBatch,
+        revision: u64,
+    ) -> Result<Option<u64>, LocalError> {
         if revision % TRIM_STEP != 0 || revision <= self.history {
-            return Ok(());
+            return Ok(None);
         }
         let new_oldest = revision - self.history;
         batch.delete_range_cf(cf(&self.db, CF_CHANGES)?, u64_key(0), u64_key(new_oldest));
@@ -169,7 +175,7 @@ impl StateMachine {
             KEY_OLDEST,
             serde_json::to_vec(&new_oldest)?,
         );
-        Ok(())
+        Ok(Some(new_oldest))
     }
 
     fn read_snapshot_file(&self) -> Result<Option<StoredSnapshot>, LocalError> {
@@ -342,7 +348,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     result
                 }
             };
-            self.trim_history(&mut batch, revision).map_err(sm_write)?;
+            let trimmed_to = self.trim_history(&mut batch, revision).map_err(sm_write)?;
             batch.put_cf(
                 sm,
                 KEY_APPLIED,
@@ -350,10 +356,10 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             );
             self.db.write(batch).map_err(sm_write)?;
             self.applied.revision.store(revision, Ordering::Release);
-            if revision % TRIM_STEP == 0 && revision > self.history {
+            if let Some(oldest) = trimmed_to {
                 self.applied
                     .oldest_revision
-                    .store(revision - self.history, Ordering::Release);
+                    .store(oldest, Ordering::Release);
             }
             if let CommandResult::Applied(change) = &result {
                 // No subscriber is normal; the send result says nothing else.
