@@ -9,6 +9,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protos = [
         "proto/agentry/v1/record.proto",
         "proto/agentry/v1/registry.proto",
+        "proto/agentry/v1/cluster.proto",
+        "proto/agentry/v1/raft.proto",
     ];
     tonic_prost_build::configure()
         .file_descriptor_set_path(out.join("agentry_descriptor.bin"))

@@ -1,6 +1,7 @@
 //! Server configuration: defaults, then a TOML file, then environment
 //! variables and flags (flags and env are merged by clap in `cli`).
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
@@ -38,8 +39,30 @@ pub struct Config {
     pub grpc_addr: SocketAddr,
     /// JSON/HTTP facade listener.
     pub http_addr: SocketAddr,
-    /// Address this node advertises for Raft traffic.
-    pub raft_addr: String,
+    /// Internal Raft listener (node-to-node traffic only).
+    pub raft_addr: SocketAddr,
+    /// host:port other nodes use to reach `raft_addr`. Default: this node's
+    /// entry in `initial_members`, else `raft_addr` as bound.
+    pub raft_advertise_addr: Option<String>,
+    /// How a new cluster forms: "auto" (a single-node cluster, or the
+    /// lowest id of `initial_members` initialises) or "manual" (wait for
+    /// `agentry cluster init` or to be added).
+    pub bootstrap: String,
+    /// Static member list of a new cluster, "id=host:port" each.
+    pub initial_members: Vec<String>,
+    /// Take the node id from the hostname's trailing ordinal ("agentry-2" is
+    /// node 3), as in a Kubernetes StatefulSet.
+    pub node_id_from_hostname: bool,
+    /// Raft heartbeat interval, milliseconds.
+    pub heartbeat_ms: u64,
+    /// Minimum election timeout, milliseconds (the maximum is twice this).
+    pub election_timeout_ms: u64,
+    /// Log entries kept after a snapshot, for followers slightly behind.
+    pub snapshot_keep_logs: u64,
+    /// Largest message on the internal Raft listener.
+    pub raft_max_message_bytes: usize,
+    /// Testing only: allow `Cluster.SetFaults` to inject network faults.
+    pub fault_injection: bool,
     /// Whether reads without an API key are allowed.
     pub anonymous_reads: bool,
     /// Largest accepted record (canonical JSON bytes).
@@ -67,7 +90,16 @@ impl Default for Config {
             data_dir: PathBuf::from(DEFAULT_DATA_DIR),
             grpc_addr: DEFAULT_GRPC_ADDR.parse().expect("constant address parses"),
             http_addr: DEFAULT_HTTP_ADDR.parse().expect("constant address parses"),
-            raft_addr: DEFAULT_RAFT_ADDR.to_string(),
+            raft_addr: DEFAULT_RAFT_ADDR.parse().expect("constant address parses"),
+            raft_advertise_addr: None,
+            bootstrap: "auto".into(),
+            initial_members: Vec::new(),
+            node_id_from_hostname: false,
+            heartbeat_ms: 100,
+            election_timeout_ms: 1000,
+            snapshot_keep_logs: 1000,
+            raft_max_message_bytes: 64 * 1024 * 1024,
+            fault_injection: false,
             anonymous_reads: true,
             max_record_bytes: limits.max_record_bytes,
             allowed_schemes: limits.allowed_schemes,
@@ -112,6 +144,45 @@ impl Config {
         })
     }
 
+    /// The static member list as id → address.
+    pub fn members(&self) -> Result<BTreeMap<u64, String>, ConfigError> {
+        let mut out = BTreeMap::new();
+        for m in &self.initial_members {
+            let bad =
+                || ConfigError::Invalid(format!("initial_members entry '{m}' is not id=host:port"));
+            let (id, addr) = m.split_once('=').ok_or_else(bad)?;
+            let id: u64 = id.trim().parse().map_err(|_| bad())?;
+            let addr = addr.trim();
+            if id == 0 || !addr.contains(':') {
+                return Err(bad());
+            }
+            if out.insert(id, addr.to_string()).is_some() {
+                return Err(ConfigError::Invalid(format!(
+                    "initial_members lists node {id} twice"
+                )));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Applies `node_id_from_hostname`: the trailing "-N" of `hostname`
+    /// becomes node id N + 1 (ordinals start at 0, node ids at 1).
+    pub fn resolve_node_id(&mut self, hostname: &str) -> Result<(), ConfigError> {
+        if !self.node_id_from_hostname {
+            return Ok(());
+        }
+        let ordinal = hostname
+            .rsplit_once('-')
+            .and_then(|(_, n)| n.parse::<u64>().ok())
+            .ok_or_else(|| {
+                ConfigError::Invalid(format!(
+                    "node_id_from_hostname: hostname '{hostname}' does not end in -<ordinal>"
+                ))
+            })?;
+        self.node_id = ordinal + 1;
+        Ok(())
+    }
+
     pub fn limits(&self) -> Limits {
         Limits {
             max_record_bytes: self.max_record_bytes,
@@ -128,6 +199,30 @@ impl Config {
         }
         if self.node_id == 0 {
             return Err(ConfigError::Invalid("node_id must be at least 1".into()));
+        }
+        if !matches!(self.bootstrap.as_str(), "auto" | "manual") {
+            return Err(ConfigError::Invalid(format!(
+                "bootstrap must be 'auto' or 'manual', not '{}'",
+                self.bootstrap
+            )));
+        }
+        let members = self.members()?;
+        if !members.is_empty() && !members.contains_key(&self.node_id) {
+            return Err(ConfigError::Invalid(format!(
+                "initial_members does not list this node's id {}",
+                self.node_id
+            )));
+        }
+        if self.heartbeat_ms == 0 || self.election_timeout_ms <= self.heartbeat_ms * 2 {
+            return Err(ConfigError::Invalid(
+                "election_timeout_ms must be more than twice heartbeat_ms (and heartbeat_ms > 0)"
+                    .into(),
+            ));
+        }
+        if self.raft_max_message_bytes < 4 * self.max_record_bytes {
+            return Err(ConfigError::Invalid(
+                "raft_max_message_bytes must be at least 4 × max_record_bytes".into(),
+            ));
         }
         for k in &self.api_keys {
             let err = |m: &str| ConfigError::ApiKey {
@@ -164,5 +259,30 @@ mod tests {
         c.validate().unwrap();
         std::fs::write(&p, "anonymous_read = false\n").unwrap();
         assert!(Config::from_file(&p).is_err());
+    }
+
+    #[test]
+    fn members_and_hostname_ordinals() {
+        let mut c = Config {
+            initial_members: vec!["1=a:1".into(), "2 = b:2".into(), "3=c:3".into()],
+            node_id_from_hostname: true,
+            ..Config::default()
+        };
+        c.resolve_node_id("agentry-2").unwrap();
+        assert_eq!(c.node_id, 3);
+        assert_eq!(
+            c.members().unwrap().get(&2).map(String::as_str),
+            Some("b:2")
+        );
+        c.validate().unwrap();
+        assert!(c.resolve_node_id("agentry").is_err());
+        c.node_id = 4;
+        assert!(c.validate().is_err(), "a node missing from the list");
+        for bad in ["x=a:1", "0=a:1", "1=nohost", "1"] {
+            c.initial_members = vec![bad.into()];
+            assert!(c.members().is_err(), "{bad}");
+        }
+        c.initial_members = vec!["1=a:1".into(), "1=b:2".into()];
+        assert!(c.members().is_err());
     }
 }

@@ -3,7 +3,7 @@
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
-use agentry::cli::{run_agents, Cli, Command};
+use agentry::cli::{run_agents, run_cluster, Cli, Command};
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
@@ -25,6 +25,7 @@ async fn main() -> std::process::ExitCode {
             Err(e) => Err(e.to_string()),
         },
         Command::Agents(args) => run_agents(args).await.map_err(|e| e.to_string()),
+        Command::Cluster(args) => run_cluster(args).await.map_err(|e| e.to_string()),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -13,13 +13,16 @@ use tonic::service::interceptor::InterceptedService;
 use tracing::info;
 
 use crate::api::auth::{key_digest, Authenticator};
+use crate::api::cluster::ClusterApi;
 use crate::api::grpc::RegistryApi;
 use crate::api::http::{router, HttpState};
 use crate::config::Config;
-use crate::consensus::RaftNode;
+use crate::consensus::{Bootstrap, Faults, NodeSettings, RaftNode, RaftService};
 use crate::domain::{Principal, Role};
+use crate::pb::cluster_server::ClusterServer;
+use crate::pb::raft_transport_server::RaftTransportServer;
 use crate::pb::registry_server::RegistryServer;
-use crate::service::RegistryService;
+use crate::service::{ClusterService, RegistryService};
 use crate::storage::{self, LogStore, StateMachine};
 
 /// Errors that stop the server from starting or running.
@@ -44,8 +47,11 @@ pub enum ServerError {
 
 /// A started server.
 pub struct RunningServer {
+    pub node_id: u64,
     pub grpc_addr: SocketAddr,
     pub http_addr: SocketAddr,
+    /// The internal Raft listener as bound.
+    pub raft_addr: SocketAddr,
     /// The bootstrap admin key when this start generated it (printed once).
     pub generated_admin_key: Option<String>,
     shutdown: watch::Sender<bool>,
@@ -65,13 +71,26 @@ impl RunningServer {
                 t.abort();
             }
         }
-        let _ = self.node.raft.shutdown().await;
+        self.node.shutdown().await;
     }
 }
 
 const ADMIN_DIGEST_FILE: &str = "admin-key.sha256";
 /// How long shutdown waits for in-flight requests.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// Largest snapshot a node accepts from a leader.
+const MAX_SNAPSHOT_BYTES: usize = 8 << 30;
+
+/// This machine's host name (`HOSTNAME`, else /etc/hostname), for
+/// `node_id_from_hostname`.
+fn hostname() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default()
+}
 
 /// Builds the authenticator: configured keys plus the bootstrap admin key,
 /// which comes from `AGENTRY_ADMIN_KEY`, else from the digest stored on a
@@ -128,13 +147,32 @@ async fn bind(addr: SocketAddr) -> Result<TcpListener, ServerError> {
         .map_err(|source| ServerError::Bind { addr, source })
 }
 
-/// Starts a node: storage, Raft (initialising a single-voter cluster on first
-/// start), the gRPC listener and the HTTP facade.
-pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
+/// Starts a node: storage, Raft (bootstrapping a new cluster as configured),
+/// the internal Raft listener, the public gRPC listener and the HTTP facade.
+pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
+    config.resolve_node_id(&hostname())?;
     config.validate()?;
     std::fs::create_dir_all(&config.data_dir)?;
     let (auth, generated_admin_key) = authenticator(&config)?;
     let auth = Arc::new(auth);
+
+    // Bind the Raft listener first: with port 0 its real port is the one to
+    // advertise.
+    let raft_listener = bind(config.raft_addr).await?;
+    let raft_addr = raft_listener.local_addr()?;
+    let members = config.members()?;
+    let advertise_addr = config
+        .raft_advertise_addr
+        .clone()
+        .or_else(|| members.get(&config.node_id).cloned())
+        .unwrap_or_else(|| raft_addr.to_string());
+    let bootstrap = if config.bootstrap == "manual" {
+        Bootstrap::Manual
+    } else if members.is_empty() {
+        Bootstrap::Single
+    } else {
+        Bootstrap::Members(members)
+    };
 
     let db = storage::open(&config.data_dir)?;
     let state_machine = StateMachine::open(
@@ -143,17 +181,59 @@ pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
         config.watch_history,
     )?;
     let reader = state_machine.reader();
+    let faults = Faults::default();
     let node = RaftNode::start(
-        config.node_id,
-        config.raft_addr.clone(),
-        LogStore::new(db),
+        NodeSettings {
+            id: config.node_id,
+            advertise_addr,
+            heartbeat_ms: config.heartbeat_ms,
+            election_timeout_ms: config.election_timeout_ms,
+            snapshot_logs: config.snapshot_logs,
+            snapshot_keep_logs: config.snapshot_keep_logs,
+            max_message_bytes: config.raft_max_message_bytes,
+            request_timeout: Duration::from_secs(config.request_timeout_secs),
+        },
+        bootstrap,
+        LogStore::new(db)?,
         state_machine,
-        config.snapshot_logs,
+        faults.clone(),
     )
     .await?;
-    node.wait_for_leader(Duration::from_secs(30)).await?;
 
     let (shutdown, shutdown_rx) = watch::channel(false);
+    let stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+
+    // Node-to-node traffic only, on its own listener.
+    let raft_service = RaftTransportServer::new(RaftService::new(
+        node.clone(),
+        faults.clone(),
+        MAX_SNAPSHOT_BYTES,
+    ))
+    .max_decoding_message_size(config.raft_max_message_bytes)
+    .max_encoding_message_size(config.raft_max_message_bytes);
+    let raft_server = tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .add_service(raft_service)
+        .serve_with_incoming_shutdown(
+            TcpListenerStream::new(raft_listener),
+            stopped(shutdown_rx.clone()),
+        );
+    let raft_task = tokio::spawn(async move {
+        if let Err(e) = raft_server.await {
+            tracing::error!(error = %e, "Raft listener failed");
+        }
+    });
+
+    // A single-voter cluster elects itself at once; waiting for it keeps the
+    // first request from racing the election. Members of a larger cluster
+    // start serving right away and report readiness once a leader is known.
+    let status = node.status();
+    if status.voters == [config.node_id] {
+        node.wait_for_leader(Duration::from_secs(30)).await?;
+    }
+
     let service = RegistryService::new(
         node.clone(),
         reader,
@@ -162,9 +242,12 @@ pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
         shutdown_rx.clone(),
     );
     let api = RegistryApi::new(service);
-    let stopped = |mut rx: watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|s| *s).await;
-    };
+    let cluster = ClusterApi::new(ClusterService::new(
+        node.clone(),
+        faults,
+        config.fault_injection,
+        config.anonymous_reads,
+    ));
 
     // gRPC: health and reflection next to the registry, on one listener.
     let grpc_listener = bind(config.grpc_addr).await?;
@@ -177,19 +260,23 @@ pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
         .map_err(|e| ServerError::Grpc(e.to_string()))?;
     let max_message = config.max_record_bytes * 2 + 64 * 1024;
     let interceptor_auth = auth.clone();
+    let authenticate = move |mut req: tonic::Request<()>| {
+        let identity = interceptor_auth.identify(req.metadata())?;
+        req.extensions_mut().insert(identity);
+        Ok(req)
+    };
     let registry = InterceptedService::new(
         RegistryServer::new(api.clone()).max_decoding_message_size(max_message),
-        move |mut req: tonic::Request<()>| {
-            let identity = interceptor_auth.identify(req.metadata())?;
-            req.extensions_mut().insert(identity);
-            Ok(req)
-        },
+        authenticate.clone(),
     );
+    let cluster_service =
+        InterceptedService::new(ClusterServer::new(cluster.clone()), authenticate);
     let grpc = tonic::transport::Server::builder()
         .timeout(Duration::from_secs(config.request_timeout_secs))
         .add_service(health_service)
         .add_service(reflection)
         .add_service(registry)
+        .add_service(cluster_service)
         .serve_with_incoming_shutdown(
             TcpListenerStream::new(grpc_listener),
             stopped(shutdown_rx.clone()),
@@ -204,6 +291,7 @@ pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
     let http_addr = http_listener.local_addr()?;
     let state = HttpState {
         api,
+        cluster,
         auth,
         max_body: config.max_record_bytes + 64 * 1024,
     };
@@ -218,13 +306,15 @@ pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
         }
     });
 
-    info!(%grpc_addr, %http_addr, data_dir = %config.data_dir.display(), node_id = config.node_id, "agentry is serving");
+    info!(%grpc_addr, %http_addr, %raft_addr, data_dir = %config.data_dir.display(), node_id = config.node_id, "agentry is serving");
     Ok(RunningServer {
+        node_id: config.node_id,
         grpc_addr,
         http_addr,
+        raft_addr,
         generated_admin_key,
         shutdown,
-        tasks: vec![grpc_task, http_task],
+        tasks: vec![grpc_task, http_task, raft_task],
         node,
     })
 }
@@ -238,9 +328,11 @@ pub async fn run(config: Config) -> Result<(), ServerError> {
     }
     // One line for people and scripts (tests parse it) to know where to go.
     println!(
-        "agentry ready grpc={} http={} data_dir={}",
+        "agentry ready node_id={} grpc={} http={} raft={} data_dir={}",
+        server.node_id,
         server.grpc_addr,
         server.http_addr,
+        server.raft_addr,
         data_dir.display()
     );
     wait_for_signal().await?;

@@ -29,7 +29,7 @@ impl RegistryApi {
 }
 
 /// The caller, as placed in the request extensions by authentication.
-fn principal<T>(req: &Request<T>) -> Option<Principal> {
+pub(crate) fn principal<T>(req: &Request<T>) -> Option<Principal> {
     req.extensions().get::<Identity>().and_then(|i| i.0.clone())
 }
 

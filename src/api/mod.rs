@@ -2,6 +2,7 @@
 //! gRPC handlers in-process, authentication, and the one error mapping.
 
 pub mod auth;
+pub mod cluster;
 pub mod error;
 pub mod grpc;
 pub mod http;

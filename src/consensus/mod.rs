@@ -1,14 +1,20 @@
 //! Consensus: the Raft type configuration, the commands every write becomes,
-//! and the node that proposes them. A write is only acknowledged once openraft
-//! has committed its log entry and the state machine has applied it.
+//! the node that proposes them, and the internal gRPC transport between
+//! nodes. A write is only acknowledged once openraft has committed its log
+//! entry and the state machine has applied it.
 
 mod command;
+mod faults;
+mod forward;
 mod network;
 mod node;
+mod transport;
 
 pub use command::{Command, CommandResult};
+pub use faults::{Faults, LinkFault};
 pub use network::Network;
-pub use node::{NodeStatus, RaftNode, WriteError};
+pub use node::{Bootstrap, NodeSettings, NodeStatus, RaftNode, Role, WriteError};
+pub use transport::RaftService;
 
 use std::io::Cursor;
 

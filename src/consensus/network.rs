@@ -1,53 +1,293 @@
-//! Raft network. The registry runs as a single voter until the cluster issue
-//! adds the internal gRPC transport; openraft never opens a connection for a
-//! single-voter cluster, so every RPC here reports the target unreachable.
-//! Adding nodes means replacing this factory, not re-plumbing the node.
+//! Raft network: the client side of the internal gRPC transport
+//! (`agentry.v1.RaftTransport`, served only on the internal listener).
+//!
+//! Messages are openraft's own types as JSON inside a protobuf envelope.
+//! Channels are cached per peer and reconnect by themselves; each RPC carries
+//! openraft's time budget as its gRPC deadline; a peer that cannot be reached
+//! is reported `Unreachable`, which makes openraft back off exponentially.
+//! Fault rules (testing only) are applied before anything is sent.
 
-use openraft::error::{InstallSnapshotError, RPCError, RaftError, Unreachable};
-use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use openraft::error::{
+    Fatal, InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError,
+    ReplicationClosed, StreamingError, Unreachable,
+};
+use openraft::network::{Backoff, RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
-    VoteRequest, VoteResponse,
+    SnapshotResponse, VoteRequest, VoteResponse,
 };
-use openraft::BasicNode;
+use openraft::{BasicNode, OptionalSend, Snapshot, Vote};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tonic::transport::{Channel, Endpoint};
+use tracing::{instrument, Instrument};
 
-use super::{NodeId, TypeConfig};
+use super::faults::{Faults, Verdict};
+use super::forward::{ForwardReply, Forwarded};
+use super::{NodeId, TypeConfig, WriteError};
+use crate::pb::raft_transport_client::RaftTransportClient;
+use crate::pb::{RaftMessage, SnapshotChunk};
 
-/// Network factory of the node.
-#[derive(Debug, Clone, Default)]
-pub struct Network;
+/// Size of one snapshot chunk on the wire.
+const SNAPSHOT_CHUNK: usize = 1024 * 1024;
+/// Deadline for a whole snapshot transfer.
+const SNAPSHOT_DEADLINE: Duration = Duration::from_secs(300);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// A connection to one peer.
-#[derive(Debug)]
-pub struct Connection {
-    target: NodeId,
+/// Why a message did not get an answer.
+#[derive(Debug, thiserror::Error)]
+pub enum TransportError {
+    /// Certainly not delivered (fault injection, refused by the peer before
+    /// it looked at the message, or no connection): safe to retry.
+    #[error("not delivered to node {target}: {reason}")]
+    NotSent { target: NodeId, reason: String },
+    /// Sent, but no answer: the peer may or may not have acted on it.
+    #[error("no answer from node {target}: {reason}")]
+    NoAnswer { target: NodeId, reason: String },
+    /// Larger than the message size limit; never sent.
+    #[error("message of {bytes} bytes for node {target} exceeds the limit of {limit}")]
+    TooLarge {
+        target: NodeId,
+        bytes: usize,
+        limit: usize,
+    },
+    /// The answer could not be decoded.
+    #[error("bad answer from node {target}: {reason}")]
+    BadAnswer { target: NodeId, reason: String },
+}
+
+impl TransportError {
+    fn unreachable<E: std::error::Error>(&self) -> RPCError<NodeId, BasicNode, E> {
+        match self {
+            TransportError::NotSent { .. } | TransportError::TooLarge { .. } => {
+                RPCError::Unreachable(Unreachable::new(self))
+            }
+            _ => RPCError::Network(NetworkError::new(self)),
+        }
+    }
+}
+
+/// The Raft network factory of a node. Cheap to clone; clones share the
+/// channel cache and the fault table.
+#[derive(Clone)]
+pub struct Network {
+    me: NodeId,
+    channels: Arc<Mutex<HashMap<NodeId, (String, Channel)>>>,
+    faults: Faults,
+    max_message: usize,
+}
+
+enum Rpc {
+    AppendEntries,
+    Vote,
+    Forward,
+}
+
+impl Network {
+    pub fn new(me: NodeId, faults: Faults, max_message: usize) -> Self {
+        Self {
+            me,
+            channels: Arc::default(),
+            faults,
+            max_message,
+        }
+    }
+
+    fn client(
+        &self,
+        target: NodeId,
+        addr: &str,
+    ) -> Result<RaftTransportClient<Channel>, TransportError> {
+        let mut cache = self.channels.lock().unwrap_or_else(|p| p.into_inner());
+        let channel = match cache.get(&target) {
+            Some((a, c)) if a == addr => c.clone(),
+            _ => {
+                let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+                    .map_err(|e| TransportError::NotSent {
+                        target,
+                        reason: format!("bad address {addr}: {e}"),
+                    })?
+                    .connect_timeout(CONNECT_TIMEOUT)
+                    .tcp_nodelay(true)
+                    .http2_keep_alive_interval(Duration::from_secs(10))
+                    .keep_alive_timeout(Duration::from_secs(5));
+                let channel = endpoint.connect_lazy();
+                cache.insert(target, (addr.to_string(), channel.clone()));
+                channel
+            }
+        };
+        Ok(RaftTransportClient::new(channel)
+            .max_decoding_message_size(self.max_message)
+            .max_encoding_message_size(self.max_message))
+    }
+
+    /// Applies the fault rules to a message for `target`.
+    async fn gate(&self, target: NodeId) -> Result<(), TransportError> {
+        match self.faults.outgoing(target) {
+            Verdict::Drop => Err(TransportError::NotSent {
+                target,
+                reason: "dropped by fault injection".into(),
+            }),
+            Verdict::Deliver { delay } => {
+                if !delay.is_zero() {
+                    tokio::time::sleep(delay).await;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    async fn unary<Req: Serialize, Resp: DeserializeOwned>(
+        &self,
+        target: NodeId,
+        addr: &str,
+        rpc: Rpc,
+        request: &Req,
+        timeout: Duration,
+    ) -> Result<Resp, TransportError> {
+        let json = serde_json::to_vec(request).map_err(|e| TransportError::NotSent {
+            target,
+            reason: format!("cannot encode: {e}"),
+        })?;
+        if json.len() > self.max_message {
+            return Err(TransportError::TooLarge {
+                target,
+                bytes: json.len(),
+                limit: self.max_message,
+            });
+        }
+        self.gate(target).await?;
+        let mut client = self.client(target, addr)?;
+        let mut req = tonic::Request::new(RaftMessage {
+            from: self.me,
+            json,
+        });
+        req.set_timeout(timeout);
+        let answer = match rpc {
+            Rpc::AppendEntries => client.append_entries(req).await,
+            Rpc::Vote => client.vote(req).await,
+            Rpc::Forward => client.forward(req).await,
+        };
+        let answer = answer.map_err(|s| status_error(target, s))?;
+        serde_json::from_slice(&answer.into_inner().json).map_err(|e| TransportError::BadAnswer {
+            target,
+            reason: e.to_string(),
+        })
+    }
+
+    /// Asks the leader `target` to execute a request on this node's behalf.
+    #[instrument(level = "debug", skip(self, request), fields(from = self.me))]
+    pub async fn forward(
+        &self,
+        target: NodeId,
+        addr: &str,
+        request: &Forwarded,
+        timeout: Duration,
+    ) -> Result<Result<ForwardReply, WriteError>, TransportError> {
+        self.unary(target, addr, Rpc::Forward, request, timeout)
+            .await
+    }
+}
+
+/// Maps a gRPC failure to whether the message may have been acted on.
+fn status_error(target: NodeId, s: tonic::Status) -> TransportError {
+    let reason = format!("{:?}: {}", s.code(), s.message());
+    match s.code() {
+        // Our server refuses with FAILED_PRECONDITION before acting (fault
+        // rules, or a message for another node id); a connection that could
+        // not be opened is UNAVAILABLE with a connect error as its source.
+        tonic::Code::FailedPrecondition => TransportError::NotSent { target, reason },
+        tonic::Code::Unavailable if is_connect_error(&s) => {
+            TransportError::NotSent { target, reason }
+        }
+        _ => TransportError::NoAnswer { target, reason },
+    }
+}
+
+fn is_connect_error(s: &tonic::Status) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(s);
+    while let Some(e) = source {
+        if e.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused)
+        {
+            return true;
+        }
+        let text = e.to_string();
+        if text.contains("tcp connect error") || text.contains("Connection refused") {
+            return true;
+        }
+        source = e.source();
+    }
+    false
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = Connection;
 
-    async fn new_client(&mut self, target: NodeId, _node: &BasicNode) -> Self::Network {
-        Connection { target }
+    async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Self::Network {
+        Connection {
+            network: self.clone(),
+            target,
+            addr: node.addr.clone(),
+        }
     }
 }
 
+/// The connection to one peer that openraft replicates through.
+pub struct Connection {
+    network: Network,
+    target: NodeId,
+    addr: String,
+}
+
 impl Connection {
-    fn unreachable<E: std::error::Error>(&self) -> RPCError<NodeId, BasicNode, E> {
-        let msg = format!(
-            "no Raft transport to node {} in a single-node registry",
-            self.target
-        );
-        RPCError::Unreachable(Unreachable::new(&std::io::Error::other(msg)))
+    async fn call<Req: Serialize, Resp: DeserializeOwned, E>(
+        &self,
+        rpc: Rpc,
+        request: &Req,
+        entries: u64,
+        timeout: Duration,
+    ) -> Result<Resp, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>
+    where
+        E: std::error::Error + DeserializeOwned,
+    {
+        let answer: Result<Resp, RaftError<NodeId, E>> = match self
+            .network
+            .unary(self.target, &self.addr, rpc, request, timeout)
+            .await
+        {
+            Ok(a) => a,
+            // Too big for one message: openraft retries with fewer entries.
+            Err(TransportError::TooLarge { .. }) if entries > 1 => {
+                return Err(RPCError::PayloadTooLarge(
+                    PayloadTooLarge::new_entries_hint(entries / 2),
+                ))
+            }
+            Err(e) => return Err(e.unreachable()),
+        };
+        answer.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
     }
 }
 
 impl RaftNetwork<TypeConfig> for Connection {
+    #[instrument(level = "debug", skip_all, fields(target = self.target, entries = rpc.entries.len()))]
     async fn append_entries(
         &mut self,
-        _rpc: AppendEntriesRequest<TypeConfig>,
-        _option: RPCOption,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
-        Err(self.unreachable())
+        let entries = rpc.entries.len() as u64;
+        self.call::<_, _, openraft::error::Infallible>(
+            Rpc::AppendEntries,
+            &rpc,
+            entries,
+            option.hard_ttl(),
+        )
+        .await
     }
 
     async fn install_snapshot(
@@ -58,14 +298,75 @@ impl RaftNetwork<TypeConfig> for Connection {
         InstallSnapshotResponse<NodeId>,
         RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>,
     > {
-        Err(self.unreachable())
+        // openraft 0.9 sends snapshots through `full_snapshot`, which this
+        // transport streams; the chunk-by-chunk RPC is never used.
+        Err(RPCError::Unreachable(Unreachable::new(
+            &std::io::Error::other("chunked snapshot RPCs are not used; snapshots are streamed"),
+        )))
     }
 
+    #[instrument(level = "debug", skip_all, fields(target = self.target, term = rpc.vote.leader_id.term))]
     async fn vote(
         &mut self,
-        _rpc: VoteRequest<NodeId>,
-        _option: RPCOption,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
-        Err(self.unreachable())
+        self.call::<_, _, openraft::error::Infallible>(Rpc::Vote, &rpc, 0, option.hard_ttl())
+            .await
+    }
+
+    #[instrument(level = "info", skip_all, fields(target = self.target, snapshot = %snapshot.meta.snapshot_id))]
+    async fn full_snapshot(
+        &mut self,
+        vote: Vote<NodeId>,
+        snapshot: Snapshot<TypeConfig>,
+        cancel: impl std::future::Future<Output = ReplicationClosed> + OptionalSend + 'static,
+        _option: RPCOption,
+    ) -> Result<SnapshotResponse<NodeId>, StreamingError<TypeConfig, Fatal<NodeId>>> {
+        let target = self.target;
+        let net = &self.network;
+        let not_sent = |e: TransportError| StreamingError::Unreachable(Unreachable::new(&e));
+        net.gate(target).await.map_err(not_sent)?;
+        let header = serde_json::to_vec(&(&vote, &snapshot.meta))
+            .map_err(|e| StreamingError::Network(NetworkError::new(&e)))?;
+        let data = snapshot.snapshot.into_inner();
+        let bytes = data.len();
+        let me = net.me;
+        let mut chunks = vec![SnapshotChunk {
+            from: me,
+            header,
+            data: Vec::new(),
+        }];
+        chunks.extend(data.chunks(SNAPSHOT_CHUNK).map(|c| SnapshotChunk {
+            from: me,
+            header: Vec::new(),
+            data: c.to_vec(),
+        }));
+        let mut client = net.client(target, &self.addr).map_err(not_sent)?;
+        let mut req = tonic::Request::new(tokio_stream::iter(chunks));
+        req.set_timeout(SNAPSHOT_DEADLINE);
+        let send = async move { client.install_snapshot(req).await }
+            .instrument(tracing::info_span!("snapshot_stream", bytes));
+        let answer = tokio::select! {
+            closed = cancel => return Err(StreamingError::Closed(closed)),
+            a = send => a,
+        };
+        let answer = answer.map_err(|s| match status_error(target, s) {
+            e @ TransportError::NotSent { .. } => not_sent(e),
+            e => StreamingError::Network(NetworkError::new(&e)),
+        })?;
+        let answer: Result<SnapshotResponse<NodeId>, Fatal<NodeId>> =
+            serde_json::from_slice(&answer.into_inner().json)
+                .map_err(|e| StreamingError::Network(NetworkError::new(&e)))?;
+        answer.map_err(|e| StreamingError::RemoteError(RemoteError::new(target, e)))
+    }
+
+    fn backoff(&self) -> Backoff {
+        // 100 ms doubling to 2 s: a restarted peer is found again quickly, a
+        // dead one costs little.
+        Backoff::new(std::iter::successors(
+            Some(Duration::from_millis(100)),
+            |d| Some((*d * 2).min(Duration::from_secs(2))),
+        ))
     }
 }

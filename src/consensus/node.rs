@@ -1,115 +1,305 @@
-//! The Raft node: starts openraft over the RocksDB stores, initialises a
-//! single-voter cluster on first start, and turns client writes into
-//! committed, applied commands.
+//! The Raft node: starts openraft over the RocksDB stores, bootstraps a new
+//! cluster once, and executes writes, read-index requests and membership
+//! changes on the leader — passing them there from any follower.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use openraft::error::{ClientWriteError, RaftError};
-use openraft::{BasicNode, Config, SnapshotPolicy};
-use tracing::{info, instrument};
+use openraft::error::{
+    ChangeMembershipError, CheckIsLeaderError, ClientWriteError, ForwardToLeader, RaftError,
+};
+use openraft::{BasicNode, ChangeMembers, Config, ServerState, SnapshotPolicy};
+use serde::{Deserialize, Serialize};
+use tracing::{info, instrument, warn};
 
+use super::faults::Faults;
+use super::forward::{ForwardReply, Forwarded};
+use super::network::TransportError;
 use super::{Command, CommandResult, Network, NodeId, Raft};
-use crate::storage::{LogStore, StateMachine};
+use crate::storage::{LogStore, SnapshotStats, StateMachine};
 
-/// Why a write could not be committed.
-#[derive(Debug, thiserror::Error)]
+/// Why a request could not be carried out. Crosses the internal transport
+/// when a follower passes a request to the leader.
+#[derive(Debug, Clone, thiserror::Error, Serialize, Deserialize)]
 pub enum WriteError {
-    /// This node is not the leader; the leader's address, when known.
+    /// This node is not the leader and could not pass the request on.
     #[error("not the leader{}", .leader.as_deref().map(|l| format!("; the leader is {l}")).unwrap_or_default())]
-    NotLeader { leader: Option<String> },
+    NotLeader {
+        leader_id: Option<NodeId>,
+        leader: Option<String>,
+    },
+    /// No leader could be reached in time; nothing was done.
+    #[error("{0}")]
+    Unavailable(String),
+    /// The request was sent but its outcome is unknown (the leader stopped
+    /// answering); it may or may not have been applied.
+    #[error("{0}")]
+    Indeterminate(String),
+    /// A membership change that the current membership does not allow.
+    #[error("{0}")]
+    Membership(String),
     /// Raft stopped or failed.
     #[error("consensus failure: {0}")]
     Fatal(String),
 }
 
+fn fatal(e: impl std::fmt::Display) -> WriteError {
+    WriteError::Fatal(e.to_string())
+}
+
+fn not_leader(f: ForwardToLeader<NodeId, BasicNode>) -> WriteError {
+    WriteError::NotLeader {
+        leader_id: f.leader_id,
+        leader: f.leader_node.map(|n| n.addr),
+    }
+}
+
+/// The Raft role of a node.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    Leader,
+    Follower,
+    Candidate,
+    #[default]
+    Learner,
+    Shutdown,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Leader => "leader",
+            Role::Follower => "follower",
+            Role::Candidate => "candidate",
+            Role::Learner => "learner",
+            Role::Shutdown => "shutdown",
+        }
+    }
+}
+
 /// A plain view of this node's Raft state for status APIs and metrics, so
 /// the API layer needs no openraft types.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct NodeStatus {
     pub node_id: NodeId,
+    pub raft_addr: String,
+    pub role: Role,
+    pub initialized: bool,
     pub term: u64,
     pub leader: Option<NodeId>,
     pub is_leader: bool,
     pub last_log_index: u64,
+    pub commit_index: u64,
     pub applied_index: u64,
     pub snapshot_index: Option<u64>,
     pub purged_index: Option<u64>,
+    pub snapshots_built: u64,
+    pub snapshots_installed: u64,
+    /// Unix seconds of the last snapshot built or installed.
+    pub last_snapshot_unix: Option<u64>,
     pub voters: Vec<NodeId>,
+    pub learners: Vec<NodeId>,
+    /// Every member's Raft address.
+    pub addresses: BTreeMap<NodeId, String>,
     /// Leader only: per follower, the highest log index known to match.
     pub follower_matched: Vec<(NodeId, u64)>,
 }
 
-/// A running Raft node.
+impl NodeStatus {
+    /// The leader's Raft address, when known.
+    pub fn leader_addr(&self) -> Option<&str> {
+        self.leader
+            .and_then(|l| self.addresses.get(&l))
+            .map(String::as_str)
+    }
+}
+
+/// How a node joins a cluster on its first start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Bootstrap {
+    /// Become a single-voter cluster of itself.
+    Single,
+    /// A static member list (id → Raft address): the member with the lowest
+    /// id initialises the cluster with all of them as voters; the others
+    /// wait to hear from it. A StatefulSet's pods agree on this without
+    /// talking to each other.
+    Members(BTreeMap<NodeId, String>),
+    /// Wait for `agentry cluster init` or to be added to a cluster.
+    Manual,
+}
+
+/// Raft timing and limits.
+#[derive(Debug, Clone)]
+pub struct NodeSettings {
+    pub id: NodeId,
+    pub advertise_addr: String,
+    pub heartbeat_ms: u64,
+    pub election_timeout_ms: u64,
+    pub snapshot_logs: u64,
+    pub snapshot_keep_logs: u64,
+    pub max_message_bytes: usize,
+    /// How long a request may wait for a leader and its answer.
+    pub request_timeout: Duration,
+}
+
+/// A running Raft node. Cheap to clone.
 #[derive(Clone)]
 pub struct RaftNode {
     pub id: NodeId,
     pub raft: Raft,
+    advertise_addr: String,
+    network: Network,
+    committed: Arc<AtomicU64>,
+    snapshots: Arc<SnapshotStats>,
+    request_timeout: Duration,
 }
 
 impl RaftNode {
-    /// Starts the node. A node whose log is empty and which has never been
-    /// initialised becomes a single-voter cluster of itself; a node restarting
-    /// with existing data never re-initialises.
+    /// Starts the node and bootstraps a cluster if this node has never been
+    /// part of one. A node restarting with existing data never
+    /// re-initialises.
     pub async fn start(
-        id: NodeId,
-        advertise_addr: String,
+        settings: NodeSettings,
+        bootstrap: Bootstrap,
         log_store: LogStore,
         state_machine: StateMachine,
-        snapshot_logs: u64,
+        faults: Faults,
     ) -> Result<Self, WriteError> {
         let config = Config {
             cluster_name: "agentry".into(),
-            heartbeat_interval: 250,
-            election_timeout_min: 1000,
-            election_timeout_max: 2000,
-            snapshot_policy: SnapshotPolicy::LogsSinceLast(snapshot_logs),
-            max_in_snapshot_log_to_keep: 1000,
+            heartbeat_interval: settings.heartbeat_ms,
+            election_timeout_min: settings.election_timeout_ms,
+            election_timeout_max: settings.election_timeout_ms * 2,
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(settings.snapshot_logs),
+            max_in_snapshot_log_to_keep: settings.snapshot_keep_logs,
             purge_batch_size: 256,
+            // Bounded so one AppendEntries stays well below the message limit
+            // even with records at the size limit.
+            max_payload_entries: 64,
+            install_snapshot_timeout: 60_000,
             ..Default::default()
         };
-        let config = Arc::new(
-            config
-                .validate()
-                .map_err(|e| WriteError::Fatal(e.to_string()))?,
-        );
-        let raft = Raft::new(id, config, Network, log_store, state_machine)
-            .await
-            .map_err(|e| WriteError::Fatal(e.to_string()))?;
-        if !raft
-            .is_initialized()
-            .await
-            .map_err(|e| WriteError::Fatal(e.to_string()))?
-        {
-            let members = BTreeMap::from([(
-                id,
-                BasicNode {
-                    addr: advertise_addr,
-                },
-            )]);
-            raft.initialize(members)
-                .await
-                .map_err(|e| WriteError::Fatal(e.to_string()))?;
-            info!(node_id = id, "initialised a new single-voter cluster");
-        } else {
-            info!(node_id = id, "resuming existing cluster state");
+        let config = Arc::new(config.validate().map_err(fatal)?);
+        let committed = log_store.committed_index();
+        let snapshots = state_machine.snapshot_stats();
+        let network = Network::new(settings.id, faults, settings.max_message_bytes);
+        let raft = Raft::new(
+            settings.id,
+            config,
+            network.clone(),
+            log_store,
+            state_machine,
+        )
+        .await
+        .map_err(fatal)?;
+        let node = Self {
+            id: settings.id,
+            raft,
+            advertise_addr: settings.advertise_addr,
+            network,
+            committed,
+            snapshots,
+            request_timeout: settings.request_timeout,
+        };
+        node.bootstrap(bootstrap).await?;
+        Ok(node)
+    }
+
+    async fn bootstrap(&self, bootstrap: Bootstrap) -> Result<(), WriteError> {
+        if self.raft.is_initialized().await.map_err(fatal)? {
+            info!(node_id = self.id, "resuming existing cluster state");
+            return Ok(());
         }
-        Ok(Self { id, raft })
+        match bootstrap {
+            Bootstrap::Single => {
+                self.initialize(BTreeMap::from([(self.id, self.advertise_addr.clone())]))
+                    .await
+            }
+            Bootstrap::Members(members) => {
+                if members.keys().next() == Some(&self.id) {
+                    self.initialize(members).await
+                } else {
+                    info!(
+                        node_id = self.id,
+                        "waiting for the member with the lowest id to initialise the cluster"
+                    );
+                    Ok(())
+                }
+            }
+            Bootstrap::Manual => {
+                info!(
+                    node_id = self.id,
+                    "not initialised; waiting for `agentry cluster init` or to be added"
+                );
+                Ok(())
+            }
+        }
+    }
+
+    /// Initialises a new cluster with these voters (this node among them).
+    #[instrument(skip(self), fields(node_id = self.id))]
+    pub async fn initialize(&self, members: BTreeMap<NodeId, String>) -> Result<(), WriteError> {
+        if !members.contains_key(&self.id) {
+            return Err(WriteError::Membership(format!(
+                "the initial members must include this node ({})",
+                self.id
+            )));
+        }
+        let nodes: BTreeMap<NodeId, BasicNode> = members
+            .into_iter()
+            .map(|(id, addr)| (id, BasicNode { addr }))
+            .collect();
+        match self.raft.initialize(nodes).await {
+            Ok(()) => {
+                info!(node_id = self.id, "initialised a new cluster");
+                Ok(())
+            }
+            Err(RaftError::APIError(e)) => Err(WriteError::Membership(format!(
+                "this node is already part of a cluster: {e}"
+            ))),
+            Err(e) => Err(fatal(e)),
+        }
     }
 
     /// This node's Raft state as openraft last reported it.
     pub fn status(&self) -> NodeStatus {
         let m = self.raft.metrics().borrow().clone();
+        let membership = m.membership_config.membership();
+        let voters: Vec<NodeId> = membership.voter_ids().collect();
+        let learners: Vec<NodeId> = membership.learner_ids().collect();
+        let role = match m.state {
+            ServerState::Leader => Role::Leader,
+            ServerState::Candidate => Role::Candidate,
+            ServerState::Shutdown => Role::Shutdown,
+            ServerState::Follower if voters.contains(&m.id) => Role::Follower,
+            _ => Role::Learner,
+        };
+        let (built, installed, last_at) = self.snapshots.read();
         NodeStatus {
             node_id: m.id,
+            raft_addr: self.advertise_addr.clone(),
+            role,
+            initialized: m.last_log_index.is_some() || m.vote.leader_id.term > 0,
             term: m.current_term,
             leader: m.current_leader,
-            is_leader: m.state == openraft::ServerState::Leader,
+            is_leader: m.state == ServerState::Leader,
             last_log_index: m.last_log_index.unwrap_or(0),
+            commit_index: self.committed.load(Ordering::Acquire),
             applied_index: m.last_applied.map(|l| l.index).unwrap_or(0),
             snapshot_index: m.snapshot.map(|l| l.index),
             purged_index: m.purged.map(|l| l.index),
-            voters: m.membership_config.voter_ids().collect(),
+            snapshots_built: built,
+            snapshots_installed: installed,
+            last_snapshot_unix: last_at,
+            voters,
+            learners,
+            addresses: membership
+                .nodes()
+                .map(|(id, n)| (*id, n.addr.clone()))
+                .collect(),
             follower_matched: m
                 .replication
                 .iter()
@@ -120,41 +310,247 @@ impl RaftNode {
         }
     }
 
-    /// Proposes a command and waits until it is committed and applied.
+    /// The leader's status: this node's when it leads, else asked of the
+    /// leader. `None` when no leader answers in time.
+    pub async fn leader_status(&self) -> Option<NodeStatus> {
+        let local = self.status();
+        if local.is_leader {
+            return Some(local);
+        }
+        match self
+            .route(
+                Forwarded::Status,
+                Duration::from_secs(2).min(self.request_timeout),
+            )
+            .await
+        {
+            Ok(ForwardReply::Status(s)) => Some(*s),
+            _ => None,
+        }
+    }
+
+    /// Proposes a command and waits until it is committed and applied, on
+    /// whichever node leads.
     #[instrument(level = "debug", skip_all, fields(agent_id = command.id()))]
     pub async fn write(&self, command: Command) -> Result<CommandResult, WriteError> {
-        match self.raft.client_write(command).await {
-            Ok(resp) => Ok(resp.data),
-            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
-                Err(WriteError::NotLeader {
-                    leader: f.leader_node.map(|n| n.addr),
-                })
-            }
-            Err(e) => Err(WriteError::Fatal(e.to_string())),
+        match self
+            .route(Forwarded::Write(command), self.request_timeout)
+            .await?
+        {
+            ForwardReply::Written(r) => Ok(r),
+            other => Err(unexpected(&other)),
         }
+    }
+
+    /// Read index: after this returns, this node has applied everything
+    /// committed before the call, so a local read is linearizable. The leader
+    /// confirms its leadership with a quorum; a follower asks the leader and
+    /// then waits for its own state machine to catch up.
+    #[instrument(level = "debug", skip_all, fields(node_id = self.id))]
+    pub async fn read_barrier(&self) -> Result<u64, WriteError> {
+        let index = match self
+            .route(Forwarded::ReadIndex, self.request_timeout)
+            .await?
+        {
+            ForwardReply::ReadIndex(i) => i,
+            other => return Err(unexpected(&other)),
+        };
+        self.raft
+            .wait(Some(self.request_timeout))
+            .applied_index_at_least(Some(index), "read index")
+            .await
+            .map_err(|e| WriteError::Unavailable(format!("not caught up with the leader: {e}")))?;
+        Ok(index)
+    }
+
+    /// Adds a learner.
+    pub async fn add_learner(
+        &self,
+        id: NodeId,
+        addr: String,
+        wait: bool,
+    ) -> Result<(), WriteError> {
+        // Catching up may take a while: a snapshot plus the log tail.
+        let timeout = if wait {
+            self.request_timeout.max(Duration::from_secs(300))
+        } else {
+            self.request_timeout
+        };
+        self.route(Forwarded::AddLearner { id, addr, wait }, timeout)
+            .await
+            .map(|_| ())
+    }
+
+    /// Makes a learner a voter.
+    pub async fn promote(&self, id: NodeId) -> Result<(), WriteError> {
+        self.route(Forwarded::Promote { id }, self.request_timeout)
+            .await
+            .map(|_| ())
+    }
+
+    /// Removes a member.
+    pub async fn remove(&self, id: NodeId) -> Result<(), WriteError> {
+        self.route(Forwarded::Remove { id }, self.request_timeout)
+            .await
+            .map(|_| ())
+    }
+
+    /// Executes `request` here if this node leads, else on the leader. Waits
+    /// for an election when no leader is known, and follows leadership
+    /// changes, until `timeout`.
+    #[instrument(level = "debug", skip_all, fields(node_id = self.id, request = request.name()))]
+    async fn route(
+        &self,
+        request: Forwarded,
+        timeout: Duration,
+    ) -> Result<ForwardReply, WriteError> {
+        let deadline = Instant::now() + timeout;
+        let mut pause = Duration::from_millis(20);
+        loop {
+            let err = match self.execute(request.clone()).await {
+                Err(WriteError::NotLeader {
+                    leader_id: Some(leader),
+                    leader: Some(addr),
+                }) if leader != self.id => {
+                    let remaining = deadline.saturating_duration_since(Instant::now());
+                    match self
+                        .network
+                        .forward(leader, &addr, &request, remaining)
+                        .await
+                    {
+                        Ok(Err(e @ WriteError::NotLeader { .. })) => e,
+                        Ok(answer) => return answer,
+                        Err(e @ TransportError::NotSent { .. }) => {
+                            WriteError::Unavailable(e.to_string())
+                        }
+                        Err(e) if request.idempotent() => WriteError::Unavailable(e.to_string()),
+                        Err(e) => {
+                            return Err(WriteError::Indeterminate(format!(
+                                "the leader did not answer; the write may or may not have been applied: {e}"
+                            )))
+                        }
+                    }
+                }
+                Err(e @ WriteError::NotLeader { .. }) | Err(e @ WriteError::Unavailable(_)) => e,
+                answer => return answer,
+            };
+            if Instant::now() + pause >= deadline {
+                return Err(match err {
+                    WriteError::NotLeader { .. } => WriteError::Unavailable(format!(
+                        "no leader reachable within {timeout:?}: {err}"
+                    )),
+                    e => e,
+                });
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(500));
+        }
+    }
+
+    /// Executes a request on this node; `NotLeader` when it does not lead.
+    pub async fn execute(&self, request: Forwarded) -> Result<ForwardReply, WriteError> {
+        match request {
+            Forwarded::Write(command) => match self.raft.client_write(command).await {
+                Ok(resp) => Ok(ForwardReply::Written(resp.data)),
+                Err(e) => Err(write_error(e)),
+            },
+            Forwarded::ReadIndex => match self.raft.get_read_log_id().await {
+                Ok((read, _)) => Ok(ForwardReply::ReadIndex(read.map(|l| l.index).unwrap_or(0))),
+                Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
+                    Err(not_leader(f))
+                }
+                Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(q))) => Err(
+                    WriteError::Unavailable(format!("leadership not confirmed by a quorum: {q}")),
+                ),
+                Err(e) => Err(fatal(e)),
+            },
+            Forwarded::AddLearner { id, addr, wait } => self
+                .raft
+                .add_learner(id, BasicNode { addr }, wait)
+                .await
+                .map(|_| ForwardReply::Done)
+                .map_err(write_error),
+            Forwarded::Promote { id } => self
+                .change(ChangeMembers::AddVoterIds(BTreeSet::from([id])))
+                .await
+                .map(|_| ForwardReply::Done),
+            Forwarded::Remove { id } => {
+                let status = self.status();
+                let change = if status.voters.contains(&id) {
+                    if status.voters.len() == 1 {
+                        return Err(WriteError::Membership(
+                            "cannot remove the last voter".into(),
+                        ));
+                    }
+                    ChangeMembers::RemoveVoters(BTreeSet::from([id]))
+                } else if status.learners.contains(&id) {
+                    ChangeMembers::RemoveNodes(BTreeSet::from([id]))
+                } else {
+                    return Err(WriteError::Membership(format!(
+                        "node {id} is not a member of the cluster"
+                    )));
+                };
+                self.change(change).await.map(|_| ForwardReply::Done)
+            }
+            Forwarded::Status => {
+                let status = self.status();
+                if status.is_leader {
+                    Ok(ForwardReply::Status(Box::new(status)))
+                } else {
+                    Err(WriteError::NotLeader {
+                        leader_id: status.leader,
+                        leader: status.leader_addr().map(String::from),
+                    })
+                }
+            }
+        }
+    }
+
+    async fn change(&self, change: ChangeMembers<NodeId, BasicNode>) -> Result<(), WriteError> {
+        // `retain = false`: a removed voter leaves the cluster rather than
+        // staying on as a learner.
+        self.raft
+            .change_membership(change, false)
+            .await
+            .map(|_| ())
+            .map_err(write_error)
     }
 
     /// Waits until this node knows a leader, so the first request after start
     /// does not race the election.
-    pub async fn wait_for_leader(&self, timeout: std::time::Duration) -> Result<(), WriteError> {
+    pub async fn wait_for_leader(&self, timeout: Duration) -> Result<(), WriteError> {
         self.raft
             .wait(Some(timeout))
             .metrics(|m| m.current_leader.is_some(), "leader elected")
             .await
             .map(|_| ())
-            .map_err(|e| WriteError::Fatal(e.to_string()))
+            .map_err(|e| WriteError::Unavailable(e.to_string()))
     }
 
-    /// Confirms leadership with a quorum before a linearizable read.
-    pub async fn read_barrier(&self) -> Result<(), WriteError> {
-        match self.raft.ensure_linearizable().await {
-            Ok(_) => Ok(()),
-            Err(RaftError::APIError(openraft::error::CheckIsLeaderError::ForwardToLeader(f))) => {
-                Err(WriteError::NotLeader {
-                    leader: f.leader_node.map(|n| n.addr),
-                })
-            }
-            Err(e) => Err(WriteError::Fatal(e.to_string())),
+    /// Stops Raft.
+    pub async fn shutdown(&self) {
+        if let Err(e) = self.raft.shutdown().await {
+            warn!(error = %e, "Raft did not shut down cleanly");
         }
     }
+}
+
+fn write_error(e: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>) -> WriteError {
+    match e {
+        RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => not_leader(f),
+        RaftError::APIError(ClientWriteError::ChangeMembershipError(m)) => {
+            WriteError::Membership(match m {
+                ChangeMembershipError::LearnerNotFound(l) => format!(
+                    "node {} must be added as a learner before it can be promoted",
+                    l.node_id
+                ),
+                other => other.to_string(),
+            })
+        }
+        RaftError::Fatal(f) => fatal(f),
+    }
+}
+
+fn unexpected(reply: &ForwardReply) -> WriteError {
+    WriteError::Fatal(format!("unexpected answer from the leader: {reply:?}"))
 }

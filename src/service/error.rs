@@ -79,11 +79,15 @@ impl From<StorageError> for ServiceError {
 
 impl From<WriteError> for ServiceError {
     fn from(e: WriteError) -> Self {
+        let message = e.to_string();
         match e {
-            WriteError::NotLeader { ref leader } => Self::Unavailable {
-                message: e.to_string(),
-                leader: leader.clone(),
+            WriteError::NotLeader { leader, .. } => Self::Unavailable { message, leader },
+            WriteError::Unavailable(_) => Self::Unavailable {
+                message,
+                leader: None,
             },
+            WriteError::Indeterminate(_) => Self::Timeout(message),
+            WriteError::Membership(_) => Self::Conflict(message),
             WriteError::Fatal(m) => Self::Unavailable {
                 message: format!("the registry cannot commit writes: {m}"),
                 leader: None,

@@ -1,9 +1,11 @@
 //! Use cases of the registry: register, update, delete, set status, get,
-//! list and watch. Meaning-level validation and entitlement checks live here;
-//! the transport layers only translate.
+//! list and watch, and cluster administration. Meaning-level validation and
+//! entitlement checks live here; the transport layers only translate.
 
+mod cluster;
 mod error;
 mod registry;
 
+pub use cluster::{ClusterService, ClusterView, MemberView};
 pub use error::ServiceError;
 pub use registry::{Consistency, ListPage, ListQuery, RegistryService};

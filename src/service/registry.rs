@@ -16,7 +16,7 @@ use crate::domain::write::WriteMode;
 use crate::domain::{
     AgentMetadata, AgentRecord, AgentStatus, Change, Limits, Principal, Visibility,
 };
-use crate::storage::Reader;
+use crate::storage::{Applied, Reader};
 
 type Result<T> = std::result::Result<T, ServiceError>;
 
@@ -396,7 +396,7 @@ impl RegistryService {
 /// watcher falls behind the live channel it goes back to history.
 async fn forward_changes(
     reader: Reader,
-    mut live: broadcast::Receiver<Change>,
+    mut live: broadcast::Receiver<Applied>,
     mut next: u64,
     principal: Option<Principal>,
     tx: mpsc::Sender<Result<Change>>,
@@ -434,14 +434,16 @@ async fn forward_changes(
                 _ = shutdown.wait_for(|s| *s) => return,
             };
             match received {
-                Ok(c) if c.revision < next => continue,
-                Ok(c) => {
+                Ok(Applied::Change(c)) if c.revision < next => continue,
+                Ok(Applied::Change(c)) => {
                     next = c.revision + 1;
                     if !send(c).await {
                         return;
                     }
                 }
-                Err(broadcast::error::RecvError::Lagged(_)) => {
+                // A snapshot replaced the state: its changes are in the
+                // history, so re-read it from where this watcher is.
+                Err(broadcast::error::RecvError::Lagged(_)) | Ok(Applied::SnapshotInstalled) => {
                     let oldest = reader.oldest_revision();
                     if next < oldest {
                         let _ = tx

@@ -14,7 +14,11 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachine, tempfile::TempDir> for Roc
         let db = open(dir.path()).map_err(|e| openraft::StorageIOError::write(&e))?;
         let sm = StateMachine::open(db.clone(), dir.path().join("snapshots"), 10_000)
             .map_err(|e| openraft::StorageIOError::write(&e))?;
-        Ok((dir, LogStore::new(db), sm))
+        Ok((
+            dir,
+            LogStore::new(db).map_err(|e| openraft::StorageIOError::write(&e))?,
+            sm,
+        ))
     }
 }
 

@@ -7,6 +7,7 @@
 
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
@@ -24,6 +25,8 @@ const KEY_LAST_PURGED: &[u8] = b"last_purged";
 #[derive(Clone)]
 pub struct LogStore {
     db: Arc<DB>,
+    /// Last committed index openraft reported, for status and metrics.
+    committed: Arc<AtomicU64>,
 }
 
 fn synced() -> WriteOptions {
@@ -41,8 +44,18 @@ fn write_err(e: impl Into<LocalError>) -> StorageError {
 }
 
 impl LogStore {
-    pub fn new(db: Arc<DB>) -> Self {
-        Self { db }
+    pub fn new(db: Arc<DB>) -> Result<Self, LocalError> {
+        let committed: Option<Option<LogId>> = get_json(&db, CF_RAFT, KEY_COMMITTED)?;
+        let index = committed.flatten().map(|l| l.index).unwrap_or(0);
+        Ok(Self {
+            db,
+            committed: Arc::new(AtomicU64::new(index)),
+        })
+    }
+
+    /// The committed index as openraft last saved it.
+    pub fn committed_index(&self) -> Arc<AtomicU64> {
+        self.committed.clone()
     }
 
     fn meta<T: serde::de::DeserializeOwned>(&self, key: &[u8]) -> Result<Option<T>, LocalError> {
@@ -129,7 +142,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let raft = cf(&self.db, CF_RAFT).map_err(write_err)?;
         self.db
             .put_cf(raft, KEY_COMMITTED, bytes)
-            .map_err(write_err)
+            .map_err(write_err)?;
+        if let Some(c) = committed {
+            self.committed.store(c.index, Ordering::Release);
+        }
+        Ok(())
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError> {

@@ -10,8 +10,8 @@ mod reader;
 mod state_machine;
 
 pub use log_store::LogStore;
-pub use reader::Reader;
-pub use state_machine::StateMachine;
+pub use reader::{Applied, Reader};
+pub use state_machine::{SnapshotStats, StateMachine};
 
 use std::path::Path;
 use std::sync::Arc;

@@ -10,11 +10,22 @@ use tokio::sync::broadcast;
 use super::{cf, get_json, key_u64, u64_key, StorageError, CF_AGENTS, CF_CHANGES};
 use crate::domain::{AgentRecord, Change};
 
+/// What live watchers are told.
+#[derive(Debug, Clone)]
+pub enum Applied {
+    /// One applied change, in revision order.
+    Change(Change),
+    /// The whole state was replaced by a snapshot from the leader; the
+    /// changes it brought are in the history, not on the live channel, so
+    /// watchers re-read the history from where they are.
+    SnapshotInstalled,
+}
+
 /// Shared between the state machine (which advances it) and the readers.
 pub(crate) struct AppliedState {
     pub revision: AtomicU64,
     pub oldest_revision: AtomicU64,
-    pub changes: broadcast::Sender<Change>,
+    pub changes: broadcast::Sender<Applied>,
 }
 
 /// A handle for reading the registry's applied state. Cheap to clone.
@@ -36,7 +47,7 @@ impl Reader {
     }
 
     /// Subscribes to changes applied from now on.
-    pub fn subscribe(&self) -> broadcast::Receiver<Change> {
+    pub fn subscribe(&self) -> broadcast::Receiver<Applied> {
         self.applied.changes.subscribe()
     }
 

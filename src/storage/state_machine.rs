@@ -12,7 +12,7 @@
 //!   one is built.
 
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use openraft::storage::{RaftStateMachine, Snapshot};
@@ -23,7 +23,7 @@ use rocksdb::{WriteBatch, DB};
 use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
 
-use super::reader::AppliedState;
+use super::reader::{Applied, AppliedState};
 use super::{
     cf, get_json, u64_key, Reader, StorageError as LocalError, CF_AGENTS, CF_CHANGES, CF_SM,
 };
@@ -40,12 +40,44 @@ const KEY_OLDEST: &[u8] = b"oldest_revision";
 /// range deletion per step rather than one per write.
 const TRIM_STEP: u64 = 1024;
 
-/// The serialised form of a snapshot.
+/// The serialised form of a snapshot. It carries the change history too, so
+/// a node brought up by a snapshot serves the same Watch history as the
+/// leader and no watcher ever misses a revision.
 #[derive(Serialize, Deserialize)]
 struct SnapshotData {
     last_applied: Option<LogId>,
     membership: StoredMembership,
     records: Vec<AgentRecord>,
+    oldest_revision: u64,
+    changes: Vec<Change>,
+}
+
+/// Snapshot activity since the node started, for status and metrics.
+#[derive(Debug, Default)]
+pub struct SnapshotStats {
+    built: AtomicU64,
+    installed: AtomicU64,
+    /// Unix seconds of the last snapshot built or installed; 0: none.
+    last_unix: AtomicU64,
+}
+
+impl SnapshotStats {
+    fn record(&self, counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+        let now = time::OffsetDateTime::now_utc().unix_timestamp();
+        self.last_unix
+            .store(u64::try_from(now).unwrap_or(0), Ordering::Relaxed);
+    }
+
+    /// (built, installed, unix seconds of the last one).
+    pub fn read(&self) -> (u64, u64, Option<u64>) {
+        let last = self.last_unix.load(Ordering::Relaxed);
+        (
+            self.built.load(Ordering::Relaxed),
+            self.installed.load(Ordering::Relaxed),
+            (last > 0).then_some(last),
+        )
+    }
 }
 
 /// A snapshot file as kept on disk: its metadata and its data.
@@ -62,6 +94,7 @@ pub struct StateMachine {
     applied: Arc<AppliedState>,
     snapshot_dir: PathBuf,
     history: u64,
+    stats: Arc<SnapshotStats>,
 }
 
 fn sm_read(e: impl Into<LocalError>) -> StorageError {
@@ -94,7 +127,12 @@ impl StateMachine {
             applied,
             snapshot_dir,
             history: history.max(TRIM_STEP),
+            stats: Arc::default(),
         })
+    }
+
+    pub fn snapshot_stats(&self) -> Arc<SnapshotStats> {
+        self.stats.clone()
     }
 
     /// A read handle over the applied state.
@@ -216,10 +254,24 @@ impl StateMachine {
             it.next();
         }
         it.status()?;
+        let oldest_revision: u64 = read(KEY_OLDEST)?
+            .map(|b| serde_json::from_slice(&b))
+            .transpose()?
+            .unwrap_or(1);
+        let mut changes = Vec::new();
+        let mut it = snap.raw_iterator_cf(cf(&self.db, CF_CHANGES)?);
+        it.seek_to_first();
+        while let Some(v) = it.value() {
+            changes.push(serde_json::from_slice::<Change>(v)?);
+            it.next();
+        }
+        it.status()?;
         let data = serde_json::to_vec(&SnapshotData {
             last_applied,
             membership: membership.clone(),
             records,
+            oldest_revision,
+            changes,
         })?;
         let snapshot_id = format!(
             "{}-{}",
@@ -238,6 +290,7 @@ impl StateMachine {
             data,
         };
         self.write_snapshot_file(&stored)?;
+        self.stats.record(&self.stats.built);
         Ok(Snapshot {
             meta,
             snapshot: Box::new(std::io::Cursor::new(stored.data)),
@@ -261,8 +314,15 @@ impl StateMachine {
         for r in &data.records {
             batch.put_cf(agents, r.metadata.id.as_bytes(), serde_json::to_vec(r)?);
         }
+        for c in &data.changes {
+            batch.put_cf(changes, u64_key(c.revision), serde_json::to_vec(c)?);
+        }
         let last = meta.last_log_id;
-        let oldest = last.map(|l| l.index + 1).unwrap_or(1);
+        let oldest = if data.changes.is_empty() {
+            last.map(|l| l.index + 1).unwrap_or(1)
+        } else {
+            data.oldest_revision
+        };
         batch.put_cf(sm, KEY_APPLIED, serde_json::to_vec(&last)?);
         batch.put_cf(
             sm,
@@ -281,6 +341,9 @@ impl StateMachine {
         self.applied
             .revision
             .store(last.map(|l| l.index).unwrap_or(0), Ordering::Release);
+        self.stats.record(&self.stats.installed);
+        // No subscriber is normal; the send result says nothing else.
+        let _ = self.applied.changes.send(Applied::SnapshotInstalled);
         Ok(())
     }
 }
@@ -363,7 +426,10 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             }
             if let CommandResult::Applied(change) = &result {
                 // No subscriber is normal; the send result says nothing else.
-                let _ = self.applied.changes.send(change.as_ref().clone());
+                let _ = self
+                    .applied
+                    .changes
+                    .send(Applied::Change(change.as_ref().clone()));
             }
             results.push(result);
         }

@@ -33,6 +33,7 @@ pub fn test_config(dir: &std::path::Path) -> Config {
         data_dir: dir.to_path_buf(),
         grpc_addr: "127.0.0.1:0".parse().unwrap(),
         http_addr: "127.0.0.1:0".parse().unwrap(),
+        raft_addr: "127.0.0.1:0".parse().unwrap(),
         admin_key: Some(ADMIN.into()),
         api_keys: vec![
             key("alice", "publisher", ALICE),

@@ -9,12 +9,20 @@ use crate::consensus::NodeStatus;
 /// Content type of the Prometheus text format.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
-fn gauge(out: &mut String, name: &str, help: &str, samples: &[(String, u64)]) {
+fn family(out: &mut String, kind: &str, name: &str, help: &str, samples: &[(String, u64)]) {
     // Writing to a String cannot fail.
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
     for (labels, value) in samples {
         let _ = writeln!(out, "{name}{labels} {value}");
     }
+}
+
+fn gauge(out: &mut String, name: &str, help: &str, samples: &[(String, u64)]) {
+    family(out, "gauge", name, help, samples);
+}
+
+fn counter(out: &mut String, name: &str, help: &str, samples: &[(String, u64)]) {
+    family(out, "counter", name, help, samples);
 }
 
 /// Renders the metrics page.
@@ -69,6 +77,36 @@ pub fn render(s: &NodeStatus, applied_revision: u64, oldest_revision: u64) -> St
         "agentry_raft_purged_index",
         "Last purged log index (0 when none).",
         &one(s.purged_index.unwrap_or(0)),
+    );
+    gauge(
+        &mut out,
+        "agentry_raft_commit_index",
+        "Highest log index known to be committed.",
+        &one(s.commit_index),
+    );
+    gauge(
+        &mut out,
+        "agentry_raft_learners",
+        "Number of learners in the membership.",
+        &one(s.learners.len() as u64),
+    );
+    counter(
+        &mut out,
+        "agentry_raft_snapshots_built_total",
+        "Snapshots this node built since it started.",
+        &one(s.snapshots_built),
+    );
+    counter(
+        &mut out,
+        "agentry_raft_snapshots_installed_total",
+        "Snapshots this node installed from a leader since it started.",
+        &one(s.snapshots_installed),
+    );
+    gauge(
+        &mut out,
+        "agentry_raft_last_snapshot_timestamp_seconds",
+        "Unix time of the last snapshot built or installed (0 when none).",
+        &one(s.last_snapshot_unix.unwrap_or(0)),
     );
     gauge(
         &mut out,
@@ -150,6 +188,7 @@ mod tests {
             text.contains("agentry_raft_follower_lag_entries{node_id=\"1\",follower=\"2\"} 2\n")
         );
         assert!(text.contains("agentry_raft_voters{node_id=\"1\"} 3\n"));
+        assert!(text.contains("# TYPE agentry_raft_snapshots_built_total counter\n"));
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             let value = line.rsplit(' ').next().unwrap();
             assert!(

@@ -23,6 +23,7 @@ use crate::domain::{AgentStatus, Visibility};
 use crate::pb::{self, registry_server::Registry};
 use crate::service::ServiceError;
 
+mod cluster;
 mod metrics;
 mod openapi;
 
@@ -32,6 +33,7 @@ pub use openapi::OPENAPI_JSON;
 #[derive(Clone)]
 pub struct HttpState {
     pub api: RegistryApi,
+    pub cluster: super::cluster::ClusterApi,
     pub auth: Arc<Authenticator>,
     /// Largest request body accepted, in bytes.
     pub max_body: usize,
@@ -718,6 +720,23 @@ pub fn routes() -> Routes {
     .add("PUT", "/agents/{id}", routing::put(update_agent))
     .add("DELETE", "/agents/{id}", routing::delete(delete_agent))
     .add("POST", "/agents/{id}/status", routing::post(set_status))
+    .add("GET", "/cluster", routing::get(cluster::status))
+    .add("POST", "/cluster/init", routing::post(cluster::initialize))
+    .add(
+        "POST",
+        "/cluster/learners",
+        routing::post(cluster::add_learner),
+    )
+    .add(
+        "POST",
+        "/cluster/members/{id}/promote",
+        routing::post(cluster::promote),
+    )
+    .add(
+        "DELETE",
+        "/cluster/members/{id}",
+        routing::delete(cluster::remove),
+    )
     .add("GET", "/healthz", routing::get(healthz))
     .add("GET", "/readyz", routing::get(readyz))
     .add("GET", "/metrics", routing::get(metrics_page))

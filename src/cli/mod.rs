@@ -27,6 +27,10 @@ macro_rules! out {
     }};
 }
 
+mod cluster;
+
+pub use cluster::{run_cluster, ClusterArgs};
+
 #[derive(Debug, Parser)]
 #[command(
     name = "agentry",
@@ -55,6 +59,8 @@ pub enum Command {
     Serve(ServeArgs),
     /// Manage agent records on a running registry.
     Agents(AgentsArgs),
+    /// Cluster status, bootstrap and membership.
+    Cluster(ClusterArgs),
 }
 
 /// Flags and environment variables override the config file.
@@ -72,12 +78,31 @@ pub struct ServeArgs {
     /// HTTP/JSON facade listener address.
     #[arg(long, env = "AGENTRY_HTTP_ADDR")]
     pub http_addr: Option<SocketAddr>,
-    /// Address advertised for Raft traffic.
+    /// Internal Raft listener address (node-to-node traffic only).
     #[arg(long, env = "AGENTRY_RAFT_ADDR")]
-    pub raft_addr: Option<String>,
+    pub raft_addr: Option<SocketAddr>,
+    /// host:port other nodes use to reach the Raft listener.
+    #[arg(long, env = "AGENTRY_RAFT_ADVERTISE_ADDR")]
+    pub raft_advertise_addr: Option<String>,
     /// Raft node id.
     #[arg(long, env = "AGENTRY_NODE_ID")]
     pub node_id: Option<u64>,
+    /// Take the node id from the hostname's trailing ordinal (StatefulSet).
+    #[arg(long, env = "AGENTRY_NODE_ID_FROM_HOSTNAME")]
+    pub node_id_from_hostname: bool,
+    /// auto (single node, or the lowest id of --initial-members initialises)
+    /// or manual (wait for `agentry cluster init` or to be added).
+    #[arg(long, env = "AGENTRY_BOOTSTRAP")]
+    pub bootstrap: Option<String>,
+    /// Static members of a new cluster: id=host:port, comma-separated.
+    #[arg(long, env = "AGENTRY_INITIAL_MEMBERS", value_delimiter = ',')]
+    pub initial_members: Vec<String>,
+    /// Log entries between snapshots.
+    #[arg(long, env = "AGENTRY_SNAPSHOT_LOGS")]
+    pub snapshot_logs: Option<u64>,
+    /// Testing only: allow network fault injection through the admin API.
+    #[arg(long, env = "AGENTRY_FAULT_INJECTION")]
+    pub fault_injection: bool,
     /// Require an API key for reads too.
     #[arg(long, env = "AGENTRY_NO_ANONYMOUS_READS")]
     pub no_anonymous_reads: bool,
@@ -102,11 +127,29 @@ impl ServeArgs {
         if let Some(v) = self.http_addr {
             c.http_addr = v;
         }
-        if let Some(v) = &self.raft_addr {
-            c.raft_addr = v.clone();
+        if let Some(v) = self.raft_addr {
+            c.raft_addr = v;
+        }
+        if let Some(v) = &self.raft_advertise_addr {
+            c.raft_advertise_addr = Some(v.clone());
         }
         if let Some(v) = self.node_id {
             c.node_id = v;
+        }
+        if self.node_id_from_hostname {
+            c.node_id_from_hostname = true;
+        }
+        if let Some(v) = &self.bootstrap {
+            c.bootstrap = v.clone();
+        }
+        if !self.initial_members.is_empty() {
+            c.initial_members = self.initial_members.clone();
+        }
+        if let Some(v) = self.snapshot_logs {
+            c.snapshot_logs = v;
+        }
+        if self.fault_injection {
+            c.fault_injection = true;
         }
         if self.no_anonymous_reads {
             c.anonymous_reads = false;
@@ -116,22 +159,68 @@ impl ServeArgs {
     }
 }
 
+/// How client commands reach the registry.
 #[derive(Debug, Args)]
-pub struct AgentsArgs {
-    /// gRPC address of a registry node.
+pub struct ClientArgs {
+    /// gRPC address of a registry node; several, comma-separated, are tried
+    /// in turn (and a watch moves to the next when its node goes away).
     #[arg(
         long,
         env = "AGENTRY_SERVER",
         default_value = "http://127.0.0.1:8471",
+        value_delimiter = ',',
         global = true
     )]
-    pub server: String,
+    pub server: Vec<String>,
     /// API key sent as a bearer token.
     #[arg(long, env = "AGENTRY_API_KEY", hide_env_values = true, global = true)]
     pub api_key: Option<String>,
     /// Print JSON instead of tables.
     #[arg(long, global = true)]
     pub json: bool,
+}
+
+impl ClientArgs {
+    /// Connects to the first server that answers, starting at `start`.
+    pub async fn connect(&self, start: usize) -> Result<(usize, Channel), CliError> {
+        let mut last = String::from("no --server given");
+        for i in 0..self.server.len() {
+            let k = (start + i) % self.server.len();
+            let addr = &self.server[k];
+            let addr = if addr.contains("://") {
+                addr.clone()
+            } else {
+                format!("http://{addr}")
+            };
+            match Channel::from_shared(addr.clone())
+                .map_err(local)?
+                .connect()
+                .await
+            {
+                Ok(c) => return Ok((k, c)),
+                Err(e) => last = format!("cannot reach {addr}: {e}"),
+            }
+        }
+        Err(local(last))
+    }
+
+    /// Wraps a message with the API key.
+    pub fn request<T>(&self, msg: T) -> Result<tonic::Request<T>, CliError> {
+        let mut req = tonic::Request::new(msg);
+        if let Some(key) = &self.api_key {
+            let value = format!("Bearer {key}")
+                .parse()
+                .map_err(|_| local("the API key is not valid header text"))?;
+            req.metadata_mut().insert("authorization", value);
+        }
+        Ok(req)
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct AgentsArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
     #[command(subcommand)]
     pub command: AgentsCommand,
 }
@@ -208,18 +297,7 @@ fn local(e: impl std::fmt::Display) -> CliError {
     CliError::Local(e.to_string())
 }
 
-fn request<T>(args: &AgentsArgs, msg: T) -> Result<tonic::Request<T>, CliError> {
-    let mut req = tonic::Request::new(msg);
-    if let Some(key) = &args.api_key {
-        let value = format!("Bearer {key}")
-            .parse()
-            .map_err(|_| local("the API key is not valid header text"))?;
-        req.metadata_mut().insert("authorization", value);
-    }
-    Ok(req)
-}
-
-fn print_record(args: &AgentsArgs, r: &pb::AgentRecord) -> Result<(), CliError> {
+fn print_record(args: &ClientArgs, r: &pb::AgentRecord) -> Result<(), CliError> {
     let v = record_pb_to_json(r).map_err(local)?;
     if args.json {
         out!("{}", serde_json::to_string_pretty(&v).map_err(local)?);
@@ -283,14 +361,11 @@ fn parse_status(s: &str) -> Result<i32, CliError> {
 }
 
 /// Runs a client command against `args.server`.
-pub async fn run_agents(args: AgentsArgs) -> Result<(), CliError> {
-    let channel = Channel::from_shared(args.server.clone())
-        .map_err(local)?
-        .connect()
-        .await
-        .map_err(|e| local(format!("cannot reach {}: {e}", args.server)))?;
+pub async fn run_agents(all: AgentsArgs) -> Result<(), CliError> {
+    let args = &all.client;
+    let (_, channel) = args.connect(0).await?;
     let mut client = RegistryClient::new(channel);
-    match &args.command {
+    match &all.command {
         AgentsCommand::Register { file, private } => {
             let mut text = String::new();
             if file == "-" {
@@ -310,35 +385,29 @@ pub async fn run_agents(args: AgentsArgs) -> Result<(), CliError> {
                 pb::Visibility::Unspecified
             } as i32;
             let resp = client
-                .register(request(
-                    &args,
-                    pb::RegisterRequest {
-                        metadata: Some(metadata),
-                        visibility,
-                    },
-                )?)
+                .register(args.request(pb::RegisterRequest {
+                    metadata: Some(metadata),
+                    visibility,
+                })?)
                 .await?
                 .into_inner();
             if !args.json {
                 out!("{}", if resp.created { "created" } else { "updated" });
             }
             if let Some(r) = &resp.record {
-                print_record(&args, r)?;
+                print_record(args, r)?;
             }
         }
         AgentsCommand::Get { id } => {
             let resp = client
-                .get(request(
-                    &args,
-                    pb::GetRequest {
-                        id: id.clone(),
-                        consistency: 0,
-                    },
-                )?)
+                .get(args.request(pb::GetRequest {
+                    id: id.clone(),
+                    consistency: 0,
+                })?)
                 .await?
                 .into_inner();
             if let Some(r) = &resp.record {
-                print_record(&args, r)?;
+                print_record(args, r)?;
             }
         }
         AgentsCommand::List {
@@ -372,7 +441,7 @@ pub async fn run_agents(args: AgentsArgs) -> Result<(), CliError> {
                     page_token: token.clone(),
                     consistency: 0,
                 };
-                let resp = client.list(request(&args, req)?).await?.into_inner();
+                let resp = client.list(args.request(req)?).await?.into_inner();
                 total = resp.total_count;
                 rows.extend(resp.records);
                 token = resp.next_page_token;
@@ -423,7 +492,7 @@ pub async fn run_agents(args: AgentsArgs) -> Result<(), CliError> {
         }
         AgentsCommand::Delete { id } => {
             let resp = client
-                .delete(request(&args, pb::DeleteRequest { id: id.clone() })?)
+                .delete(args.request(pb::DeleteRequest { id: id.clone() })?)
                 .await?
                 .into_inner();
             if args.json {
@@ -441,52 +510,108 @@ pub async fn run_agents(args: AgentsArgs) -> Result<(), CliError> {
                 status: parse_status(status)?,
                 reason: reason.clone(),
             };
-            let resp = client.set_status(request(&args, req)?).await?.into_inner();
+            let resp = client.set_status(args.request(req)?).await?.into_inner();
             if let Some(r) = &resp.record {
-                print_record(&args, r)?;
+                print_record(args, r)?;
             }
         }
-        AgentsCommand::Watch { from } => {
-            let mut stream = client
-                .watch(request(
-                    &args,
-                    pb::WatchRequest {
-                        from_revision: *from,
-                    },
-                )?)
-                .await?
-                .into_inner();
-            while let Some(item) = stream.next().await {
-                let change = item?;
-                let kind = pb::ChangeKind::try_from(change.kind)
-                    .map(|k| k.as_str_name())
-                    .unwrap_or("UNKNOWN");
-                if args.json {
-                    let record = change
-                        .record
-                        .as_ref()
-                        .map(record_pb_to_json)
-                        .transpose()
-                        .map_err(local)?;
-                    out!(
-                        "{}",
-                        serde_json::json!({"revision": change.revision, "kind": kind.trim_start_matches("CHANGE_KIND_").to_lowercase(), "record": record})
-                    );
-                } else {
-                    let id = change
-                        .record
-                        .and_then(|r| r.metadata)
-                        .map(|m| m.id)
-                        .unwrap_or_default();
-                    out!(
-                        "{:>8} {:<15} {}",
-                        change.revision,
-                        kind.trim_start_matches("CHANGE_KIND_"),
-                        id
-                    );
-                }
-            }
-        }
+        AgentsCommand::Watch { from } => watch(args, client, *from).await?,
     }
     Ok(())
+}
+
+fn print_change(args: &ClientArgs, change: pb::WatchResponse) -> Result<(), CliError> {
+    let kind = pb::ChangeKind::try_from(change.kind)
+        .map(|k| k.as_str_name())
+        .unwrap_or("UNKNOWN")
+        .trim_start_matches("CHANGE_KIND_");
+    if args.json {
+        let record = change
+            .record
+            .as_ref()
+            .map(record_pb_to_json)
+            .transpose()
+            .map_err(local)?;
+        out!(
+            "{}",
+            serde_json::json!({"revision": change.revision, "kind": kind.to_lowercase(), "record": record})
+        );
+    } else {
+        let id = change
+            .record
+            .and_then(|r| r.metadata)
+            .map(|m| m.id)
+            .unwrap_or_default();
+        out!("{:>8} {:<15} {}", change.revision, kind, id);
+    }
+    Ok(())
+}
+
+/// Follows the change feed. When the node goes away the watch resumes on
+/// the next server from the revision after the last one printed, so no
+/// change is missed or shown twice.
+async fn watch(
+    args: &ClientArgs,
+    mut client: RegistryClient<Channel>,
+    from: u64,
+) -> Result<(), CliError> {
+    let mut next = if from == 0 {
+        // "From now" must survive a reconnect too: pin "now" to a revision.
+        let list = pb::ListRequest {
+            page_size: 1,
+            ..Default::default()
+        };
+        client
+            .list(args.request(list)?)
+            .await?
+            .into_inner()
+            .applied_revision
+            + 1
+    } else {
+        from
+    };
+    let mut server = 0;
+    loop {
+        let req = args.request(pb::WatchRequest {
+            from_revision: next,
+        })?;
+        let ended = match client.watch(req).await {
+            Ok(stream) => {
+                let mut stream = stream.into_inner();
+                loop {
+                    match stream.next().await {
+                        Some(Ok(change)) => {
+                            next = change.revision + 1;
+                            print_change(args, change)?;
+                        }
+                        Some(Err(s)) => break s,
+                        None => break tonic::Status::unavailable("the server ended the stream"),
+                    }
+                }
+            }
+            Err(s) => s,
+        };
+        if !matches!(
+            ended.code(),
+            tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled
+        ) {
+            return Err(ended.into());
+        }
+        eprintln!(
+            "watch interrupted ({}); resuming from revision {next}",
+            ended.message()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        let (k, channel) = loop {
+            match args.connect(server + 1).await {
+                Ok(found) => break found,
+                Err(e) => {
+                    eprintln!("{e}; retrying");
+                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                }
+            }
+        };
+        server = k;
+        client = RegistryClient::new(channel);
+    }
 }

@@ -1,0 +1,165 @@
+//! `agentry.v1.Cluster` handlers: convert, call the cluster service, convert
+//! back. The HTTP facade calls these same handlers.
+
+use std::time::Duration;
+
+use tonic::{Request, Response, Status};
+
+use super::grpc::principal;
+use crate::consensus::LinkFault;
+use crate::pb::{self, cluster_server::Cluster};
+use crate::service::{ClusterService, ClusterView};
+
+/// The `agentry.v1.Cluster` service.
+#[derive(Clone)]
+pub struct ClusterApi {
+    service: ClusterService,
+}
+
+impl ClusterApi {
+    pub fn new(service: ClusterService) -> Self {
+        Self { service }
+    }
+}
+
+fn rfc3339(unix: u64) -> String {
+    i64::try_from(unix)
+        .ok()
+        .and_then(|s| time::OffsetDateTime::from_unix_timestamp(s).ok())
+        .map(crate::domain::time::format)
+        .unwrap_or_default()
+}
+
+fn view_to_pb(v: ClusterView) -> pb::ClusterStatus {
+    let n = v.node;
+    pb::ClusterStatus {
+        node: Some(pb::NodeState {
+            id: n.node_id,
+            raft_addr: n.raft_addr,
+            role: n.role.as_str().into(),
+            term: n.term,
+            commit_index: n.commit_index,
+            applied_index: n.applied_index,
+            last_log_index: n.last_log_index,
+            snapshot_index: n.snapshot_index.unwrap_or(0),
+            purged_index: n.purged_index.unwrap_or(0),
+            snapshots_built: n.snapshots_built,
+            snapshots_installed: n.snapshots_installed,
+            last_snapshot_at: n.last_snapshot_unix.map(rfc3339).unwrap_or_default(),
+            initialized: n.initialized,
+        }),
+        leader_id: v.leader_id.unwrap_or(0),
+        leader_raft_addr: v.leader_addr.unwrap_or_default(),
+        members: v
+            .members
+            .into_iter()
+            .map(|m| pb::MemberStatus {
+                id: m.id,
+                raft_addr: m.raft_addr,
+                role: if m.voter { "voter" } else { "learner" }.into(),
+                leader: m.leader,
+                matched_index: m.matched_index,
+                lag: m.lag,
+            })
+            .collect(),
+        replication_known: v.replication_known,
+    }
+}
+
+impl ClusterApi {
+    async fn answer<T>(&self, req: &Request<T>) -> Result<Response<pb::ClusterStatus>, Status> {
+        let view = self.service.status(principal(req).as_ref()).await?;
+        Ok(Response::new(view_to_pb(view)))
+    }
+}
+
+#[tonic::async_trait]
+impl Cluster for ClusterApi {
+    #[tracing::instrument(name = "grpc.Cluster.Status", skip_all)]
+    async fn status(
+        &self,
+        req: Request<pb::ClusterStatusRequest>,
+    ) -> Result<Response<pb::ClusterStatus>, Status> {
+        self.answer(&req).await
+    }
+
+    #[tracing::instrument(name = "grpc.Cluster.Initialize", skip_all)]
+    async fn initialize(
+        &self,
+        req: Request<pb::InitializeRequest>,
+    ) -> Result<Response<pb::ClusterStatus>, Status> {
+        let members = req
+            .get_ref()
+            .members
+            .iter()
+            .map(|m| (m.id, m.raft_addr.clone()))
+            .collect();
+        self.service
+            .initialize(principal(&req).as_ref(), members)
+            .await?;
+        self.answer(&req).await
+    }
+
+    #[tracing::instrument(name = "grpc.Cluster.AddLearner", skip_all, fields(id = req.get_ref().id))]
+    async fn add_learner(
+        &self,
+        req: Request<pb::AddLearnerRequest>,
+    ) -> Result<Response<pb::ClusterStatus>, Status> {
+        let r = req.get_ref();
+        self.service
+            .add_learner(
+                principal(&req).as_ref(),
+                r.id,
+                r.raft_addr.clone(),
+                r.wait_caught_up,
+            )
+            .await?;
+        self.answer(&req).await
+    }
+
+    #[tracing::instrument(name = "grpc.Cluster.Promote", skip_all, fields(id = req.get_ref().id))]
+    async fn promote(
+        &self,
+        req: Request<pb::PromoteRequest>,
+    ) -> Result<Response<pb::ClusterStatus>, Status> {
+        self.service
+            .promote(principal(&req).as_ref(), req.get_ref().id)
+            .await?;
+        self.answer(&req).await
+    }
+
+    #[tracing::instrument(name = "grpc.Cluster.Remove", skip_all, fields(id = req.get_ref().id))]
+    async fn remove(
+        &self,
+        req: Request<pb::RemoveRequest>,
+    ) -> Result<Response<pb::ClusterStatus>, Status> {
+        self.service
+            .remove(principal(&req).as_ref(), req.get_ref().id)
+            .await?;
+        self.answer(&req).await
+    }
+
+    #[tracing::instrument(name = "grpc.Cluster.SetFaults", skip_all)]
+    async fn set_faults(
+        &self,
+        req: Request<pb::SetFaultsRequest>,
+    ) -> Result<Response<pb::SetFaultsResponse>, Status> {
+        let rules = req
+            .get_ref()
+            .faults
+            .iter()
+            .map(|f| {
+                (
+                    f.peer,
+                    LinkFault {
+                        blocked: f.blocked,
+                        drop_rate: f.drop_rate,
+                        delay: Duration::from_millis(u64::from(f.delay_ms)),
+                    },
+                )
+            })
+            .collect();
+        self.service.set_faults(principal(&req).as_ref(), rules)?;
+        Ok(Response::new(pb::SetFaultsResponse {}))
+    }
+}

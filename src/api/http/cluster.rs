@@ -1,0 +1,153 @@
+//! Cluster routes of the facade: `GET /cluster` and the admin operations,
+//! each calling the same `agentry.v1.Cluster` handler as gRPC.
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::{grpc_request, invalid, json_body, json_response, ApiError, ApiResult, HttpState};
+use crate::pb::{self, cluster_server::Cluster};
+
+fn status_json(s: &pb::ClusterStatus) -> Value {
+    let node = s.node.clone().unwrap_or_default();
+    json!({
+        "node": {
+            "id": node.id,
+            "raft_addr": node.raft_addr,
+            "role": node.role,
+            "initialized": node.initialized,
+            "term": node.term,
+            "commit_index": node.commit_index,
+            "applied_index": node.applied_index,
+            "last_log_index": node.last_log_index,
+            "snapshot_index": node.snapshot_index,
+            "purged_index": node.purged_index,
+            "snapshots_built": node.snapshots_built,
+            "snapshots_installed": node.snapshots_installed,
+            "last_snapshot_at": (!node.last_snapshot_at.is_empty()).then_some(node.last_snapshot_at),
+        },
+        "leader_id": (s.leader_id != 0).then_some(s.leader_id),
+        "leader_raft_addr": (!s.leader_raft_addr.is_empty()).then_some(&s.leader_raft_addr),
+        "replication_known": s.replication_known,
+        "members": s.members.iter().map(|m| json!({
+            "id": m.id,
+            "raft_addr": m.raft_addr,
+            "role": m.role,
+            "leader": m.leader,
+            "matched_index": m.matched_index,
+            "lag": m.lag,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// Parses a JSON body into `T`, naming the offending member on error.
+fn parse<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(v).map_err(|e| {
+        let path = e.path().to_string();
+        let pointer = if path == "." {
+            String::new()
+        } else {
+            format!("/{}", path.replace('.', "/"))
+        };
+        invalid(Some(&pointer), e.inner().to_string())
+    })
+}
+
+fn ok(resp: tonic::Response<pb::ClusterStatus>) -> ApiResult {
+    Ok(json_response(StatusCode::OK, &status_json(resp.get_ref())))
+}
+
+fn node_id(raw: &str) -> Result<u64, ApiError> {
+    raw.parse()
+        .map_err(|_| invalid(Some("/id"), format!("'{raw}' is not a node id")))
+}
+
+pub(super) async fn status(State(s): State<HttpState>, headers: HeaderMap) -> ApiResult {
+    let req = grpc_request(&s, &headers, pb::ClusterStatusRequest {})?;
+    ok(s.cluster.status(req).await?)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MemberBody {
+    id: u64,
+    raft_addr: String,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct InitBody {
+    #[serde(default)]
+    members: Vec<MemberBody>,
+}
+
+pub(super) async fn initialize(
+    State(s): State<HttpState>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult {
+    let has_body = headers.contains_key(axum::http::header::CONTENT_TYPE);
+    let body: InitBody = if has_body {
+        parse(json_body(&s, &headers, body).await?)?
+    } else {
+        InitBody::default()
+    };
+    let msg = pb::InitializeRequest {
+        members: body
+            .members
+            .into_iter()
+            .map(|m| pb::Member {
+                id: m.id,
+                raft_addr: m.raft_addr,
+            })
+            .collect(),
+    };
+    ok(s.cluster
+        .initialize(grpc_request(&s, &headers, msg)?)
+        .await?)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LearnerBody {
+    id: u64,
+    raft_addr: String,
+    #[serde(default)]
+    wait_caught_up: bool,
+}
+
+pub(super) async fn add_learner(
+    State(s): State<HttpState>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult {
+    let b: LearnerBody = parse(json_body(&s, &headers, body).await?)?;
+    let msg = pb::AddLearnerRequest {
+        id: b.id,
+        raft_addr: b.raft_addr,
+        wait_caught_up: b.wait_caught_up,
+    };
+    ok(s.cluster
+        .add_learner(grpc_request(&s, &headers, msg)?)
+        .await?)
+}
+
+pub(super) async fn promote(
+    State(s): State<HttpState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> ApiResult {
+    let msg = pb::PromoteRequest { id: node_id(&id)? };
+    ok(s.cluster.promote(grpc_request(&s, &headers, msg)?).await?)
+}
+
+pub(super) async fn remove(
+    State(s): State<HttpState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> ApiResult {
+    let msg = pb::RemoveRequest { id: node_id(&id)? };
+    ok(s.cluster.remove(grpc_request(&s, &headers, msg)?).await?)
+}

@@ -1,0 +1,58 @@
+//! Requests that only the leader can execute. Any node accepts them from a
+//! client; a follower sends them to the leader over the internal transport
+//! (`RaftTransport.Forward`), so clients never need to know who leads.
+
+use serde::{Deserialize, Serialize};
+
+use super::{Command, CommandResult, NodeId, NodeStatus};
+
+/// A request executed on the leader.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Forwarded {
+    /// A client write.
+    Write(Command),
+    /// Read index: the leader confirms its leadership with a quorum and
+    /// answers the log index a linearizable read must wait for.
+    ReadIndex,
+    /// Add a learner (optionally waiting until it caught up).
+    AddLearner {
+        id: NodeId,
+        addr: String,
+        wait: bool,
+    },
+    /// Make a learner a voter.
+    Promote { id: NodeId },
+    /// Remove a voter or learner.
+    Remove { id: NodeId },
+    /// The leader's view of the cluster (replication progress).
+    Status,
+}
+
+impl Forwarded {
+    /// Whether executing it twice is harmless, so a send whose answer was
+    /// lost may be retried. Client writes are not: a retried delete would
+    /// answer "gone" for its own success.
+    pub fn idempotent(&self) -> bool {
+        !matches!(self, Forwarded::Write(_))
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            Forwarded::Write(_) => "write",
+            Forwarded::ReadIndex => "read_index",
+            Forwarded::AddLearner { .. } => "add_learner",
+            Forwarded::Promote { .. } => "promote",
+            Forwarded::Remove { .. } => "remove",
+            Forwarded::Status => "status",
+        }
+    }
+}
+
+/// The leader's answer.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum ForwardReply {
+    Written(CommandResult),
+    ReadIndex(u64),
+    Done,
+    Status(Box<NodeStatus>),
+}

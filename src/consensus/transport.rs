@@ -1,0 +1,122 @@
+//! The server side of the internal Raft transport: hands peers' messages to
+//! openraft and executes requests forwarded by followers. Served only on the
+//! internal listener, never next to the public API.
+
+use std::io::Cursor;
+
+use futures::StreamExt;
+use openraft::raft::{AppendEntriesRequest, VoteRequest};
+use openraft::{BasicNode, Snapshot, SnapshotMeta, Vote};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tonic::{Request, Response, Status, Streaming};
+use tracing::instrument;
+
+use super::faults::Faults;
+use super::forward::Forwarded;
+use super::{NodeId, RaftNode, TypeConfig};
+use crate::pb::raft_transport_server::RaftTransport;
+use crate::pb::{RaftMessage, SnapshotChunk};
+
+/// gRPC service of the internal listener.
+pub struct RaftService {
+    node: RaftNode,
+    faults: Faults,
+    max_snapshot_bytes: usize,
+}
+
+impl RaftService {
+    pub fn new(node: RaftNode, faults: Faults, max_snapshot_bytes: usize) -> Self {
+        Self {
+            node,
+            faults,
+            max_snapshot_bytes,
+        }
+    }
+
+    /// Refuses messages from a peer cut off by fault rules. FAILED_PRECONDITION
+    /// tells the sender nothing was done.
+    fn admit(&self, from: NodeId) -> Result<(), Status> {
+        if self.faults.refuses(from) {
+            return Err(Status::failed_precondition(format!(
+                "node {} refuses traffic from node {from} (fault injection)",
+                self.node.id
+            )));
+        }
+        Ok(())
+    }
+}
+
+fn decode<T: DeserializeOwned>(json: &[u8]) -> Result<T, Status> {
+    serde_json::from_slice(json).map_err(|e| Status::invalid_argument(format!("bad message: {e}")))
+}
+
+fn encode<T: Serialize>(value: &T) -> Result<Response<RaftMessage>, Status> {
+    let json = serde_json::to_vec(value).map_err(|e| Status::internal(e.to_string()))?;
+    Ok(Response::new(RaftMessage { from: 0, json }))
+}
+
+#[tonic::async_trait]
+impl RaftTransport for RaftService {
+    #[instrument(level = "debug", skip_all, fields(node_id = self.node.id, from = request.get_ref().from))]
+    async fn append_entries(
+        &self,
+        request: Request<RaftMessage>,
+    ) -> Result<Response<RaftMessage>, Status> {
+        let msg = request.into_inner();
+        self.admit(msg.from)?;
+        let rpc: AppendEntriesRequest<TypeConfig> = decode(&msg.json)?;
+        encode(&self.node.raft.append_entries(rpc).await)
+    }
+
+    #[instrument(level = "debug", skip_all, fields(node_id = self.node.id, from = request.get_ref().from))]
+    async fn vote(&self, request: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
+        let msg = request.into_inner();
+        self.admit(msg.from)?;
+        let rpc: VoteRequest<NodeId> = decode(&msg.json)?;
+        encode(&self.node.raft.vote(rpc).await)
+    }
+
+    #[instrument(level = "info", skip_all, fields(node_id = self.node.id))]
+    async fn install_snapshot(
+        &self,
+        request: Request<Streaming<SnapshotChunk>>,
+    ) -> Result<Response<RaftMessage>, Status> {
+        let mut chunks = request.into_inner();
+        let first = chunks
+            .next()
+            .await
+            .ok_or_else(|| Status::invalid_argument("empty snapshot stream"))??;
+        self.admit(first.from)?;
+        let (vote, meta): (Vote<NodeId>, SnapshotMeta<NodeId, BasicNode>) = decode(&first.header)?;
+        let mut data = first.data;
+        while let Some(chunk) = chunks.next().await {
+            let chunk = chunk?;
+            if data.len() + chunk.data.len() > self.max_snapshot_bytes {
+                return Err(Status::resource_exhausted(format!(
+                    "snapshot exceeds {} bytes",
+                    self.max_snapshot_bytes
+                )));
+            }
+            data.extend_from_slice(&chunk.data);
+        }
+        tracing::info!(bytes = data.len(), snapshot = %meta.snapshot_id, "received a snapshot");
+        let snapshot = Snapshot::<TypeConfig> {
+            meta,
+            snapshot: Box::new(Cursor::new(data)),
+        };
+        encode(&self.node.raft.install_full_snapshot(vote, snapshot).await)
+    }
+
+    #[instrument(level = "debug", skip_all, fields(node_id = self.node.id, from = request.get_ref().from))]
+    async fn forward(
+        &self,
+        request: Request<RaftMessage>,
+    ) -> Result<Response<RaftMessage>, Status> {
+        let msg = request.into_inner();
+        self.admit(msg.from)?;
+        let forwarded: Forwarded = decode(&msg.json)?;
+        tracing::debug!(request = forwarded.name(), "executing a forwarded request");
+        encode(&self.node.execute(forwarded).await)
+    }
+}
