@@ -175,7 +175,9 @@ impl RaftNode {
             election_timeout_max: settings.election_timeout_ms * 2,
             snapshot_policy: SnapshotPolicy::LogsSinceLast(settings.snapshot_logs),
             max_in_snapshot_log_to_keep: settings.snapshot_keep_logs,
-            purge_batch_size: 256,
+            // Purge in batches, but never so large that a small snapshot
+            // interval keeps the whole log.
+            purge_batch_size: (settings.snapshot_logs / 4).clamp(1, 256),
             // Bounded so one AppendEntries stays well below the message limit
             // even with records at the size limit.
             max_payload_entries: 64,

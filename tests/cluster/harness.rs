@@ -1,0 +1,394 @@
+//! A cluster of real `agentry` processes on loopback: each node has its own
+//! data directory and fixed ports (so a restarted node comes back at the
+//! same address), can be killed with SIGKILL and restarted, and has network
+//! fault rules (drop, delay, partition) set through the admin API.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use agentry::pb::{self, cluster_client::ClusterClient};
+use serde_json::{json, Value};
+
+pub const ADMIN: &str = "cluster-test-admin-key";
+
+/// Extra `serve` flags for every node.
+#[derive(Clone, Default)]
+pub struct Options {
+    pub snapshot_logs: Option<u64>,
+    pub request_timeout_secs: Option<u64>,
+}
+
+pub struct Node {
+    pub id: u64,
+    pub grpc: u16,
+    pub http: u16,
+    pub raft: u16,
+    child: Option<Child>,
+}
+
+pub struct Cluster {
+    pub nodes: BTreeMap<u64, Node>,
+    dir: tempfile::TempDir,
+    options: Options,
+    pub http: reqwest::Client,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+impl Cluster {
+    /// An empty harness; add nodes with `spawn`.
+    pub fn new(options: Options) -> Self {
+        Self {
+            nodes: BTreeMap::new(),
+            dir: tempfile::tempdir().expect("tempdir"),
+            options,
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(10))
+                .build()
+                .expect("http client"),
+        }
+    }
+
+    /// Starts `n` nodes that bootstrap from a static member list and waits
+    /// until they agree on a leader.
+    pub async fn start(n: u64, options: Options) -> Self {
+        let mut c = Self::new(options);
+        for id in 1..=n {
+            c.reserve(id);
+        }
+        let members = c.member_list();
+        for id in 1..=n {
+            c.spawn(id, &["--initial-members", &members]);
+        }
+        c.wait_for_leader(Duration::from_secs(30)).await;
+        c
+    }
+
+    /// Picks ports for a node id.
+    pub fn reserve(&mut self, id: u64) {
+        self.nodes.insert(
+            id,
+            Node {
+                id,
+                grpc: free_port(),
+                http: free_port(),
+                raft: free_port(),
+                child: None,
+            },
+        );
+    }
+
+    fn member_list(&self) -> String {
+        self.nodes
+            .values()
+            .map(|n| format!("{}=127.0.0.1:{}", n.id, n.raft))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    pub fn data_dir(&self, id: u64) -> PathBuf {
+        self.dir.path().join(format!("node-{id}"))
+    }
+
+    /// Starts the process of node `id` (reserved before) with extra flags,
+    /// and waits for its ready line.
+    pub fn spawn(&mut self, id: u64, extra: &[&str]) {
+        let data_dir = self.data_dir(id);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join(format!("node-{id}.log")))
+            .expect("log file");
+        let node = self.nodes.get(&id).expect("reserved node");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_agentry"));
+        cmd.arg("serve")
+            .args(["--node-id", &id.to_string()])
+            .args(["--grpc-addr", &format!("127.0.0.1:{}", node.grpc)])
+            .args(["--http-addr", &format!("127.0.0.1:{}", node.http)])
+            .args(["--raft-addr", &format!("127.0.0.1:{}", node.raft)])
+            .arg("--data-dir")
+            .arg(&data_dir)
+            .arg("--fault-injection")
+            .args(extra)
+            .env("AGENTRY_ADMIN_KEY", ADMIN)
+            .env("AGENTRY_LOG", "warn")
+            .env_remove("AGENTRY_CONFIG")
+            .stdout(Stdio::piped())
+            .stderr(log);
+        if let Some(s) = self.options.snapshot_logs {
+            cmd.args(["--snapshot-logs", &s.to_string()]);
+        }
+        if let Some(t) = self.options.request_timeout_secs {
+            let config = self.dir.path().join(format!("node-{id}.toml"));
+            std::fs::write(
+                &config,
+                format!("request_timeout_secs = {t}\nsnapshot_keep_logs = 20\n"),
+            )
+            .expect("config");
+            cmd.arg("--config").arg(config);
+        }
+        let mut child = cmd.spawn().expect("agentry starts");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("ready line");
+        assert!(
+            line.starts_with("agentry ready"),
+            "node {id} did not start: {line:?}; see {}",
+            self.dir.path().join(format!("node-{id}.log")).display()
+        );
+        self.nodes.get_mut(&id).expect("reserved").child = Some(child);
+    }
+
+    /// SIGKILL: no shutdown, no flush.
+    pub fn kill(&mut self, id: u64) {
+        if let Some(mut child) = self.nodes.get_mut(&id).and_then(|n| n.child.take()) {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts a killed node again on its data directory and ports.
+    pub fn restart(&mut self, id: u64) {
+        self.spawn(id, &[]);
+    }
+
+    pub fn is_running(&self, id: u64) -> bool {
+        self.nodes.get(&id).is_some_and(|n| n.child.is_some())
+    }
+
+    pub fn running(&self) -> Vec<u64> {
+        self.nodes
+            .values()
+            .filter(|n| n.child.is_some())
+            .map(|n| n.id)
+            .collect()
+    }
+
+    pub fn http_url(&self, id: u64) -> String {
+        format!("http://127.0.0.1:{}", self.nodes[&id].http)
+    }
+
+    pub fn grpc_url(&self, id: u64) -> String {
+        format!("http://127.0.0.1:{}", self.nodes[&id].grpc)
+    }
+
+    pub fn raft_addr(&self, id: u64) -> String {
+        format!("127.0.0.1:{}", self.nodes[&id].raft)
+    }
+
+    pub async fn admin(&self, id: u64) -> ClusterClient<tonic::transport::Channel> {
+        ClusterClient::connect(self.grpc_url(id))
+            .await
+            .expect("cluster client")
+    }
+
+    pub fn request<T>(msg: T) -> tonic::Request<T> {
+        let mut req = tonic::Request::new(msg);
+        req.metadata_mut().insert(
+            "authorization",
+            format!("Bearer {ADMIN}").parse().expect("header"),
+        );
+        req.set_timeout(Duration::from_secs(5));
+        req
+    }
+
+    pub async fn status(&self, id: u64) -> Option<pb::ClusterStatus> {
+        let mut c = ClusterClient::connect(self.grpc_url(id)).await.ok()?;
+        c.status(Self::request(pb::ClusterStatusRequest {}))
+            .await
+            .ok()
+            .map(|r| r.into_inner())
+    }
+
+    /// Waits until every running node names the same leader, and that
+    /// leader is running; returns it.
+    pub async fn wait_for_leader(&self, timeout: Duration) -> u64 {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let mut leaders = Vec::new();
+            for id in self.running() {
+                leaders.push(self.status(id).await.map(|s| s.leader_id).unwrap_or(0));
+            }
+            if let Some(&l) = leaders.first() {
+                if l != 0 && self.is_running(l) && leaders.iter().all(|x| *x == l) {
+                    return l;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no agreed leader within {timeout:?}: {leaders:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Waits until every running node has applied at least `index`.
+    pub async fn wait_applied(&self, index: u64, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        for id in self.running() {
+            loop {
+                let applied = self
+                    .status(id)
+                    .await
+                    .and_then(|s| s.node)
+                    .map(|n| n.applied_index)
+                    .unwrap_or(0);
+                if applied >= index {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "node {id} applied {applied}, not {index}, within {timeout:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+
+    /// Replaces node `id`'s fault rules.
+    pub async fn set_faults(&self, id: u64, faults: Vec<pb::LinkFault>) {
+        let mut c = self.admin(id).await;
+        c.set_faults(Self::request(pb::SetFaultsRequest { faults }))
+            .await
+            .expect("set faults");
+    }
+
+    /// Splits the running nodes into groups that cannot talk to each other.
+    pub async fn partition(&self, groups: &[&[u64]]) {
+        for group in groups {
+            for &id in *group {
+                if !self.is_running(id) {
+                    continue;
+                }
+                let faults = self
+                    .nodes
+                    .keys()
+                    .filter(|p| !group.contains(p))
+                    .map(|&peer| pb::LinkFault {
+                        peer,
+                        blocked: true,
+                        ..Default::default()
+                    })
+                    .collect();
+                self.set_faults(id, faults).await;
+            }
+        }
+    }
+
+    /// Applies the same rule towards every peer on every running node.
+    pub async fn everywhere(&self, rule: pb::LinkFault) {
+        for id in self.running() {
+            let faults = self
+                .nodes
+                .keys()
+                .filter(|p| **p != id)
+                .map(|&peer| pb::LinkFault { peer, ..rule })
+                .collect();
+            self.set_faults(id, faults).await;
+        }
+    }
+
+    /// Removes every fault rule.
+    pub async fn heal(&self) {
+        for id in self.running() {
+            self.set_faults(id, Vec::new()).await;
+        }
+    }
+
+    /// Registers `id` through node `via`; the HTTP status and body.
+    pub async fn register(&self, via: u64, id: &str, description: &str) -> (u16, Value) {
+        let resp = self
+            .http
+            .post(format!("{}/agents", self.http_url(via)))
+            .bearer_auth(ADMIN)
+            .json(&agent(id, description))
+            .send()
+            .await;
+        match resp {
+            Ok(r) => {
+                let status = r.status().as_u16();
+                (status, r.json().await.unwrap_or_default())
+            }
+            Err(e) => (0, json!({"transport": e.to_string()})),
+        }
+    }
+
+    /// Every live record's id → description on node `id`, read locally.
+    pub async fn contents(&self, id: u64) -> BTreeMap<String, String> {
+        let mut out = BTreeMap::new();
+        let mut token = String::new();
+        loop {
+            let url = format!(
+                "{}/agents?page_size=200{}",
+                self.http_url(id),
+                if token.is_empty() {
+                    String::new()
+                } else {
+                    format!("&page_token={token}")
+                }
+            );
+            let page: Value = self
+                .http
+                .get(url)
+                .bearer_auth(ADMIN)
+                .send()
+                .await
+                .expect("list")
+                .json()
+                .await
+                .expect("list json");
+            for a in page["agents"].as_array().expect("agents") {
+                out.insert(
+                    a["id"].as_str().unwrap_or_default().to_string(),
+                    a["description"].as_str().unwrap_or_default().to_string(),
+                );
+            }
+            match page["next_page_token"].as_str() {
+                Some(t) if !t.is_empty() => token = t.to_string(),
+                _ => break,
+            }
+        }
+        out
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for n in self.nodes.values_mut() {
+            if let Some(mut c) = n.child.take() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+        if std::thread::panicking() {
+            // Keep the logs of a failed run.
+            let path = self.dir.path().to_path_buf();
+            eprintln!("cluster logs kept in {}", path.display());
+            std::mem::forget(std::mem::replace(
+                &mut self.dir,
+                tempfile::tempdir().expect("tempdir"),
+            ));
+        }
+    }
+}
+
+/// A small valid agent record.
+pub fn agent(id: &str, description: &str) -> Value {
+    json!({
+        "id": id,
+        "name": format!("Agent {id}"),
+        "description": description,
+        "tags": ["cluster-test"],
+        "bindings": [{"protocol": "https", "endpoint": format!("https://agents.example/{id}")}],
+    })
+}

@@ -1,0 +1,5 @@
+//! Cluster tests: real `agentry` processes on loopback, real RocksDB, real
+//! gRPC between nodes, with kill -9, restarts and injected network faults.
+
+mod harness;
+mod scenarios;

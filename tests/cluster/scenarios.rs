@@ -1,0 +1,397 @@
+//! Cluster scenarios on real processes, real RocksDB and real gRPC:
+//! replication, failover, restart, partitions, bootstrap by hand, snapshot
+//! catch-up and membership changes under load, and watch on every node.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use agentry::pb::{self, registry_client::RegistryClient};
+use futures::StreamExt;
+
+use crate::harness::*;
+
+/// Clusters of three processes each: one scenario at a time keeps timing
+/// realistic on a two-core machine.
+pub static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+const LONG: Duration = Duration::from_secs(30);
+
+fn revision(body: &serde_json::Value) -> u64 {
+    body["registry"]["revision"].as_u64().unwrap_or(0)
+}
+
+/// Registers until acknowledged, trying the given nodes in turn; returns the
+/// revision. Failures before the acknowledgement are retried (a leader may
+/// be moving).
+async fn register_acked(c: &Cluster, via: &[u64], id: &str) -> u64 {
+    for attempt in 0..100 {
+        let node = via[attempt % via.len()];
+        let (status, body) = c.register(node, id, "acknowledged").await;
+        if status == 201 || status == 200 {
+            return revision(&body);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{id} was never acknowledged");
+}
+
+/// Follows the change feed from revision 1 across the given nodes: when a
+/// node goes away it resumes on the next one from the revision after the
+/// last it saw. Stops once it has seen `until` (read when it changes).
+async fn follow(
+    urls: Vec<String>,
+    until: tokio::sync::watch::Receiver<u64>,
+    seen: Arc<Mutex<Vec<u64>>>,
+) -> usize {
+    let mut next = 1;
+    let mut node = 0;
+    let mut reconnects = 0;
+    loop {
+        let target = *until.borrow();
+        if target != 0 && next > target {
+            return reconnects;
+        }
+        if let Ok(mut client) = RegistryClient::connect(urls[node].clone()).await {
+            let mut req = tonic::Request::new(pb::WatchRequest {
+                from_revision: next,
+            });
+            req.metadata_mut().insert(
+                "authorization",
+                format!("Bearer {ADMIN}").parse().expect("header"),
+            );
+            if let Ok(stream) = client.watch(req).await {
+                let mut stream = stream.into_inner();
+                loop {
+                    let target = *until.borrow();
+                    if target != 0 && next > target {
+                        return reconnects;
+                    }
+                    match tokio::time::timeout(Duration::from_millis(500), stream.next()).await {
+                        Ok(Some(Ok(change))) => {
+                            seen.lock().unwrap().push(change.revision);
+                            next = change.revision + 1;
+                        }
+                        Ok(_) => break,
+                        Err(_) => continue,
+                    }
+                }
+            }
+        }
+        reconnects += 1;
+        node = (node + 1) % urls.len();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The revisions of every change, read from one node's history.
+async fn history(c: &Cluster, node: u64, until: u64) -> Vec<u64> {
+    let (tx, rx) = tokio::sync::watch::channel(until);
+    drop(tx);
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    follow(vec![c.grpc_url(node)], rx, seen.clone()).await;
+    let out = seen.lock().unwrap().clone();
+    out
+}
+
+fn assert_in_order_once(name: &str, seen: &[u64], expected: &[u64]) {
+    assert_eq!(
+        seen, expected,
+        "{name} must see every change once, in revision order"
+    );
+}
+
+#[tokio::test]
+async fn replication_failover_restart_and_watch_on_every_node() {
+    let _serial = SERIAL.lock().await;
+    let mut c = Cluster::start(
+        3,
+        Options {
+            request_timeout_secs: Some(5),
+            ..Default::default()
+        },
+    )
+    .await;
+    let leader = c.wait_for_leader(LONG).await;
+    let follower = *c.running().iter().find(|&&n| n != leader).unwrap();
+
+    // Two watchers: one on a follower that stays up, one starting on the
+    // leader that will be killed (it must resume elsewhere).
+    let (until_tx, until_rx) = tokio::sync::watch::channel(0u64);
+    let on_follower = Arc::new(Mutex::new(Vec::new()));
+    let on_leader = Arc::new(Mutex::new(Vec::new()));
+    let w1 = tokio::spawn(follow(
+        vec![c.grpc_url(follower)],
+        until_rx.clone(),
+        on_follower.clone(),
+    ));
+    let mut urls = vec![c.grpc_url(leader)];
+    urls.extend(
+        c.running()
+            .iter()
+            .filter(|&&n| n != leader)
+            .map(|&n| c.grpc_url(n)),
+    );
+    let w2 = tokio::spawn(follow(urls, until_rx, on_leader.clone()));
+
+    // Writes through every node (followers forward to the leader).
+    let all = c.running();
+    let mut acked = BTreeSet::new();
+    let mut last = 0;
+    for i in 0..30 {
+        let id = format!("before-{i:02}");
+        let (status, body) = c.register(all[i % all.len()], &id, "first").await;
+        assert_eq!(status, 201, "{id}: {body}");
+        last = last.max(revision(&body));
+        acked.insert(id);
+    }
+    c.wait_applied(last, LONG).await;
+    let first = c.contents(all[0]).await;
+    for &n in &all {
+        assert_eq!(c.contents(n).await, first, "node {n} replicated everything");
+    }
+    assert_eq!(first.len(), 30);
+
+    // Kill the leader: a new one is elected, writes continue.
+    c.kill(leader);
+    let new_leader = c.wait_for_leader(LONG).await;
+    assert_ne!(new_leader, leader);
+    let alive = c.running();
+    for i in 0..30 {
+        let id = format!("after-{i:02}");
+        last = last.max(register_acked(&c, &alive, &id).await);
+        acked.insert(id);
+    }
+
+    // The old leader restarts and catches up from the log.
+    c.restart(leader);
+    c.wait_applied(last, LONG).await;
+    let reference = c.contents(new_leader).await;
+    for n in c.running() {
+        let got = c.contents(n).await;
+        assert_eq!(got, reference, "node {n} converged");
+    }
+    for id in &acked {
+        assert!(reference.contains_key(id), "acknowledged {id} was lost");
+    }
+
+    // Both watchers saw every change exactly once, in order.
+    until_tx.send(last).unwrap();
+    let reconnects = w2.await.unwrap();
+    w1.await.unwrap();
+    let expected = history(&c, follower, last).await;
+    assert_eq!(expected.len(), 60, "60 registrations, 60 changes");
+    assert_in_order_once(
+        "the follower's watcher",
+        &on_follower.lock().unwrap(),
+        &expected,
+    );
+    assert_in_order_once("the moving watcher", &on_leader.lock().unwrap(), &expected);
+    assert!(reconnects >= 1, "the leader's watcher had to reconnect");
+}
+
+#[tokio::test]
+async fn a_minority_cannot_commit_and_the_cluster_converges_after_healing() {
+    let _serial = SERIAL.lock().await;
+    let c = Cluster::start(
+        3,
+        Options {
+            request_timeout_secs: Some(2),
+            ..Default::default()
+        },
+    )
+    .await;
+    let leader = c.wait_for_leader(LONG).await;
+    let majority: Vec<u64> = c.running().into_iter().filter(|&n| n != leader).collect();
+    for i in 0..5 {
+        let (s, b) = c
+            .register(majority[i % 2], &format!("early-{i}"), "x")
+            .await;
+        assert_eq!(s, 201, "{b}");
+    }
+
+    c.partition(&[&[leader], &majority]).await;
+    // The old leader is alone: it cannot commit.
+    let (status, body) = c.register(leader, "minority-write", "lost").await;
+    assert!(
+        status == 503 || status == 504,
+        "a write on the minority side must fail, got {status}: {body}"
+    );
+    // The majority elects a leader among itself and keeps committing.
+    let deadline = std::time::Instant::now() + LONG;
+    loop {
+        let l = c
+            .status(majority[0])
+            .await
+            .map(|s| s.leader_id)
+            .unwrap_or(0);
+        if majority.contains(&l) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no majority leader");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut last = 0;
+    for i in 0..10 {
+        last = last.max(register_acked(&c, &majority, &format!("majority-{i}")).await);
+    }
+    // The minority still has not applied them.
+    let isolated = c.contents(leader).await;
+    assert!(!isolated.contains_key("majority-0"));
+
+    c.heal().await;
+    c.wait_for_leader(LONG).await;
+    c.wait_applied(last, LONG).await;
+    let reference = c.contents(majority[0]).await;
+    for n in c.running() {
+        assert_eq!(c.contents(n).await, reference, "node {n} converged");
+    }
+    assert!(
+        !reference.contains_key("minority-write"),
+        "an uncommitted minority write must not survive"
+    );
+    for i in 0..10 {
+        assert!(reference.contains_key(&format!("majority-{i}")));
+    }
+    assert_eq!(reference.len(), 15);
+}
+
+async fn cli(args: &[&str]) -> String {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
+        .args(args)
+        .env("AGENTRY_API_KEY", ADMIN)
+        .env("AGENTRY_LOG", "warn")
+        .output()
+        .await
+        .expect("cli runs");
+    assert!(
+        out.status.success(),
+        "agentry {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[tokio::test]
+async fn manual_bootstrap_snapshot_catch_up_and_membership_changes_under_writes() {
+    let _serial = SERIAL.lock().await;
+    let mut c = Cluster::new(Options {
+        snapshot_logs: Some(40),
+        request_timeout_secs: Some(5),
+    });
+    // Node 1 by hand: not initialised until `cluster init`.
+    c.reserve(1);
+    c.spawn(1, &["--bootstrap", "manual"]);
+    let s = c.status(1).await.unwrap();
+    assert!(!s.node.unwrap().initialized);
+    let out = cli(&["cluster", "--server", &c.grpc_url(1), "init"]).await;
+    assert!(out.contains("is leader"), "{out}");
+
+    // Nodes 2 and 3 join through the CLI.
+    for id in [2, 3] {
+        c.reserve(id);
+        c.spawn(id, &["--bootstrap", "manual"]);
+        cli(&[
+            "cluster",
+            "--server",
+            &c.grpc_url(1),
+            "join",
+            "--node",
+            &c.grpc_url(id),
+        ])
+        .await;
+    }
+    let s = c.status(1).await.unwrap();
+    assert_eq!(
+        s.members.iter().filter(|m| m.role == "voter").count(),
+        3,
+        "{s:?}"
+    );
+
+    // Enough writes for snapshots and log purging.
+    let mut acked = BTreeSet::new();
+    for i in 0..150 {
+        let id = format!("bulk-{i:03}");
+        register_acked(&c, &[1, 2, 3], &id).await;
+        acked.insert(id);
+    }
+    let leader = c.wait_for_leader(LONG).await;
+    let ls = c.status(leader).await.unwrap().node.unwrap();
+    assert!(ls.snapshots_built >= 1, "{ls:?}");
+    assert!(ls.purged_index > 0, "the leader purged its log: {ls:?}");
+
+    // Writes continue while node 4 joins and node 3 leaves.
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer_acked = Arc::new(Mutex::new(Vec::new()));
+    let writer = {
+        let stop = stop.clone();
+        let acked = writer_acked.clone();
+        let http = c.http.clone();
+        let urls = [c.http_url(1), c.http_url(2)];
+        tokio::spawn(async move {
+            let mut i = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let id = format!("during-{i:04}");
+                let resp = http
+                    .post(format!("{}/agents", urls[i % 2]))
+                    .bearer_auth(ADMIN)
+                    .json(&agent(&id, "during"))
+                    .send()
+                    .await;
+                if resp.is_ok_and(|r| r.status().as_u16() == 201) {
+                    acked.lock().unwrap().push(id);
+                }
+                i += 1;
+            }
+        })
+    };
+
+    c.reserve(4);
+    c.spawn(4, &["--bootstrap", "manual"]);
+    // Asked through node 2: membership changes are forwarded to the leader.
+    cli(&[
+        "cluster",
+        "--server",
+        &c.grpc_url(2),
+        "join",
+        "--node",
+        &c.grpc_url(4),
+    ])
+    .await;
+    let s4 = c.status(4).await.unwrap().node.unwrap();
+    assert!(
+        s4.snapshots_installed >= 1,
+        "node 4 was brought up by a snapshot: {s4:?}"
+    );
+
+    // Remove node 3 over HTTP through node 4.
+    let resp = c
+        .http
+        .delete(format!("{}/cluster/members/3", c.http_url(4)))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200, "{:?}", resp.text().await);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, Ordering::Relaxed);
+    writer.await.unwrap();
+    c.kill(3);
+
+    let during = writer_acked.lock().unwrap().clone();
+    assert!(!during.is_empty(), "writes went on during the changes");
+    acked.extend(during);
+    let leader = c.wait_for_leader(LONG).await;
+    let ls = c.status(leader).await.unwrap();
+    let members: BTreeSet<u64> = ls.members.iter().map(|m| m.id).collect();
+    assert_eq!(members, BTreeSet::from([1, 2, 4]));
+    c.wait_applied(ls.node.unwrap().last_log_index, LONG).await;
+    let reference = c.contents(4).await;
+    for n in [1, 2] {
+        assert_eq!(c.contents(n).await, reference, "node {n} converged");
+    }
+    for id in &acked {
+        assert!(reference.contains_key(id), "acknowledged {id} was lost");
+    }
+}
