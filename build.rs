@@ -15,7 +15,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .file_descriptor_set_path(out.join("agentry_descriptor.bin"))
         .compile_protos(&protos, &["proto"])?;
-    for p in protos {
+    // etcd's Put, for the side-by-side write benchmark (`agentry bench`);
+    // client only, and kept out of the reflection descriptor set.
+    let etcd = "proto/bench/etcd_kv.proto";
+    tonic_prost_build::configure()
+        .build_server(false)
+        .compile_protos(&[etcd], &["proto"])?;
+    for p in protos.iter().chain([&etcd]) {
         println!("cargo:rerun-if-changed={p}");
     }
     Ok(())

@@ -5,6 +5,7 @@
 //! `docs/architecture.md`.
 
 pub mod api;
+pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod consensus;
@@ -22,4 +23,10 @@ pub mod pb {
     /// Descriptor set served by gRPC reflection.
     pub const FILE_DESCRIPTOR_SET: &[u8] =
         tonic::include_file_descriptor_set!("agentry_descriptor");
+}
+
+/// etcd's KV Put (client only), for the write benchmark.
+pub mod etcd_pb {
+    #![allow(clippy::all, missing_docs)]
+    tonic::include_proto!("etcdserverpb");
 }

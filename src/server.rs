@@ -272,6 +272,7 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
     let cluster_service =
         InterceptedService::new(ClusterServer::new(cluster.clone()), authenticate);
     let grpc = tonic::transport::Server::builder()
+        .tcp_nodelay(true)
         .timeout(Duration::from_secs(config.request_timeout_secs))
         .add_service(health_service)
         .add_service(reflection)

@@ -61,6 +61,122 @@ pub enum Command {
     Agents(AgentsArgs),
     /// Cluster status, bootstrap and membership.
     Cluster(ClusterArgs),
+    /// Benchmarks that print their figures.
+    Bench(BenchArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    pub command: BenchCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// Committed writes per second and commit latency of a 3-node cluster,
+    /// side by side with a 3-node etcd cluster, both on loopback.
+    Writes {
+        /// Client concurrencies, comma-separated.
+        #[arg(long, value_delimiter = ',', default_values_t = [1usize, 16, 128])]
+        clients: Vec<usize>,
+        /// Writes measured per concurrency (at least 20 per client).
+        #[arg(long, default_value_t = 2000)]
+        writes: usize,
+        /// Record / value size in bytes.
+        #[arg(long, default_value_t = 2048)]
+        value_bytes: usize,
+        /// etcd binary (Debian: apt-get install etcd-server).
+        #[arg(long, default_value = "etcd")]
+        etcd: String,
+        /// Measure Agentry only.
+        #[arg(long)]
+        no_etcd: bool,
+        /// Working directory for the clusters' data (default: a temporary
+        /// directory, removed afterwards).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+}
+
+/// Finds a program on PATH (or takes a path as given).
+fn which(program: &str) -> Option<PathBuf> {
+    if program.contains('/') {
+        return Some(PathBuf::from(program));
+    }
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join(program))
+            .find(|p| p.is_file())
+    })
+}
+
+/// Runs a benchmark and prints its table.
+pub async fn run_bench(args: BenchArgs) -> Result<(), CliError> {
+    let BenchCommand::Writes {
+        clients,
+        writes,
+        value_bytes,
+        etcd,
+        no_etcd,
+        dir,
+    } = args.command;
+    let etcd = if no_etcd {
+        None
+    } else {
+        Some(which(&etcd).ok_or_else(|| {
+            local(format!(
+                "no '{etcd}' binary found; install etcd (Debian: apt-get install etcd-server), pass --etcd PATH, or --no-etcd"
+            ))
+        })?)
+    };
+    let temp = tempfile_dir(dir)?;
+    let bench = crate::bench::WriteBench {
+        dir: temp.path().to_path_buf(),
+        concurrencies: clients,
+        writes,
+        value_bytes,
+        etcd,
+    };
+    let rows = bench.run().await.map_err(local)?;
+    out!("{}", crate::bench::report(&rows, value_bytes));
+    Ok(())
+}
+
+/// The benchmark's working directory: the one given (kept), or a fresh one
+/// under the system temp dir (removed on drop).
+enum WorkDir {
+    Kept(PathBuf),
+    Temp(PathBuf),
+}
+
+impl WorkDir {
+    fn path(&self) -> &std::path::Path {
+        match self {
+            WorkDir::Kept(p) | WorkDir::Temp(p) => p,
+        }
+    }
+}
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        if let WorkDir::Temp(p) = self {
+            let _ = std::fs::remove_dir_all(p);
+        }
+    }
+}
+
+fn tempfile_dir(dir: Option<PathBuf>) -> Result<WorkDir, CliError> {
+    match dir {
+        Some(d) => {
+            std::fs::create_dir_all(&d).map_err(local)?;
+            Ok(WorkDir::Kept(d))
+        }
+        None => {
+            let d = std::env::temp_dir().join(format!("agentry-bench-{}", std::process::id()));
+            std::fs::create_dir_all(&d).map_err(local)?;
+            Ok(WorkDir::Temp(d))
+        }
+    }
 }
 
 /// Flags and environment variables override the config file.

@@ -182,10 +182,6 @@ impl Cluster {
         format!("http://127.0.0.1:{}", self.nodes[&id].grpc)
     }
 
-    pub fn raft_addr(&self, id: u64) -> String {
-        format!("127.0.0.1:{}", self.nodes[&id].raft)
-    }
-
     pub async fn admin(&self, id: u64) -> ClusterClient<tonic::transport::Channel> {
         ClusterClient::connect(self.grpc_url(id))
             .await

@@ -2,4 +2,6 @@
 //! gRPC between nodes, with kill -9, restarts and injected network faults.
 
 mod harness;
+mod lincheck;
+mod linearizability;
 mod scenarios;

@@ -1,0 +1,462 @@
+//! `agentry bench writes`: committed registrations per second and commit
+//! latency of a 3-node Agentry cluster next to a 3-node etcd cluster, both
+//! on loopback, same value size, same client concurrency, same gRPC client
+//! stack, in one run. A benchmark prints figures; it asserts nothing.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use tonic::transport::Channel;
+
+use crate::convert::metadata_from_json;
+use crate::etcd_pb::{
+    kv_client::KvClient, maintenance_client::MaintenanceClient, PutRequest, StatusRequest,
+};
+use crate::pb::{registry_client::RegistryClient, RegisterRequest};
+
+/// Benchmark failures (setup problems; slow results are figures, not errors).
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error("{0}")]
+    Setup(String),
+    #[error("io: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+fn setup(e: impl std::fmt::Display) -> BenchError {
+    BenchError::Setup(e.to_string())
+}
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct WriteBench {
+    /// Where the clusters keep their data (deleted afterwards).
+    pub dir: PathBuf,
+    /// Client concurrencies to measure.
+    pub concurrencies: Vec<usize>,
+    /// Writes measured per concurrency (at least 20 per client).
+    pub writes: usize,
+    /// Size of each record / value.
+    pub value_bytes: usize,
+    /// etcd binary; `None` skips etcd.
+    pub etcd: Option<PathBuf>,
+}
+
+/// One measured level.
+#[derive(Debug, Clone)]
+pub struct Row {
+    pub system: &'static str,
+    pub clients: usize,
+    pub writes: usize,
+    pub errors: usize,
+    pub per_sec: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+}
+
+/// Child processes killed when dropped.
+struct Procs(Vec<Child>);
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn free_port() -> Result<u16, BenchError> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+fn log_file(dir: &Path, name: &str) -> Result<std::fs::File, BenchError> {
+    Ok(std::fs::File::create(dir.join(format!("{name}.log")))?)
+}
+
+/// A ~`bytes`-byte agent record as JSON text.
+fn record(id: &str, bytes: usize) -> String {
+    let base = json!({
+        "id": id,
+        "name": "Benchmark agent",
+        "description": "",
+        "tags": ["benchmark", "writes"],
+        "bindings": [{"protocol": "https", "endpoint": format!("https://bench.example/{id}")}],
+    })
+    .to_string();
+    let pad = bytes.saturating_sub(base.len());
+    let mut v: serde_json::Value = serde_json::from_str(&base).unwrap_or_default();
+    v["description"] = json!("d".repeat(pad));
+    v.to_string()
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)].as_secs_f64() * 1000.0
+}
+
+/// Runs `total` operations from `clients` concurrent tasks; each operation
+/// is timed from send to committed answer.
+async fn drive<F, Fut>(clients: usize, total: usize, op: F) -> (Duration, Vec<Duration>, usize)
+where
+    F: Fn(usize) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<(), String>> + Send,
+{
+    let op = Arc::new(op);
+    let next = Arc::new(AtomicUsize::new(0));
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..clients)
+        .map(|_| {
+            let (op, next) = (op.clone(), next.clone());
+            tokio::spawn(async move {
+                let mut lat = Vec::new();
+                let mut errors = 0;
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= total {
+                        break;
+                    }
+                    let t = Instant::now();
+                    match op(i).await {
+                        Ok(()) => lat.push(t.elapsed()),
+                        Err(e) => {
+                            if errors == 0 {
+                                tracing::warn!(error = %e, "a benchmark write failed");
+                            }
+                            errors += 1;
+                        }
+                    }
+                }
+                (lat, errors)
+            })
+        })
+        .collect();
+    let mut all = Vec::with_capacity(total);
+    let mut errors = 0;
+    for t in tasks {
+        if let Ok((lat, e)) = t.await {
+            all.extend(lat);
+            errors += e;
+        }
+    }
+    (start.elapsed(), all, errors)
+}
+
+fn row(system: &'static str, clients: usize, run: (Duration, Vec<Duration>, usize)) -> Row {
+    let (elapsed, mut lat, errors) = run;
+    lat.sort();
+    Row {
+        system,
+        clients,
+        writes: lat.len(),
+        errors,
+        per_sec: lat.len() as f64 / elapsed.as_secs_f64(),
+        p50_ms: percentile(&lat, 0.50),
+        p99_ms: percentile(&lat, 0.99),
+    }
+}
+
+async fn channels(urls: &[String], n: usize) -> Result<Vec<Channel>, BenchError> {
+    let mut out = Vec::new();
+    for i in 0..n {
+        let url = &urls[i % urls.len()];
+        out.push(
+            Channel::from_shared(url.clone())
+                .map_err(setup)?
+                .tcp_nodelay(true)
+                .connect()
+                .await
+                .map_err(|e| setup(format!("cannot connect to {url}: {e}")))?,
+        );
+    }
+    Ok(out)
+}
+
+/// Retries `probe` until it succeeds or `timeout` passes.
+async fn wait_until<F, Fut>(what: &str, timeout: Duration, probe: F) -> Result<(), BenchError>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if probe().await {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Err(setup(format!("{what} not ready within {timeout:?}")))
+}
+
+impl WriteBench {
+    fn levels(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        self.concurrencies
+            .iter()
+            .map(|&c| (c, self.writes.max(c * 20)))
+    }
+
+    /// Starts three Agentry nodes (this executable) and measures them.
+    async fn agentry(&self) -> Result<Vec<Row>, BenchError> {
+        let exe = std::env::current_exe()?;
+        let dir = self.dir.join("agentry");
+        std::fs::create_dir_all(&dir)?;
+        let key = "bench-admin-key-0123456789";
+        let ports: Vec<(u16, u16, u16)> = (0..3)
+            .map(|_| Ok((free_port()?, free_port()?, free_port()?)))
+            .collect::<Result<_, BenchError>>()?;
+        let members = ports
+            .iter()
+            .enumerate()
+            .map(|(i, p)| format!("{}=127.0.0.1:{}", i + 1, p.2))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut procs = Procs(Vec::new());
+        for (i, (grpc, http, raft)) in ports.iter().enumerate() {
+            let id = i + 1;
+            procs.0.push(
+                Command::new(&exe)
+                    .arg("serve")
+                    .args(["--node-id", &id.to_string()])
+                    .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
+                    .args(["--http-addr", &format!("127.0.0.1:{http}")])
+                    .args(["--raft-addr", &format!("127.0.0.1:{raft}")])
+                    .args(["--initial-members", &members])
+                    .arg("--data-dir")
+                    .arg(dir.join(format!("node-{id}")))
+                    .env("AGENTRY_ADMIN_KEY", key)
+                    .env(
+                        "AGENTRY_LOG",
+                        std::env::var("AGENTRY_BENCH_LOG").unwrap_or_else(|_| "warn".into()),
+                    )
+                    .env_remove("AGENTRY_CONFIG")
+                    .stdout(Stdio::null())
+                    .stderr(log_file(&dir, &format!("node-{id}"))?)
+                    .spawn()?,
+            );
+        }
+        // Clients talk to the leader, as etcd clients effectively do.
+        let urls: Vec<String> = ports
+            .iter()
+            .map(|p| format!("http://127.0.0.1:{}", p.0))
+            .collect();
+        let mut leader_url = String::new();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while leader_url.is_empty() {
+            if Instant::now() > deadline {
+                return Err(setup("the Agentry cluster elected no leader in 30 s"));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            if let Ok(mut c) =
+                crate::pb::cluster_client::ClusterClient::connect(urls[0].clone()).await
+            {
+                if let Ok(s) = c.status(crate::pb::ClusterStatusRequest {}).await {
+                    let l = s.into_inner().leader_id;
+                    if l != 0 {
+                        leader_url = urls[(l - 1) as usize].clone();
+                    }
+                }
+            }
+        }
+        let auth: tonic::metadata::MetadataValue<_> = format!("Bearer {key}")
+            .parse()
+            .map_err(|_| setup("bad key"))?;
+        let pool = Arc::new(channels(&[leader_url], 16).await?);
+        let bytes = self.value_bytes;
+        let put = move |prefix: String| {
+            let (pool, auth) = (pool.clone(), auth.clone());
+            move |i: usize| {
+                let channel = pool[i % pool.len()].clone();
+                let auth = auth.clone();
+                let text = record(&format!("{prefix}-{i}"), bytes);
+                async move {
+                    let v: serde_json::Value =
+                        serde_json::from_str(&text).map_err(|e| e.to_string())?;
+                    let metadata = metadata_from_json(v).map_err(|e| e.to_string())?;
+                    let mut req = tonic::Request::new(RegisterRequest {
+                        metadata: Some(metadata),
+                        visibility: 0,
+                    });
+                    req.metadata_mut().insert("authorization", auth);
+                    RegistryClient::new(channel)
+                        .register(req)
+                        .await
+                        .map(|_| ())
+                        .map_err(|s| s.message().to_string())
+                }
+            }
+        };
+        drive(8, 200, put("warmup".into())).await;
+        let mut rows = Vec::new();
+        for (clients, total) in self.levels() {
+            let run = drive(clients, total, put(format!("c{clients}"))).await;
+            rows.push(row("agentry", clients, run));
+        }
+        drop(procs);
+        Ok(rows)
+    }
+
+    /// Starts three etcd members and measures them.
+    async fn etcd(&self, bin: &Path) -> Result<Vec<Row>, BenchError> {
+        let dir = self.dir.join("etcd");
+        std::fs::create_dir_all(&dir)?;
+        let ports: Vec<(u16, u16)> = (0..3)
+            .map(|_| Ok((free_port()?, free_port()?)))
+            .collect::<Result<_, BenchError>>()?;
+        let cluster = ports
+            .iter()
+            .enumerate()
+            .map(|(i, p)| format!("e{}=http://127.0.0.1:{}", i + 1, p.1))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut procs = Procs(Vec::new());
+        for (i, (client, peer)) in ports.iter().enumerate() {
+            let name = format!("e{}", i + 1);
+            let client_url = format!("http://127.0.0.1:{client}");
+            let peer_url = format!("http://127.0.0.1:{peer}");
+            procs.0.push(
+                Command::new(bin)
+                    .args(["--name", &name])
+                    .arg("--data-dir")
+                    .arg(dir.join(&name))
+                    .args(["--listen-client-urls", &client_url])
+                    .args(["--advertise-client-urls", &client_url])
+                    .args(["--listen-peer-urls", &peer_url])
+                    .args(["--initial-advertise-peer-urls", &peer_url])
+                    .args(["--initial-cluster", &cluster])
+                    .args(["--initial-cluster-state", "new"])
+                    .args(["--initial-cluster-token", "agentry-bench"])
+                    .args(["--log-level", "warn"])
+                    .stdout(Stdio::null())
+                    .stderr(log_file(&dir, &name)?)
+                    .spawn()
+                    .map_err(|e| setup(format!("cannot start {}: {e}", bin.display())))?,
+            );
+        }
+        let urls: Vec<String> = ports
+            .iter()
+            .map(|p| format!("http://127.0.0.1:{}", p.0))
+            .collect();
+        let probe_url = urls[0].clone();
+        wait_until("etcd", Duration::from_secs(30), || {
+            let url = probe_url.clone();
+            async move {
+                match KvClient::connect(url).await {
+                    Ok(mut c) => c
+                        .put(PutRequest {
+                            key: b"probe".to_vec(),
+                            value: b"1".to_vec(),
+                        })
+                        .await
+                        .is_ok(),
+                    Err(_) => false,
+                }
+            }
+        })
+        .await?;
+        // Talk to the leader, like the Agentry clients.
+        let leader = self.etcd_leader(&urls).await.unwrap_or(0);
+        let pool = Arc::new(channels(&[urls[leader].clone()], 16).await?);
+        let bytes = self.value_bytes;
+        let put = move |prefix: String| {
+            let pool = pool.clone();
+            move |i: usize| {
+                let channel = pool[i % pool.len()].clone();
+                let id = format!("{prefix}-{i}");
+                let value = record(&id, bytes).into_bytes();
+                async move {
+                    KvClient::new(channel)
+                        .put(PutRequest {
+                            key: id.into_bytes(),
+                            value,
+                        })
+                        .await
+                        .map(|_| ())
+                        .map_err(|s| s.message().to_string())
+                }
+            }
+        };
+        drive(8, 200, put("warmup".into())).await;
+        let mut rows = Vec::new();
+        for (clients, total) in self.levels() {
+            let run = drive(clients, total, put(format!("c{clients}"))).await;
+            rows.push(row("etcd", clients, run));
+        }
+        drop(procs);
+        Ok(rows)
+    }
+
+    /// The index of the etcd member that leads (etcd's Maintenance.Status).
+    async fn etcd_leader(&self, urls: &[String]) -> Option<usize> {
+        for (i, url) in urls.iter().enumerate() {
+            let mut c = MaintenanceClient::connect(url.clone()).await.ok()?;
+            let s = c.status(StatusRequest {}).await.ok()?.into_inner();
+            if s.header.is_some_and(|h| h.member_id == s.leader) {
+                return Some(i);
+            }
+        }
+        None
+    }
+
+    /// Runs both systems and returns every row.
+    pub async fn run(&self) -> Result<Vec<Row>, BenchError> {
+        let mut rows = self.agentry().await?;
+        if let Some(bin) = &self.etcd {
+            rows.extend(self.etcd(bin).await?);
+        }
+        Ok(rows)
+    }
+}
+
+/// The table the command prints.
+pub fn report(rows: &[Row], value_bytes: usize) -> String {
+    let mut out = format!(
+        "3-node clusters on loopback, {value_bytes}-byte records, fsync on, gRPC clients talking to the leader\n\
+         {:<8} {:>7} {:>7} {:>6} {:>10} {:>8} {:>8}\n",
+        "system", "clients", "writes", "errors", "writes/s", "p50 ms", "p99 ms"
+    );
+    for r in rows {
+        out.push_str(&format!(
+            "{:<8} {:>7} {:>7} {:>6} {:>10.1} {:>8.2} {:>8.2}\n",
+            r.system, r.clients, r.writes, r.errors, r.per_sec, r.p50_ms, r.p99_ms
+        ));
+    }
+    for a in rows.iter().filter(|r| r.system == "agentry") {
+        if let Some(e) = rows
+            .iter()
+            .find(|r| r.system == "etcd" && r.clients == a.clients)
+        {
+            out.push_str(&format!(
+                "clients {:>3}: agentry/etcd throughput {:.2}x, p50 latency {:.2}x, p99 latency {:.2}x\n",
+                a.clients,
+                a.per_sec / e.per_sec.max(f64::MIN_POSITIVE),
+                a.p50_ms / e.p50_ms.max(f64::MIN_POSITIVE),
+                a.p99_ms / e.p99_ms.max(f64::MIN_POSITIVE),
+            ));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_have_the_requested_size_and_percentiles_pick_ranks() {
+        let r = record("bench-1", 2048);
+        assert_eq!(r.len(), 2048);
+        assert!(metadata_from_json(serde_json::from_str(&r).unwrap()).is_ok());
+        let lat: Vec<Duration> = (1..=100).map(Duration::from_millis).collect();
+        assert_eq!(percentile(&lat, 0.5), 51.0);
+        assert_eq!(percentile(&lat, 0.99), 99.0);
+    }
+}
