@@ -8,7 +8,6 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::service::interceptor::InterceptedService;
 use tracing::info;
 
@@ -141,6 +140,13 @@ fn authenticator(config: &Config) -> Result<(Authenticator, Option<String>), Ser
     Ok((auth, Some(key)))
 }
 
+/// Accepted connections with TCP_NODELAY: the builder's own setting only
+/// applies to listeners tonic binds itself, and without it small responses
+/// wait out the peer's delayed ACK (40 ms on Linux).
+fn incoming(listener: TcpListener) -> tonic::transport::server::TcpIncoming {
+    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true))
+}
+
 async fn bind(addr: SocketAddr) -> Result<TcpListener, ServerError> {
     TcpListener::bind(addr)
         .await
@@ -214,12 +220,10 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
     .max_decoding_message_size(config.raft_max_message_bytes)
     .max_encoding_message_size(config.raft_max_message_bytes);
     let raft_server = tonic::transport::Server::builder()
-        .tcp_nodelay(true)
+        .initial_connection_window_size(crate::consensus::WINDOW * 4)
+        .initial_stream_window_size(crate::consensus::WINDOW)
         .add_service(raft_service)
-        .serve_with_incoming_shutdown(
-            TcpListenerStream::new(raft_listener),
-            stopped(shutdown_rx.clone()),
-        );
+        .serve_with_incoming_shutdown(incoming(raft_listener), stopped(shutdown_rx.clone()));
     let raft_task = tokio::spawn(async move {
         if let Err(e) = raft_server.await {
             tracing::error!(error = %e, "Raft listener failed");
@@ -272,16 +276,12 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
     let cluster_service =
         InterceptedService::new(ClusterServer::new(cluster.clone()), authenticate);
     let grpc = tonic::transport::Server::builder()
-        .tcp_nodelay(true)
         .timeout(Duration::from_secs(config.request_timeout_secs))
         .add_service(health_service)
         .add_service(reflection)
         .add_service(registry)
         .add_service(cluster_service)
-        .serve_with_incoming_shutdown(
-            TcpListenerStream::new(grpc_listener),
-            stopped(shutdown_rx.clone()),
-        );
+        .serve_with_incoming_shutdown(incoming(grpc_listener), stopped(shutdown_rx.clone()));
     let grpc_task = tokio::spawn(async move {
         if let Err(e) = grpc.await {
             tracing::error!(error = %e, "gRPC listener failed");
@@ -299,9 +299,17 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
     let app = router(state, Duration::from_secs(config.request_timeout_secs));
     let http_rx = shutdown_rx.clone();
     let http_task = tokio::spawn(async move {
-        if let Err(e) = axum::serve(http_listener, app)
-            .with_graceful_shutdown(stopped(http_rx))
-            .await
+        if let Err(e) = axum::serve(
+            axum::serve::ListenerExt::tap_io(http_listener, |tcp| {
+                // As for gRPC: small answers must not wait for delayed ACKs.
+                if let Err(e) = tcp.set_nodelay(true) {
+                    tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+                }
+            }),
+            app,
+        )
+        .with_graceful_shutdown(stopped(http_rx))
+        .await
         {
             tracing::error!(error = %e, "HTTP listener failed");
         }

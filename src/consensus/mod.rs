@@ -12,7 +12,7 @@ mod transport;
 
 pub use command::{Command, CommandResult};
 pub use faults::{Faults, LinkFault};
-pub use network::Network;
+pub use network::{Network, WINDOW};
 pub use node::{Bootstrap, NodeSettings, NodeStatus, RaftNode, Role, WriteError};
 pub use transport::RaftService;
 

@@ -37,6 +37,9 @@ const SNAPSHOT_CHUNK: usize = 1024 * 1024;
 /// Deadline for a whole snapshot transfer.
 const SNAPSHOT_DEADLINE: Duration = Duration::from_secs(300);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// HTTP/2 flow-control window per stream: a batch of entries is sent
+/// without waiting for window updates.
+pub const WINDOW: u32 = 4 * 1024 * 1024;
 
 /// Why a message did not get an answer.
 #[derive(Debug, thiserror::Error)]
@@ -113,6 +116,8 @@ impl Network {
                     })?
                     .connect_timeout(CONNECT_TIMEOUT)
                     .tcp_nodelay(true)
+                    .initial_connection_window_size(WINDOW * 4)
+                    .initial_stream_window_size(WINDOW)
                     .http2_keep_alive_interval(Duration::from_secs(10))
                     .keep_alive_timeout(Duration::from_secs(5));
                 let channel = endpoint.connect_lazy();

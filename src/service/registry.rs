@@ -437,7 +437,7 @@ async fn forward_changes(
                 Ok(Applied::Change(c)) if c.revision < next => continue,
                 Ok(Applied::Change(c)) => {
                     next = c.revision + 1;
-                    if !send(c).await {
+                    if !send(*c).await {
                         return;
                     }
                 }

@@ -13,8 +13,8 @@ use crate::domain::{AgentRecord, Change};
 /// What live watchers are told.
 #[derive(Debug, Clone)]
 pub enum Applied {
-    /// One applied change, in revision order.
-    Change(Change),
+    /// One applied change, in revision order (boxed: it is large).
+    Change(Box<Change>),
     /// The whole state was replaced by a snapshot from the leader; the
     /// changes it brought are in the history, not on the live channel, so
     /// watchers re-read the history from where they are.

@@ -426,10 +426,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             }
             if let CommandResult::Applied(change) = &result {
                 // No subscriber is normal; the send result says nothing else.
-                let _ = self
-                    .applied
-                    .changes
-                    .send(Applied::Change(change.as_ref().clone()));
+                let _ = self.applied.changes.send(Applied::Change(change.clone()));
             }
             results.push(result);
         }

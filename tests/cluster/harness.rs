@@ -19,6 +19,8 @@ pub const ADMIN: &str = "cluster-test-admin-key";
 pub struct Options {
     pub snapshot_logs: Option<u64>,
     pub request_timeout_secs: Option<u64>,
+    /// Faster failure detection (heartbeat is a tenth of it).
+    pub election_timeout_ms: Option<u64>,
 }
 
 pub struct Node {
@@ -126,15 +128,19 @@ impl Cluster {
         if let Some(s) = self.options.snapshot_logs {
             cmd.args(["--snapshot-logs", &s.to_string()]);
         }
+        let mut config = String::from("snapshot_keep_logs = 20\n");
         if let Some(t) = self.options.request_timeout_secs {
-            let config = self.dir.path().join(format!("node-{id}.toml"));
-            std::fs::write(
-                &config,
-                format!("request_timeout_secs = {t}\nsnapshot_keep_logs = 20\n"),
-            )
-            .expect("config");
-            cmd.arg("--config").arg(config);
+            config.push_str(&format!("request_timeout_secs = {t}\n"));
         }
+        if let Some(e) = self.options.election_timeout_ms {
+            config.push_str(&format!(
+                "election_timeout_ms = {e}\nheartbeat_ms = {}\n",
+                e / 10
+            ));
+        }
+        let path = self.dir.path().join(format!("node-{id}.toml"));
+        std::fs::write(&path, config).expect("config");
+        cmd.arg("--config").arg(path);
         let mut child = cmd.spawn().expect("agentry starts");
         let stdout = child.stdout.take().expect("stdout");
         let mut line = String::new();

@@ -150,25 +150,28 @@ async fn perform(http: &reqwest::Client, base: &str, id: &str, input: &Input) ->
 
 type History = Vec<(u64, Operation<Input, Output>)>;
 
-/// One client: `ops` random operations on random nodes.
-async fn client(
-    n: usize,
-    seed: u64,
+/// What every client of one schedule shares.
+#[derive(Clone)]
+struct Workload {
     urls: Arc<Vec<String>>,
     prefix: String,
+    /// Operations per client.
     ops: usize,
     keys: u64,
     start: Instant,
     history: Arc<Mutex<History>>,
-) {
+}
+
+/// One client: random operations on random agents through random nodes.
+async fn client(n: usize, seed: u64, w: Workload) {
     let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(6))
+        .timeout(Duration::from_secs(4))
         .build()
         .expect("client");
     let mut rng = Rng(seed | 1);
-    for seq in 0..ops {
-        let key = rng.below(keys);
-        let id = format!("{prefix}-k{key}");
+    for seq in 0..w.ops {
+        let key = rng.below(w.keys);
+        let id = format!("{}-k{key}", w.prefix);
         let value = (n as u32) << 20 | seq as u32;
         let input = match rng.below(100) {
             0..=29 => Input::Register(value),
@@ -176,10 +179,10 @@ async fn client(
             50..=62 => Input::Delete,
             _ => Input::Get,
         };
-        let node = &urls[rng.below(urls.len() as u64) as usize];
-        let call = start.elapsed().as_nanos() as u64;
+        let node = &w.urls[rng.below(w.urls.len() as u64) as usize];
+        let call = w.start.elapsed().as_nanos() as u64;
         let outcome = perform(&http, node, &id, &input).await;
-        let ret = start.elapsed().as_nanos() as u64;
+        let ret = w.start.elapsed().as_nanos() as u64;
         let op = match outcome {
             Outcome::Definite(o) => Operation {
                 client: n,
@@ -197,7 +200,7 @@ async fn client(
             },
             Outcome::NoEffect => continue,
         };
-        history.lock().unwrap().push((key, op));
+        w.history.lock().unwrap().push((key, op));
     }
 }
 
@@ -242,7 +245,7 @@ async fn leader_of(c: &Cluster) -> Option<u64> {
 
 /// One round of faults: apply, hold, undo.
 async fn disturb(c: &mut Cluster, nemesis: Nemesis, round: u64) {
-    let hold = Duration::from_millis(800);
+    let hold = Duration::from_millis(600);
     let ids: Vec<u64> = c.nodes.keys().copied().collect();
     let leader = leader_of(c).await.unwrap_or(ids[0]);
     let follower = *ids
@@ -328,7 +331,9 @@ async fn disturb(c: &mut Cluster, nemesis: Nemesis, round: u64) {
             c.heal().await;
         }
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // A calm spell between faults, so operations also run on a healed
+    // cluster that is catching up.
+    tokio::time::sleep(Duration::from_millis(500)).await;
 }
 
 fn env_or(name: &str, default: usize) -> usize {
@@ -349,8 +354,9 @@ async fn histories_under_faults_are_linearizable() {
     let mut c = Cluster::start(
         3,
         Options {
-            request_timeout_secs: Some(2),
+            request_timeout_secs: Some(1),
             snapshot_logs: Some(500),
+            election_timeout_ms: Some(400),
         },
     )
     .await;
@@ -360,23 +366,21 @@ async fn histories_under_faults_are_linearizable() {
             let started = Instant::now();
             let prefix = format!("lin-r{round}-s{s}");
             let history = Arc::new(Mutex::new(Vec::new()));
-            let start = Instant::now();
+            let workload = Workload {
+                urls: urls.clone(),
+                prefix: prefix.clone(),
+                ops: ops / CLIENTS,
+                keys,
+                start: Instant::now(),
+                history: history.clone(),
+            };
             let clients: Vec<_> = (0..CLIENTS)
                 .map(|n| {
                     let seed = 0x9e37_79b9_7f4a_7c15
                         ^ ((round as u64) << 40)
                         ^ ((s as u64) << 20)
                         ^ n as u64;
-                    tokio::spawn(client(
-                        n,
-                        seed,
-                        urls.clone(),
-                        prefix.clone(),
-                        ops / CLIENTS,
-                        keys,
-                        start,
-                        history.clone(),
-                    ))
+                    tokio::spawn(client(n, seed, workload.clone()))
                 })
                 .collect();
             let mut faults = 0;

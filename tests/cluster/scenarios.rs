@@ -279,6 +279,7 @@ async fn manual_bootstrap_snapshot_catch_up_and_membership_changes_under_writes(
     let mut c = Cluster::new(Options {
         snapshot_logs: Some(40),
         request_timeout_secs: Some(5),
+        ..Default::default()
     });
     // Node 1 by hand: not initialised until `cluster init`.
     c.reserve(1);
