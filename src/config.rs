@@ -206,13 +206,7 @@ impl Config {
                 self.bootstrap
             )));
         }
-        let members = self.members()?;
-        if !members.is_empty() && !members.contains_key(&self.node_id) {
-            return Err(ConfigError::Invalid(format!(
-                "initial_members does not list this node's id {}",
-                self.node_id
-            )));
-        }
+        self.members()?;
         if self.heartbeat_ms == 0 || self.election_timeout_ms <= self.heartbeat_ms * 2 {
             return Err(ConfigError::Invalid(
                 "election_timeout_ms must be more than twice heartbeat_ms (and heartbeat_ms > 0)"
@@ -276,8 +270,6 @@ mod tests {
         );
         c.validate().unwrap();
         assert!(c.resolve_node_id("agentry").is_err());
-        c.node_id = 4;
-        assert!(c.validate().is_err(), "a node missing from the list");
         for bad in ["x=a:1", "0=a:1", "1=nohost", "1"] {
             c.initial_members = vec![bad.into()];
             assert!(c.members().is_err(), "{bad}");

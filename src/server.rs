@@ -172,7 +172,11 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
         .clone()
         .or_else(|| members.get(&config.node_id).cloned())
         .unwrap_or_else(|| raft_addr.to_string());
-    let bootstrap = if config.bootstrap == "manual" {
+    // A node missing from the static list (a StatefulSet scaled up after
+    // the cluster formed) waits to be added, like a manual one.
+    let bootstrap = if config.bootstrap == "manual"
+        || (!members.is_empty() && !members.contains_key(&config.node_id))
+    {
         Bootstrap::Manual
     } else if members.is_empty() {
         Bootstrap::Single

@@ -420,7 +420,9 @@ impl RaftNode {
                         .forward(leader, &addr, &request, remaining)
                         .await
                     {
-                        Ok(Err(e @ WriteError::NotLeader { .. })) => e,
+                        // Nothing was done: try again (leadership moved, or
+                        // a membership change is still settling).
+                        Ok(Err(e @ (WriteError::NotLeader { .. } | WriteError::Unavailable(_)))) => e,
                         Ok(answer) => return answer,
                         Err(e @ TransportError::NotSent { .. }) => {
                             WriteError::Unavailable(e.to_string())
@@ -540,6 +542,10 @@ impl RaftNode {
 fn write_error(e: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>) -> WriteError {
     match e {
         RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => not_leader(f),
+        // The previous change is not committed yet; it will be shortly.
+        RaftError::APIError(ClientWriteError::ChangeMembershipError(
+            ChangeMembershipError::InProgress(p),
+        )) => WriteError::Unavailable(format!("another membership change is in progress: {p}")),
         RaftError::APIError(ClientWriteError::ChangeMembershipError(m)) => {
             WriteError::Membership(match m {
                 ChangeMembershipError::LearnerNotFound(l) => format!(

@@ -360,11 +360,21 @@ async fn manual_bootstrap_snapshot_catch_up_and_membership_changes_under_writes(
         &c.grpc_url(4),
     ])
     .await;
-    let s4 = c.status(4).await.unwrap().node.unwrap();
-    assert!(
-        s4.snapshots_installed >= 1,
-        "node 4 was brought up by a snapshot: {s4:?}"
-    );
+    // The leader's log before index `purged` is gone, so node 4 can only
+    // have caught up through a snapshot.
+    let deadline = std::time::Instant::now() + LONG;
+    let s4 = loop {
+        let s4 = c.status(4).await.unwrap().node.unwrap();
+        if s4.snapshots_installed >= 1 && s4.applied_index >= ls.purged_index {
+            break s4;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "node 4 was not brought up by a snapshot: {s4:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(s4.snapshot_index >= ls.purged_index, "{s4:?}");
 
     // Remove node 3 over HTTP through node 4.
     let resp = c

@@ -140,3 +140,16 @@ Checks values that would otherwise produce a broken cluster.
 {{- fail "auth.secretKey must name the key of the admin key in the Secret" }}
 {{- end }}
 {{- end }}
+
+{{/*
+Renders a map of labels or annotations with every value as a string (YAML
+would otherwise turn values such as "true" or "1" into other types, which
+Kubernetes rejects).
+*/}}
+{{- define "agentry.stringMap" -}}
+{{- $lines := list }}
+{{- range $k, $v := . }}
+{{- $lines = append $lines (printf "%s: %s" $k ($v | toString | quote)) }}
+{{- end }}
+{{- join "\n" $lines }}
+{{- end }}
