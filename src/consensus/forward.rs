@@ -26,6 +26,9 @@ pub enum Forwarded {
     Remove { id: NodeId },
     /// The leader's view of the cluster (replication progress).
     Status,
+    /// Whether the receiving node belongs to a cluster already (answered by
+    /// any node, leader or not).
+    Probe,
 }
 
 impl Forwarded {
@@ -44,6 +47,7 @@ impl Forwarded {
             Forwarded::Promote { .. } => "promote",
             Forwarded::Remove { .. } => "remove",
             Forwarded::Status => "status",
+            Forwarded::Probe => "probe",
         }
     }
 }
@@ -55,4 +59,5 @@ pub enum ForwardReply {
     ReadIndex(u64),
     Done,
     Status(Box<NodeStatus>),
+    Probe { initialized: bool },
 }

@@ -221,15 +221,32 @@ impl RaftNode {
                     .await
             }
             Bootstrap::Members(members) => {
-                if members.keys().next() == Some(&self.id) {
-                    self.initialize(members).await
-                } else {
+                if members.keys().next() != Some(&self.id) {
                     info!(
                         node_id = self.id,
                         "waiting for the member with the lowest id to initialise the cluster"
                     );
-                    Ok(())
+                    return Ok(());
                 }
+                // A first node that lost its data must not found a second
+                // cluster next to the one its peers still form.
+                for (id, addr) in members.iter().filter(|(id, _)| **id != self.id) {
+                    let probe = self
+                        .network
+                        .forward(*id, addr, &Forwarded::Probe, Duration::from_secs(2))
+                        .await;
+                    if let Ok(Ok(ForwardReply::Probe { initialized: true })) = probe {
+                        warn!(
+                            node_id = self.id,
+                            peer = id,
+                            "this node has no Raft state but its peers already form a cluster; \
+                             not initialising. Remove this node and add it back \
+                             (agentry cluster remove / add / promote)"
+                        );
+                        return Ok(());
+                    }
+                }
+                self.initialize(members).await
             }
             Bootstrap::Manual => {
                 info!(
@@ -496,6 +513,9 @@ impl RaftNode {
                 };
                 self.change(change).await.map(|_| ForwardReply::Done)
             }
+            Forwarded::Probe => Ok(ForwardReply::Probe {
+                initialized: self.status().initialized,
+            }),
             Forwarded::Status => {
                 let status = self.status();
                 if status.is_leader {

@@ -29,6 +29,8 @@ pub struct Node {
     pub http: u16,
     pub raft: u16,
     child: Option<Child>,
+    /// The extra flags it was first started with, reused on restart.
+    extra: Vec<String>,
 }
 
 pub struct Cluster {
@@ -84,6 +86,7 @@ impl Cluster {
                 http: free_port(),
                 raft: free_port(),
                 child: None,
+                extra: Vec::new(),
             },
         );
     }
@@ -96,6 +99,11 @@ impl Cluster {
             .join(",")
     }
 
+    /// What node `id` has logged (warnings and errors) so far.
+    pub fn log(&self, id: u64) -> String {
+        std::fs::read_to_string(self.dir.path().join(format!("node-{id}.log"))).unwrap_or_default()
+    }
+
     pub fn data_dir(&self, id: u64) -> PathBuf {
         self.dir.path().join(format!("node-{id}"))
     }
@@ -103,6 +111,12 @@ impl Cluster {
     /// Starts the process of node `id` (reserved before) with extra flags,
     /// and waits for its ready line.
     pub fn spawn(&mut self, id: u64, extra: &[&str]) {
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        self.nodes.get_mut(&id).expect("reserved node").extra = extra;
+        self.launch(id);
+    }
+
+    fn launch(&mut self, id: u64) {
         let data_dir = self.data_dir(id);
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -119,7 +133,7 @@ impl Cluster {
             .arg("--data-dir")
             .arg(&data_dir)
             .arg("--fault-injection")
-            .args(extra)
+            .args(&node.extra)
             .env("AGENTRY_ADMIN_KEY", ADMIN)
             .env("AGENTRY_LOG", "warn")
             .env_remove("AGENTRY_CONFIG")
@@ -163,9 +177,10 @@ impl Cluster {
         }
     }
 
-    /// Starts a killed node again on its data directory and ports.
+    /// Starts a killed node again with the same data directory, ports and
+    /// flags.
     pub fn restart(&mut self, id: u64) {
-        self.spawn(id, &[]);
+        self.launch(id);
     }
 
     pub fn is_running(&self, id: u64) -> bool {

@@ -255,6 +255,27 @@ async fn a_minority_cannot_commit_and_the_cluster_converges_after_healing() {
         assert!(reference.contains_key(&format!("majority-{i}")));
     }
     assert_eq!(reference.len(), 15);
+
+    // Node 1 (the one that initialises a static cluster) loses its disk and
+    // restarts with the same member list: it must see its peers' cluster and
+    // not found a second one; it is caught up by the leader instead.
+    let mut c = c;
+    c.kill(1);
+    std::fs::remove_dir_all(c.data_dir(1)).unwrap();
+    c.restart(1);
+    let leader = c.wait_for_leader(LONG).await;
+    let status = c.status(leader).await.unwrap();
+    let last = status.node.unwrap().last_log_index;
+    c.wait_applied(last, LONG).await;
+    assert_eq!(
+        c.contents(1).await,
+        reference,
+        "node 1 rejoined the one cluster"
+    );
+    assert!(
+        c.log(1).contains("peers already form a cluster"),
+        "node 1 saw its peers' cluster before initialising"
+    );
 }
 
 async fn cli(args: &[&str]) -> String {
