@@ -11,6 +11,7 @@
 //! - Snapshots are taken from a RocksDB snapshot, so writes keep flowing while
 //!   one is built.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -89,6 +90,20 @@ struct StoredSnapshot {
     data: Vec<u8>,
 }
 
+/// The stored forms of an applied change: the record's JSON, and the change
+/// feed entry, which embeds the same bytes instead of encoding the record a
+/// second time (it decodes as a `Change`).
+fn encode_change(change: &Change) -> Result<(Vec<u8>, Vec<u8>), LocalError> {
+    let record = serde_json::to_vec(&change.record)?;
+    let mut entry = Vec::with_capacity(record.len() + 64);
+    entry.extend_from_slice(format!("{{\"revision\":{},\"kind\":", change.revision).as_bytes());
+    serde_json::to_writer(&mut entry, &change.kind)?;
+    entry.extend_from_slice(b",\"record\":");
+    entry.extend_from_slice(&record);
+    entry.push(b'}');
+    Ok((record, entry))
+}
+
 /// RocksDB-backed state machine. Cheap to clone; clones share state.
 #[derive(Clone)]
 pub struct StateMachine {
@@ -149,8 +164,7 @@ impl StateMachine {
         self.snapshot_dir.join("current.snapshot")
     }
 
-    fn decide(&self, cmd: Command, revision: u64) -> Result<CommandResult, LocalError> {
-        let current: Option<AgentRecord> = get_json(&self.db, CF_AGENTS, cmd.id().as_bytes())?;
+    fn decide(&self, cmd: Command, current: Option<AgentRecord>, revision: u64) -> CommandResult {
         let decided = match cmd {
             Command::Put {
                 metadata,
@@ -188,14 +202,14 @@ impl StateMachine {
             )
             .map(|r| (r, ChangeKind::StatusChanged)),
         };
-        Ok(match decided {
+        match decided {
             Ok((record, kind)) => CommandResult::Applied(Box::new(Change {
                 revision,
                 kind,
                 record,
             })),
             Err(rejection) => CommandResult::Rejected(rejection),
-        })
+        }
     }
 
     /// Trims the change history in `batch` when `revision` completes a trim
@@ -401,11 +415,19 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
+        // All entries of a call go into one WriteBatch (one WAL write);
+        // records written earlier in the batch are read from `written`, so
+        // each decision still sees every entry before it.
+        let sm = cf(&self.db, CF_SM).map_err(sm_write)?;
+        let agents = cf(&self.db, CF_AGENTS).map_err(sm_write)?;
+        let changes = cf(&self.db, CF_CHANGES).map_err(sm_write)?;
+        let mut batch = WriteBatch::default();
+        let mut written: HashMap<String, AgentRecord> = HashMap::new();
         let mut results = Vec::new();
+        let mut last = None;
+        let mut trimmed_to = None;
         for entry in entries {
             let revision = entry.log_id.index;
-            let mut batch = WriteBatch::default();
-            let sm = cf(&self.db, CF_SM).map_err(sm_write)?;
             let result = match entry.payload {
                 EntryPayload::Blank => CommandResult::Internal,
                 EntryPayload::Membership(m) => {
@@ -418,42 +440,50 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     CommandResult::Internal
                 }
                 EntryPayload::Normal(cmd) => {
-                    let result = self.decide(cmd, revision).map_err(sm_read)?;
+                    let current = match written.get(cmd.id()) {
+                        Some(r) => Some(r.clone()),
+                        None => {
+                            get_json(&self.db, CF_AGENTS, cmd.id().as_bytes()).map_err(sm_read)?
+                        }
+                    };
+                    let result = self.decide(cmd, current, revision);
                     if let CommandResult::Applied(change) = &result {
-                        let agents = cf(&self.db, CF_AGENTS).map_err(sm_write)?;
-                        let changes = cf(&self.db, CF_CHANGES).map_err(sm_write)?;
-                        batch.put_cf(
-                            agents,
-                            change.record.metadata.id.as_bytes(),
-                            serde_json::to_vec(&change.record).map_err(sm_write)?,
-                        );
-                        batch.put_cf(
-                            changes,
-                            u64_key(revision),
-                            serde_json::to_vec(change).map_err(sm_write)?,
-                        );
+                        let (record, change_json) = encode_change(change).map_err(sm_write)?;
+                        let id = &change.record.metadata.id;
+                        batch.put_cf(agents, id.as_bytes(), record);
+                        batch.put_cf(changes, u64_key(revision), change_json);
+                        written.insert(id.clone(), change.record.clone());
                     }
                     result
                 }
             };
-            let trimmed_to = self.trim_history(&mut batch, revision).map_err(sm_write)?;
-            batch.put_cf(
-                sm,
-                KEY_APPLIED,
-                serde_json::to_vec(&Some(entry.log_id)).map_err(sm_write)?,
-            );
-            self.db.write(batch).map_err(sm_write)?;
-            self.applied.revision.store(revision, Ordering::Release);
-            if let Some(oldest) = trimmed_to {
-                self.applied
-                    .oldest_revision
-                    .store(oldest, Ordering::Release);
-            }
-            if let CommandResult::Applied(change) = &result {
+            trimmed_to = self
+                .trim_history(&mut batch, revision)
+                .map_err(sm_write)?
+                .or(trimmed_to);
+            last = Some(entry.log_id);
+            results.push(result);
+        }
+        let Some(last) = last else {
+            return Ok(results);
+        };
+        batch.put_cf(
+            sm,
+            KEY_APPLIED,
+            serde_json::to_vec(&Some(last)).map_err(sm_write)?,
+        );
+        self.db.write(batch).map_err(sm_write)?;
+        self.applied.revision.store(last.index, Ordering::Release);
+        if let Some(oldest) = trimmed_to {
+            self.applied
+                .oldest_revision
+                .store(oldest, Ordering::Release);
+        }
+        for result in &results {
+            if let CommandResult::Applied(change) = result {
                 // No subscriber is normal; the send result says nothing else.
                 let _ = self.applied.changes.send(Applied::Change(change.clone()));
             }
-            results.push(result);
         }
         Ok(results)
     }
@@ -486,5 +516,47 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             meta: s.meta,
             snapshot: Box::new(std::io::Cursor::new(s.data)),
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::write::{decide_put, WriteMode};
+    use crate::domain::{Principal, Role};
+
+    #[test]
+    fn change_entries_decode_as_changes() {
+        let metadata = serde_json::from_value(serde_json::json!({
+            "id": "urn:agent:a\"b", "name": "A", "description": "quotes \" and \\ kept",
+            "x-extra": {"n": 1}
+        }))
+        .unwrap();
+        let principal = Principal {
+            name: "alice".into(),
+            role: Role::Publisher,
+        };
+        let (record, kind) = decide_put(
+            None,
+            metadata,
+            None,
+            &principal,
+            WriteMode::Register,
+            42,
+            "2026-11-22T00:00:00Z",
+        )
+        .unwrap();
+        let change = Change {
+            revision: 42,
+            kind,
+            record,
+        };
+        let (record_json, entry) = encode_change(&change).unwrap();
+        assert_eq!(record_json, serde_json::to_vec(&change.record).unwrap());
+        let decoded: Change = serde_json::from_slice(&entry).unwrap();
+        assert_eq!(
+            serde_json::to_value(&decoded).unwrap(),
+            serde_json::to_value(&change).unwrap()
+        );
     }
 }
