@@ -4,9 +4,9 @@
 //! against the sequential model of one agent record.
 //!
 //! CI size: 10 fault schedules × 2,000 operations. Stress mode:
-//! `AGENTRY_LINCHECK_OPS=20000 AGENTRY_LINCHECK_ROUNDS=5 cargo test --test
-//! cluster linearizable -- --nocapture` (ops per schedule, rounds of all
-//! schedules).
+//! `AGENTRY_LINCHECK_OPS=20000 AGENTRY_LINCHECK_ROUNDS=5 ./scripts/test.sh
+//! histories_under_faults -- --nocapture` (operations per schedule, rounds
+//! of all schedules).
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
