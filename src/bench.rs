@@ -198,10 +198,22 @@ where
 }
 
 impl WriteBench {
-    fn levels(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
-        self.concurrencies
-            .iter()
-            .map(|&c| (c, self.writes.max(c * 20)))
+    /// Warms up, then measures every concurrency level; `put(prefix)` makes
+    /// the operation writing record `i` under a key prefix.
+    async fn measure<P, F, Fut>(&self, system: &'static str, put: P) -> Vec<Row>
+    where
+        P: Fn(String) -> F,
+        F: Fn(usize) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Result<(), String>> + Send,
+    {
+        drive(8, 200, put("warmup".into())).await;
+        let mut rows = Vec::new();
+        for &clients in &self.concurrencies {
+            let total = self.writes.max(clients * 20);
+            let run = drive(clients, total, put(format!("c{clients}"))).await;
+            rows.push(row(system, clients, run));
+        }
+        rows
     }
 
     /// Starts three Agentry nodes (this executable) and measures them.
@@ -294,12 +306,7 @@ impl WriteBench {
                 }
             }
         };
-        drive(8, 200, put("warmup".into())).await;
-        let mut rows = Vec::new();
-        for (clients, total) in self.levels() {
-            let run = drive(clients, total, put(format!("c{clients}"))).await;
-            rows.push(row("agentry", clients, run));
-        }
+        let rows = self.measure("agentry", put).await;
         drop(procs);
         Ok(rows)
     }
@@ -384,12 +391,7 @@ impl WriteBench {
                 }
             }
         };
-        drive(8, 200, put("warmup".into())).await;
-        let mut rows = Vec::new();
-        for (clients, total) in self.levels() {
-            let run = drive(clients, total, put(format!("c{clients}"))).await;
-            rows.push(row("etcd", clients, run));
-        }
+        let rows = self.measure("etcd", put).await;
         drop(procs);
         Ok(rows)
     }
