@@ -3,10 +3,10 @@
 //! leader, so `--server` may name any member.
 
 use clap::{Args, Subcommand};
-use serde_json::json;
 use tonic::transport::Channel;
 
 use super::{local, CliError, ClientArgs};
+use crate::convert::cluster_status_to_json;
 use crate::pb::{self, cluster_client::ClusterClient};
 
 #[derive(Debug, Args)]
@@ -68,19 +68,7 @@ fn parse_member(m: &str) -> Result<pb::Member, CliError> {
 fn print_status(args: &ClientArgs, s: &pb::ClusterStatus) -> Result<(), CliError> {
     let n = s.node.clone().unwrap_or_default();
     if args.json {
-        let members: Vec<_> = s
-            .members
-            .iter()
-            .map(|m| json!({"id": m.id, "raft_addr": m.raft_addr, "role": m.role, "leader": m.leader, "matched_index": m.matched_index, "lag": m.lag}))
-            .collect();
-        let v = json!({
-            "node": {"id": n.id, "raft_addr": n.raft_addr, "role": n.role, "initialized": n.initialized, "term": n.term,
-                     "commit_index": n.commit_index, "applied_index": n.applied_index, "last_log_index": n.last_log_index,
-                     "snapshot_index": n.snapshot_index, "purged_index": n.purged_index, "snapshots_built": n.snapshots_built,
-                     "snapshots_installed": n.snapshots_installed, "last_snapshot_at": n.last_snapshot_at},
-            "leader_id": s.leader_id, "leader_raft_addr": s.leader_raft_addr,
-            "replication_known": s.replication_known, "members": members,
-        });
+        let v = cluster_status_to_json(s);
         out!("{}", serde_json::to_string_pretty(&v).map_err(local)?);
         return Ok(());
     }

@@ -368,6 +368,40 @@ pub fn metadata_from_json(v: Value) -> Result<pb::AgentMetadata, FieldError> {
     Ok(pb::AgentMetadata::from(&meta))
 }
 
+/// The JSON form of a cluster status, shared by `GET /cluster` and
+/// `agentry cluster status --json`.
+pub fn cluster_status_to_json(s: &pb::ClusterStatus) -> Value {
+    let node = s.node.clone().unwrap_or_default();
+    serde_json::json!({
+        "node": {
+            "id": node.id,
+            "raft_addr": node.raft_addr,
+            "role": node.role,
+            "initialized": node.initialized,
+            "term": node.term,
+            "commit_index": node.commit_index,
+            "applied_index": node.applied_index,
+            "last_log_index": node.last_log_index,
+            "snapshot_index": node.snapshot_index,
+            "purged_index": node.purged_index,
+            "snapshots_built": node.snapshots_built,
+            "snapshots_installed": node.snapshots_installed,
+            "last_snapshot_at": (!node.last_snapshot_at.is_empty()).then_some(node.last_snapshot_at),
+        },
+        "leader_id": (s.leader_id != 0).then_some(s.leader_id),
+        "leader_raft_addr": (!s.leader_raft_addr.is_empty()).then_some(&s.leader_raft_addr),
+        "replication_known": s.replication_known,
+        "members": s.members.iter().map(|m| serde_json::json!({
+            "id": m.id,
+            "raft_addr": m.raft_addr,
+            "role": m.role,
+            "leader": m.leader,
+            "matched_index": m.matched_index,
+            "lag": m.lag,
+        })).collect::<Vec<_>>(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

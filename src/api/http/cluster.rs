@@ -5,42 +5,11 @@ use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use super::{grpc_request, invalid, json_body, json_response, ApiError, ApiResult, HttpState};
+use crate::convert::cluster_status_to_json;
 use crate::pb::{self, cluster_server::Cluster};
-
-fn status_json(s: &pb::ClusterStatus) -> Value {
-    let node = s.node.clone().unwrap_or_default();
-    json!({
-        "node": {
-            "id": node.id,
-            "raft_addr": node.raft_addr,
-            "role": node.role,
-            "initialized": node.initialized,
-            "term": node.term,
-            "commit_index": node.commit_index,
-            "applied_index": node.applied_index,
-            "last_log_index": node.last_log_index,
-            "snapshot_index": node.snapshot_index,
-            "purged_index": node.purged_index,
-            "snapshots_built": node.snapshots_built,
-            "snapshots_installed": node.snapshots_installed,
-            "last_snapshot_at": (!node.last_snapshot_at.is_empty()).then_some(node.last_snapshot_at),
-        },
-        "leader_id": (s.leader_id != 0).then_some(s.leader_id),
-        "leader_raft_addr": (!s.leader_raft_addr.is_empty()).then_some(&s.leader_raft_addr),
-        "replication_known": s.replication_known,
-        "members": s.members.iter().map(|m| json!({
-            "id": m.id,
-            "raft_addr": m.raft_addr,
-            "role": m.role,
-            "leader": m.leader,
-            "matched_index": m.matched_index,
-            "lag": m.lag,
-        })).collect::<Vec<_>>(),
-    })
-}
 
 /// Parses a JSON body into `T`, naming the offending member on error.
 fn parse<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, ApiError> {
@@ -56,7 +25,10 @@ fn parse<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, ApiError> {
 }
 
 fn ok(resp: tonic::Response<pb::ClusterStatus>) -> ApiResult {
-    Ok(json_response(StatusCode::OK, &status_json(resp.get_ref())))
+    Ok(json_response(
+        StatusCode::OK,
+        &cluster_status_to_json(resp.get_ref()),
+    ))
 }
 
 fn node_id(raw: &str) -> Result<u64, ApiError> {
