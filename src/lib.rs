@@ -11,6 +11,7 @@ pub mod config;
 pub mod consensus;
 pub mod convert;
 pub mod domain;
+pub mod index;
 pub mod server;
 pub mod service;
 pub mod storage;

@@ -18,7 +18,9 @@ use crate::api::http::{router, HttpState};
 use crate::config::Config;
 use crate::consensus::{Bootstrap, Faults, NodeSettings, RaftNode, RaftService};
 use crate::domain::{Principal, Role};
+use crate::index::{Embedder, SearchIndex};
 use crate::pb::cluster_server::ClusterServer;
+use crate::pb::discovery_server::DiscoveryServer;
 use crate::pb::raft_transport_server::RaftTransportServer;
 use crate::pb::registry_server::RegistryServer;
 use crate::service::{ClusterService, RegistryService};
@@ -242,9 +244,12 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
         node.wait_for_leader(Duration::from_secs(30)).await?;
     }
 
+    let index = SearchIndex::new(load_embedder(&config.discovery).await, config.discovery.weights.clone());
+    let indexer = index.spawn(reader.clone(), shutdown_rx.clone());
     let service = RegistryService::new(
         node.clone(),
         reader,
+        index,
         config.limits(),
         config.anonymous_reads,
         shutdown_rx.clone(),
@@ -262,6 +267,7 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
     let grpc_addr = grpc_listener.local_addr()?;
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<RegistryServer<RegistryApi>>().await;
+    health.set_serving::<DiscoveryServer<RegistryApi>>().await;
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(crate::pb::FILE_DESCRIPTOR_SET)
         .build_v1()
@@ -277,6 +283,10 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
         RegistryServer::new(api.clone()).max_decoding_message_size(max_message),
         authenticate.clone(),
     );
+    let discovery = InterceptedService::new(
+        DiscoveryServer::new(api.clone()).max_decoding_message_size(max_message),
+        authenticate.clone(),
+    );
     let cluster_service =
         InterceptedService::new(ClusterServer::new(cluster.clone()), authenticate);
     let grpc = tonic::transport::Server::builder()
@@ -284,6 +294,7 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
         .add_service(health_service)
         .add_service(reflection)
         .add_service(registry)
+        .add_service(discovery)
         .add_service(cluster_service)
         .serve_with_incoming_shutdown(incoming(grpc_listener), stopped(shutdown_rx.clone()));
     let grpc_task = tokio::spawn(async move {
@@ -327,12 +338,30 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
         raft_addr,
         generated_admin_key,
         shutdown,
-        tasks: vec![grpc_task, http_task, raft_task],
+        tasks: vec![grpc_task, http_task, raft_task, indexer],
         node,
     })
 }
 
 /// Runs until SIGINT or SIGTERM, then shuts down gracefully.
+/// Loads the configured embedder, or says why there is none (discovery
+/// then ranks by lexical and tag matches, and says so in its warnings).
+async fn load_embedder(config: &crate::config::DiscoveryConfig) -> Result<Embedder, String> {
+    if config.embedder == "none" {
+        return Err("discovery.embedder is \"none\"".into());
+    }
+    let dir = config.model_dir();
+    let loaded = tokio::task::spawn_blocking(move || Embedder::load_model2vec(&dir))
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|r| r.map_err(|e| e.to_string()));
+    match &loaded {
+        Ok(e) => tracing::info!(model = e.name(), dim = e.dim(), "embedding model loaded"),
+        Err(why) => tracing::warn!(%why, "no embedding model; discovery runs on lexical and tag matches (run scripts/setup.sh to fetch the default model)"),
+    }
+    loaded
+}
+
 pub async fn run(config: Config) -> Result<(), ServerError> {
     let data_dir = config.data_dir.clone();
     let server = start(config).await?;

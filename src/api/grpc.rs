@@ -167,27 +167,54 @@ impl Registry for RegistryApi {
             })
             .collect::<Result<Vec<_>, _>>()
             .map_err(ServiceError::from)?;
+        let filter = Filter {
+            capabilities: req.capabilities,
+            tags: req.tags,
+            languages: req.languages,
+            statuses,
+            publisher: req.publisher,
+            owner: req.owner,
+            include_expired: req.include_expired,
+        };
+        let consistency = consistency(req.consistency)?;
+        let now = now();
+        if !req.query.trim().is_empty() {
+            if !req.page_token.is_empty() {
+                return Err(ServiceError::InvalidRequest {
+                    field: Some("/page_token".into()),
+                    message: "/page_token: a ranked search (with a query) has a single page".into(),
+                }
+                .into());
+            }
+            let top = match req.page_size {
+                0 => 10,
+                n => n as usize,
+            };
+            let (ranked, applied_revision) = self
+                .service
+                .ranked_search(who.as_ref(), &req.query, filter, top, consistency)
+                .await?;
+            return Ok(Response::new(pb::ListResponse {
+                total_count: ranked.len() as u64,
+                records: ranked.iter().map(|(r, _)| record_to_pb(r, now)).collect(),
+                scores: ranked.iter().map(|(_, s)| f64::from(*s)).collect(),
+                next_page_token: String::new(),
+                applied_revision,
+            }));
+        }
         let query = ListQuery {
-            filter: Filter {
-                capabilities: req.capabilities,
-                tags: req.tags,
-                languages: req.languages,
-                statuses,
-                publisher: req.publisher,
-                owner: req.owner,
-                include_expired: req.include_expired,
-            },
+            filter,
             page_size: req.page_size,
             page_token: req.page_token,
-            consistency: consistency(req.consistency)?,
+            consistency,
         };
         let page = self.service.list(who.as_ref(), query).await?;
-        let now = now();
         Ok(Response::new(pb::ListResponse {
             records: page.records.iter().map(|r| record_to_pb(r, now)).collect(),
             next_page_token: page.next_page_token,
             total_count: page.total_count,
             applied_revision: page.applied_revision,
+            scores: Vec::new(),
         }))
     }
 

@@ -3,6 +3,7 @@
 
 pub mod auth;
 pub mod cluster;
+pub mod discovery;
 pub mod error;
 pub mod grpc;
 pub mod http;

@@ -223,6 +223,12 @@ pub struct ServeArgs {
     #[arg(long, env = "AGENTRY_NO_ANONYMOUS_READS")]
     pub no_anonymous_reads: bool,
     /// Bootstrap admin API key.
+    /// Folder of the model2vec embedding model (overrides the config file).
+    #[arg(long, env = "AGENTRY_MODEL_DIR")]
+    pub model_dir: Option<PathBuf>,
+    /// Rank without an embedding model (lexical and tag matches only).
+    #[arg(long)]
+    pub no_embedder: bool,
     #[arg(long = "admin-key", env = "AGENTRY_ADMIN_KEY", hide_env_values = true)]
     pub admin_key: Option<String>,
 }
@@ -269,6 +275,12 @@ impl ServeArgs {
         }
         if self.no_anonymous_reads {
             c.anonymous_reads = false;
+        }
+        if let Some(v) = &self.model_dir {
+            c.discovery.model_dir = Some(v.clone());
+        }
+        if self.no_embedder {
+            c.discovery.embedder = "none".into();
         }
         c.admin_key = self.admin_key.clone().filter(|k| !k.is_empty());
         Ok(c)
@@ -556,6 +568,7 @@ pub async fn run_agents(all: AgentsArgs) -> Result<(), CliError> {
                     page_size: *page_size,
                     page_token: token.clone(),
                     consistency: 0,
+                    query: String::new(),
                 };
                 let resp = client.list(args.request(req)?).await?.into_inner();
                 total = resp.total_count;

@@ -8,6 +8,8 @@ use serde_json::{Map, Number, Value};
 use crate::domain::{self, FieldError};
 use crate::pb;
 
+pub mod discovery;
+
 /// JSON value to protobuf `Value`.
 pub fn json_to_pb(v: &Value) -> prost_types::Value {
     let kind = match v {
@@ -335,7 +337,7 @@ pub fn record_pb_to_json(r: &pb::AgentRecord) -> Result<Value, FieldError> {
 }
 
 /// Converts a serde path such as `bindings[0].endpoint` to a JSON pointer.
-fn serde_path_to_pointer(path: &serde_path_to_error::Path) -> String {
+pub(crate) fn serde_path_to_pointer(path: &serde_path_to_error::Path) -> String {
     use serde_path_to_error::Segment;
     let mut out = String::new();
     for seg in path.iter() {

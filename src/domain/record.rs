@@ -12,9 +12,10 @@ use serde_json::{Map, Value};
 pub const ENVELOPE_MEMBER: &str = "registry";
 
 /// Lifecycle status (ADP/AIDIP `status`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum AgentStatus {
+    #[default]
     Active,
     Deprecated,
     Inactive,

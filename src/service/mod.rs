@@ -3,9 +3,11 @@
 //! entitlement checks live here; the transport layers only translate.
 
 mod cluster;
+mod discovery;
 mod error;
 mod registry;
 
 pub use cluster::{ClusterService, ClusterView, MemberView};
+pub use discovery::{Candidate, DiscoveryResult, CONFORMANCE_LEVEL};
 pub use error::ServiceError;
 pub use registry::{Consistency, ListPage, ListQuery, RegistryService};

@@ -16,7 +16,8 @@ use crate::domain::write::WriteMode;
 use crate::domain::{
     AgentMetadata, AgentRecord, AgentStatus, Change, Limits, Principal, Visibility,
 };
-use crate::storage::{Applied, Reader};
+use crate::index::SearchIndex;
+use crate::storage::{Applied, FollowEnd, Reader};
 
 type Result<T> = std::result::Result<T, ServiceError>;
 
@@ -50,8 +51,6 @@ pub struct ListPage {
 
 pub const DEFAULT_PAGE_SIZE: u32 = 50;
 pub const MAX_PAGE_SIZE: u32 = 1000;
-/// Changes read from history per batch while a watcher catches up.
-const WATCH_BATCH: usize = 512;
 
 /// A stream of changes for a watcher.
 pub type ChangeStream = Pin<Box<dyn Stream<Item = Result<Change>> + Send>>;
@@ -61,6 +60,7 @@ pub type ChangeStream = Pin<Box<dyn Stream<Item = Result<Change>> + Send>>;
 pub struct RegistryService {
     node: RaftNode,
     reader: Reader,
+    index: SearchIndex,
     limits: Limits,
     anonymous_reads: bool,
     /// Becomes true when the server shuts down; open watches then end, so
@@ -104,6 +104,7 @@ impl RegistryService {
     pub fn new(
         node: RaftNode,
         reader: Reader,
+        index: SearchIndex,
         limits: Limits,
         anonymous_reads: bool,
         shutdown: watch::Receiver<bool>,
@@ -111,6 +112,7 @@ impl RegistryService {
         Self {
             node,
             reader,
+            index,
             limits,
             anonymous_reads,
             shutdown,
@@ -123,6 +125,10 @@ impl RegistryService {
 
     pub fn reader(&self) -> &Reader {
         &self.reader
+    }
+
+    pub fn index(&self) -> &SearchIndex {
+        &self.index
     }
 
     /// Ready when this node knows a leader; returns the applied revision.
@@ -141,7 +147,7 @@ impl RegistryService {
         self.node.status()
     }
 
-    fn require_reader(&self, principal: Option<&Principal>) -> Result<()> {
+    pub(crate) fn require_reader(&self, principal: Option<&Principal>) -> Result<()> {
         if principal.is_none() && !self.anonymous_reads {
             return Err(ServiceError::Unauthorized(
                 "anonymous reads are disabled; send an API key".into(),
@@ -150,7 +156,7 @@ impl RegistryService {
         Ok(())
     }
 
-    async fn read_barrier(&self, consistency: Consistency) -> Result<()> {
+    pub(crate) async fn read_barrier(&self, consistency: Consistency) -> Result<()> {
         if consistency == Consistency::Linearizable {
             self.node.read_barrier().await?;
         }
@@ -392,72 +398,36 @@ impl RegistryService {
     }
 }
 
-/// Feeds one watcher: history from `next`, then live changes. When the
-/// watcher falls behind the live channel it goes back to history.
+/// Feeds one watcher until it hangs up or the server shuts down.
 async fn forward_changes(
     reader: Reader,
-    mut live: broadcast::Receiver<Applied>,
-    mut next: u64,
+    live: broadcast::Receiver<Applied>,
+    next: u64,
     principal: Option<Principal>,
     tx: mpsc::Sender<Result<Change>>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let send = |c: Change| {
+    let stop = {
         let tx = tx.clone();
+        async move {
+            // A watcher that hung up ends its task now, not at the next change.
+            tokio::select! {
+                _ = tx.closed() => {}
+                _ = shutdown.wait_for(|s| *s) => {}
+            }
+        }
+    };
+    let sink = |c: Change| {
         let visible = c.record.readable_by(principal.as_ref());
+        let tx = tx.clone();
         async move { !visible || tx.send(Ok(c)).await.is_ok() }
     };
-    'catch_up: loop {
-        loop {
-            let batch = match reader.changes_from(next, WATCH_BATCH) {
-                Ok(b) => b,
-                Err(e) => {
-                    let _ = tx.send(Err(e.into())).await;
-                    return;
-                }
-            };
-            if batch.is_empty() {
-                break;
-            }
-            for c in batch {
-                next = c.revision + 1;
-                if !send(c).await {
-                    return;
-                }
-            }
+    let error = match reader.follow(live, next, stop, sink).await {
+        FollowEnd::Stopped => return,
+        FollowEnd::Compacted { requested, oldest } => {
+            ServiceError::RevisionCompacted { requested, oldest }
         }
-        loop {
-            // A watcher that hung up ends its task now, not at the next change.
-            let received = tokio::select! {
-                r = live.recv() => r,
-                _ = tx.closed() => return,
-                _ = shutdown.wait_for(|s| *s) => return,
-            };
-            match received {
-                Ok(Applied::Change(c)) if c.revision < next => continue,
-                Ok(Applied::Change(c)) => {
-                    next = c.revision + 1;
-                    if !send(*c).await {
-                        return;
-                    }
-                }
-                // A snapshot replaced the state: its changes are in the
-                // history, so re-read it from where this watcher is.
-                Err(broadcast::error::RecvError::Lagged(_)) | Ok(Applied::SnapshotInstalled) => {
-                    let oldest = reader.oldest_revision();
-                    if next < oldest {
-                        let _ = tx
-                            .send(Err(ServiceError::RevisionCompacted {
-                                requested: next,
-                                oldest,
-                            }))
-                            .await;
-                        return;
-                    }
-                    continue 'catch_up;
-                }
-                Err(broadcast::error::RecvError::Closed) => return,
-            }
-        }
-    }
+        FollowEnd::Failed(e) => e.into(),
+    };
+    let _ = tx.send(Err(error)).await;
 }

@@ -10,7 +10,7 @@ mod reader;
 mod state_machine;
 
 pub use log_store::LogStore;
-pub use reader::{Applied, Reader};
+pub use reader::{Applied, FollowEnd, Reader};
 pub use state_machine::{SnapshotStats, StateMachine};
 
 use std::path::Path;

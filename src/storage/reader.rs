@@ -1,6 +1,7 @@
 //! Read access to the applied state for the service layer. Reads never go
 //! through Raft: they see what this node has applied, and report the revision.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -20,6 +21,19 @@ pub enum Applied {
     /// watchers re-read the history from where they are.
     SnapshotInstalled,
 }
+
+/// Why following the change feed ended.
+#[derive(Debug)]
+pub enum FollowEnd {
+    /// The sink or the stop signal ended it.
+    Stopped,
+    /// The next revision wanted is no longer in the history.
+    Compacted { requested: u64, oldest: u64 },
+    Failed(StorageError),
+}
+
+/// Changes read from history per batch while a follower catches up.
+const CATCH_UP_BATCH: usize = 512;
 
 /// Shared between the state machine (which advances it) and the readers.
 pub(crate) struct AppliedState {
@@ -82,5 +96,69 @@ impl Reader {
         }
         it.status()?;
         Ok(out)
+    }
+
+    /// Feeds `sink` every change from revision `next` on, in order, never
+    /// skipping or repeating one: history first, then live changes from
+    /// `live` (subscribed before `next` was chosen, so nothing falls in
+    /// between). A follower that falls behind the live channel, or whose
+    /// node installed a snapshot, re-reads the history from where it is.
+    /// Ends when `sink` returns false, `stop` completes, or history no
+    /// longer reaches back to `next`.
+    pub async fn follow<F, S>(
+        &self,
+        mut live: broadcast::Receiver<Applied>,
+        mut next: u64,
+        stop: impl Future<Output = ()>,
+        mut sink: S,
+    ) -> FollowEnd
+    where
+        S: FnMut(Change) -> F,
+        F: Future<Output = bool>,
+    {
+        let mut stop = std::pin::pin!(stop);
+        'catch_up: loop {
+            let oldest = self.oldest_revision();
+            if next < oldest {
+                return FollowEnd::Compacted {
+                    requested: next,
+                    oldest,
+                };
+            }
+            loop {
+                let batch = match self.changes_from(next, CATCH_UP_BATCH) {
+                    Ok(b) => b,
+                    Err(e) => return FollowEnd::Failed(e),
+                };
+                if batch.is_empty() {
+                    break;
+                }
+                for c in batch {
+                    next = c.revision + 1;
+                    if !sink(c).await {
+                        return FollowEnd::Stopped;
+                    }
+                }
+            }
+            loop {
+                let received = tokio::select! {
+                    r = live.recv() => r,
+                    _ = &mut stop => return FollowEnd::Stopped,
+                };
+                match received {
+                    Ok(Applied::Change(c)) if c.revision < next => continue,
+                    Ok(Applied::Change(c)) => {
+                        next = c.revision + 1;
+                        if !sink(*c).await {
+                            return FollowEnd::Stopped;
+                        }
+                    }
+                    Err(broadcast::error::RecvError::Lagged(_)) | Ok(Applied::SnapshotInstalled) => {
+                        continue 'catch_up
+                    }
+                    Err(broadcast::error::RecvError::Closed) => return FollowEnd::Stopped,
+                }
+            }
+        }
     }
 }

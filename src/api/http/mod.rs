@@ -18,6 +18,7 @@ use tonic::Status;
 use super::auth::Authenticator;
 use super::error::{detail_of, problem_body, transport_refusal};
 use super::grpc::RegistryApi;
+use crate::convert::discovery::{discover_request_from_json, discover_response_to_json};
 use crate::convert::{record_pb_to_json, status_to_pb};
 use crate::domain::{AgentStatus, Visibility};
 use crate::pb::{self, registry_server::Registry};
@@ -484,6 +485,7 @@ async fn list_agents(
         page_size: parse_u32(single(&pairs, "page_size"), "/page_size")?,
         page_token: single(&pairs, "page_token").unwrap_or_default(),
         consistency: consistency_param(&pairs)?,
+        query: String::new(),
     };
     let resp = s
         .api
@@ -551,9 +553,9 @@ fn summary(r: &Value) -> Value {
     out
 }
 
-/// `POST /agents/search`, AIDIP shape. The natural-language `query` is
-/// accepted and, until the discovery engine ranks by it, ignored as AIDIP
-/// allows for registries without semantic search.
+/// `POST /agents/search`, AIDIP shape. With a natural-language `query`
+/// the matching agents come ranked, best first, each with its `score`;
+/// without one it is the plain filter search.
 async fn search_agents(State(s): State<HttpState>, headers: HeaderMap, body: Body) -> ApiResult {
     let v = json_body(&s, &headers, body).await?;
     let Value::Object(obj) = &v else {
@@ -570,11 +572,11 @@ async fn search_agents(State(s): State<HttpState>, headers: HeaderMap, body: Bod
             ));
         }
     }
-    if let Some(q) = obj.get("query") {
-        if !q.is_string() && !q.is_null() {
-            return Err(invalid(Some("/query"), "/query: must be a string"));
-        }
-    }
+    let query = match obj.get("query") {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(q)) => q.clone(),
+        Some(_) => return Err(invalid(Some("/query"), "/query: must be a string")),
+    };
     let top = match obj.get("top") {
         None | Some(Value::Null) => 10,
         Some(t) => t
@@ -630,6 +632,7 @@ async fn search_agents(State(s): State<HttpState>, headers: HeaderMap, body: Bod
             .into_iter()
             .next(),
         page_size: top,
+        query,
         ..Default::default()
     };
     let resp = s
@@ -640,9 +643,30 @@ async fn search_agents(State(s): State<HttpState>, headers: HeaderMap, body: Bod
     let out = resp
         .records
         .iter()
-        .map(|r| record_json(Some(r)).map(|v| summary(&v)))
+        .enumerate()
+        .map(|(i, r)| {
+            record_json(Some(r)).map(|v| {
+                let mut out = summary(&v);
+                if let Some(score) = resp.scores.get(i) {
+                    out["score"] = json!((score * 10_000.0).round() / 10_000.0);
+                }
+                out
+            })
+        })
         .collect::<Result<Vec<_>, _>>()?;
     Ok(json_response(StatusCode::OK, &Value::Array(out)))
+}
+
+/// `POST /discover`: an ADP Discovery Request in, an ADP Discovery Response
+/// out, through the gRPC `Discovery.Discover` handler.
+async fn discover(State(s): State<HttpState>, headers: HeaderMap, body: Body) -> ApiResult {
+    let v = json_body(&s, &headers, body).await?;
+    let req = discover_request_from_json(v).map_err(ServiceError::from)?;
+    let resp = pb::discovery_server::Discovery::discover(&s.api, grpc_request(&s, &headers, req)?)
+        .await?
+        .into_inner();
+    let body = discover_response_to_json(&resp).map_err(ServiceError::from)?;
+    Ok(json_response(StatusCode::OK, &body))
 }
 
 async fn healthz() -> Response {
@@ -716,6 +740,7 @@ pub fn routes() -> Routes {
     .add("POST", "/agents", routing::post(register))
     .add("GET", "/agents", routing::get(list_agents))
     .add("POST", "/agents/search", routing::post(search_agents))
+    .add("POST", "/discover", routing::post(discover))
     .add("GET", "/agents/{id}", routing::get(get_agent))
     .add("PUT", "/agents/{id}", routing::put(update_agent))
     .add("DELETE", "/agents/{id}", routing::delete(delete_agent))

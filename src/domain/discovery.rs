@@ -1,0 +1,635 @@
+//! ADP discovery requests and results, and the rules that do not depend on
+//! how candidates are found: request validation, the hard filters every
+//! candidate must pass, and how much of a record a response may show.
+
+use serde_json::{Map, Value};
+
+use super::record::{AgentMetadata, AgentRecord, AgentStatus, Binding, Principal};
+use super::validate::{normalise_tags, FieldError};
+
+pub const DEFAULT_LIMIT: u32 = 10;
+pub const MAX_LIMIT: u32 = 200;
+pub const MAX_QUERY_CHARS: usize = 4096;
+/// Protocols a request may list.
+const MAX_PROTOCOLS: usize = 16;
+
+/// ADP `detail`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Detail {
+    Minimal,
+    #[default]
+    Summary,
+    Full,
+}
+
+impl Detail {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "minimal" => Some(Self::Minimal),
+            "summary" => Some(Self::Summary),
+            "full" => Some(Self::Full),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Minimal => "minimal",
+            Self::Summary => "summary",
+            Self::Full => "full",
+        }
+    }
+}
+
+/// An ADP Discovery Request as received.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DiscoveryRequest {
+    pub query: String,
+    pub required_tags: Vec<String>,
+    pub preferred_tags: Vec<String>,
+    pub excluded_tags: Vec<String>,
+    pub protocols: Vec<String>,
+    pub constraints: Map<String, Value>,
+    /// 0: the default.
+    pub limit: u32,
+    pub include_evidence: bool,
+    pub detail: Detail,
+    pub client_context: Map<String, Value>,
+}
+
+/// The hard filters of a request, normalised.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct HardFilters {
+    pub required_tags: Vec<String>,
+    pub excluded_tags: Vec<String>,
+    /// Lowercase; empty: any protocol.
+    pub protocols: Vec<String>,
+    /// Lowercase; an agent without a region constraint serves every region.
+    pub regions: Vec<String>,
+    pub max_age_seconds: Option<u64>,
+    /// Empty: active and deprecated.
+    pub statuses: Vec<AgentStatus>,
+    /// Also return records past `expires_at`.
+    pub allow_stale: bool,
+    /// Agents that declare no languages are language-agnostic (AIDIP).
+    pub languages: Vec<String>,
+    pub capabilities: Vec<String>,
+    /// AIDIP search filters beyond ADP's.
+    pub publisher: Option<String>,
+    pub owner: Option<String>,
+}
+
+/// A validated request, ready for the ranker.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DiscoveryPlan {
+    pub query: String,
+    pub preferred_tags: Vec<String>,
+    pub filters: HardFilters,
+    /// Constraint names this registry cannot apply (ADP `unsupported_filters`).
+    pub unsupported: Vec<String>,
+    pub limit: u32,
+    pub include_evidence: bool,
+    pub detail: Detail,
+    pub client_context: Map<String, Value>,
+}
+
+/// Constraint names understood as hard filters.
+pub const SUPPORTED_CONSTRAINTS: [&str; 6] = [
+    "region",
+    "max_results_age_seconds",
+    "status",
+    "allow_stale",
+    "language",
+    "capabilities",
+];
+
+fn strings(v: &Value, pointer: &str) -> Result<Vec<String>, FieldError> {
+    match v {
+        Value::String(s) => Ok(vec![s.clone()]),
+        Value::Array(a) => a
+            .iter()
+            .enumerate()
+            .map(|(i, x)| {
+                x.as_str()
+                    .map(String::from)
+                    .ok_or_else(|| FieldError::new(format!("{pointer}/{i}"), "must be a string"))
+            })
+            .collect(),
+        _ => Err(FieldError::new(
+            pointer,
+            "must be a string or an array of strings",
+        )),
+    }
+}
+
+fn check_text(s: &str, pointer: &str, max: usize) -> Result<(), FieldError> {
+    if s.chars().count() > max {
+        return Err(FieldError::new(
+            pointer,
+            format!("must be at most {max} characters"),
+        ));
+    }
+    if s.chars().any(|c| c.is_control() && !matches!(c, '\n' | '\t' | '\r')) {
+        return Err(FieldError::new(pointer, "must not contain control characters"));
+    }
+    Ok(())
+}
+
+impl DiscoveryRequest {
+    /// Validates and normalises the request (ADP "validate the request,
+    /// normalise tags and constraints").
+    pub fn plan(mut self) -> Result<DiscoveryPlan, FieldError> {
+        let query = self.query.trim().to_string();
+        if query.is_empty() {
+            return Err(FieldError::new(
+                "/query",
+                "is required: the task, in natural language",
+            ));
+        }
+        check_text(&query, "/query", MAX_QUERY_CHARS)?;
+        normalise_tags(&mut self.required_tags, "/required_tags")?;
+        normalise_tags(&mut self.preferred_tags, "/preferred_tags")?;
+        normalise_tags(&mut self.excluded_tags, "/excluded_tags")?;
+        if let Some(t) = self
+            .required_tags
+            .iter()
+            .find(|t| self.excluded_tags.contains(t))
+        {
+            return Err(FieldError::new(
+                "/excluded_tags",
+                format!("'{t}' is both required and excluded"),
+            ));
+        }
+        if self.protocols.len() > MAX_PROTOCOLS {
+            return Err(FieldError::new(
+                "/protocols",
+                format!("must hold at most {MAX_PROTOCOLS} entries"),
+            ));
+        }
+        let mut protocols = Vec::new();
+        for (i, p) in self.protocols.iter().enumerate() {
+            let p = p.trim().to_ascii_lowercase();
+            if p.is_empty() {
+                return Err(FieldError::new(format!("/protocols/{i}"), "must not be blank"));
+            }
+            check_text(&p, &format!("/protocols/{i}"), 64)?;
+            if !protocols.contains(&p) {
+                protocols.push(p);
+            }
+        }
+        let limit = match self.limit {
+            0 => DEFAULT_LIMIT,
+            n if n > MAX_LIMIT => {
+                return Err(FieldError::new(
+                    "/limit",
+                    format!("must be from 1 to {MAX_LIMIT}"),
+                ))
+            }
+            n => n,
+        };
+        let mut filters = HardFilters {
+            required_tags: self.required_tags,
+            excluded_tags: self.excluded_tags,
+            protocols,
+            ..Default::default()
+        };
+        let mut unsupported = Vec::new();
+        for (key, v) in &self.constraints {
+            let p = format!("/constraints/{key}");
+            match key.as_str() {
+                "region" => {
+                    filters.regions = strings(v, &p)?
+                        .into_iter()
+                        .map(|r| r.trim().to_ascii_lowercase())
+                        .collect();
+                }
+                "max_results_age_seconds" => {
+                    filters.max_age_seconds = Some(v.as_u64().ok_or_else(|| {
+                        FieldError::new(&p, "must be a non-negative integer (seconds)")
+                    })?);
+                }
+                "status" => {
+                    for (i, s) in strings(v, &p)?.iter().enumerate() {
+                        let st = AgentStatus::parse(s).ok_or_else(|| {
+                            FieldError::new(
+                                format!("{p}/{i}"),
+                                "must be active, deprecated, inactive or deleted",
+                            )
+                        })?;
+                        filters.statuses.push(st);
+                    }
+                }
+                "allow_stale" => {
+                    filters.allow_stale = v
+                        .as_bool()
+                        .ok_or_else(|| FieldError::new(&p, "must be a boolean"))?;
+                }
+                "language" => {
+                    filters.languages = strings(v, &p)?;
+                    normalise_tags(&mut filters.languages, &p)?;
+                }
+                "capabilities" => {
+                    filters.capabilities = strings(v, &p)?;
+                    normalise_tags(&mut filters.capabilities, &p)?;
+                }
+                _ => unsupported.push(key.clone()),
+            }
+        }
+        Ok(DiscoveryPlan {
+            query,
+            preferred_tags: self.preferred_tags,
+            filters,
+            unsupported,
+            limit,
+            include_evidence: self.include_evidence,
+            detail: self.detail,
+            client_context: self.client_context,
+        })
+    }
+}
+
+impl HardFilters {
+    /// The filters as ADP `applied_filters`: what every candidate passed.
+    pub fn applied(&self) -> Map<String, Value> {
+        let mut m = Map::new();
+        let list = |v: &[String]| Value::from(v.to_vec());
+        if !self.required_tags.is_empty() {
+            m.insert("required_tags".into(), list(&self.required_tags));
+        }
+        if !self.excluded_tags.is_empty() {
+            m.insert("excluded_tags".into(), list(&self.excluded_tags));
+        }
+        if !self.protocols.is_empty() {
+            m.insert("protocols".into(), list(&self.protocols));
+        }
+        if !self.regions.is_empty() {
+            m.insert("region".into(), list(&self.regions));
+        }
+        if let Some(a) = self.max_age_seconds {
+            m.insert("max_results_age_seconds".into(), a.into());
+        }
+        if !self.languages.is_empty() {
+            m.insert("language".into(), list(&self.languages));
+        }
+        if !self.capabilities.is_empty() {
+            m.insert("capabilities".into(), list(&self.capabilities));
+        }
+        let statuses: Vec<String> = self
+            .statuses()
+            .iter()
+            .map(|s| s.as_str().to_string())
+            .collect();
+        m.insert("status".into(), statuses.into());
+        m.insert("visibility".into(), "readable by the caller".into());
+        m.insert("exclude_expired".into(), (!self.allow_stale).into());
+        m
+    }
+
+    pub fn statuses(&self) -> &[AgentStatus] {
+        if self.statuses.is_empty() {
+            &[AgentStatus::Active, AgentStatus::Deprecated]
+        } else {
+            &self.statuses
+        }
+    }
+
+    /// Whether an agent passes every hard filter. `facts` are the indexed
+    /// properties of the agent.
+    pub fn admit(&self, facts: &AgentFacts, principal: Option<&Principal>, now_unix: i64) -> bool {
+        if facts.private && !principal.is_some_and(|p| p.may_manage(&facts.owner)) {
+            return false;
+        }
+        if !self.statuses().contains(&facts.status) {
+            return false;
+        }
+        if !self.allow_stale && facts.expires_unix.is_some_and(|t| t <= now_unix) {
+            return false;
+        }
+        if let Some(max) = self.max_age_seconds {
+            let age = now_unix.saturating_sub(facts.updated_unix);
+            if age < 0 || age as u64 > max {
+                return false;
+            }
+        }
+        self.required_tags.iter().all(|t| facts.has_tag(t))
+            && !self.excluded_tags.iter().any(|t| facts.has_tag(t))
+            && (self.protocols.is_empty()
+                || facts.protocols.iter().any(|p| self.protocols.contains(p)))
+            && (self.regions.is_empty()
+                || facts.regions.is_empty()
+                || facts.regions.iter().any(|r| self.regions.contains(r)))
+            && (facts.languages.is_empty()
+                || self.languages.iter().all(|l| facts.languages.contains(l)))
+            && self.capabilities.iter().all(|c| facts.capabilities.contains(c))
+            && self.publisher.as_ref().is_none_or(|p| facts.publisher.as_ref() == Some(p))
+            && self.owner.as_ref().is_none_or(|o| &facts.owner == o)
+    }
+}
+
+/// What the hard filters need to know of an agent, kept in the index so
+/// filtering never reads storage.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AgentFacts {
+    pub owner: String,
+    pub private: bool,
+    pub status: AgentStatus,
+    /// Tags and capabilities together, sorted (ADP tags; AIDIP capabilities
+    /// are capability tags too).
+    pub tags: Vec<String>,
+    pub capabilities: Vec<String>,
+    pub publisher: Option<String>,
+    pub protocols: Vec<String>,
+    pub regions: Vec<String>,
+    pub languages: Vec<String>,
+    pub expires_unix: Option<i64>,
+    /// `updated_at`, else when the registry last changed the record.
+    pub updated_unix: i64,
+}
+
+impl AgentFacts {
+    pub fn of(record: &AgentRecord) -> Self {
+        let m = &record.metadata;
+        let mut tags: Vec<String> = m.tags.iter().chain(&m.capabilities).cloned().collect();
+        tags.sort();
+        tags.dedup();
+        let mut protocols: Vec<String> = m
+            .bindings
+            .iter()
+            .map(|b| b.protocol.to_ascii_lowercase())
+            .collect();
+        protocols.sort();
+        protocols.dedup();
+        let updated = m
+            .updated_at
+            .as_deref()
+            .and_then(super::time::parse)
+            .or_else(|| super::time::parse(&record.envelope.modified_at));
+        Self {
+            owner: record.envelope.owner.clone(),
+            private: record.envelope.visibility == super::record::Visibility::Private,
+            status: m.effective_status(),
+            tags,
+            capabilities: m.capabilities.clone(),
+            publisher: m.publisher.clone(),
+            protocols,
+            regions: declared_regions(m),
+            languages: m.supported_languages.clone(),
+            expires_unix: m
+                .expires_at
+                .as_deref()
+                .and_then(super::time::parse)
+                .map(|t| t.unix_timestamp()),
+            updated_unix: updated.map(|t| t.unix_timestamp()).unwrap_or(0),
+        }
+    }
+
+    pub fn has_tag(&self, tag: &str) -> bool {
+        self.tags.binary_search_by(|t| t.as_str().cmp(tag)).is_ok()
+    }
+}
+
+/// Regions an agent declares in `constraints.region` or
+/// `constraints.regions` (a string or an array), lowercase.
+fn declared_regions(m: &AgentMetadata) -> Vec<String> {
+    let Some(c) = &m.constraints else {
+        return Vec::new();
+    };
+    ["region", "regions"]
+        .iter()
+        .filter_map(|k| c.get(*k))
+        .flat_map(|v| match v {
+            Value::String(s) => vec![s.clone()],
+            Value::Array(a) => a.iter().filter_map(|x| x.as_str().map(String::from)).collect(),
+            _ => Vec::new(),
+        })
+        .map(|r| r.trim().to_ascii_lowercase())
+        .collect()
+}
+
+/// Constraint members that hint at billing or internal arrangements.
+const SENSITIVE_CONSTRAINTS: [&str; 5] = ["cost", "price", "pricing", "billing", "contract"];
+
+/// The part of a record a caller may see at `detail`, and whether policy
+/// left anything out (ADP "redacted"). Owners and admins see everything at
+/// `full`; everyone else gets the record without its private parts:
+/// unknown extension members, the signature, auth instructions, billing
+/// constraints and credentials in endpoint URLs.
+pub fn visible_metadata(
+    record: &AgentRecord,
+    detail: Detail,
+    principal: Option<&Principal>,
+) -> (AgentMetadata, bool) {
+    let m = &record.metadata;
+    let trusted = principal.is_some_and(|p| p.may_manage(&record.envelope.owner));
+    let mut redacted = false;
+    let bindings: Vec<Binding> = m
+        .bindings
+        .iter()
+        .map(|b| {
+            let mut b = b.clone();
+            if !trusted {
+                let clean = strip_url_secrets(&b.endpoint);
+                redacted |= clean != b.endpoint || !b.extra.is_empty();
+                b.endpoint = clean;
+                b.extra.clear();
+            }
+            if detail == Detail::Minimal {
+                b.media_types.clear();
+                b.interaction_model = None;
+            }
+            b
+        })
+        .collect();
+    let out = match detail {
+        Detail::Minimal => AgentMetadata {
+            id: m.id.clone(),
+            status: Some(m.effective_status()),
+            bindings,
+            ..Default::default()
+        },
+        Detail::Summary => AgentMetadata {
+            id: m.id.clone(),
+            name: m.name.clone(),
+            description: m.description.clone(),
+            version: m.version.clone(),
+            publisher: m.publisher.clone(),
+            tags: m.tags.clone(),
+            capabilities: m.capabilities.clone(),
+            status: Some(m.effective_status()),
+            bindings,
+            updated_at: m.updated_at.clone(),
+            expires_at: m.expires_at.clone(),
+            ..Default::default()
+        },
+        Detail::Full => {
+            let mut full = m.clone();
+            full.bindings = bindings;
+            if !trusted {
+                redacted |= !full.extra.is_empty() || full.signature.is_some();
+                full.extra.clear();
+                full.signature = None;
+                if let Some(ep) = &full.endpoint {
+                    let clean = strip_url_secrets(ep);
+                    redacted |= &clean != ep;
+                    full.endpoint = Some(clean);
+                }
+                for a in [&mut full.auth, &mut full.authentication].into_iter().flatten() {
+                    redacted |= a.instructions.is_some() || !a.extra.is_empty();
+                    a.instructions = None;
+                    a.extra.clear();
+                }
+                if let Some(c) = &mut full.constraints {
+                    let before = c.len();
+                    c.retain(|k, _| !SENSITIVE_CONSTRAINTS.contains(&k.to_ascii_lowercase().as_str()));
+                    redacted |= c.len() != before;
+                }
+                for ex in &mut full.examples {
+                    redacted |= !ex.extra.is_empty();
+                    ex.extra.clear();
+                }
+            }
+            full
+        }
+    };
+    (out, redacted)
+}
+
+/// The URL without user information, query or fragment, which is where
+/// credentials and internal routing hints hide.
+fn strip_url_secrets(endpoint: &str) -> String {
+    match url::Url::parse(endpoint) {
+        Ok(mut u) if !u.cannot_be_a_base() => {
+            if u.username().is_empty()
+                && u.password().is_none()
+                && u.query().is_none()
+                && u.fragment().is_none()
+            {
+                return endpoint.to_string();
+            }
+            let _ = u.set_username("");
+            let _ = u.set_password(None);
+            u.set_query(None);
+            u.set_fragment(None);
+            u.to_string()
+        }
+        _ => endpoint.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::record::{Envelope, Role, Visibility};
+    use serde_json::json;
+
+    fn req(v: Value) -> DiscoveryRequest {
+        let o = v.as_object().unwrap();
+        let list = |k: &str| -> Vec<String> {
+            o.get(k)
+                .and_then(|x| x.as_array())
+                .map(|a| a.iter().map(|s| s.as_str().unwrap().to_string()).collect())
+                .unwrap_or_default()
+        };
+        DiscoveryRequest {
+            query: o.get("query").and_then(|q| q.as_str()).unwrap_or("").into(),
+            required_tags: list("required_tags"),
+            excluded_tags: list("excluded_tags"),
+            protocols: list("protocols"),
+            constraints: o
+                .get("constraints")
+                .and_then(|c| c.as_object())
+                .cloned()
+                .unwrap_or_default(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn unknown_constraints_are_reported_and_known_ones_typed() {
+        let p = req(json!({"query": "find a translation agent", "required_tags": ["Translation"],
+            "constraints": {"unsupported_private_filter": "example", "region": "APAC"}}))
+        .plan()
+        .unwrap();
+        assert_eq!(p.unsupported, vec!["unsupported_private_filter"]);
+        assert_eq!(p.filters.required_tags, vec!["translation"]);
+        assert_eq!(p.filters.regions, vec!["apac"]);
+        assert_eq!(p.limit, DEFAULT_LIMIT);
+        let e = req(json!({"query": "x", "constraints": {"max_results_age_seconds": "soon"}}))
+            .plan()
+            .unwrap_err();
+        assert_eq!(e.pointer, "/constraints/max_results_age_seconds");
+        assert_eq!(req(json!({"query": "  "})).plan().unwrap_err().pointer, "/query");
+        let e = req(json!({"query": "x", "required_tags": ["a"], "excluded_tags": ["A"]}))
+            .plan()
+            .unwrap_err();
+        assert_eq!(e.pointer, "/excluded_tags");
+    }
+
+    fn record(owner: &str) -> AgentRecord {
+        let meta: AgentMetadata = serde_json::from_value(json!({
+            "id": "a", "name": "A", "description": "d", "tags": ["hr"],
+            "bindings": [{"protocol": "HTTPS", "endpoint": "https://u:p@a.example/x?token=1", "x-internal": 1}],
+            "auth": {"type": "bearer", "instructions": "ask bob"},
+            "constraints": {"region": ["APAC"], "cost": "3 cents"},
+            "x-private-note": "internal",
+            "status": "deprecated"
+        }))
+        .unwrap();
+        AgentRecord {
+            metadata: meta,
+            envelope: Envelope {
+                owner: owner.into(),
+                modified_at: "2026-01-01T00:00:00Z".into(),
+                ..Default::default()
+            },
+        }
+    }
+
+    #[test]
+    fn filters_use_indexed_facts() {
+        let r = record("alice");
+        let f = AgentFacts::of(&r);
+        assert_eq!(f.protocols, vec!["https"]);
+        assert_eq!(f.regions, vec!["apac"]);
+        let now = 1_800_000_000;
+        let mut h = HardFilters {
+            required_tags: vec!["hr".into()],
+            protocols: vec!["https".into()],
+            regions: vec!["apac".into()],
+            ..Default::default()
+        };
+        assert!(h.admit(&f, None, now));
+        h.regions = vec!["eu".into()];
+        assert!(!h.admit(&f, None, now));
+        h.regions.clear();
+        h.statuses = vec![AgentStatus::Active];
+        assert!(!h.admit(&f, None, now), "deprecated is not active");
+        h.statuses.clear();
+        h.max_age_seconds = Some(60);
+        assert!(!h.admit(&f, None, now), "updated long ago");
+        let mut private = r.clone();
+        private.envelope.visibility = Visibility::Private;
+        let pf = AgentFacts::of(&private);
+        assert!(!HardFilters::default().admit(&pf, None, now));
+    }
+
+    #[test]
+    fn full_detail_is_redacted_for_strangers_only() {
+        let r = record("alice");
+        let (m, redacted) = visible_metadata(&r, Detail::Full, None);
+        assert!(redacted);
+        assert!(m.extra.is_empty() && m.bindings[0].extra.is_empty());
+        assert_eq!(m.bindings[0].endpoint, "https://a.example/x");
+        assert!(m.auth.as_ref().unwrap().instructions.is_none());
+        assert!(!m.constraints.as_ref().unwrap().contains_key("cost"));
+        let alice = Principal {
+            name: "alice".into(),
+            role: Role::Publisher,
+        };
+        let (m, redacted) = visible_metadata(&r, Detail::Full, Some(&alice));
+        assert!(!redacted);
+        assert_eq!(m, r.metadata);
+        let (m, _) = visible_metadata(&r, Detail::Minimal, Some(&alice));
+        assert!(m.name.is_empty() && m.bindings.len() == 1 && m.status.is_some());
+    }
+}

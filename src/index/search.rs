@@ -1,0 +1,717 @@
+//! The in-memory discovery index and its ranker.
+//!
+//! Per agent it keeps the facts hard filters need, a BM25 document, a
+//! profile vector for candidate generation and one unit vector per ADP
+//! example and per AIDIP operation (ADP: keep example vectors separate).
+//!
+//! Ranking, per request:
+//! 1. admit: every hard filter, from indexed facts (no storage reads);
+//! 2. first stage: `context` (cosine to the profile vector) and `lexical`
+//!    (BM25, divided by the best BM25 among admitted agents) for every
+//!    admitted agent; the best `pool` go on;
+//! 3. re-rank the pool with all components: `example` (best single
+//!    example or operation), `tag` (preferred and query-derived tags),
+//!    `protocol`, `freshness`, and `policy` penalties (deprecated status,
+//!    tag stuffing, near-duplicates);
+//! 4. evidence for the returned candidates.
+//!
+//! The profile vector is `normalise(context + λ · mean(example vectors))`:
+//! the description says what the agent is, the examples how people ask for
+//! it; on MetaTool this mix beats either alone and the concatenated text.
+
+use std::collections::HashMap;
+
+use crate::domain::discovery::{AgentFacts, HardFilters};
+use crate::domain::{AgentRecord, AgentStatus, Principal};
+
+use super::text::Analyzer;
+
+/// Ranking weights; the final score is their weighted sum divided by the
+/// sum of the weights, plus the (non-positive) policy component.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Weights {
+    pub context: f32,
+    pub example: f32,
+    pub lexical: f32,
+    pub tag: f32,
+    pub protocol: f32,
+    pub freshness: f32,
+    /// λ: how much the mean example vector weighs against the description
+    /// in the profile vector.
+    pub profile_examples: f32,
+    /// Days for the freshness component to fall to one half.
+    pub freshness_half_life_days: f32,
+}
+
+impl Default for Weights {
+    fn default() -> Self {
+        Self {
+            context: 1.0,
+            example: 0.1,
+            lexical: 0.25,
+            tag: 0.3,
+            protocol: 0.02,
+            freshness: 0.02,
+            profile_examples: 2.0,
+            freshness_half_life_days: 180.0,
+        }
+    }
+}
+
+/// Agents with more tags than this get their tag component scaled down.
+pub const TAG_STUFFING_THRESHOLD: usize = 16;
+/// Units (examples + operations) embedded per agent; the rest are indexed
+/// for BM25 only, so one record cannot buy unlimited vector matches.
+pub const MAX_UNITS: usize = 64;
+/// Profile cosine above which two candidates count as near-duplicates.
+const DUPLICATE_COSINE: f32 = 0.985;
+const DEPRECATED_PENALTY: f32 = 0.1;
+const DUPLICATE_PENALTY: f32 = 0.15;
+const STUFFING_PENALTY: f32 = 0.05;
+
+/// A record turned into what the index stores, computed outside the lock.
+pub struct Prepared {
+    pub id: String,
+    pub revision: u64,
+    /// None for a deletion.
+    pub doc: Option<PreparedDoc>,
+}
+
+pub struct PreparedDoc {
+    facts: AgentFacts,
+    description: String,
+    terms: Vec<String>,
+    /// Analyzed form of each tag, for query-derived tags.
+    tag_forms: Vec<(String, String)>,
+    profile: Option<Vec<f32>>,
+    units: Vec<Unit>,
+    indexed_at: String,
+    fingerprint: String,
+}
+
+/// One example task or operation.
+#[derive(Debug, Clone)]
+pub struct Unit {
+    pub kind: UnitKind,
+    /// Example id, or operation name.
+    pub label: Option<String>,
+    pub text: String,
+    pub vector: Option<Vec<f32>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnitKind {
+    Example,
+    Operation,
+}
+
+fn normalise(v: &mut [f32]) {
+    let n = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+    if n > 0.0 {
+        v.iter_mut().for_each(|x| *x /= n);
+    }
+}
+
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// The texts of a record that get vectors: context first, then units.
+pub fn vector_texts(record: &AgentRecord) -> Vec<String> {
+    let m = &record.metadata;
+    let mut context = format!("{}\n{}", m.name, m.description);
+    let tags: Vec<&str> = m.tags.iter().chain(&m.capabilities).map(String::as_str).collect();
+    if !tags.is_empty() {
+        context.push('\n');
+        context.push_str(&tags.join(", "));
+    }
+    let mut out = vec![context];
+    out.extend(units_of(record).into_iter().take(MAX_UNITS).map(|u| u.text));
+    out
+}
+
+fn units_of(record: &AgentRecord) -> Vec<Unit> {
+    let m = &record.metadata;
+    let examples = m.examples.iter().map(|e| Unit {
+        kind: UnitKind::Example,
+        label: e.id.clone(),
+        text: e.text.clone(),
+        vector: None,
+    });
+    let operations = m.operations.iter().map(|o| Unit {
+        kind: UnitKind::Operation,
+        label: Some(o.name.clone()),
+        text: match &o.description {
+            Some(d) => format!("{}: {d}", o.name),
+            None => o.name.clone(),
+        },
+        vector: None,
+    });
+    examples.chain(operations).collect()
+}
+
+/// Prepares a live record; `vectors` are the embeddings of
+/// [`vector_texts`] (None without an embedder).
+pub fn prepare(
+    record: &AgentRecord,
+    revision: u64,
+    vectors: Option<Vec<Vec<f32>>>,
+    analyzer: &Analyzer,
+    weights: &Weights,
+    indexed_at: &str,
+) -> Prepared {
+    let m = &record.metadata;
+    if record.envelope.deleted || m.effective_status() == AgentStatus::Deleted {
+        return Prepared {
+            id: m.id.clone(),
+            revision,
+            doc: None,
+        };
+    }
+    let mut units = units_of(record);
+    let mut text = vec![m.name.as_str(), m.description.as_str()];
+    text.extend(m.tags.iter().map(String::as_str));
+    text.extend(m.capabilities.iter().map(String::as_str));
+    text.extend(units.iter().map(|u| u.text.as_str()));
+    let terms = analyzer.terms(&text.join("\n"));
+    let mut profile = None;
+    if let Some(mut vs) = vectors {
+        let unit_vectors = vs.split_off(1.min(vs.len()));
+        if let Some(context) = vs.pop() {
+            let mut p = context.clone();
+            if !unit_vectors.is_empty() {
+                let w = weights.profile_examples / unit_vectors.len() as f32;
+                for u in &unit_vectors {
+                    p.iter_mut().zip(u).for_each(|(x, y)| *x += w * y);
+                }
+            }
+            normalise(&mut p);
+            profile = Some(p);
+        }
+        for (u, v) in units.iter_mut().zip(unit_vectors) {
+            u.vector = Some(v);
+        }
+    }
+    let facts = AgentFacts::of(record);
+    let tag_forms = facts
+        .tags
+        .iter()
+        .map(|t| (t.clone(), analyzer.terms(t).join(" ")))
+        .collect();
+    Prepared {
+        id: m.id.clone(),
+        revision,
+        doc: Some(PreparedDoc {
+            fingerprint: format!("{}\n{}", m.name.trim(), m.description.trim()).to_lowercase(),
+            facts,
+            description: m.description.clone(),
+            terms,
+            tag_forms,
+            profile,
+            units,
+            indexed_at: indexed_at.to_string(),
+        }),
+    }
+}
+
+struct Doc {
+    id: String,
+    revision: u64,
+    facts: AgentFacts,
+    description: String,
+    units: Vec<Unit>,
+    indexed_at: String,
+    fingerprint: String,
+    has_profile: bool,
+}
+
+/// The index. Slots are reused; a slot's profile row lives at
+/// `slot * dim` of `profiles`.
+#[derive(Default)]
+pub struct Index {
+    docs: Vec<Option<Doc>>,
+    free: Vec<u32>,
+    by_id: HashMap<String, u32>,
+    lexical: super::lexical::LexicalIndex,
+    /// Tag → slots.
+    tags: HashMap<String, Vec<u32>>,
+    /// Analyzed tag form → tags with that form (for query-derived tags).
+    tag_forms: HashMap<String, Vec<String>>,
+    profiles: Vec<f32>,
+    dim: usize,
+    analyzer: Analyzer,
+    /// Revision of the last change applied.
+    pub revision: u64,
+}
+
+/// How a tag matched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TagMatch {
+    /// Named in the request (required or preferred).
+    Direct,
+    /// Derived from the query text.
+    Expanded,
+}
+
+/// One ranked agent, with everything a response may show.
+#[derive(Debug, Clone)]
+pub struct Hit {
+    pub id: String,
+    pub revision: u64,
+    pub score: f32,
+    /// (name, value), in ADP's order.
+    pub components: Vec<(&'static str, f32)>,
+    pub matched_tags: Vec<(String, TagMatch)>,
+    /// (unit, score), best first; only those that matched well.
+    pub matched_units: Vec<(Unit, f32)>,
+    pub snippet: Option<String>,
+    pub indexed_at: String,
+    pub updated_unix: i64,
+    pub status: AgentStatus,
+    pub expired: bool,
+    pub duplicate_of: Option<String>,
+    pub notes: Vec<String>,
+}
+
+/// A ranking request, already validated.
+pub struct Query<'a> {
+    pub text: &'a str,
+    /// Filled in by the index handle from its embedder.
+    pub vector: Option<Vec<f32>>,
+    pub filters: &'a HardFilters,
+    pub preferred_tags: &'a [String],
+    pub limit: usize,
+    pub evidence: bool,
+    pub principal: Option<&'a Principal>,
+    pub now_unix: i64,
+}
+
+struct Scored {
+    slot: u32,
+    context: Option<f32>,
+    lexical: f32,
+    first: f32,
+}
+
+impl Index {
+    pub fn new(dim: usize) -> Self {
+        Self {
+            dim,
+            ..Default::default()
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_id.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_id.is_empty()
+    }
+
+    /// Applies one prepared change. Changes older than what the index holds
+    /// for the agent are ignored, so replaying history over a newer scan
+    /// never goes back in time.
+    pub fn apply(&mut self, p: Prepared) {
+        if p.revision > self.revision {
+            self.revision = p.revision;
+        }
+        if let Some(&slot) = self.by_id.get(&p.id) {
+            let current = self.docs[slot as usize].as_ref().map_or(0, |d| d.revision);
+            if p.revision < current {
+                return;
+            }
+            self.remove(slot);
+        }
+        let Some(doc) = p.doc else {
+            return;
+        };
+        let slot = self.free.pop().unwrap_or(self.docs.len() as u32);
+        let s = slot as usize;
+        if s == self.docs.len() {
+            self.docs.push(None);
+            self.profiles.resize((s + 1) * self.dim, 0.0);
+        }
+        self.lexical.insert(slot, &doc.terms);
+        for t in &doc.facts.tags {
+            let list = self.tags.entry(t.clone()).or_default();
+            let at = list.partition_point(|&x| x < slot);
+            list.insert(at, slot);
+        }
+        for (tag, form) in doc.tag_forms {
+            let tags = self.tag_forms.entry(form).or_default();
+            if !tags.contains(&tag) {
+                tags.push(tag);
+            }
+        }
+        let has_profile = match &doc.profile {
+            Some(p) if p.len() == self.dim => {
+                self.profiles[s * self.dim..(s + 1) * self.dim].copy_from_slice(p);
+                true
+            }
+            _ => false,
+        };
+        self.by_id.insert(p.id.clone(), slot);
+        self.docs[s] = Some(Doc {
+            id: p.id,
+            revision: p.revision,
+            facts: doc.facts,
+            description: doc.description,
+            units: doc.units,
+            indexed_at: doc.indexed_at,
+            fingerprint: doc.fingerprint,
+            has_profile,
+        });
+    }
+
+    fn remove(&mut self, slot: u32) {
+        let s = slot as usize;
+        let Some(doc) = self.docs[s].take() else {
+            return;
+        };
+        self.by_id.remove(&doc.id);
+        self.lexical.remove(slot);
+        for t in &doc.facts.tags {
+            if let Some(list) = self.tags.get_mut(t) {
+                if let Ok(at) = list.binary_search(&slot) {
+                    list.remove(at);
+                }
+                if list.is_empty() {
+                    self.tags.remove(t);
+                }
+            }
+        }
+        self.profiles[s * self.dim..(s + 1) * self.dim].fill(0.0);
+        self.free.push(slot);
+    }
+
+    fn profile(&self, slot: u32) -> &[f32] {
+        let s = slot as usize;
+        &self.profiles[s * self.dim..(s + 1) * self.dim]
+    }
+
+    /// Tags of the index that the query text names (by analyzed form,
+    /// single words up to three-word phrases).
+    fn query_tags(&self, terms: &[String]) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for n in 1..=3 {
+            for w in terms.windows(n) {
+                if let Some(tags) = self.tag_forms.get(&w.join(" ")) {
+                    for t in tags {
+                        if self.tags.contains_key(t) && !out.contains(t) {
+                            out.push(t.clone());
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Slots that may pass the filters: the shortest required tag's list,
+    /// else every live slot.
+    fn admissible(&self, q: &Query) -> Vec<u32> {
+        let base: Vec<u32> = match q
+            .filters
+            .required_tags
+            .iter()
+            .map(|t| self.tags.get(t).map_or(&[][..], Vec::as_slice))
+            .min_by_key(|l| l.len())
+        {
+            Some(list) => list.to_vec(),
+            None => (0..self.docs.len() as u32).collect(),
+        };
+        base.into_iter()
+            .filter(|&s| {
+                self.docs[s as usize]
+                    .as_ref()
+                    .is_some_and(|d| q.filters.admit(&d.facts, q.principal, q.now_unix))
+            })
+            .collect()
+    }
+
+    /// Ranks the admitted agents for `q`.
+    pub fn search(&self, weights: &Weights, q: &Query) -> Vec<Hit> {
+        let terms = self.analyzer.terms(q.text);
+        let admitted = self.admissible(q);
+        if admitted.is_empty() {
+            return Vec::new();
+        }
+        let mut bm25 = vec![0.0f32; self.docs.len()];
+        self.lexical.score_into(&terms, &mut bm25);
+        let best_bm25 = admitted
+            .iter()
+            .map(|&s| bm25[s as usize])
+            .fold(0.0f32, f32::max);
+        let semantic = q.vector.as_deref().filter(|v| v.len() == self.dim);
+        let mut first: Vec<Scored> = admitted
+            .iter()
+            .map(|&slot| {
+                let d = self.docs[slot as usize].as_ref();
+                let context = semantic
+                    .filter(|_| d.is_some_and(|d| d.has_profile))
+                    .map(|v| dot(v, self.profile(slot)));
+                let lexical = if best_bm25 > 0.0 {
+                    bm25[slot as usize] / best_bm25
+                } else {
+                    0.0
+                };
+                Scored {
+                    slot,
+                    context,
+                    lexical,
+                    first: weights.context * context.unwrap_or(0.0) + weights.lexical * lexical,
+                }
+            })
+            .collect();
+        // Without vectors, an agent nothing in the query matched is no
+        // candidate at all (it could only be listed in id order).
+        let query_tags = self.query_tags(&terms);
+        let wanted_tags: Vec<(String, TagMatch)> = q
+            .preferred_tags
+            .iter()
+            .map(|t| (t.clone(), TagMatch::Direct))
+            .chain(
+                query_tags
+                    .iter()
+                    .filter(|t| !q.preferred_tags.contains(t))
+                    .map(|t| (t.clone(), TagMatch::Expanded)),
+            )
+            .collect();
+        if semantic.is_none() {
+            first.retain(|s| {
+                s.lexical > 0.0
+                    || wanted_tags.iter().any(|(t, _)| {
+                        self.docs[s.slot as usize]
+                            .as_ref()
+                            .is_some_and(|d| d.facts.has_tag(t))
+                    })
+            });
+        }
+        let pool = (q.limit * 5).max(100);
+        if first.len() > pool {
+            first.select_nth_unstable_by(pool, |a, b| b.first.total_cmp(&a.first));
+            first.truncate(pool);
+        }
+        let total_weight = weights.context
+            + weights.example
+            + weights.lexical
+            + weights.tag
+            + weights.protocol
+            + weights.freshness;
+        let mut hits: Vec<(Hit, u32)> = first
+            .iter()
+            .filter_map(|s| {
+                let d = self.docs[s.slot as usize].as_ref()?;
+                Some((self.rescore(d, s, q, weights, &wanted_tags, total_weight, &terms), s.slot))
+            })
+            .collect();
+        hits.sort_by(|a, b| b.0.score.total_cmp(&a.0.score).then_with(|| a.0.id.cmp(&b.0.id)));
+        self.mark_duplicates(&mut hits, q.limit + 10);
+        hits.truncate(q.limit);
+        hits.into_iter()
+            .map(|(mut h, _)| {
+                if !q.evidence {
+                    h.matched_units.clear();
+                    h.snippet = None;
+                }
+                h
+            })
+            .collect()
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn rescore(
+        &self,
+        d: &Doc,
+        s: &Scored,
+        q: &Query,
+        w: &Weights,
+        wanted_tags: &[(String, TagMatch)],
+        total_weight: f32,
+        terms: &[String],
+    ) -> Hit {
+        let mut unit_scores: Vec<(Unit, f32)> = match q.vector.as_deref().filter(|v| v.len() == self.dim) {
+            Some(v) => d
+                .units
+                .iter()
+                .filter_map(|u| u.vector.as_ref().map(|uv| (u.clone(), dot(v, uv))))
+                .collect(),
+            None => Vec::new(),
+        };
+        unit_scores.sort_by(|a, b| b.1.total_cmp(&a.1));
+        let example = unit_scores.first().map(|u| u.1);
+        // Every requested or query-derived tag the agent has; required tags
+        // are matched by every candidate and shown as such.
+        let mut matched_tags: Vec<(String, TagMatch)> = q
+            .filters
+            .required_tags
+            .iter()
+            .map(|t| (t.clone(), TagMatch::Direct))
+            .collect();
+        let mut tag_hits = 0usize;
+        for (t, how) in wanted_tags {
+            if d.facts.has_tag(t) {
+                tag_hits += 1;
+                if !matched_tags.iter().any(|(m, _)| m == t) {
+                    matched_tags.push((t.clone(), *how));
+                }
+            }
+        }
+        let mut notes = Vec::new();
+        let mut policy = 0.0f32;
+        let mut tag = if wanted_tags.is_empty() {
+            0.0
+        } else {
+            tag_hits as f32 / wanted_tags.len() as f32
+        };
+        let n_tags = d.facts.tags.len();
+        if n_tags > TAG_STUFFING_THRESHOLD {
+            tag *= TAG_STUFFING_THRESHOLD as f32 / n_tags as f32;
+            policy -= STUFFING_PENALTY;
+            notes.push(format!(
+                "tag stuffing: {n_tags} tags (more than {TAG_STUFFING_THRESHOLD}); tag matches down-weighted"
+            ));
+        }
+        if d.facts.status == AgentStatus::Deprecated {
+            policy -= DEPRECATED_PENALTY;
+            notes.push("deprecated".into());
+        }
+        let protocol = if q.filters.protocols.is_empty() {
+            1.0
+        } else {
+            // Earlier protocols in the request are preferred.
+            q.filters
+                .protocols
+                .iter()
+                .position(|p| d.facts.protocols.contains(p))
+                .map_or(0.0, |i| 1.0 / (1.0 + i as f32))
+        };
+        let age_days = (q.now_unix - d.facts.updated_unix).max(0) as f32 / 86_400.0;
+        let freshness = 0.5f32.powf(age_days / w.freshness_half_life_days.max(1.0));
+        let weighted = w.context * s.context.unwrap_or(0.0)
+            + w.example * example.unwrap_or(0.0)
+            + w.lexical * s.lexical
+            + w.tag * tag
+            + w.protocol * protocol
+            + w.freshness * freshness;
+        let score = weighted / total_weight.max(f32::EPSILON) + policy;
+        let mut components = Vec::with_capacity(7);
+        components.push(("tag", tag));
+        if let Some(c) = s.context {
+            components.push(("context", c));
+        }
+        if let Some(e) = example {
+            components.push(("example", e));
+        }
+        components.push(("protocol", protocol));
+        components.push(("freshness", freshness));
+        components.push(("policy", policy));
+        components.push(("lexical", s.lexical));
+        // Examples close to the best one are evidence; far worse ones are not.
+        let matched_units = match example {
+            Some(best) => unit_scores
+                .into_iter()
+                .take_while(|(_, sc)| *sc >= best - 0.1)
+                .take(3)
+                .collect(),
+            None => Vec::new(),
+        };
+        Hit {
+            id: d.id.clone(),
+            revision: d.revision,
+            score,
+            components,
+            matched_tags,
+            matched_units,
+            snippet: snippet(&d.description, terms, &self.analyzer),
+            indexed_at: d.indexed_at.clone(),
+            updated_unix: d.facts.updated_unix,
+            status: d.facts.status,
+            expired: d.facts.expires_unix.is_some_and(|t| t <= q.now_unix),
+            duplicate_of: None,
+            notes,
+        }
+    }
+
+    /// Among the top `window` hits, a hit that nearly repeats a better one
+    /// (same name and description, or nearly the same profile vector) is
+    /// pushed down and says whose copy it is.
+    fn mark_duplicates(&self, hits: &mut [(Hit, u32)], window: usize) {
+        let n = hits.len().min(window);
+        let mut changed = false;
+        for i in 1..n {
+            let (si, di) = (hits[i].1, self.docs[hits[i].1 as usize].as_ref());
+            let Some(di) = di else { continue };
+            for j in 0..i {
+                let Some(dj) = self.docs[hits[j].1 as usize].as_ref() else {
+                    continue;
+                };
+                if hits[j].0.duplicate_of.is_some() {
+                    continue;
+                }
+                let same_text = di.fingerprint == dj.fingerprint;
+                let close = di.has_profile
+                    && dj.has_profile
+                    && dot(self.profile(si), self.profile(hits[j].1)) > DUPLICATE_COSINE;
+                if same_text || close {
+                    let original = dj.id.clone();
+                    let h = &mut hits[i].0;
+                    h.score -= DUPLICATE_PENALTY;
+                    if let Some(p) = h.components.iter_mut().find(|c| c.0 == "policy") {
+                        p.1 -= DUPLICATE_PENALTY;
+                    }
+                    h.notes.push(format!("near-duplicate of '{original}'"));
+                    h.duplicate_of = Some(original);
+                    changed = true;
+                    break;
+                }
+            }
+        }
+        if changed {
+            hits.sort_by(|a, b| b.0.score.total_cmp(&a.0.score).then_with(|| a.0.id.cmp(&b.0.id)));
+        }
+    }
+
+    /// (agents, distinct terms, postings, floats in vectors), for metrics.
+    pub fn size(&self) -> (usize, usize, usize, usize) {
+        let (terms, postings) = self.lexical.size();
+        let unit_floats: usize = self
+            .docs
+            .iter()
+            .flatten()
+            .flat_map(|d| &d.units)
+            .filter_map(|u| u.vector.as_ref().map(Vec::len))
+            .sum();
+        (self.len(), terms, postings, self.profiles.len() + unit_floats)
+    }
+}
+
+/// The sentence of the description that shares most terms with the query
+/// (the first one when none does), cut to 240 characters.
+fn snippet(description: &str, query_terms: &[String], analyzer: &Analyzer) -> Option<String> {
+    let sentences: Vec<&str> = description
+        .split_inclusive(['.', '!', '?', '\n'])
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect();
+    let best = sentences
+        .iter()
+        .enumerate()
+        .max_by_key(|(i, s)| {
+            let hits = analyzer
+                .terms(s)
+                .iter()
+                .filter(|t| query_terms.contains(t))
+                .count();
+            (hits, std::cmp::Reverse(*i))
+        })
+        .map(|(_, s)| *s)?;
+    let cut: String = best.chars().take(240).collect();
+    Some(if cut.len() < best.len() {
+        format!("{cut}…")
+    } else {
+        cut
+    })
+}

@@ -1,0 +1,217 @@
+//! Discovery use cases: ADP discovery and AIDIP ranked search, over this
+//! node's discovery index.
+
+use std::time::Duration;
+
+use serde_json::{Map, Value};
+use tracing::{debug, instrument};
+
+use super::registry::{Consistency, RegistryService};
+use super::ServiceError;
+use crate::domain::discovery::{visible_metadata, Detail, DiscoveryRequest, HardFilters};
+use crate::domain::query::Filter;
+use crate::domain::{AgentMetadata, AgentRecord, AgentStatus, Principal};
+use crate::index::{Hit, Query};
+
+type Result<T> = std::result::Result<T, ServiceError>;
+
+/// How long a request waits for changes already applied to reach the index.
+const INDEX_WAIT: Duration = Duration::from_secs(2);
+
+/// The ADP level this registry implements.
+pub const CONFORMANCE_LEVEL: &str = "D2";
+
+/// One discovered agent, with what the caller may see of it.
+#[derive(Debug, Clone)]
+pub struct Candidate {
+    pub hit: Hit,
+    pub metadata: AgentMetadata,
+    pub redacted: bool,
+    pub metadata_updated_at: String,
+    pub expires_at: Option<String>,
+}
+
+/// An ADP Discovery Response.
+#[derive(Debug, Clone)]
+pub struct DiscoveryResult {
+    pub request_id: String,
+    pub generated_at: String,
+    pub candidates: Vec<Candidate>,
+    pub applied_filters: Map<String, Value>,
+    pub unsupported_filters: Vec<String>,
+    pub warnings: Vec<String>,
+    pub detail: Detail,
+    pub include_evidence: bool,
+    pub indexed_revision: u64,
+}
+
+impl RegistryService {
+    /// Waits for the index to hold what this node has applied (after a read
+    /// barrier for linearizable reads); a warning when it could not.
+    async fn index_ready(&self, consistency: Consistency) -> Result<Option<String>> {
+        self.read_barrier(consistency).await?;
+        let applied = self.reader().applied_revision();
+        let index = self.index();
+        if index.caught_up(self.reader(), applied, INDEX_WAIT).await {
+            Ok(None)
+        } else {
+            Ok(Some(format!(
+                "the discovery index is catching up (indexed revision {} of {applied}); recent changes may be missing",
+                index.indexed_revision()
+            )))
+        }
+    }
+
+    fn model_warning(&self) -> Option<String> {
+        self.index().embedder_problem().map(|why| {
+            format!("no embedding model is loaded ({why}); candidates are ranked by lexical and tag matches only")
+        })
+    }
+
+    /// ADP discovery.
+    #[instrument(skip_all, fields(principal = principal.map(|p| p.name.as_str())))]
+    pub async fn discover(
+        &self,
+        principal: Option<&Principal>,
+        request: DiscoveryRequest,
+    ) -> Result<DiscoveryResult> {
+        self.require_reader(principal)?;
+        let plan = request.plan()?;
+        let mut warnings: Vec<String> = Vec::new();
+        warnings.extend(self.index_ready(Consistency::Local).await?);
+        warnings.extend(self.model_warning());
+        if !plan.unsupported.is_empty() {
+            warnings.push(format!(
+                "constraints this registry cannot apply were not applied: {}",
+                plan.unsupported.join(", ")
+            ));
+        }
+        let now = time::OffsetDateTime::now_utc();
+        let hits = self.index().search(Query {
+            text: &plan.query,
+            vector: None,
+            filters: &plan.filters,
+            preferred_tags: &plan.preferred_tags,
+            limit: plan.limit as usize,
+            evidence: plan.include_evidence,
+            principal,
+            now_unix: now.unix_timestamp(),
+        });
+        let mut candidates = Vec::with_capacity(hits.len());
+        let mut redacted = 0;
+        for hit in hits {
+            // The record may have changed since it was indexed; show what
+            // is stored now (and skip it if it is gone).
+            let Some(record) = self.reader().get(&hit.id)? else {
+                continue;
+            };
+            if record.envelope.deleted {
+                continue;
+            }
+            for note in &hit.notes {
+                warnings.push(format!("candidate '{}': {note}", hit.id));
+            }
+            let c = candidate(hit, &record, plan.detail, principal);
+            redacted += usize::from(c.redacted);
+            candidates.push(c);
+        }
+        if redacted > 0 {
+            warnings.push(format!(
+                "fields were omitted by policy from {redacted} candidate(s): extension members, signatures, auth instructions, billing constraints and endpoint credentials are shown only to the record's owner and admins"
+            ));
+        }
+        debug!(candidates = candidates.len(), "discovered");
+        Ok(DiscoveryResult {
+            request_id: uuid::Uuid::new_v4().to_string(),
+            generated_at: crate::domain::time::format(now),
+            candidates,
+            applied_filters: plan.filters.applied(),
+            unsupported_filters: plan.unsupported,
+            warnings,
+            detail: plan.detail,
+            include_evidence: plan.include_evidence,
+            indexed_revision: self.index().indexed_revision(),
+        })
+    }
+
+    /// AIDIP semantic search: the filter search ranked by `query`, best
+    /// first, at most `top` records with their scores.
+    #[instrument(skip_all, fields(principal = principal.map(|p| p.name.as_str())))]
+    pub async fn ranked_search(
+        &self,
+        principal: Option<&Principal>,
+        query: &str,
+        mut filter: Filter,
+        top: usize,
+        consistency: Consistency,
+    ) -> Result<(Vec<(AgentRecord, f32)>, u64)> {
+        self.require_reader(principal)?;
+        filter.normalise()?;
+        if top > super::registry::MAX_PAGE_SIZE as usize {
+            return Err(ServiceError::InvalidRequest {
+                field: Some("/top".into()),
+                message: format!("/top: must be at most {}", super::registry::MAX_PAGE_SIZE),
+            });
+        }
+        let plan = DiscoveryRequest {
+            query: query.to_string(),
+            ..Default::default()
+        }
+        .plan()?;
+        self.index_ready(consistency).await?;
+        // As in the unranked search, no status filter means every status
+        // but deleted.
+        let statuses = if filter.statuses.is_empty() {
+            vec![AgentStatus::Active, AgentStatus::Deprecated, AgentStatus::Inactive]
+        } else {
+            filter.statuses
+        };
+        let filters = HardFilters {
+            required_tags: filter.tags,
+            capabilities: filter.capabilities,
+            languages: filter.languages,
+            statuses,
+            allow_stale: filter.include_expired,
+            publisher: filter.publisher,
+            owner: filter.owner,
+            ..Default::default()
+        };
+        let hits = self.index().search(Query {
+            text: &plan.query,
+            vector: None,
+            filters: &filters,
+            preferred_tags: &[],
+            limit: top,
+            evidence: false,
+            principal,
+            now_unix: time::OffsetDateTime::now_utc().unix_timestamp(),
+        });
+        let mut out = Vec::with_capacity(hits.len());
+        for hit in hits {
+            if let Some(r) = self.reader().get(&hit.id)?.filter(|r| !r.envelope.deleted) {
+                out.push((r, hit.score));
+            }
+        }
+        Ok((out, self.reader().applied_revision()))
+    }
+}
+
+fn candidate(
+    hit: Hit,
+    record: &AgentRecord,
+    detail: Detail,
+    principal: Option<&Principal>,
+) -> Candidate {
+    let (metadata, redacted) = visible_metadata(record, detail, principal);
+    Candidate {
+        metadata_updated_at: record
+            .metadata
+            .updated_at
+            .clone()
+            .unwrap_or_else(|| record.envelope.modified_at.clone()),
+        expires_at: record.metadata.expires_at.clone(),
+        hit,
+        metadata,
+        redacted,
+    }
+}
