@@ -32,3 +32,6 @@ if [ -z "${CARGO_TARGET_DIR:-}" ]; then
     export CARGO_TARGET_DIR="$cache"
   fi
 fi
+
+# The default embedding model for discovery (verified, offline afterwards).
+"$(dirname "${BASH_SOURCE[0]}")/fetch-model.sh"

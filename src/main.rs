@@ -3,7 +3,7 @@
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
-use agentry::cli::{run_agents, run_bench, run_cluster, Cli, Command};
+use agentry::cli::{run_agents, run_bench, run_cluster, run_eval, Cli, Command};
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
@@ -27,6 +27,7 @@ async fn main() -> std::process::ExitCode {
         Command::Agents(args) => run_agents(args).await.map_err(|e| e.to_string()),
         Command::Cluster(args) => run_cluster(args).await.map_err(|e| e.to_string()),
         Command::Bench(args) => run_bench(args).await.map_err(|e| e.to_string()),
+        Command::Eval(args) => run_eval(args).await.map_err(|e| e.to_string()),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

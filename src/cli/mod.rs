@@ -28,8 +28,10 @@ macro_rules! out {
 }
 
 mod cluster;
+mod eval;
 
 pub use cluster::{run_cluster, ClusterArgs};
+pub use eval::{run_eval, EvalArgs};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -63,6 +65,8 @@ pub enum Command {
     Cluster(ClusterArgs),
     /// Benchmarks that print their figures.
     Bench(BenchArgs),
+    /// Retrieval quality of a running registry on a labelled set.
+    Eval(EvalArgs),
 }
 
 #[derive(Debug, Args)]

@@ -221,7 +221,10 @@ pub fn discover_response_to_json(r: &pb::DiscoverResponse) -> Result<Value, Fiel
             }
             obj.insert("freshness".into(), fr);
         }
-        if detail != Detail::Minimal {
+        if detail == Detail::Minimal {
+            obj.remove("name");
+            obj.remove("description");
+        } else {
             obj.insert("name".into(), c.name.clone().into());
             obj.insert("description".into(), c.description.clone().into());
         }

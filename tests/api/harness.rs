@@ -123,7 +123,7 @@ impl Http {
         url::form_urlencoded::byte_serialize(id.as_bytes()).collect()
     }
 
-    async fn call(
+    pub async fn call(
         &self,
         method: reqwest::Method,
         path: &str,

@@ -2,6 +2,7 @@
 //! on loopback ports they pick themselves.
 
 mod bad_input;
+mod discovery;
 mod harness;
 mod restart;
 mod scenario;

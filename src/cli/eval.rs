@@ -1,0 +1,247 @@
+//! `agentry eval`: retrieval quality of a running registry on a labelled
+//! set, measured through its public API (Register, then Discover).
+//!
+//! Agents file: one JSON object per line, ADP/AIDIP metadata; `examples`
+//! may be plain strings (MetaTool's shape) and an agent without bindings
+//! gets a placeholder one under `.invalid`. Queries file: one
+//! `{"id", "query", "relevant_ids": [...]}` per line.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use clap::Args;
+use futures::{stream, StreamExt};
+use serde_json::Value;
+
+use super::{local, ClientArgs, CliError};
+use crate::convert::metadata_from_json;
+use crate::pb::{self, discovery_client::DiscoveryClient, registry_client::RegistryClient};
+
+#[derive(Debug, Args)]
+pub struct EvalArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+    /// Agents, JSON lines.
+    #[arg(long)]
+    pub agents: PathBuf,
+    /// Labelled queries, JSON lines.
+    #[arg(long)]
+    pub queries: PathBuf,
+    /// Assume the agents are registered already.
+    #[arg(long)]
+    pub skip_load: bool,
+    /// Also rank by each score component alone (asks for up to 200
+    /// candidates with evidence per query and re-sorts them).
+    #[arg(long)]
+    pub components: bool,
+    /// Queries in flight at once.
+    #[arg(long, default_value_t = 4)]
+    pub concurrency: usize,
+}
+
+/// Sums of the per-query metrics.
+#[derive(Default, Clone, Copy)]
+struct Metrics {
+    r1: f64,
+    r5: f64,
+    ndcg10: f64,
+    mrr10: f64,
+    n: usize,
+}
+
+impl Metrics {
+    /// Adds one query: `ranked` ids best first, `relevant` the labels
+    /// (binary gains, as in the bench-data README).
+    fn add(&mut self, ranked: &[&str], relevant: &HashSet<String>) {
+        let hits = |k: usize| ranked.iter().take(k).filter(|id| relevant.contains(**id)).count();
+        let r = relevant.len().max(1) as f64;
+        self.r1 += hits(1) as f64 / r;
+        self.r5 += hits(5) as f64 / r;
+        let dcg: f64 = ranked
+            .iter()
+            .take(10)
+            .enumerate()
+            .filter(|(_, id)| relevant.contains(**id))
+            .map(|(i, _)| 1.0 / (i as f64 + 2.0).log2())
+            .sum();
+        let idcg: f64 = (0..relevant.len().min(10)).map(|i| 1.0 / (i as f64 + 2.0).log2()).sum();
+        self.ndcg10 += if idcg > 0.0 { dcg / idcg } else { 0.0 };
+        self.mrr10 += ranked
+            .iter()
+            .take(10)
+            .position(|id| relevant.contains(*id))
+            .map_or(0.0, |p| 1.0 / (p as f64 + 1.0));
+        self.n += 1;
+    }
+
+    fn line(&self, name: &str) -> String {
+        let n = self.n.max(1) as f64;
+        format!(
+            "{name:<24} R@1={:.4}  R@5={:.4}  nDCG@10={:.4}  MRR@10={:.4}",
+            self.r1 / n,
+            self.r5 / n,
+            self.ndcg10 / n,
+            self.mrr10 / n
+        )
+    }
+}
+
+fn read_lines(path: &PathBuf) -> Result<Vec<Value>, CliError> {
+    let text = std::fs::read_to_string(path).map_err(|e| local(format!("{}: {e}", path.display())))?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| {
+            serde_json::from_str(l).map_err(|e| local(format!("{}:{}: {e}", path.display(), i + 1)))
+        })
+        .collect()
+}
+
+/// Turns one agents-file line into registrable metadata.
+fn agent_metadata(mut v: Value) -> Result<pb::AgentMetadata, CliError> {
+    let obj = v.as_object_mut().ok_or_else(|| local("an agent line is not a JSON object"))?;
+    if let Some(Value::Array(examples)) = obj.get_mut("examples") {
+        for e in examples.iter_mut() {
+            if let Value::String(s) = e {
+                *e = serde_json::json!({ "text": s });
+            }
+        }
+    }
+    if !obj.contains_key("bindings") && !obj.contains_key("endpoint") {
+        let id = obj.get("id").and_then(Value::as_str).unwrap_or("agent");
+        let slug: String = id
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .collect();
+        obj.insert(
+            "bindings".into(),
+            serde_json::json!([{"protocol": "https", "endpoint": format!("https://{slug}.eval.invalid/invoke")}]),
+        );
+    }
+    metadata_from_json(v).map_err(local)
+}
+
+pub async fn run_eval(args: EvalArgs) -> Result<(), CliError> {
+    let c = &args.client;
+    let (_, channel) = c.connect(0).await?;
+    let agents = read_lines(&args.agents)?;
+    let queries = read_lines(&args.queries)?;
+    if !args.skip_load {
+        let started = Instant::now();
+        let registry = RegistryClient::new(channel.clone());
+        let results: Vec<Result<(), CliError>> = stream::iter(agents)
+            .map(|a| {
+                let mut registry = registry.clone();
+                async move {
+                    let req = pb::RegisterRequest {
+                        metadata: Some(agent_metadata(a)?),
+                        visibility: 0,
+                    };
+                    registry.register(c.request(req)?).await?;
+                    Ok(())
+                }
+            })
+            .buffer_unordered(8)
+            .collect()
+            .await;
+        let n = results.len();
+        results.into_iter().collect::<Result<Vec<_>, _>>()?;
+        eprintln!("registered {n} agents in {:.1} s", started.elapsed().as_secs_f64());
+    }
+    let limit = if args.components { 200 } else { 10 };
+    let discovery = DiscoveryClient::new(channel);
+    let started = Instant::now();
+    let answers: Vec<Result<(HashSet<String>, pb::DiscoverResponse), CliError>> = stream::iter(queries)
+        .map(|q| {
+            let mut discovery = discovery.clone();
+            async move {
+                let text = q.get("query").and_then(Value::as_str).ok_or_else(|| local("a query line has no \"query\""))?;
+                let relevant: HashSet<String> = q
+                    .get("relevant_ids")
+                    .and_then(Value::as_array)
+                    .map(|a| a.iter().filter_map(|x| x.as_str().map(String::from)).collect())
+                    .unwrap_or_default();
+                let req = pb::DiscoverRequest {
+                    query: text.to_string(),
+                    limit,
+                    include_evidence: args.components,
+                    detail: "minimal".into(),
+                    ..Default::default()
+                };
+                let resp = discovery.discover(c.request(req)?).await?.into_inner();
+                Ok((relevant, resp))
+            }
+        })
+        .buffered(args.concurrency.max(1))
+        .collect()
+        .await;
+    let secs = started.elapsed().as_secs_f64();
+    let mut fused = Metrics::default();
+    let names = ["context", "example", "lexical", "tag"];
+    let mut alone = [Metrics::default(); 4];
+    let mut warnings = HashSet::new();
+    for a in answers {
+        let (relevant, resp) = a?;
+        warnings.extend(resp.warnings.iter().filter(|w| !w.starts_with("candidate ")).cloned());
+        let ranked: Vec<&str> = resp.candidates.iter().map(|c| c.id.as_str()).collect();
+        fused.add(&ranked, &relevant);
+        if args.components {
+            for (k, name) in names.iter().enumerate() {
+                let mut by: Vec<(&str, f64)> = resp
+                    .candidates
+                    .iter()
+                    .map(|c| (c.id.as_str(), c.score_components.get(*name).copied().unwrap_or(0.0)))
+                    .collect();
+                by.sort_by(|x, y| y.1.total_cmp(&x.1).then_with(|| x.0.cmp(y.0)));
+                let ids: Vec<&str> = by.iter().map(|x| x.0).collect();
+                alone[k].add(&ids, &relevant);
+            }
+        }
+    }
+    for w in &warnings {
+        eprintln!("warning from the registry: {w}");
+    }
+    println!(
+        "{} queries in {secs:.1} s ({:.2} ms each, {} in flight)",
+        fused.n,
+        secs * 1000.0 / fused.n.max(1) as f64,
+        args.concurrency.max(1)
+    );
+    if args.components {
+        for (k, name) in names.iter().enumerate() {
+            println!("{}", alone[k].line(&format!("{name} alone")));
+        }
+    }
+    println!("{}", fused.line("fused (as served)"));
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_follow_the_bench_data_definitions() {
+        let rel: HashSet<String> = ["b".to_string()].into();
+        let mut m = Metrics::default();
+        m.add(&["a", "b", "c"], &rel);
+        assert_eq!(m.r1, 0.0);
+        assert_eq!(m.r5, 1.0);
+        assert!((m.ndcg10 - 1.0 / 3f64.log2()).abs() < 1e-12);
+        assert_eq!(m.mrr10, 0.5);
+        let two: HashSet<String> = ["a".to_string(), "z".to_string()].into();
+        let mut m = Metrics::default();
+        m.add(&["a"], &two);
+        assert_eq!(m.r1, 0.5);
+    }
+
+    #[test]
+    fn metatool_lines_become_valid_metadata() {
+        let v = serde_json::json!({"id": "ABCmouse", "name": "ABCmouse", "description": "Learning.",
+            "examples": ["Suggest an activity"], "long_description": "kept"});
+        let m = agent_metadata(v).unwrap();
+        assert_eq!(m.examples[0].text, "Suggest an activity");
+        assert_eq!(m.bindings[0].endpoint, "https://ABCmouse.eval.invalid/invoke");
+    }
+}
