@@ -244,7 +244,10 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
         node.wait_for_leader(Duration::from_secs(30)).await?;
     }
 
-    let index = SearchIndex::new(load_embedder(&config.discovery).await, config.discovery.weights.clone());
+    let index = SearchIndex::new(
+        load_embedder(&config.discovery).await,
+        config.discovery.weights.clone(),
+    );
     let indexer = index.spawn(reader.clone(), shutdown_rx.clone());
     let service = RegistryService::new(
         node.clone(),
@@ -357,7 +360,9 @@ async fn load_embedder(config: &crate::config::DiscoveryConfig) -> Result<Embedd
         .and_then(|r| r.map_err(|e| e.to_string()));
     match &loaded {
         Ok(e) => tracing::info!(model = e.name(), dim = e.dim(), "embedding model loaded"),
-        Err(why) => tracing::warn!(%why, "no embedding model; discovery runs on lexical and tag matches (run scripts/setup.sh to fetch the default model)"),
+        Err(why) => {
+            tracing::warn!(%why, "no embedding model; discovery runs on lexical and tag matches (run scripts/setup.sh to fetch the default model)")
+        }
     }
     loaded
 }

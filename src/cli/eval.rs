@@ -14,7 +14,7 @@ use clap::Args;
 use futures::{stream, StreamExt};
 use serde_json::Value;
 
-use super::{local, ClientArgs, CliError};
+use super::{local, CliError, ClientArgs};
 use crate::convert::metadata_from_json;
 use crate::pb::{self, discovery_client::DiscoveryClient, registry_client::RegistryClient};
 
@@ -54,7 +54,13 @@ impl Metrics {
     /// Adds one query: `ranked` ids best first, `relevant` the labels
     /// (binary gains, as in the bench-data README).
     fn add(&mut self, ranked: &[&str], relevant: &HashSet<String>) {
-        let hits = |k: usize| ranked.iter().take(k).filter(|id| relevant.contains(**id)).count();
+        let hits = |k: usize| {
+            ranked
+                .iter()
+                .take(k)
+                .filter(|id| relevant.contains(**id))
+                .count()
+        };
         let r = relevant.len().max(1) as f64;
         self.r1 += hits(1) as f64 / r;
         self.r5 += hits(5) as f64 / r;
@@ -65,7 +71,9 @@ impl Metrics {
             .filter(|(_, id)| relevant.contains(**id))
             .map(|(i, _)| 1.0 / (i as f64 + 2.0).log2())
             .sum();
-        let idcg: f64 = (0..relevant.len().min(10)).map(|i| 1.0 / (i as f64 + 2.0).log2()).sum();
+        let idcg: f64 = (0..relevant.len().min(10))
+            .map(|i| 1.0 / (i as f64 + 2.0).log2())
+            .sum();
         self.ndcg10 += if idcg > 0.0 { dcg / idcg } else { 0.0 };
         self.mrr10 += ranked
             .iter()
@@ -88,7 +96,8 @@ impl Metrics {
 }
 
 fn read_lines(path: &PathBuf) -> Result<Vec<Value>, CliError> {
-    let text = std::fs::read_to_string(path).map_err(|e| local(format!("{}: {e}", path.display())))?;
+    let text =
+        std::fs::read_to_string(path).map_err(|e| local(format!("{}: {e}", path.display())))?;
     text.lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
@@ -100,7 +109,9 @@ fn read_lines(path: &PathBuf) -> Result<Vec<Value>, CliError> {
 
 /// Turns one agents-file line into registrable metadata.
 fn agent_metadata(mut v: Value) -> Result<pb::AgentMetadata, CliError> {
-    let obj = v.as_object_mut().ok_or_else(|| local("an agent line is not a JSON object"))?;
+    let obj = v
+        .as_object_mut()
+        .ok_or_else(|| local("an agent line is not a JSON object"))?;
     if let Some(Value::Array(examples)) = obj.get_mut("examples") {
         for e in examples.iter_mut() {
             if let Value::String(s) = e {
@@ -147,35 +158,46 @@ pub async fn run_eval(args: EvalArgs) -> Result<(), CliError> {
             .await;
         let n = results.len();
         results.into_iter().collect::<Result<Vec<_>, _>>()?;
-        eprintln!("registered {n} agents in {:.1} s", started.elapsed().as_secs_f64());
+        eprintln!(
+            "registered {n} agents in {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
     }
     let limit = if args.components { 200 } else { 10 };
     let discovery = DiscoveryClient::new(channel);
     let started = Instant::now();
-    let answers: Vec<Result<(HashSet<String>, pb::DiscoverResponse), CliError>> = stream::iter(queries)
-        .map(|q| {
-            let mut discovery = discovery.clone();
-            async move {
-                let text = q.get("query").and_then(Value::as_str).ok_or_else(|| local("a query line has no \"query\""))?;
-                let relevant: HashSet<String> = q
-                    .get("relevant_ids")
-                    .and_then(Value::as_array)
-                    .map(|a| a.iter().filter_map(|x| x.as_str().map(String::from)).collect())
-                    .unwrap_or_default();
-                let req = pb::DiscoverRequest {
-                    query: text.to_string(),
-                    limit,
-                    include_evidence: args.components,
-                    detail: "minimal".into(),
-                    ..Default::default()
-                };
-                let resp = discovery.discover(c.request(req)?).await?.into_inner();
-                Ok((relevant, resp))
-            }
-        })
-        .buffered(args.concurrency.max(1))
-        .collect()
-        .await;
+    let answers: Vec<Result<(HashSet<String>, pb::DiscoverResponse), CliError>> =
+        stream::iter(queries)
+            .map(|q| {
+                let mut discovery = discovery.clone();
+                async move {
+                    let text = q
+                        .get("query")
+                        .and_then(Value::as_str)
+                        .ok_or_else(|| local("a query line has no \"query\""))?;
+                    let relevant: HashSet<String> = q
+                        .get("relevant_ids")
+                        .and_then(Value::as_array)
+                        .map(|a| {
+                            a.iter()
+                                .filter_map(|x| x.as_str().map(String::from))
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    let req = pb::DiscoverRequest {
+                        query: text.to_string(),
+                        limit,
+                        include_evidence: args.components,
+                        detail: "minimal".into(),
+                        ..Default::default()
+                    };
+                    let resp = discovery.discover(c.request(req)?).await?.into_inner();
+                    Ok((relevant, resp))
+                }
+            })
+            .buffered(args.concurrency.max(1))
+            .collect()
+            .await;
     let secs = started.elapsed().as_secs_f64();
     let mut fused = Metrics::default();
     let names = ["context", "example", "lexical", "tag"];
@@ -183,7 +205,12 @@ pub async fn run_eval(args: EvalArgs) -> Result<(), CliError> {
     let mut warnings = HashSet::new();
     for a in answers {
         let (relevant, resp) = a?;
-        warnings.extend(resp.warnings.iter().filter(|w| !w.starts_with("candidate ")).cloned());
+        warnings.extend(
+            resp.warnings
+                .iter()
+                .filter(|w| !w.starts_with("candidate "))
+                .cloned(),
+        );
         let ranked: Vec<&str> = resp.candidates.iter().map(|c| c.id.as_str()).collect();
         fused.add(&ranked, &relevant);
         if args.components {
@@ -191,7 +218,12 @@ pub async fn run_eval(args: EvalArgs) -> Result<(), CliError> {
                 let mut by: Vec<(&str, f64)> = resp
                     .candidates
                     .iter()
-                    .map(|c| (c.id.as_str(), c.score_components.get(*name).copied().unwrap_or(0.0)))
+                    .map(|c| {
+                        (
+                            c.id.as_str(),
+                            c.score_components.get(*name).copied().unwrap_or(0.0),
+                        )
+                    })
                     .collect();
                 by.sort_by(|x, y| y.1.total_cmp(&x.1).then_with(|| x.0.cmp(y.0)));
                 let ids: Vec<&str> = by.iter().map(|x| x.0).collect();
@@ -242,6 +274,9 @@ mod tests {
             "examples": ["Suggest an activity"], "long_description": "kept"});
         let m = agent_metadata(v).unwrap();
         assert_eq!(m.examples[0].text, "Suggest an activity");
-        assert_eq!(m.bindings[0].endpoint, "https://ABCmouse.eval.invalid/invoke");
+        assert_eq!(
+            m.bindings[0].endpoint,
+            "https://ABCmouse.eval.invalid/invoke"
+        );
     }
 }

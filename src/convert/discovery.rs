@@ -27,11 +27,19 @@ impl TryFrom<pb::DiscoverRequest> for DiscoveryRequest {
             preferred_tags: r.preferred_tags,
             excluded_tags: r.excluded_tags,
             protocols: r.protocols,
-            constraints: r.constraints.as_ref().map(struct_to_map).unwrap_or_default(),
+            constraints: r
+                .constraints
+                .as_ref()
+                .map(struct_to_map)
+                .unwrap_or_default(),
             limit: r.limit,
             include_evidence: r.include_evidence,
             detail: detail_from_str(&r.detail)?,
-            client_context: r.client_context.as_ref().map(struct_to_map).unwrap_or_default(),
+            client_context: r
+                .client_context
+                .as_ref()
+                .map(struct_to_map)
+                .unwrap_or_default(),
         })
     }
 }
@@ -80,7 +88,10 @@ const REQUEST_MEMBERS: [&str; 10] = [
 /// ADP forbids dropping silently.
 pub fn discover_request_from_json(v: Value) -> Result<pb::DiscoverRequest, FieldError> {
     let Value::Object(obj) = &v else {
-        return Err(FieldError::new("", "the discovery request must be a JSON object"));
+        return Err(FieldError::new(
+            "",
+            "the discovery request must be a JSON object",
+        ));
     };
     if let Some(k) = obj.keys().find(|k| !REQUEST_MEMBERS.contains(&k.as_str())) {
         return Err(FieldError::new(
@@ -128,7 +139,10 @@ pub fn discovery_result_to_pb(r: &DiscoveryResult) -> pb::DiscoverResponse {
                 bindings: pb::AgentMetadata::from(&c.metadata).bindings,
                 score: round(h.score),
                 score_components: if evidence {
-                    h.components.iter().map(|(k, v)| (k.to_string(), round(*v))).collect()
+                    h.components
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), round(*v)))
+                        .collect()
                 } else {
                     Default::default()
                 },
@@ -229,7 +243,13 @@ pub fn discover_response_to_json(r: &pb::DiscoverResponse) -> Result<Value, Fiel
             obj.insert("description".into(), c.description.clone().into());
         }
         if r.include_evidence {
-            obj.insert("score_components".into(), json!(c.score_components.iter().collect::<std::collections::BTreeMap<_, _>>()));
+            obj.insert(
+                "score_components".into(),
+                json!(c
+                    .score_components
+                    .iter()
+                    .collect::<std::collections::BTreeMap<_, _>>()),
+            );
             obj.insert("matched_tags".into(), json!(c.matched_tags));
             obj.insert(
                 "matched_examples".into(),

@@ -129,8 +129,13 @@ fn check_text(s: &str, pointer: &str, max: usize) -> Result<(), FieldError> {
             format!("must be at most {max} characters"),
         ));
     }
-    if s.chars().any(|c| c.is_control() && !matches!(c, '\n' | '\t' | '\r')) {
-        return Err(FieldError::new(pointer, "must not contain control characters"));
+    if s.chars()
+        .any(|c| c.is_control() && !matches!(c, '\n' | '\t' | '\r'))
+    {
+        return Err(FieldError::new(
+            pointer,
+            "must not contain control characters",
+        ));
     }
     Ok(())
 }
@@ -170,7 +175,10 @@ impl DiscoveryRequest {
         for (i, p) in self.protocols.iter().enumerate() {
             let p = p.trim().to_ascii_lowercase();
             if p.is_empty() {
-                return Err(FieldError::new(format!("/protocols/{i}"), "must not be blank"));
+                return Err(FieldError::new(
+                    format!("/protocols/{i}"),
+                    "must not be blank",
+                ));
             }
             check_text(&p, &format!("/protocols/{i}"), 64)?;
             if !protocols.contains(&p) {
@@ -320,8 +328,14 @@ impl HardFilters {
                 || facts.regions.iter().any(|r| self.regions.contains(r)))
             && (facts.languages.is_empty()
                 || self.languages.iter().all(|l| facts.languages.contains(l)))
-            && self.capabilities.iter().all(|c| facts.capabilities.contains(c))
-            && self.publisher.as_ref().is_none_or(|p| facts.publisher.as_ref() == Some(p))
+            && self
+                .capabilities
+                .iter()
+                .all(|c| facts.capabilities.contains(c))
+            && self
+                .publisher
+                .as_ref()
+                .is_none_or(|p| facts.publisher.as_ref() == Some(p))
             && self.owner.as_ref().is_none_or(|o| &facts.owner == o)
     }
 }
@@ -399,7 +413,10 @@ fn declared_regions(m: &AgentMetadata) -> Vec<String> {
         .filter_map(|k| c.get(*k))
         .flat_map(|v| match v {
             Value::String(s) => vec![s.clone()],
-            Value::Array(a) => a.iter().filter_map(|x| x.as_str().map(String::from)).collect(),
+            Value::Array(a) => a
+                .iter()
+                .filter_map(|x| x.as_str().map(String::from))
+                .collect(),
             _ => Vec::new(),
         })
         .map(|r| r.trim().to_ascii_lowercase())
@@ -473,14 +490,19 @@ pub fn visible_metadata(
                     redacted |= &clean != ep;
                     full.endpoint = Some(clean);
                 }
-                for a in [&mut full.auth, &mut full.authentication].into_iter().flatten() {
+                for a in [&mut full.auth, &mut full.authentication]
+                    .into_iter()
+                    .flatten()
+                {
                     redacted |= a.instructions.is_some() || !a.extra.is_empty();
                     a.instructions = None;
                     a.extra.clear();
                 }
                 if let Some(c) = &mut full.constraints {
                     let before = c.len();
-                    c.retain(|k, _| !SENSITIVE_CONSTRAINTS.contains(&k.to_ascii_lowercase().as_str()));
+                    c.retain(|k, _| {
+                        !SENSITIVE_CONSTRAINTS.contains(&k.to_ascii_lowercase().as_str())
+                    });
                     redacted |= c.len() != before;
                 }
                 for ex in &mut full.examples {
@@ -546,8 +568,10 @@ mod tests {
 
     #[test]
     fn unknown_constraints_are_reported_and_known_ones_typed() {
-        let p = req(json!({"query": "find a translation agent", "required_tags": ["Translation"],
-            "constraints": {"unsupported_private_filter": "example", "region": "APAC"}}))
+        let p = req(
+            json!({"query": "find a translation agent", "required_tags": ["Translation"],
+            "constraints": {"unsupported_private_filter": "example", "region": "APAC"}}),
+        )
         .plan()
         .unwrap();
         assert_eq!(p.unsupported, vec!["unsupported_private_filter"]);
@@ -558,7 +582,10 @@ mod tests {
             .plan()
             .unwrap_err();
         assert_eq!(e.pointer, "/constraints/max_results_age_seconds");
-        assert_eq!(req(json!({"query": "  "})).plan().unwrap_err().pointer, "/query");
+        assert_eq!(
+            req(json!({"query": "  "})).plan().unwrap_err().pointer,
+            "/query"
+        );
         let e = req(json!({"query": "x", "required_tags": ["a"], "excluded_tags": ["A"]}))
             .plan()
             .unwrap_err();

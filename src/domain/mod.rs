@@ -5,6 +5,7 @@
 pub mod discovery;
 pub mod query;
 pub mod record;
+pub mod resolve;
 pub mod time;
 pub mod validate;
 pub mod write;

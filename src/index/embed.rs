@@ -162,7 +162,10 @@ mod tests {
         }});
         std::fs::write(dir.path().join(MANIFEST), manifest.to_string()).unwrap();
         let err = Embedder::load_model2vec(dir.path()).unwrap_err();
-        assert!(matches!(err, EmbedError::Digest { ref file, .. } if file.ends_with("config.json")), "{err}");
+        assert!(
+            matches!(err, EmbedError::Digest { ref file, .. } if file.ends_with("config.json")),
+            "{err}"
+        );
         assert!(matches!(
             Embedder::load_model2vec(&dir.path().join("nope")),
             Err(EmbedError::Missing(_))

@@ -113,7 +113,10 @@ impl SearchIndex {
                 Ok(_) => {}
                 Err(_) => return false,
             }
-            if tokio::time::timeout_at(deadline, rx.changed()).await.is_err() {
+            if tokio::time::timeout_at(deadline, rx.changed())
+                .await
+                .is_err()
+            {
                 return false;
             }
         }
@@ -161,7 +164,8 @@ impl SearchIndex {
     }
 
     fn apply_change(&self, change: &Change) {
-        let prepared = self.prepare_one(&change.record, change.revision, &crate::domain::time::now());
+        let prepared =
+            self.prepare_one(&change.record, change.revision, &crate::domain::time::now());
         {
             let mut index = match self.shared.index.write() {
                 Ok(i) => i,
@@ -225,14 +229,23 @@ impl SearchIndex {
         self.shared.rebuilds.fetch_add(1, Ordering::Relaxed);
         self.shared.last_rebuild_ms.store(ms, Ordering::Relaxed);
         self.shared.indexed.send_replace(revision);
-        info!(agents = records.len(), revision, ms, "discovery index built");
+        info!(
+            agents = records.len(),
+            revision, ms, "discovery index built"
+        );
         Ok(())
     }
 
     /// Keeps the index in step with the applied state until shutdown.
-    pub fn spawn(&self, reader: Reader, shutdown: watch::Receiver<bool>) -> tokio::task::JoinHandle<()> {
+    pub fn spawn(
+        &self,
+        reader: Reader,
+        shutdown: watch::Receiver<bool>,
+    ) -> tokio::task::JoinHandle<()> {
         let this = self.clone();
-        tokio::spawn(async move { this.follow(reader, shutdown).await }.instrument(info_span!("indexer")))
+        tokio::spawn(
+            async move { this.follow(reader, shutdown).await }.instrument(info_span!("indexer")),
+        )
     }
 
     async fn follow(self, reader: Reader, shutdown: watch::Receiver<bool>) {
@@ -266,7 +279,10 @@ impl SearchIndex {
             match end {
                 FollowEnd::Stopped => return,
                 FollowEnd::Compacted { requested, oldest } => {
-                    info!(requested, oldest, "change history moved past the index; rebuilding");
+                    info!(
+                        requested,
+                        oldest, "change history moved past the index; rebuilding"
+                    );
                 }
                 FollowEnd::Failed(e) => {
                     error!(error = %e, "reading the change feed failed; rebuilding the index");

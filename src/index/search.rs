@@ -121,7 +121,12 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
 pub fn vector_texts(record: &AgentRecord) -> Vec<String> {
     let m = &record.metadata;
     let mut context = format!("{}\n{}", m.name, m.description);
-    let tags: Vec<&str> = m.tags.iter().chain(&m.capabilities).map(String::as_str).collect();
+    let tags: Vec<&str> = m
+        .tags
+        .iter()
+        .chain(&m.capabilities)
+        .map(String::as_str)
+        .collect();
     if !tags.is_empty() {
         context.push('\n');
         context.push_str(&tags.join(", "));
@@ -504,10 +509,17 @@ impl Index {
             .iter()
             .filter_map(|s| {
                 let d = self.docs[s.slot as usize].as_ref()?;
-                Some((self.rescore(d, s, q, weights, &wanted_tags, total_weight, &terms), s.slot))
+                Some((
+                    self.rescore(d, s, q, weights, &wanted_tags, total_weight, &terms),
+                    s.slot,
+                ))
             })
             .collect();
-        hits.sort_by(|a, b| b.0.score.total_cmp(&a.0.score).then_with(|| a.0.id.cmp(&b.0.id)));
+        hits.sort_by(|a, b| {
+            b.0.score
+                .total_cmp(&a.0.score)
+                .then_with(|| a.0.id.cmp(&b.0.id))
+        });
         self.mark_duplicates(&mut hits, q.limit + 10);
         hits.truncate(q.limit);
         hits.into_iter()
@@ -532,14 +544,15 @@ impl Index {
         total_weight: f32,
         terms: &[String],
     ) -> Hit {
-        let mut unit_scores: Vec<(Unit, f32)> = match q.vector.as_deref().filter(|v| v.len() == self.dim) {
-            Some(v) => d
-                .units
-                .iter()
-                .filter_map(|u| u.vector.as_ref().map(|uv| (u.clone(), dot(v, uv))))
-                .collect(),
-            None => Vec::new(),
-        };
+        let mut unit_scores: Vec<(Unit, f32)> =
+            match q.vector.as_deref().filter(|v| v.len() == self.dim) {
+                Some(v) => d
+                    .units
+                    .iter()
+                    .filter_map(|u| u.vector.as_ref().map(|uv| (u.clone(), dot(v, uv))))
+                    .collect(),
+                None => Vec::new(),
+            };
         unit_scores.sort_by(|a, b| b.1.total_cmp(&a.1));
         let example = unit_scores.first().map(|u| u.1);
         // Every requested or query-derived tag the agent has; required tags
@@ -670,7 +683,11 @@ impl Index {
             }
         }
         if changed {
-            hits.sort_by(|a, b| b.0.score.total_cmp(&a.0.score).then_with(|| a.0.id.cmp(&b.0.id)));
+            hits.sort_by(|a, b| {
+                b.0.score
+                    .total_cmp(&a.0.score)
+                    .then_with(|| a.0.id.cmp(&b.0.id))
+            });
         }
     }
 
@@ -684,7 +701,12 @@ impl Index {
             .flat_map(|d| &d.units)
             .filter_map(|u| u.vector.as_ref().map(Vec::len))
             .sum();
-        (self.len(), terms, postings, self.profiles.len() + unit_floats)
+        (
+            self.len(),
+            terms,
+            postings,
+            self.profiles.len() + unit_floats,
+        )
     }
 }
 

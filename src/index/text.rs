@@ -72,8 +72,14 @@ mod tests {
     fn splits_case_and_punctuation_and_stems() {
         let a = Analyzer::default();
         assert_eq!(a.terms("translateText"), a.terms("translate_text"));
-        assert_eq!(a.terms("Translations, translating!"), vec!["translat", "translat"]);
-        assert_eq!(a.terms("HR api-automation 2024"), vec!["hr", "api", "autom", "2024"]);
+        assert_eq!(
+            a.terms("Translations, translating!"),
+            vec!["translat", "translat"]
+        );
+        assert_eq!(
+            a.terms("HR api-automation 2024"),
+            vec!["hr", "api", "autom", "2024"]
+        );
         assert_eq!(a.terms("Übersetzung 翻译"), vec!["übersetzung", "翻译"]);
         assert!(a.terms("  ,.; ").is_empty());
     }

@@ -162,7 +162,11 @@ impl RegistryService {
         // As in the unranked search, no status filter means every status
         // but deleted.
         let statuses = if filter.statuses.is_empty() {
-            vec![AgentStatus::Active, AgentStatus::Deprecated, AgentStatus::Inactive]
+            vec![
+                AgentStatus::Active,
+                AgentStatus::Deprecated,
+                AgentStatus::Inactive,
+            ]
         } else {
             filter.statuses
         };

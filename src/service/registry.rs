@@ -90,7 +90,7 @@ fn decode_token(token: &str) -> Result<String> {
         field: Some("/page_token".into()),
         message: "page_token is not a token this registry issued".into(),
     };
-    if token.len() % 2 != 0 {
+    if !token.len().is_multiple_of(2) {
         return Err(bad());
     }
     let bytes = (0..token.len())

@@ -28,7 +28,10 @@ pub enum FollowEnd {
     /// The sink or the stop signal ended it.
     Stopped,
     /// The next revision wanted is no longer in the history.
-    Compacted { requested: u64, oldest: u64 },
+    Compacted {
+        requested: u64,
+        oldest: u64,
+    },
     Failed(StorageError),
 }
 
@@ -153,9 +156,8 @@ impl Reader {
                             return FollowEnd::Stopped;
                         }
                     }
-                    Err(broadcast::error::RecvError::Lagged(_)) | Ok(Applied::SnapshotInstalled) => {
-                        continue 'catch_up
-                    }
+                    Err(broadcast::error::RecvError::Lagged(_))
+                    | Ok(Applied::SnapshotInstalled) => continue 'catch_up,
                     Err(broadcast::error::RecvError::Closed) => return FollowEnd::Stopped,
                 }
             }

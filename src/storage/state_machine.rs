@@ -219,7 +219,7 @@ impl StateMachine {
         batch: &mut WriteBatch,
         revision: u64,
     ) -> Result<Option<u64>, LocalError> {
-        if revision % TRIM_STEP != 0 || revision <= self.history {
+        if !revision.is_multiple_of(TRIM_STEP) || revision <= self.history {
             return Ok(None);
         }
         let new_oldest = revision - self.history;

@@ -54,101 +54,251 @@ async fn discovery_ranks_filters_explains_and_follows_changes() {
 
     register(&h, ALICE, minimal("https://example.net/agents/minimal")).await;
     register(&h, ALICE, translator("translator")).await;
-    register(&h, ALICE, agent("hr-core", "HR Core Automator",
-        "Optimizes HR workflows and onboarding checks.",
-        &["hr", "workflow", "onboarding", "hcm", "api-automation"],
-        &["Prepare a new-employee onboarding workflow.", "Check an employee record for missing payroll fields."])).await;
-    register(&h, ALICE, agent("weather", "Weather Forecaster",
-        "Gives weather forecasts, temperatures and rain warnings for any city.",
-        &["weather"],
-        &["Will it rain in Paris tomorrow?", "What is the temperature in Tokyo this weekend?"])).await;
+    register(
+        &h,
+        ALICE,
+        agent(
+            "hr-core",
+            "HR Core Automator",
+            "Optimizes HR workflows and onboarding checks.",
+            &["hr", "workflow", "onboarding", "hcm", "api-automation"],
+            &[
+                "Prepare a new-employee onboarding workflow.",
+                "Check an employee record for missing payroll fields.",
+            ],
+        ),
+    )
+    .await;
+    register(
+        &h,
+        ALICE,
+        agent(
+            "weather",
+            "Weather Forecaster",
+            "Gives weather forecasts, temperatures and rain warnings for any city.",
+            &["weather"],
+            &[
+                "Will it rain in Paris tomorrow?",
+                "What is the temperature in Tokyo this weekend?",
+            ],
+        ),
+    )
+    .await;
     // The same agent again under another name and owner: a near-duplicate.
-    register(&h, BOB, agent("weather-copy", "Weather Forecaster",
-        "Gives weather forecasts, temperatures and rain warnings for any city.",
-        &["weather"],
-        &["Will it rain in Paris tomorrow?", "What is the temperature in Tokyo this weekend?"])).await;
-    register(&h, ALICE, agent("recipes", "Recipe Finder",
-        "Finds cooking recipes from the ingredients you have.",
-        &["cooking", "food"],
-        &["What can I cook with eggs and spinach?"])).await;
-    let mut stuffed = agent("stuffed", "Everything Agent", "Does many things.", &[], &["Do anything"]);
-    stuffed["tags"] = json!((0..40).map(|i| format!("tag-{i}")).chain(["weather".to_string()]).collect::<Vec<_>>());
+    register(
+        &h,
+        BOB,
+        agent(
+            "weather-copy",
+            "Weather Forecaster",
+            "Gives weather forecasts, temperatures and rain warnings for any city.",
+            &["weather"],
+            &[
+                "Will it rain in Paris tomorrow?",
+                "What is the temperature in Tokyo this weekend?",
+            ],
+        ),
+    )
+    .await;
+    register(
+        &h,
+        ALICE,
+        agent(
+            "recipes",
+            "Recipe Finder",
+            "Finds cooking recipes from the ingredients you have.",
+            &["cooking", "food"],
+            &["What can I cook with eggs and spinach?"],
+        ),
+    )
+    .await;
+    let mut stuffed = agent(
+        "stuffed",
+        "Everything Agent",
+        "Does many things.",
+        &[],
+        &["Do anything"],
+    );
+    stuffed["tags"] = json!((0..40)
+        .map(|i| format!("tag-{i}"))
+        .chain(["weather".to_string()])
+        .collect::<Vec<_>>());
     register(&h, BOB, stuffed).await;
-    let mut apac = agent("apac-hr", "APAC Payroll", "Runs payroll for employees in Asia-Pacific.", &["hr", "payroll"], &["Run the monthly payroll"]);
+    let mut apac = agent(
+        "apac-hr",
+        "APAC Payroll",
+        "Runs payroll for employees in Asia-Pacific.",
+        &["hr", "payroll"],
+        &["Run the monthly payroll"],
+    );
     apac["constraints"] = json!({"region": "apac"});
     register(&h, ALICE, apac).await;
-    let private = agent("alice-private", "Private Weather Desk", "Weather forecasts for Alice's team only.", &["weather"], &["Will it rain in Paris tomorrow?"]);
-    h.call(Method::POST, "/agents?visibility=private", Some(ALICE), Some(private)).await.expect("private registers");
-    let mut expired = agent("expired-weather", "Old Weather Feed", "Weather forecasts, an old feed.", &["weather"], &[]);
+    let private = agent(
+        "alice-private",
+        "Private Weather Desk",
+        "Weather forecasts for Alice's team only.",
+        &["weather"],
+        &["Will it rain in Paris tomorrow?"],
+    );
+    h.call(
+        Method::POST,
+        "/agents?visibility=private",
+        Some(ALICE),
+        Some(private),
+    )
+    .await
+    .expect("private registers");
+    let mut expired = agent(
+        "expired-weather",
+        "Old Weather Feed",
+        "Weather forecasts, an old feed.",
+        &["weather"],
+        &[],
+    );
     expired["expires_at"] = json!("2020-01-01T00:00:00Z");
     register(&h, ALICE, expired).await;
 
     // ADP interoperation example 2 (D1): no evidence asked, one candidate.
-    let r = discover(&h, None, json!({"query": "answer a short factual question", "protocols": ["https"], "limit": 1})).await;
+    let r = discover(
+        &h,
+        None,
+        json!({"query": "answer a short factual question", "protocols": ["https"], "limit": 1}),
+    )
+    .await;
     assert_eq!(ids(&r), vec!["https://example.net/agents/minimal"], "{r}");
     assert_eq!(r["conformance_level"], "D2");
     assert!(r["request_id"].as_str().is_some_and(|s| !s.is_empty()));
     assert!(r["generated_at"].as_str().is_some());
     assert!(r["candidates"][0].get("score_components").is_none());
     assert!(
-        r["warnings"].as_array().unwrap().iter().all(|w| !w.as_str().unwrap().contains("no embedding model")),
+        r["warnings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|w| !w.as_str().unwrap().contains("no embedding model")),
         "the built-in model is loaded (scripts/setup.sh fetches it): {r}"
     );
 
     // ADP interoperation example 3: an unsupported hard filter is reported.
-    let r = discover(&h, None, json!({"query": "find a translation agent", "required_tags": ["translation"],
-        "constraints": {"unsupported_private_filter": "example"}})).await;
-    assert_eq!(r["unsupported_filters"], json!(["unsupported_private_filter"]));
+    let r = discover(
+        &h,
+        None,
+        json!({"query": "find a translation agent", "required_tags": ["translation"],
+        "constraints": {"unsupported_private_filter": "example"}}),
+    )
+    .await;
+    assert_eq!(
+        r["unsupported_filters"],
+        json!(["unsupported_private_filter"])
+    );
     assert_eq!(ids(&r), vec!["translator"]);
-    assert!(r["warnings"].to_string().contains("unsupported_private_filter"));
+    assert!(r["warnings"]
+        .to_string()
+        .contains("unsupported_private_filter"));
 
     // ADP's request example: hard filters, preferred tags, evidence.
-    let r = discover(&h, None, json!({
+    let r = discover(
+        &h,
+        None,
+        json!({
         "query": "Find an agent for onboarding validation and API setup.",
         "required_tags": ["HR"], "preferred_tags": ["onboarding", "api-automation"],
         "protocols": ["https"], "constraints": {"max_results_age_seconds": 300, "region": "emea"},
-        "limit": 10, "detail": "summary", "include_evidence": true})).await;
-    assert_eq!(ids(&r), vec!["hr-core"], "apac-hr is region-bound elsewhere: {r}");
+        "limit": 10, "detail": "summary", "include_evidence": true}),
+    )
+    .await;
+    assert_eq!(
+        ids(&r),
+        vec!["hr-core"],
+        "apac-hr is region-bound elsewhere: {r}"
+    );
     let c = &r["candidates"][0];
-    for k in ["tag", "context", "example", "protocol", "freshness", "policy"] {
+    for k in [
+        "tag",
+        "context",
+        "example",
+        "protocol",
+        "freshness",
+        "policy",
+    ] {
         assert!(c["score_components"][k].is_number(), "component {k}: {c}");
     }
     assert_eq!(c["score_components"]["tag"], 1.0);
-    assert_eq!(c["matched_tags"], json!(["hr", "onboarding", "api-automation"]));
-    assert!(c["matched_examples"][0]["score"].as_f64().unwrap() > 0.2, "{c}");
+    assert_eq!(
+        c["matched_tags"],
+        json!(["hr", "onboarding", "api-automation"])
+    );
+    assert!(
+        c["matched_examples"][0]["score"].as_f64().unwrap() > 0.2,
+        "{c}"
+    );
     assert_eq!(c["matched_examples"][0]["id"], "ex-1");
     assert!(c["snippet"].as_str().unwrap().contains("onboarding"));
     assert_eq!(c["status"], "active");
-    assert!(c["freshness"]["indexed_at"].is_string() && c["freshness"]["metadata_updated_at"].is_string());
+    assert!(
+        c["freshness"]["indexed_at"].is_string()
+            && c["freshness"]["metadata_updated_at"].is_string()
+    );
     assert_eq!(r["applied_filters"]["required_tags"], json!(["hr"]));
     assert_eq!(r["applied_filters"]["protocols"], json!(["https"]));
     assert_eq!(r["applied_filters"]["region"], json!(["emea"]));
 
     // Plain language finds the right agent; the copy is marked, pushed
     // down and reported; the private agent stays hidden from strangers.
-    let weather = json!({"query": "is it going to rain in Lyon on Sunday?", "include_evidence": true});
+    let weather =
+        json!({"query": "is it going to rain in Lyon on Sunday?", "include_evidence": true});
     let r = discover(&h, None, weather.clone()).await;
     let order = ids(&r);
     assert_eq!(order[0], "weather", "{r}");
     assert!(!order.contains(&"alice-private".to_string()));
-    assert!(!order.contains(&"expired-weather".to_string()), "expired records are not returned");
-    let copy = r["candidates"].as_array().unwrap().iter().find(|c| c["id"] == "weather-copy").expect("copy listed");
+    assert!(
+        !order.contains(&"expired-weather".to_string()),
+        "expired records are not returned"
+    );
+    let copy = r["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["id"] == "weather-copy")
+        .expect("copy listed");
     assert_eq!(copy["duplicate_of"], "weather");
     assert!(copy["score_components"]["policy"].as_f64().unwrap() < 0.0);
     assert!(r["warnings"].to_string().contains("near-duplicate"));
-    let stuffed = r["candidates"].as_array().unwrap().iter().find(|c| c["id"] == "stuffed");
+    let stuffed = r["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["id"] == "stuffed");
     if let Some(s) = stuffed {
         assert!(s["notes"].to_string().contains("tag stuffing"));
         assert!(s["score_components"]["tag"].as_f64().unwrap() < 1.0);
     }
     let r = discover(&h, Some(ALICE), weather.clone()).await;
-    assert!(ids(&r).contains(&"alice-private".to_string()), "owners see their private agents");
-    let r = discover(&h, None, json!({"query": "weather forecast", "constraints": {"allow_stale": true}})).await;
-    let stale = r["candidates"].as_array().unwrap().iter().find(|c| c["id"] == "expired-weather").expect("allow_stale returns it");
+    assert!(
+        ids(&r).contains(&"alice-private".to_string()),
+        "owners see their private agents"
+    );
+    let r = discover(
+        &h,
+        None,
+        json!({"query": "weather forecast", "constraints": {"allow_stale": true}}),
+    )
+    .await;
+    let stale = r["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["id"] == "expired-weather")
+        .expect("allow_stale returns it");
     assert_eq!(stale["freshness"]["expired"], true);
 
     // Excluded tags and status filters are hard.
-    let r = discover(&h, None, json!({"query": "weather forecast", "excluded_tags": ["weather"]})).await;
+    let r = discover(
+        &h,
+        None,
+        json!({"query": "weather forecast", "excluded_tags": ["weather"]}),
+    )
+    .await;
     assert!(ids(&r).iter().all(|id| !id.contains("weather")), "{r}");
 
     // Detail levels and redaction.
@@ -165,35 +315,82 @@ async fn discovery_ranks_filters_explains_and_follows_changes() {
     let c = &r["candidates"][0];
     assert_eq!(c["redacted"], false);
     assert_eq!(c["com.example/pricing"]["per_call_usd"], 0.002);
-    let r = discover(&h, None, json!({"query": "translate chinese text", "limit": 1, "detail": "minimal"})).await;
+    let r = discover(
+        &h,
+        None,
+        json!({"query": "translate chinese text", "limit": 1, "detail": "minimal"}),
+    )
+    .await;
     let c = &r["candidates"][0];
     assert!(c.get("name").is_none() && c.get("description").is_none());
-    assert_eq!(c["bindings"][0]["endpoint"], "https://api.example.com/agents/translate");
+    assert_eq!(
+        c["bindings"][0]["endpoint"],
+        "https://api.example.com/agents/translate"
+    );
 
     // gRPC gives the same answer.
     let mut grpc = DiscoveryClient::connect(server.grpc.clone()).await.unwrap();
     let g = grpc
-        .discover(pb::DiscoverRequest { query: "is it going to rain in Lyon on Sunday?".into(), ..Default::default() })
+        .discover(pb::DiscoverRequest {
+            query: "is it going to rain in Lyon on Sunday?".into(),
+            ..Default::default()
+        })
         .await
         .unwrap()
         .into_inner();
-    let r = discover(&h, None, json!({"query": "is it going to rain in Lyon on Sunday?"})).await;
-    assert_eq!(g.candidates.iter().map(|c| c.id.clone()).collect::<Vec<_>>(), ids(&r));
+    let r = discover(
+        &h,
+        None,
+        json!({"query": "is it going to rain in Lyon on Sunday?"}),
+    )
+    .await;
+    assert_eq!(
+        g.candidates
+            .iter()
+            .map(|c| c.id.clone())
+            .collect::<Vec<_>>(),
+        ids(&r)
+    );
 
     // The index follows changes: a new description moves an agent, a
     // deletion removes it.
-    let mut recipes = agent("recipes", "Recipe Finder", "Finds hiking trails and mountain routes.", &["outdoor"], &["Suggest a hike near Grenoble"]);
+    let mut recipes = agent(
+        "recipes",
+        "Recipe Finder",
+        "Finds hiking trails and mountain routes.",
+        &["outdoor"],
+        &["Suggest a hike near Grenoble"],
+    );
     recipes["updated_at"] = json!(now());
-    h.call(Method::PUT, "/agents/recipes", Some(ALICE), Some(recipes)).await.expect("update");
-    let r = discover(&h, None, json!({"query": "a hiking trail in the mountains", "limit": 1})).await;
+    h.call(Method::PUT, "/agents/recipes", Some(ALICE), Some(recipes))
+        .await
+        .expect("update");
+    let r = discover(
+        &h,
+        None,
+        json!({"query": "a hiking trail in the mountains", "limit": 1}),
+    )
+    .await;
     assert_eq!(ids(&r), vec!["recipes"]);
-    h.call(Method::DELETE, "/agents/recipes", Some(ALICE), None).await.expect("delete");
-    let r = discover(&h, None, json!({"query": "a hiking trail in the mountains"})).await;
+    h.call(Method::DELETE, "/agents/recipes", Some(ALICE), None)
+        .await
+        .expect("delete");
+    let r = discover(
+        &h,
+        None,
+        json!({"query": "a hiking trail in the mountains"}),
+    )
+    .await;
     assert!(!ids(&r).contains(&"recipes".to_string()));
 
     // AIDIP semantic search: ranked summaries with scores, filters still AND.
     let (_, v) = h
-        .call(Method::POST, "/agents/search", None, Some(json!({"query": "rain tomorrow?", "top": 3})))
+        .call(
+            Method::POST,
+            "/agents/search",
+            None,
+            Some(json!({"query": "rain tomorrow?", "top": 3})),
+        )
         .await
         .unwrap();
     let arr = v.as_array().unwrap();
@@ -201,10 +398,19 @@ async fn discovery_ranks_filters_explains_and_follows_changes() {
     let scores: Vec<f64> = arr.iter().map(|a| a["score"].as_f64().unwrap()).collect();
     assert!(scores.windows(2).all(|w| w[0] >= w[1]), "{scores:?}");
     let (_, v) = h
-        .call(Method::POST, "/agents/search", None, Some(json!({"query": "rain tomorrow?", "filters": {"tags": ["hr"]}})))
+        .call(
+            Method::POST,
+            "/agents/search",
+            None,
+            Some(json!({"query": "rain tomorrow?", "filters": {"tags": ["hr"]}})),
+        )
         .await
         .unwrap();
-    assert!(v.as_array().unwrap().iter().all(|a| a["tags"].as_array().unwrap().contains(&json!("hr"))));
+    assert!(v
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|a| a["tags"].as_array().unwrap().contains(&json!("hr"))));
     server.stop().await;
 }
 
@@ -214,10 +420,21 @@ async fn without_a_model_discovery_runs_on_lexical_and_tags_and_says_so() {
     let h = Http::new(&server.http);
     register(&h, ALICE, translator("translator")).await;
     register(&h, ALICE, minimal("minimal")).await;
-    let r = discover(&h, None, json!({"query": "translate text", "include_evidence": true})).await;
-    assert_eq!(ids(&r), vec!["translator"], "only agents the words match: {r}");
+    let r = discover(
+        &h,
+        None,
+        json!({"query": "translate text", "include_evidence": true}),
+    )
+    .await;
+    assert_eq!(
+        ids(&r),
+        vec!["translator"],
+        "only agents the words match: {r}"
+    );
     assert!(r["warnings"].to_string().contains("no embedding model"));
-    assert!(r["candidates"][0]["score_components"].get("context").is_none());
+    assert!(r["candidates"][0]["score_components"]
+        .get("context")
+        .is_none());
     server.stop().await;
 }
 
