@@ -3,12 +3,13 @@
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use super::{map_to_struct, serde_path_to_pointer, struct_to_map};
+use super::{map_to_struct, serde_path_to_pointer, status_from_pb, status_to_pb, struct_to_map};
 use crate::domain::discovery::{Detail, DiscoveryRequest};
+use crate::domain::resolve::{ResolvePolicy, ResolveRequest};
 use crate::domain::{self, FieldError};
 use crate::index::{TagMatch, UnitKind};
 use crate::pb;
-use crate::service::{DiscoveryResult, CONFORMANCE_LEVEL};
+use crate::service::{DiscoveryResult, Resolution, CONFORMANCE_LEVEL};
 
 fn detail_from_str(s: &str) -> Result<Detail, FieldError> {
     if s.is_empty() {
@@ -296,5 +297,208 @@ pub fn discover_response_to_json(r: &pb::DiscoverResponse) -> Result<Value, Fiel
         "unsupported_filters": r.unsupported_filters,
         "warnings": r.warnings,
         "indexed_revision": r.indexed_revision,
+    }))
+}
+
+impl TryFrom<pb::ResolveRequest> for ResolveRequest {
+    type Error = FieldError;
+
+    fn try_from(r: pb::ResolveRequest) -> Result<Self, FieldError> {
+        let p = r.policy.unwrap_or_default();
+        let statuses = p
+            .statuses
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let pointer = format!("/policy/statuses/{i}");
+                status_from_pb(*s, &pointer)?
+                    .ok_or_else(|| FieldError::new(pointer, "must not be unspecified"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            intent: r.intent,
+            context: r.context.as_ref().map(struct_to_map).unwrap_or_default(),
+            policy: ResolvePolicy {
+                required_tags: p.required_tags,
+                excluded_tags: p.excluded_tags,
+                protocols: p.protocols,
+                statuses,
+                require_verified: p.require_verified,
+                max_candidates: p.max_candidates,
+            },
+        })
+    }
+}
+
+pub fn resolution_to_pb(r: &Resolution) -> pb::ResolveResponse {
+    let candidates = r
+        .candidates
+        .iter()
+        .map(|c| {
+            let m = &c.metadata;
+            let op = c.operation.as_ref();
+            let input = op.and_then(|o| o.inputs.as_ref()).or(m.inputs.as_ref());
+            let output = op.and_then(|o| o.outputs.as_ref()).or(m.outputs.as_ref());
+            let auth = m.authentication.as_ref().or(m.auth.as_ref());
+            let full = pb::AgentMetadata::from(&domain::AgentMetadata {
+                bindings: vec![c.binding.clone()],
+                authentication: auth.cloned(),
+                ..Default::default()
+            });
+            pb::ResolvedCandidate {
+                agent_id: c.id.clone(),
+                name: m.name.clone(),
+                score: round(c.score),
+                binding: full.bindings.into_iter().next(),
+                endpoint: c.binding.endpoint.clone(),
+                invocation: Some(pb::Invocation {
+                    operation: op.map(|o| o.name.clone()).unwrap_or_default(),
+                    input_schema: input.map(super::json_to_pb),
+                    output_schema: output.map(super::json_to_pb),
+                    authentication: full.authentication,
+                    gateway_path: format!(
+                        "/agents/{}/invoke",
+                        url::form_urlencoded::byte_serialize(c.id.as_bytes()).collect::<String>()
+                    ),
+                }),
+                redacted: c.redacted,
+                status: c.status.as_str().into(),
+                notes: c.notes.clone(),
+            }
+        })
+        .collect();
+    pb::ResolveResponse {
+        request_id: r.request_id.clone(),
+        generated_at: r.generated_at.clone(),
+        candidates,
+        excluded: r
+            .excluded
+            .iter()
+            .map(|(id, reasons, score)| pb::Exclusion {
+                agent_id: id.clone(),
+                reasons: reasons.clone(),
+                score: round(*score),
+            })
+            .collect(),
+        warnings: r.warnings.clone(),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResolveJson {
+    #[serde(default)]
+    intent: String,
+    #[serde(default)]
+    context: Map<String, Value>,
+    #[serde(default)]
+    policy: PolicyJson,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct PolicyJson {
+    #[serde(default)]
+    required_tags: Vec<String>,
+    #[serde(default)]
+    excluded_tags: Vec<String>,
+    #[serde(default)]
+    protocols: Vec<String>,
+    #[serde(default)]
+    statuses: Vec<String>,
+    #[serde(default)]
+    require_verified: bool,
+    #[serde(default)]
+    max_candidates: u32,
+}
+
+/// Parses an ASR request: `{intent, context, policy}`. Unknown members are
+/// refused: a policy this registry does not understand must not be ignored.
+pub fn resolve_request_from_json(v: Value) -> Result<pb::ResolveRequest, FieldError> {
+    if !v.is_object() {
+        return Err(FieldError::new(
+            "",
+            "the resolve request must be a JSON object",
+        ));
+    }
+    let r: ResolveJson = serde_path_to_error::deserialize(v).map_err(|e| {
+        let pointer = serde_path_to_pointer(e.path());
+        FieldError::new(pointer, e.into_inner().to_string())
+    })?;
+    let statuses = r
+        .policy
+        .statuses
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            domain::AgentStatus::parse(s)
+                .map(|st| status_to_pb(Some(st)) as i32)
+                .ok_or_else(|| {
+                    FieldError::new(
+                        format!("/policy/statuses/{i}"),
+                        "must be active, deprecated, inactive or deleted",
+                    )
+                })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(pb::ResolveRequest {
+        intent: r.intent,
+        context: Some(map_to_struct(&r.context)),
+        policy: Some(pb::ResolvePolicy {
+            required_tags: r.policy.required_tags,
+            excluded_tags: r.policy.excluded_tags,
+            protocols: r.policy.protocols,
+            statuses,
+            require_verified: r.policy.require_verified,
+            max_candidates: r.policy.max_candidates,
+        }),
+    })
+}
+
+/// The JSON form of an ASR answer.
+pub fn resolve_response_to_json(r: &pb::ResolveResponse) -> Result<Value, FieldError> {
+    let mut candidates = Vec::with_capacity(r.candidates.len());
+    for c in &r.candidates {
+        let carrier = pb::AgentMetadata {
+            bindings: c.binding.clone().into_iter().collect(),
+            authentication: c.invocation.as_ref().and_then(|i| i.authentication.clone()),
+            ..Default::default()
+        };
+        let meta: domain::AgentMetadata = carrier.try_into()?;
+        let inv = c.invocation.clone().unwrap_or_default();
+        let mut invocation = json!({"gateway_path": inv.gateway_path});
+        if !inv.operation.is_empty() {
+            invocation["operation"] = inv.operation.into();
+        }
+        if let Some(s) = &inv.input_schema {
+            invocation["input_schema"] = super::pb_to_json(s);
+        }
+        if let Some(s) = &inv.output_schema {
+            invocation["output_schema"] = super::pb_to_json(s);
+        }
+        if let Some(a) = &meta.authentication {
+            invocation["authentication"] = serde_json::to_value(a).unwrap_or(Value::Null);
+        }
+        let mut out = json!({
+            "agent_id": c.agent_id,
+            "name": c.name,
+            "score": c.score,
+            "status": c.status,
+            "binding": meta.bindings.first().map(|b| serde_json::to_value(b).unwrap_or(Value::Null)),
+            "endpoint": c.endpoint,
+            "invocation": invocation,
+            "redacted": c.redacted,
+        });
+        if !c.notes.is_empty() {
+            out["notes"] = json!(c.notes);
+        }
+        candidates.push(out);
+    }
+    Ok(json!({
+        "request_id": r.request_id,
+        "generated_at": r.generated_at,
+        "candidates": candidates,
+        "excluded": r.excluded.iter().map(|e| json!({"agent_id": e.agent_id, "reasons": e.reasons, "score": e.score})).collect::<Vec<_>>(),
+        "warnings": r.warnings,
     }))
 }

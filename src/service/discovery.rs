@@ -10,8 +10,9 @@ use super::registry::{Consistency, RegistryService};
 use super::ServiceError;
 use crate::domain::discovery::{visible_metadata, Detail, DiscoveryRequest, HardFilters};
 use crate::domain::query::Filter;
-use crate::domain::{AgentMetadata, AgentRecord, AgentStatus, Principal};
-use crate::index::{Hit, Query};
+use crate::domain::resolve::{chosen_operation, ResolveRequest};
+use crate::domain::{AgentMetadata, AgentRecord, AgentStatus, Binding, Operation, Principal};
+use crate::index::{Hit, Query, UnitKind};
 
 type Result<T> = std::result::Result<T, ServiceError>;
 
@@ -197,6 +198,144 @@ impl RegistryService {
             }
         }
         Ok((out, self.reader().applied_revision()))
+    }
+}
+
+/// One resolved agent.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    pub id: String,
+    pub score: f32,
+    /// What the caller may see of the record (full detail, redacted for
+    /// strangers).
+    pub metadata: AgentMetadata,
+    pub redacted: bool,
+    pub binding: Binding,
+    pub operation: Option<Operation>,
+    pub status: AgentStatus,
+    pub notes: Vec<String>,
+}
+
+/// An ASR answer.
+#[derive(Debug, Clone)]
+pub struct Resolution {
+    pub request_id: String,
+    pub generated_at: String,
+    pub candidates: Vec<Resolved>,
+    /// (agent id, reasons, score) of relevant agents the policy excluded.
+    pub excluded: Vec<(String, Vec<String>, f32)>,
+    pub warnings: Vec<String>,
+}
+
+/// Score taken from a candidate whose declared languages miss the locale's.
+const LOCALE_MISMATCH: f32 = 0.05;
+
+impl RegistryService {
+    /// AIDIP Agent Semantic Resolution. Agents are ranked for the intent
+    /// (the context's domain as a preferred tag), then taken in order: those
+    /// that pass the policy become candidates, those that fail it are
+    /// reported with their reasons, until enough candidates are found.
+    #[instrument(skip_all, fields(principal = principal.map(|p| p.name.as_str())))]
+    pub async fn resolve(
+        &self,
+        principal: Option<&Principal>,
+        mut request: ResolveRequest,
+    ) -> Result<Resolution> {
+        self.require_reader(principal)?;
+        request.normalise()?;
+        let mut warnings: Vec<String> = Vec::new();
+        warnings.extend(self.index_ready(Consistency::Local).await?);
+        warnings.extend(self.model_warning());
+        if request.policy.require_verified {
+            warnings.push(
+                "require_verified: this registry does not verify publisher signatures yet, so every agent counts as self-asserted"
+                    .into(),
+            );
+        }
+        let preferred: Vec<String> = request.domain_tag().into_iter().collect();
+        let max = request.policy.max_candidates as usize;
+        // Every status but deleted is ranked, so an agent the policy refuses
+        // for its status is reported rather than silently missing.
+        let filters = HardFilters {
+            statuses: vec![
+                AgentStatus::Active,
+                AgentStatus::Deprecated,
+                AgentStatus::Inactive,
+            ],
+            ..Default::default()
+        };
+        let now = time::OffsetDateTime::now_utc();
+        let hits = self.index().search(Query {
+            text: &request.intent,
+            vector: None,
+            filters: &filters,
+            preferred_tags: &preferred,
+            limit: max * 4 + 10,
+            evidence: true,
+            principal,
+            now_unix: now.unix_timestamp(),
+        });
+        let language = request.locale_language();
+        let mut candidates: Vec<Resolved> = Vec::new();
+        let mut excluded = Vec::new();
+        for hit in hits {
+            if candidates.len() >= max {
+                break;
+            }
+            let Some(record) = self.reader().get(&hit.id)?.filter(|r| !r.envelope.deleted) else {
+                continue;
+            };
+            let reasons = request.policy.violations(&record, false);
+            if !reasons.is_empty() {
+                excluded.push((hit.id.clone(), reasons, hit.score));
+                continue;
+            }
+            let best_operation = hit
+                .matched_units
+                .iter()
+                .find(|(u, _)| u.kind == UnitKind::Operation)
+                .and_then(|(u, _)| u.label.as_deref());
+            let operation = chosen_operation(&record, best_operation).cloned();
+            let (metadata, redacted) = visible_metadata(&record, Detail::Full, principal);
+            // The binding chosen from the record, shown as the caller may see it.
+            let Some(index) = request
+                .policy
+                .binding(&record)
+                .and_then(|b| record.metadata.bindings.iter().position(|x| x == b))
+            else {
+                continue;
+            };
+            let mut score = hit.score;
+            let mut notes = hit.notes.clone();
+            let langs = &record.metadata.supported_languages;
+            if let Some(l) = &language {
+                if !langs.is_empty() && !langs.contains(l) {
+                    score -= LOCALE_MISMATCH;
+                    notes.push(format!("does not declare the context's language '{l}'"));
+                }
+            }
+            candidates.push(Resolved {
+                id: hit.id,
+                score,
+                binding: metadata.bindings[index].clone(),
+                metadata,
+                redacted,
+                operation,
+                status: record.metadata.effective_status(),
+                notes,
+            });
+        }
+        candidates.sort_by(|a, b| b.score.total_cmp(&a.score).then_with(|| a.id.cmp(&b.id)));
+        if candidates.is_empty() {
+            warnings.push("no agent satisfies the policy".into());
+        }
+        Ok(Resolution {
+            request_id: uuid::Uuid::new_v4().to_string(),
+            generated_at: crate::domain::time::format(now),
+            candidates,
+            excluded,
+            warnings,
+        })
     }
 }
 

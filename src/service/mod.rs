@@ -8,6 +8,6 @@ mod error;
 mod registry;
 
 pub use cluster::{ClusterService, ClusterView, MemberView};
-pub use discovery::{Candidate, DiscoveryResult, CONFORMANCE_LEVEL};
+pub use discovery::{Candidate, DiscoveryResult, Resolution, Resolved, CONFORMANCE_LEVEL};
 pub use error::ServiceError;
 pub use registry::{Consistency, ListPage, ListQuery, RegistryService};

@@ -18,7 +18,10 @@ use tonic::Status;
 use super::auth::Authenticator;
 use super::error::{detail_of, problem_body, transport_refusal};
 use super::grpc::RegistryApi;
-use crate::convert::discovery::{discover_request_from_json, discover_response_to_json};
+use crate::convert::discovery::{
+    discover_request_from_json, discover_response_to_json, resolve_request_from_json,
+    resolve_response_to_json,
+};
 use crate::convert::{record_pb_to_json, status_to_pb};
 use crate::domain::{AgentStatus, Visibility};
 use crate::pb::{self, registry_server::Registry};
@@ -669,6 +672,18 @@ async fn discover(State(s): State<HttpState>, headers: HeaderMap, body: Body) ->
     Ok(json_response(StatusCode::OK, &body))
 }
 
+/// `POST /resolve`: AIDIP Agent Semantic Resolution, through the gRPC
+/// `Discovery.Resolve` handler.
+async fn resolve(State(s): State<HttpState>, headers: HeaderMap, body: Body) -> ApiResult {
+    let v = json_body(&s, &headers, body).await?;
+    let req = resolve_request_from_json(v).map_err(ServiceError::from)?;
+    let resp = pb::discovery_server::Discovery::resolve(&s.api, grpc_request(&s, &headers, req)?)
+        .await?
+        .into_inner();
+    let body = resolve_response_to_json(&resp).map_err(ServiceError::from)?;
+    Ok(json_response(StatusCode::OK, &body))
+}
+
 async fn healthz() -> Response {
     json_response(StatusCode::OK, &json!({"status": "ok"}))
 }
@@ -741,6 +756,7 @@ pub fn routes() -> Routes {
     .add("GET", "/agents", routing::get(list_agents))
     .add("POST", "/agents/search", routing::post(search_agents))
     .add("POST", "/discover", routing::post(discover))
+    .add("POST", "/resolve", routing::post(resolve))
     .add("GET", "/agents/{id}", routing::get(get_agent))
     .add("PUT", "/agents/{id}", routing::put(update_agent))
     .add("DELETE", "/agents/{id}", routing::delete(delete_agent))
