@@ -411,6 +411,52 @@ async fn discovery_ranks_filters_explains_and_follows_changes() {
         .unwrap()
         .iter()
         .all(|a| a["tags"].as_array().unwrap().contains(&json!("hr"))));
+
+    // ASR: intent, context and policy give candidates with the chosen
+    // binding and what invoking needs; policy failures are reported.
+    let intent = "translate this Chinese paragraph into English";
+    let (_, v) = h
+        .call(
+            Method::POST,
+            "/resolve",
+            None,
+            Some(json!({"intent": intent,
+            "context": {"locale": "en-GB", "domain": "nlp"},
+            "policy": {"protocols": ["https"], "max_candidates": 1}})),
+        )
+        .await
+        .unwrap();
+    let c = &v["candidates"][0];
+    assert_eq!(c["agent_id"], "translator", "{v}");
+    assert_eq!(v["candidates"].as_array().unwrap().len(), 1);
+    assert_eq!(c["endpoint"], "https://api.example.com/agents/translate");
+    assert_eq!(c["binding"]["protocol"], "https");
+    assert_eq!(c["invocation"]["operation"], "translateText");
+    assert_eq!(
+        c["invocation"]["input_schema"]["required"],
+        json!(["text", "source_language", "target_language"])
+    );
+    assert_eq!(c["invocation"]["authentication"]["type"], "api_key");
+    assert_eq!(c["invocation"]["gateway_path"], "/agents/translator/invoke");
+    let (_, v) = h
+        .call(
+            Method::POST,
+            "/resolve",
+            None,
+            Some(json!({"intent": intent, "policy": {"required_tags": ["legal"]}})),
+        )
+        .await
+        .unwrap();
+    assert!(v["candidates"].as_array().unwrap().is_empty());
+    let excluded = v["excluded"].as_array().unwrap();
+    let t = excluded
+        .iter()
+        .find(|e| e["agent_id"] == "translator")
+        .expect("the relevant agent is reported");
+    assert!(t["reasons"][0].as_str().unwrap().contains("legal"));
+    assert!(v["warnings"]
+        .to_string()
+        .contains("no agent satisfies the policy"));
     server.stop().await;
 }
 
