@@ -121,6 +121,8 @@ pub struct Config {
     pub api_keys: Vec<ApiKeyConfig>,
     /// Discovery: embedder and ranking weights.
     pub discovery: DiscoveryConfig,
+    /// Register the demo directory (the MetaTool agents) on start.
+    pub demo: bool,
     /// Bootstrap admin key (normally from `AGENTRY_ADMIN_KEY`).
     #[serde(skip)]
     pub admin_key: Option<String>,
@@ -152,6 +154,7 @@ impl Default for Config {
             request_timeout_secs: 30,
             api_keys: Vec::new(),
             discovery: DiscoveryConfig::default(),
+            demo: false,
             admin_key: None,
         }
     }

@@ -257,6 +257,9 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
         config.anonymous_reads,
         shutdown_rx.clone(),
     );
+    if config.demo {
+        tokio::spawn(crate::demo::load(service.clone()));
+    }
     let api = RegistryApi::new(service);
     let cluster = ClusterApi::new(ClusterService::new(
         node.clone(),

@@ -15,7 +15,7 @@ use futures::{stream, StreamExt};
 use serde_json::Value;
 
 use super::{local, CliError, ClientArgs};
-use crate::convert::metadata_from_json;
+use crate::convert::{dataset_agent_json, metadata_from_json};
 use crate::pb::{self, discovery_client::DiscoveryClient, registry_client::RegistryClient};
 
 #[derive(Debug, Args)]
@@ -108,29 +108,8 @@ fn read_lines(path: &PathBuf) -> Result<Vec<Value>, CliError> {
 }
 
 /// Turns one agents-file line into registrable metadata.
-fn agent_metadata(mut v: Value) -> Result<pb::AgentMetadata, CliError> {
-    let obj = v
-        .as_object_mut()
-        .ok_or_else(|| local("an agent line is not a JSON object"))?;
-    if let Some(Value::Array(examples)) = obj.get_mut("examples") {
-        for e in examples.iter_mut() {
-            if let Value::String(s) = e {
-                *e = serde_json::json!({ "text": s });
-            }
-        }
-    }
-    if !obj.contains_key("bindings") && !obj.contains_key("endpoint") {
-        let id = obj.get("id").and_then(Value::as_str).unwrap_or("agent");
-        let slug: String = id
-            .chars()
-            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
-            .collect();
-        obj.insert(
-            "bindings".into(),
-            serde_json::json!([{"protocol": "https", "endpoint": format!("https://{slug}.eval.invalid/invoke")}]),
-        );
-    }
-    metadata_from_json(v).map_err(local)
+fn agent_metadata(v: Value) -> Result<pb::AgentMetadata, CliError> {
+    metadata_from_json(dataset_agent_json(v).map_err(local)?).map_err(local)
 }
 
 pub async fn run_eval(args: EvalArgs) -> Result<(), CliError> {

@@ -233,6 +233,9 @@ pub struct ServeArgs {
     /// Rank without an embedding model (lexical and tag matches only).
     #[arg(long)]
     pub no_embedder: bool,
+    /// Register the demo directory (199 MetaTool agents) on start.
+    #[arg(long, env = "AGENTRY_DEMO")]
+    pub demo: bool,
     #[arg(long = "admin-key", env = "AGENTRY_ADMIN_KEY", hide_env_values = true)]
     pub admin_key: Option<String>,
 }
@@ -285,6 +288,9 @@ impl ServeArgs {
         }
         if self.no_embedder {
             c.discovery.embedder = "none".into();
+        }
+        if self.demo {
+            c.demo = true;
         }
         c.admin_key = self.admin_key.clone().filter(|k| !k.is_empty());
         Ok(c)

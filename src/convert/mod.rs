@@ -370,6 +370,35 @@ pub fn metadata_from_json(v: Value) -> Result<pb::AgentMetadata, FieldError> {
     Ok(pb::AgentMetadata::from(&meta))
 }
 
+/// Shapes one line of a labelled agent set (such as MetaTool's) into
+/// agent metadata JSON: plain-string `examples` become ADP example objects,
+/// and an agent with no binding or endpoint gets a placeholder binding under
+/// the reserved `.invalid` domain (it is found, never called).
+pub fn dataset_agent_json(mut v: Value) -> Result<Value, FieldError> {
+    let obj = v
+        .as_object_mut()
+        .ok_or_else(|| FieldError::new("", "an agent line must be a JSON object"))?;
+    if let Some(Value::Array(examples)) = obj.get_mut("examples") {
+        for e in examples.iter_mut() {
+            if let Value::String(s) = e {
+                *e = serde_json::json!({ "text": s });
+            }
+        }
+    }
+    if !obj.contains_key("bindings") && !obj.contains_key("endpoint") {
+        let id = obj.get("id").and_then(Value::as_str).unwrap_or("agent");
+        let slug: String = id
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .collect();
+        obj.insert(
+            "bindings".into(),
+            serde_json::json!([{"protocol": "https", "endpoint": format!("https://{slug}.eval.invalid/invoke")}]),
+        );
+    }
+    Ok(v)
+}
+
 /// The JSON form of a cluster status, shared by `GET /cluster` and
 /// `agentry cluster status --json`.
 pub fn cluster_status_to_json(s: &pb::ClusterStatus) -> Value {
