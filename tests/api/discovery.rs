@@ -498,3 +498,34 @@ async fn the_index_is_rebuilt_from_storage_on_restart() {
     assert_eq!(ids(&r), vec!["translator"]);
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn the_demo_directory_gives_a_first_search_that_means_something() {
+    let server = TestServer::start_with(|c| c.demo = true).await;
+    let h = Http::new(&server.http);
+    let mut total = 0;
+    for _ in 0..300 {
+        let (_, v) = h
+            .call(Method::GET, "/agents?page_size=1", None, None)
+            .await
+            .unwrap();
+        total = v["total_count"].as_u64().unwrap();
+        if total == 199 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(total, 199, "every demo agent is registered");
+    let r = discover(
+        &h,
+        None,
+        json!({"query": "Will it rain in Paris this weekend?", "limit": 3, "include_evidence": true}),
+    )
+    .await;
+    assert_eq!(r["candidates"][0]["id"], "WeatherTool", "{r}");
+    assert!(!r["candidates"][0]["matched_examples"]
+        .as_array()
+        .unwrap()
+        .is_empty());
+    server.stop().await;
+}
