@@ -9,6 +9,8 @@ use std::collections::HashMap;
 /// BM25 parameters (Robertson's usual values).
 const K1: f32 = 1.2;
 const B: f32 = 0.75;
+/// Collections at least this large skip their most common query terms.
+const PRUNE_MIN_DOCS: u32 = 1000;
 
 #[derive(Default)]
 pub struct LexicalIndex {
@@ -87,6 +89,12 @@ impl LexicalIndex {
             seen.push(id);
             let list = &self.postings[id as usize];
             if list.is_empty() {
+                continue;
+            }
+            // A term in more than a quarter of a large collection ("the",
+            // "please") adds little (IDF below ln 4) but costs the longest
+            // posting lists; it is skipped.
+            if self.live >= PRUNE_MIN_DOCS && list.len() * 4 > self.live as usize {
                 continue;
             }
             let df = list.len() as f32;

@@ -8,7 +8,9 @@
 pub mod embed;
 pub mod lexical;
 pub mod search;
+mod simd;
 pub mod text;
+mod vectors;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -34,7 +36,9 @@ pub struct IndexStats {
     pub agents: usize,
     pub terms: usize,
     pub postings: usize,
-    pub vector_floats: usize,
+    pub vector_bytes: usize,
+    /// Partitions of the vector index (0: every vector is scanned).
+    pub partitions: usize,
     pub indexed_revision: u64,
     pub rebuilds: u64,
     pub last_rebuild_ms: u64,
@@ -139,12 +143,13 @@ impl SearchIndex {
             Ok(i) => i,
             Err(poisoned) => poisoned.into_inner(),
         };
-        let (agents, terms, postings, vector_floats) = index.size();
+        let (agents, terms, postings, vector_bytes) = index.size();
         IndexStats {
             agents,
             terms,
             postings,
-            vector_floats,
+            vector_bytes,
+            partitions: index.partitions(),
             indexed_revision: self.indexed_revision(),
             rebuilds: self.shared.rebuilds.load(Ordering::Relaxed),
             last_rebuild_ms: self.shared.last_rebuild_ms.load(Ordering::Relaxed),

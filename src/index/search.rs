@@ -24,7 +24,9 @@ use std::collections::HashMap;
 use crate::domain::discovery::{AgentFacts, HardFilters};
 use crate::domain::{AgentRecord, AgentStatus, Principal};
 
+use super::simd::{dot_i8, quantize};
 use super::text::Analyzer;
+use super::vectors::VectorIndex;
 
 /// Ranking weights; the final score is their weighted sum divided by the
 /// sum of the weights, plus the (non-positive) policy component.
@@ -64,6 +66,8 @@ pub const TAG_STUFFING_THRESHOLD: usize = 16;
 /// Units (examples + operations) embedded per agent; the rest are indexed
 /// for BM25 only, so one record cannot buy unlimited vector matches.
 pub const MAX_UNITS: usize = 64;
+/// Agents holding a required tag up to this many are all scored exactly.
+const EXHAUSTIVE_LIMIT: usize = 20_000;
 /// Profile cosine above which two candidates count as near-duplicates.
 const DUPLICATE_COSINE: f32 = 0.985;
 const DEPRECATED_PENALTY: f32 = 0.1;
@@ -86,6 +90,8 @@ pub struct PreparedDoc {
     tag_forms: Vec<(String, String)>,
     profile: Option<Vec<f32>>,
     units: Vec<Unit>,
+    /// Vectors of the first units (at most `MAX_UNITS`), in order.
+    unit_vectors: Vec<Vec<f32>>,
     indexed_at: String,
     fingerprint: String,
 }
@@ -97,7 +103,6 @@ pub struct Unit {
     /// Example id, or operation name.
     pub label: Option<String>,
     pub text: String,
-    pub vector: Option<Vec<f32>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,10 +116,6 @@ fn normalise(v: &mut [f32]) {
     if n > 0.0 {
         v.iter_mut().for_each(|x| *x /= n);
     }
-}
-
-pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
 /// The texts of a record that get vectors: context first, then units.
@@ -142,7 +143,6 @@ fn units_of(record: &AgentRecord) -> Vec<Unit> {
         kind: UnitKind::Example,
         label: e.id.clone(),
         text: e.text.clone(),
-        vector: None,
     });
     let operations = m.operations.iter().map(|o| Unit {
         kind: UnitKind::Operation,
@@ -151,7 +151,6 @@ fn units_of(record: &AgentRecord) -> Vec<Unit> {
             Some(d) => format!("{}: {d}", o.name),
             None => o.name.clone(),
         },
-        vector: None,
     });
     examples.chain(operations).collect()
 }
@@ -174,29 +173,28 @@ pub fn prepare(
             doc: None,
         };
     }
-    let mut units = units_of(record);
+    let units = units_of(record);
     let mut text = vec![m.name.as_str(), m.description.as_str()];
     text.extend(m.tags.iter().map(String::as_str));
     text.extend(m.capabilities.iter().map(String::as_str));
     text.extend(units.iter().map(|u| u.text.as_str()));
     let terms = analyzer.terms(&text.join("\n"));
     let mut profile = None;
+    let mut unit_vectors = Vec::new();
     if let Some(mut vs) = vectors {
-        let unit_vectors = vs.split_off(1.min(vs.len()));
+        let units_v = vs.split_off(1.min(vs.len()));
         if let Some(context) = vs.pop() {
-            let mut p = context.clone();
-            if !unit_vectors.is_empty() {
-                let w = weights.profile_examples / unit_vectors.len() as f32;
-                for u in &unit_vectors {
+            let mut p = context;
+            if !units_v.is_empty() {
+                let w = weights.profile_examples / units_v.len() as f32;
+                for u in &units_v {
                     p.iter_mut().zip(u).for_each(|(x, y)| *x += w * y);
                 }
             }
             normalise(&mut p);
             profile = Some(p);
         }
-        for (u, v) in units.iter_mut().zip(unit_vectors) {
-            u.vector = Some(v);
-        }
+        unit_vectors = units_v;
     }
     let facts = AgentFacts::of(record);
     let tag_forms = facts
@@ -215,6 +213,7 @@ pub fn prepare(
             tag_forms,
             profile,
             units,
+            unit_vectors,
             indexed_at: indexed_at.to_string(),
         }),
     }
@@ -226,14 +225,14 @@ struct Doc {
     facts: AgentFacts,
     description: String,
     units: Vec<Unit>,
+    /// i8 unit vectors with their scales, aligned with `units`.
+    unit_vectors: Vec<(Vec<i8>, f32)>,
     indexed_at: String,
     fingerprint: String,
-    has_profile: bool,
 }
 
 /// The index. Slots are reused; a slot's profile row lives at
 /// `slot * dim` of `profiles`.
-#[derive(Default)]
 pub struct Index {
     docs: Vec<Option<Doc>>,
     free: Vec<u32>,
@@ -243,8 +242,7 @@ pub struct Index {
     tags: HashMap<String, Vec<u32>>,
     /// Analyzed tag form → tags with that form (for query-derived tags).
     tag_forms: HashMap<String, Vec<String>>,
-    profiles: Vec<f32>,
-    dim: usize,
+    vectors: VectorIndex,
     analyzer: Analyzer,
     /// Revision of the last change applied.
     pub revision: u64,
@@ -302,8 +300,15 @@ struct Scored {
 impl Index {
     pub fn new(dim: usize) -> Self {
         Self {
-            dim,
-            ..Default::default()
+            docs: Vec::new(),
+            free: Vec::new(),
+            by_id: HashMap::new(),
+            lexical: Default::default(),
+            tags: HashMap::new(),
+            tag_forms: HashMap::new(),
+            vectors: VectorIndex::new(dim),
+            analyzer: Analyzer::default(),
+            revision: 0,
         }
     }
 
@@ -336,7 +341,6 @@ impl Index {
         let s = slot as usize;
         if s == self.docs.len() {
             self.docs.push(None);
-            self.profiles.resize((s + 1) * self.dim, 0.0);
         }
         self.lexical.insert(slot, &doc.terms);
         for t in &doc.facts.tags {
@@ -350,13 +354,9 @@ impl Index {
                 tags.push(tag);
             }
         }
-        let has_profile = match &doc.profile {
-            Some(p) if p.len() == self.dim => {
-                self.profiles[s * self.dim..(s + 1) * self.dim].copy_from_slice(p);
-                true
-            }
-            _ => false,
-        };
+        if let Some(p) = &doc.profile {
+            self.vectors.set(slot, p);
+        }
         self.by_id.insert(p.id.clone(), slot);
         self.docs[s] = Some(Doc {
             id: p.id,
@@ -364,9 +364,9 @@ impl Index {
             facts: doc.facts,
             description: doc.description,
             units: doc.units,
+            unit_vectors: doc.unit_vectors.iter().map(|v| quantize(v)).collect(),
             indexed_at: doc.indexed_at,
             fingerprint: doc.fingerprint,
-            has_profile,
         });
     }
 
@@ -387,13 +387,8 @@ impl Index {
                 }
             }
         }
-        self.profiles[s * self.dim..(s + 1) * self.dim].fill(0.0);
+        self.vectors.clear(slot);
         self.free.push(slot);
-    }
-
-    fn profile(&self, slot: u32) -> &[f32] {
-        let s = slot as usize;
-        &self.profiles[s * self.dim..(s + 1) * self.dim]
     }
 
     /// Tags of the index that the query text names (by analyzed form,
@@ -414,49 +409,99 @@ impl Index {
         out
     }
 
-    /// Slots that may pass the filters: the shortest required tag's list,
-    /// else every live slot.
-    fn admissible(&self, q: &Query) -> Vec<u32> {
-        let base: Vec<u32> = match q
+    /// Ranks the admitted agents for `q`.
+    pub fn search(&self, weights: &Weights, q: &Query) -> Vec<Hit> {
+        let terms = self.analyzer.terms(q.text);
+        let dim = self.vectors.dim();
+        let semantic = q.vector.as_deref().filter(|v| dim > 0 && v.len() == dim);
+        let pool = (q.limit * 5).max(100);
+        let admit = |slot: u32| {
+            self.docs[slot as usize]
+                .as_ref()
+                .is_some_and(|d| q.filters.admit(&d.facts, q.principal, q.now_unix))
+        };
+        let query_tags = self.query_tags(&terms);
+        let wanted_tags: Vec<(String, TagMatch)> = q
+            .preferred_tags
+            .iter()
+            .map(|t| (t.clone(), TagMatch::Direct))
+            .chain(
+                query_tags
+                    .iter()
+                    .filter(|t| !q.preferred_tags.contains(t))
+                    .map(|t| (t.clone(), TagMatch::Expanded)),
+            )
+            .collect();
+        let mut bm25 = vec![0.0f32; self.docs.len()];
+        self.lexical.score_into(&terms, &mut bm25);
+
+        // Candidates. A required tag held by few enough agents is scanned
+        // whole (filter first, exact); otherwise the vector index, BM25 and
+        // the wanted tags each contribute their best admitted agents.
+        let required = q
             .filters
             .required_tags
             .iter()
             .map(|t| self.tags.get(t).map_or(&[][..], Vec::as_slice))
-            .min_by_key(|l| l.len())
-        {
-            Some(list) => list.to_vec(),
-            None => (0..self.docs.len() as u32).collect(),
+            .min_by_key(|l| l.len());
+        let mut cands: Vec<u32> = match required {
+            Some(list) if list.len() <= EXHAUSTIVE_LIMIT => {
+                list.iter().copied().filter(|&s| admit(s)).collect()
+            }
+            _ => {
+                let mut c = Vec::new();
+                if let Some(v) = semantic {
+                    c.extend(self.vectors.top(v, pool, admit).into_iter().map(|(s, _)| s));
+                }
+                let mut lexical: Vec<(f32, u32)> = bm25
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, b)| **b > 0.0)
+                    .map(|(s, b)| (*b, s as u32))
+                    .collect();
+                lexical.sort_unstable_by(|a, b| b.0.total_cmp(&a.0));
+                c.extend(
+                    lexical
+                        .into_iter()
+                        .map(|(_, s)| s)
+                        .filter(|&s| admit(s))
+                        .take(pool),
+                );
+                for (t, _) in &wanted_tags {
+                    if let Some(list) = self.tags.get(t) {
+                        c.extend(list.iter().copied().filter(|&s| admit(s)).take(pool));
+                    }
+                }
+                c
+            }
         };
-        base.into_iter()
-            .filter(|&s| {
-                self.docs[s as usize]
-                    .as_ref()
-                    .is_some_and(|d| q.filters.admit(&d.facts, q.principal, q.now_unix))
-            })
-            .collect()
-    }
-
-    /// Ranks the admitted agents for `q`.
-    pub fn search(&self, weights: &Weights, q: &Query) -> Vec<Hit> {
-        let terms = self.analyzer.terms(q.text);
-        let admitted = self.admissible(q);
-        if admitted.is_empty() {
+        cands.sort_unstable();
+        cands.dedup();
+        if semantic.is_none() {
+            // Without vectors, an agent nothing in the query matched is no
+            // candidate at all (it could only be listed in id order).
+            cands.retain(|&s| {
+                bm25[s as usize] > 0.0
+                    || wanted_tags.iter().any(|(t, _)| {
+                        self.docs[s as usize]
+                            .as_ref()
+                            .is_some_and(|d| d.facts.has_tag(t))
+                    })
+            });
+        }
+        if cands.is_empty() {
             return Vec::new();
         }
-        let mut bm25 = vec![0.0f32; self.docs.len()];
-        self.lexical.score_into(&terms, &mut bm25);
-        let best_bm25 = admitted
+        let best_bm25 = cands
             .iter()
             .map(|&s| bm25[s as usize])
             .fold(0.0f32, f32::max);
-        let semantic = q.vector.as_deref().filter(|v| v.len() == self.dim);
-        let mut first: Vec<Scored> = admitted
+        let mut first: Vec<Scored> = cands
             .iter()
             .map(|&slot| {
-                let d = self.docs[slot as usize].as_ref();
                 let context = semantic
-                    .filter(|_| d.is_some_and(|d| d.has_profile))
-                    .map(|v| dot(v, self.profile(slot)));
+                    .filter(|_| self.vectors.has(slot))
+                    .map(|v| self.vectors.exact(slot, v));
                 let lexical = if best_bm25 > 0.0 {
                     bm25[slot as usize] / best_bm25
                 } else {
@@ -470,31 +515,6 @@ impl Index {
                 }
             })
             .collect();
-        // Without vectors, an agent nothing in the query matched is no
-        // candidate at all (it could only be listed in id order).
-        let query_tags = self.query_tags(&terms);
-        let wanted_tags: Vec<(String, TagMatch)> = q
-            .preferred_tags
-            .iter()
-            .map(|t| (t.clone(), TagMatch::Direct))
-            .chain(
-                query_tags
-                    .iter()
-                    .filter(|t| !q.preferred_tags.contains(t))
-                    .map(|t| (t.clone(), TagMatch::Expanded)),
-            )
-            .collect();
-        if semantic.is_none() {
-            first.retain(|s| {
-                s.lexical > 0.0
-                    || wanted_tags.iter().any(|(t, _)| {
-                        self.docs[s.slot as usize]
-                            .as_ref()
-                            .is_some_and(|d| d.facts.has_tag(t))
-                    })
-            });
-        }
-        let pool = (q.limit * 5).max(100);
         if first.len() > pool {
             first.select_nth_unstable_by(pool, |a, b| b.first.total_cmp(&a.first));
             first.truncate(pool);
@@ -505,12 +525,22 @@ impl Index {
             + weights.tag
             + weights.protocol
             + weights.freshness;
+        let query_i8 = semantic.map(quantize);
         let mut hits: Vec<(Hit, u32)> = first
             .iter()
             .filter_map(|s| {
                 let d = self.docs[s.slot as usize].as_ref()?;
                 Some((
-                    self.rescore(d, s, q, weights, &wanted_tags, total_weight, &terms),
+                    self.rescore(
+                        d,
+                        s,
+                        q,
+                        weights,
+                        &wanted_tags,
+                        total_weight,
+                        &terms,
+                        query_i8.as_ref(),
+                    ),
                     s.slot,
                 ))
             })
@@ -543,16 +573,17 @@ impl Index {
         wanted_tags: &[(String, TagMatch)],
         total_weight: f32,
         terms: &[String],
+        query_i8: Option<&(Vec<i8>, f32)>,
     ) -> Hit {
-        let mut unit_scores: Vec<(Unit, f32)> =
-            match q.vector.as_deref().filter(|v| v.len() == self.dim) {
-                Some(v) => d
-                    .units
-                    .iter()
-                    .filter_map(|u| u.vector.as_ref().map(|uv| (u.clone(), dot(v, uv))))
-                    .collect(),
-                None => Vec::new(),
-            };
+        let mut unit_scores: Vec<(Unit, f32)> = match query_i8 {
+            Some((qv, qs)) => d
+                .units
+                .iter()
+                .zip(&d.unit_vectors)
+                .map(|(u, (uv, us))| (u.clone(), dot_i8(qv, uv) as f32 * qs * us))
+                .collect(),
+            None => Vec::new(),
+        };
         unit_scores.sort_by(|a, b| b.1.total_cmp(&a.1));
         let example = unit_scores.first().map(|u| u.1);
         // Every requested or query-derived tag the agent has; required tags
@@ -665,9 +696,11 @@ impl Index {
                     continue;
                 }
                 let same_text = di.fingerprint == dj.fingerprint;
-                let close = di.has_profile
-                    && dj.has_profile
-                    && dot(self.profile(si), self.profile(hits[j].1)) > DUPLICATE_COSINE;
+                let close = self
+                    .vectors
+                    .vector(si)
+                    .zip(self.vectors.vector(hits[j].1))
+                    .is_some_and(|(a, b)| super::simd::dot_f32(a, b) > DUPLICATE_COSINE);
                 if same_text || close {
                     let original = dj.id.clone();
                     let h = &mut hits[i].0;
@@ -691,21 +724,26 @@ impl Index {
         }
     }
 
-    /// (agents, distinct terms, postings, floats in vectors), for metrics.
+    /// Partitions of the vector index (0 while every row is scanned).
+    pub fn partitions(&self) -> usize {
+        self.vectors.partitions()
+    }
+
+    /// (agents, distinct terms, postings, bytes of vectors), for metrics.
     pub fn size(&self) -> (usize, usize, usize, usize) {
         let (terms, postings) = self.lexical.size();
-        let unit_floats: usize = self
+        let unit_bytes: usize = self
             .docs
             .iter()
             .flatten()
-            .flat_map(|d| &d.units)
-            .filter_map(|u| u.vector.as_ref().map(Vec::len))
+            .flat_map(|d| &d.unit_vectors)
+            .map(|(v, _)| v.len() + 4)
             .sum();
         (
             self.len(),
             terms,
             postings,
-            self.profiles.len() + unit_floats,
+            self.vectors.bytes() + unit_bytes,
         )
     }
 }

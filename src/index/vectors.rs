@@ -1,0 +1,292 @@
+//! Profile vectors, one per slot: exact f32 rows for re-scoring and i8 rows
+//! for scanning, partitioned by an inverted-file index (spherical k-means)
+//! once there are enough of them that scanning them all would be slow.
+//!
+//! A query scans the i8 rows of the `nprobe` partitions whose centroids are
+//! closest to it, keeps the best by the approximate score, and the ranker
+//! then re-scores those exactly with the f32 rows.
+
+use super::simd::{dot_f32, dot_i8, quantize};
+
+/// Below this many vectors every row is scanned.
+const IVF_MIN: usize = 4096;
+/// Rows sampled to train the partitions.
+const TRAIN_SAMPLE: usize = 16_384;
+const TRAIN_ROUNDS: usize = 6;
+
+struct Ivf {
+    centroids: Vec<f32>,
+    lists: Vec<Vec<u32>>,
+    /// Per slot: its list, or u32::MAX.
+    assigned: Vec<u32>,
+}
+
+pub struct VectorIndex {
+    dim: usize,
+    exact: Vec<f32>,
+    quant: Vec<i8>,
+    /// Per slot: the i8 row's scale; 0 for an empty slot.
+    scales: Vec<f32>,
+    live: usize,
+    ivf: Option<Ivf>,
+    trained_at: usize,
+}
+
+impl VectorIndex {
+    pub fn new(dim: usize) -> Self {
+        Self {
+            dim,
+            exact: Vec::new(),
+            quant: Vec::new(),
+            scales: Vec::new(),
+            live: 0,
+            ivf: None,
+            trained_at: 0,
+        }
+    }
+
+    pub fn dim(&self) -> usize {
+        self.dim
+    }
+
+    pub fn has(&self, slot: u32) -> bool {
+        self.scales.get(slot as usize).is_some_and(|s| *s > 0.0)
+    }
+
+    fn row<T>(v: &[T], slot: u32, dim: usize) -> &[T] {
+        let s = slot as usize;
+        &v[s * dim..(s + 1) * dim]
+    }
+
+    /// Stores the unit vector of `slot` (replacing any).
+    pub fn set(&mut self, slot: u32, v: &[f32]) {
+        if v.len() != self.dim || self.dim == 0 {
+            return;
+        }
+        self.clear(slot);
+        let s = slot as usize;
+        if self.scales.len() <= s {
+            self.scales.resize(s + 1, 0.0);
+            self.exact.resize((s + 1) * self.dim, 0.0);
+            self.quant.resize((s + 1) * self.dim, 0);
+        }
+        let (q, scale) = quantize(v);
+        if scale == 0.0 {
+            return;
+        }
+        self.exact[s * self.dim..(s + 1) * self.dim].copy_from_slice(v);
+        self.quant[s * self.dim..(s + 1) * self.dim].copy_from_slice(&q);
+        self.scales[s] = scale;
+        self.live += 1;
+        if let Some(ivf) = &mut self.ivf {
+            let list = nearest(&ivf.centroids, self.dim, v);
+            if ivf.assigned.len() <= s {
+                ivf.assigned.resize(s + 1, u32::MAX);
+            }
+            ivf.assigned[s] = list as u32;
+            ivf.lists[list].push(slot);
+        }
+        if self.live >= IVF_MIN && self.live >= 2 * self.trained_at {
+            self.train();
+        }
+    }
+
+    pub fn clear(&mut self, slot: u32) {
+        let s = slot as usize;
+        if !self.has(slot) {
+            return;
+        }
+        self.scales[s] = 0.0;
+        self.live -= 1;
+        if let Some(ivf) = &mut self.ivf {
+            if let Some(&list) = ivf.assigned.get(s).filter(|l| **l != u32::MAX) {
+                let l = &mut ivf.lists[list as usize];
+                if let Some(at) = l.iter().position(|x| *x == slot) {
+                    l.swap_remove(at);
+                }
+                ivf.assigned[s] = u32::MAX;
+            }
+        }
+    }
+
+    /// The exact vector of `slot`, if it has one.
+    pub fn vector(&self, slot: u32) -> Option<&[f32]> {
+        self.has(slot)
+            .then(|| Self::row(&self.exact, slot, self.dim))
+    }
+
+    /// Exact cosine of `q` (unit length) to the vector of `slot`.
+    pub fn exact(&self, slot: u32, q: &[f32]) -> f32 {
+        dot_f32(q, Self::row(&self.exact, slot, self.dim))
+    }
+
+    /// Trains the partitions on a sample and assigns every row.
+    fn train(&mut self) {
+        let dim = self.dim;
+        let slots: Vec<u32> = (0..self.scales.len() as u32)
+            .filter(|&s| self.has(s))
+            .collect();
+        let nlist = ((2.0 * (slots.len() as f64).sqrt()) as usize).clamp(16, 4096);
+        let step = (slots.len() / TRAIN_SAMPLE).max(1);
+        let sample: Vec<u32> = slots.iter().step_by(step).copied().collect();
+        let spacing = (sample.len() / nlist).max(1);
+        let mut centroids: Vec<f32> = (0..nlist)
+            .flat_map(|i| {
+                Self::row(&self.exact, sample[(i * spacing) % sample.len()], dim).to_vec()
+            })
+            .collect();
+        for _ in 0..TRAIN_ROUNDS {
+            let mut sums = vec![0.0f32; nlist * dim];
+            let mut counts = vec![0usize; nlist];
+            for &s in &sample {
+                let v = Self::row(&self.exact, s, dim);
+                let c = nearest(&centroids, dim, v);
+                counts[c] += 1;
+                sums[c * dim..(c + 1) * dim]
+                    .iter_mut()
+                    .zip(v)
+                    .for_each(|(a, b)| *a += b);
+            }
+            for c in 0..nlist {
+                let row = &mut sums[c * dim..(c + 1) * dim];
+                if counts[c] == 0 {
+                    // An empty partition restarts from a sample point.
+                    row.copy_from_slice(Self::row(
+                        &self.exact,
+                        sample[(c * 7919) % sample.len()],
+                        dim,
+                    ));
+                }
+                let n = row.iter().map(|x| x * x).sum::<f32>().sqrt();
+                if n > 0.0 {
+                    row.iter_mut().for_each(|x| *x /= n);
+                }
+            }
+            centroids = sums;
+        }
+        let mut lists = vec![Vec::new(); nlist];
+        let mut assigned = vec![u32::MAX; self.scales.len()];
+        for &s in &slots {
+            let c = nearest(&centroids, dim, Self::row(&self.exact, s, dim));
+            lists[c].push(s);
+            assigned[s as usize] = c as u32;
+        }
+        self.ivf = Some(Ivf {
+            centroids,
+            lists,
+            assigned,
+        });
+        self.trained_at = slots.len();
+    }
+
+    /// Up to `k` admitted slots with the best approximate scores, best
+    /// first, as (slot, approximate cosine).
+    pub fn top(&self, q: &[f32], k: usize, admit: impl Fn(u32) -> bool) -> Vec<(u32, f32)> {
+        if q.len() != self.dim || k == 0 || self.live == 0 {
+            return Vec::new();
+        }
+        let (qq, qscale) = quantize(q);
+        let score = |s: u32| {
+            dot_i8(&qq, Self::row(&self.quant, s, self.dim)) as f32
+                * qscale
+                * self.scales[s as usize]
+        };
+        let mut scored: Vec<(f32, u32)> = Vec::new();
+        match &self.ivf {
+            Some(ivf) => {
+                let nlist = ivf.lists.len();
+                let nprobe = (nlist / 12).clamp(8, 64).min(nlist);
+                let mut order: Vec<(f32, usize)> = (0..nlist)
+                    .map(|c| {
+                        (
+                            dot_f32(q, &ivf.centroids[c * self.dim..(c + 1) * self.dim]),
+                            c,
+                        )
+                    })
+                    .collect();
+                order.select_nth_unstable_by(nprobe - 1, |a, b| b.0.total_cmp(&a.0));
+                for &(_, c) in &order[..nprobe] {
+                    scored.extend(ivf.lists[c].iter().map(|&s| (score(s), s)));
+                }
+            }
+            None => {
+                scored.extend(
+                    (0..self.scales.len() as u32)
+                        .filter(|&s| self.has(s))
+                        .map(|s| (score(s), s)),
+                );
+            }
+        }
+        scored.sort_unstable_by(|a, b| b.0.total_cmp(&a.0));
+        scored
+            .into_iter()
+            .filter(|&(_, s)| admit(s))
+            .take(k)
+            .map(|(sc, s)| (s, sc))
+            .collect()
+    }
+
+    /// Bytes held per stored vector (both forms).
+    pub fn bytes(&self) -> usize {
+        self.exact.len() * 4 + self.quant.len() + self.scales.len() * 4
+    }
+
+    pub fn partitions(&self) -> usize {
+        self.ivf.as_ref().map_or(0, |i| i.lists.len())
+    }
+}
+
+fn nearest(centroids: &[f32], dim: usize, v: &[f32]) -> usize {
+    let mut best = (f32::MIN, 0);
+    for (c, row) in centroids.chunks_exact(dim).enumerate() {
+        let d = dot_f32(v, row);
+        if d > best.0 {
+            best = (d, c);
+        }
+    }
+    best.1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unit(seed: u64, dim: usize) -> Vec<f32> {
+        let mut x = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let mut v: Vec<f32> = (0..dim)
+            .map(|_| {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((x >> 33) as f32 / (1u64 << 31) as f32) - 0.5
+            })
+            .collect();
+        let n = v.iter().map(|a| a * a).sum::<f32>().sqrt();
+        v.iter_mut().for_each(|a| *a /= n);
+        v
+    }
+
+    #[test]
+    fn partitioned_search_finds_the_nearest_rows_and_honours_filters() {
+        let dim = 32;
+        let mut ix = VectorIndex::new(dim);
+        for s in 0..6000u32 {
+            ix.set(s, &unit(u64::from(s), dim));
+        }
+        assert!(ix.partitions() > 0, "trained once past {IVF_MIN} rows");
+        // A query equal to a stored row finds that row first.
+        for probe in [3u32, 1234, 5999] {
+            let q = unit(u64::from(probe), dim);
+            let top = ix.top(&q, 5, |_| true);
+            assert_eq!(top[0].0, probe);
+            assert!((ix.exact(probe, &q) - 1.0).abs() < 1e-5);
+            let odd = ix.top(&q, 5, |s| s % 2 == 1);
+            assert!(odd.iter().all(|(s, _)| s % 2 == 1));
+        }
+        ix.clear(1234);
+        let q = unit(1234, dim);
+        assert!(ix.top(&q, 5, |_| true).iter().all(|(s, _)| *s != 1234));
+    }
+}
