@@ -58,9 +58,15 @@ pub struct RunningServer {
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
     node: RaftNode,
+    service: RegistryService,
 }
 
 impl RunningServer {
+    /// The service layer, for in-process callers (benchmarks).
+    pub fn service(&self) -> &RegistryService {
+        &self.service
+    }
+
     /// Stops the listeners (letting in-flight requests finish) and Raft.
     pub async fn shutdown(self) {
         let _ = self.shutdown.send(true);
@@ -260,6 +266,7 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
     if config.demo {
         tokio::spawn(crate::demo::load(service.clone()));
     }
+    let service_handle = service.clone();
     let api = RegistryApi::new(service);
     let cluster = ClusterApi::new(ClusterService::new(
         node.clone(),
@@ -346,6 +353,7 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
         shutdown,
         tasks: vec![grpc_task, http_task, raft_task, indexer],
         node,
+        service: service_handle,
     })
 }
 

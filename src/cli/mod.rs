@@ -100,6 +100,22 @@ pub enum BenchCommand {
         #[arg(long)]
         dir: Option<PathBuf>,
     },
+    /// Discovery latency and throughput at 10k and 100k agents (server-side
+    /// and over gRPC with 1 and 16 clients), index build time and memory.
+    Discover {
+        /// Corpus sizes, comma-separated.
+        #[arg(long, value_delimiter = ',', default_values_t = [10_000usize, 100_000])]
+        agents: Vec<usize>,
+        /// Queries per measured run.
+        #[arg(long, default_value_t = 2000)]
+        queries: usize,
+        /// Client concurrencies over gRPC, comma-separated.
+        #[arg(long, value_delimiter = ',', default_values_t = [1usize, 16])]
+        clients: Vec<usize>,
+        /// Working directory (default: a temporary directory, removed).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
 }
 
 /// Finds a program on PATH (or takes a path as given).
@@ -116,14 +132,29 @@ fn which(program: &str) -> Option<PathBuf> {
 
 /// Runs a benchmark and prints its table.
 pub async fn run_bench(args: BenchArgs) -> Result<(), CliError> {
-    let BenchCommand::Writes {
-        clients,
-        writes,
-        value_bytes,
-        etcd,
-        no_etcd,
-        dir,
-    } = args.command;
+    let (clients, writes, value_bytes, etcd, no_etcd, dir) = match args.command {
+        BenchCommand::Writes {
+            clients,
+            writes,
+            value_bytes,
+            etcd,
+            no_etcd,
+            dir,
+        } => (clients, writes, value_bytes, etcd, no_etcd, dir),
+        BenchCommand::Discover {
+            agents,
+            queries,
+            clients,
+            dir,
+        } => {
+            let temp = tempfile_dir(dir)?;
+            let sizes = crate::bench::discover::run(temp.path(), &agents, queries, &clients)
+                .await
+                .map_err(local)?;
+            out!("{}", crate::bench::discover::report(&sizes));
+            return Ok(());
+        }
+    };
     let etcd = if no_etcd {
         None
     } else {

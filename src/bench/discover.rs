@@ -1,0 +1,356 @@
+//! `agentry bench discover`: discovery latency and throughput at N agents.
+//!
+//! The corpus is recombined from the MetaTool agents compiled in for the
+//! demo: agent i takes its name, description and three examples from one
+//! MetaTool agent and a sentence and two examples from another, plus a tag
+//! `cat-(i mod 50)` (2 % of agents each) for the filtered queries. Queries
+//! are the MetaTool example texts; every other one adds a required tag.
+//!
+//! Agentry is measured twice: server-side (the service called in-process,
+//! no transport) and over gRPC on loopback with 1 and 16 clients.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use futures::{stream, StreamExt};
+use serde_json::{json, Value};
+
+use crate::config::Config;
+use crate::convert::metadata_from_json;
+use crate::domain::discovery::DiscoveryRequest;
+use crate::pb::{self, discovery_client::DiscoveryClient, registry_client::RegistryClient};
+
+const SOURCE: &str = include_str!("../../demo/metatool/agents.jsonl");
+const TAG_CLASSES: usize = 50;
+const SUFFIXES: [&str; 8] = [
+    "",
+    "Pro",
+    "Lite",
+    "Plus",
+    "Hub",
+    "Express",
+    "Assistant",
+    "Studio",
+];
+
+/// The MetaTool agents the corpus is recombined from.
+fn sources() -> Vec<Value> {
+    SOURCE
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+fn strings(v: &Value, key: &str) -> Vec<String> {
+    v[key]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|x| x.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Agent `i` of the corpus, as metadata JSON.
+pub fn corpus_agent(src: &[Value], i: usize) -> Value {
+    let a = &src[i % src.len()];
+    let b = &src[(i * 7 + 3) % src.len()];
+    let (ea, eb) = (strings(a, "examples"), strings(b, "examples"));
+    let other = b["long_description"]
+        .as_str()
+        .or(b["description"].as_str())
+        .unwrap_or("")
+        .split(". ")
+        .next()
+        .unwrap_or("")
+        .to_string();
+    let mut examples: Vec<Value> = (0..3)
+        .filter_map(|k| ea.get((i / src.len() + k) % ea.len().max(1)))
+        .map(|t| json!({"text": t}))
+        .collect();
+    examples.extend(eb.iter().take(2).map(|t| json!({"text": t})));
+    let suffix = SUFFIXES[(i / src.len()) % SUFFIXES.len()];
+    json!({
+        "id": format!("{}-{i}", a["id"].as_str().unwrap_or("agent")),
+        "name": format!("{} {suffix}", a["name"].as_str().unwrap_or("Agent")).trim(),
+        "description": format!("{} {}", a["description"].as_str().unwrap_or(""), other),
+        "tags": [format!("cat-{}", i % TAG_CLASSES)],
+        "examples": examples,
+        "bindings": [{"protocol": "https", "endpoint": format!("https://a{i}.bench.invalid/invoke")}],
+    })
+}
+
+/// The benchmark's queries: (text, required tag).
+pub fn queries(n: usize) -> Vec<(String, Option<String>)> {
+    let all: Vec<String> = sources()
+        .iter()
+        .flat_map(|a| strings(a, "examples"))
+        .collect();
+    (0..n)
+        .map(|k| {
+            let text = all[(k * 31) % all.len()].clone();
+            let tag = (k % 2 == 1).then(|| format!("cat-{}", k % TAG_CLASSES));
+            (text, tag)
+        })
+        .collect()
+}
+
+/// Latency percentiles and throughput of one measured run.
+#[derive(Debug, Clone)]
+pub struct Measured {
+    pub what: String,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub per_second: f64,
+}
+
+fn measured(what: String, mut lat: Vec<Duration>, wall: Duration) -> Measured {
+    lat.sort();
+    let pct = |p: f64| {
+        let i = ((lat.len() as f64 - 1.0) * p).round() as usize;
+        lat.get(i).map_or(0.0, |d| d.as_secs_f64() * 1e6)
+    };
+    Measured {
+        what,
+        p50_us: pct(0.5),
+        p99_us: pct(0.99),
+        per_second: lat.len() as f64 / wall.as_secs_f64().max(1e-9),
+    }
+}
+
+/// Figures of one corpus size.
+pub struct SizeReport {
+    pub agents: usize,
+    pub load_secs: f64,
+    pub rebuild_ms: u64,
+    pub vector_bytes_per_agent: f64,
+    pub postings_per_agent: f64,
+    pub rss_bytes_per_agent: Option<f64>,
+    pub partitions: usize,
+    pub runs: Vec<Measured>,
+}
+
+fn rss_bytes() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kb: u64 = s
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    Some(kb * 1024)
+}
+
+fn config(dir: &Path) -> Config {
+    Config {
+        data_dir: dir.to_path_buf(),
+        grpc_addr: "127.0.0.1:0".parse().expect("loopback parses"),
+        http_addr: "127.0.0.1:0".parse().expect("loopback parses"),
+        raft_addr: "127.0.0.1:0".parse().expect("loopback parses"),
+        admin_key: Some("bench-admin-key-0000001".into()),
+        ..Config::default()
+    }
+}
+
+fn request<T>(msg: T) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    if let Ok(v) = "Bearer bench-admin-key-0000001".parse() {
+        r.metadata_mut().insert("authorization", v);
+    }
+    r
+}
+
+/// Loads `n` agents into a fresh node under `dir`, then measures.
+pub async fn run_size(
+    dir: &Path,
+    n: usize,
+    query_count: usize,
+    concurrencies: &[usize],
+) -> Result<SizeReport, String> {
+    let src = sources();
+    let rss_before = rss_bytes();
+    let server = crate::server::start(config(dir))
+        .await
+        .map_err(|e| e.to_string())?;
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", server.grpc_addr))
+        .map_err(|e| e.to_string())?
+        .connect()
+        .await
+        .map_err(|e| e.to_string())?;
+    let started = Instant::now();
+    let registry = RegistryClient::new(channel.clone());
+    let results: Vec<Result<(), String>> = stream::iter(0..n)
+        .map(|i| {
+            let mut registry = registry.clone();
+            let src = &src;
+            async move {
+                let metadata =
+                    metadata_from_json(corpus_agent(src, i)).map_err(|e| e.to_string())?;
+                registry
+                    .register(request(pb::RegisterRequest {
+                        metadata: Some(metadata),
+                        visibility: 0,
+                    }))
+                    .await
+                    .map_err(|e| e.message().to_string())?;
+                Ok(())
+            }
+        })
+        .buffer_unordered(64)
+        .collect()
+        .await;
+    results.into_iter().collect::<Result<Vec<_>, _>>()?;
+    let service = server.service().clone();
+    let reader = service.reader().clone();
+    service
+        .index()
+        .caught_up(&reader, reader.applied_revision(), Duration::from_secs(600))
+        .await;
+    let load_secs = started.elapsed().as_secs_f64();
+    let stats = service.index().stats();
+    let rss_after = rss_bytes();
+    let qs = queries(query_count);
+
+    let mut runs = Vec::new();
+    // Server-side: the service in-process, one request at a time.
+    let mut lat = Vec::with_capacity(qs.len());
+    let wall = Instant::now();
+    for (text, tag) in &qs {
+        let req = DiscoveryRequest {
+            query: text.clone(),
+            required_tags: tag.iter().cloned().collect(),
+            limit: 10,
+            ..Default::default()
+        };
+        let t = Instant::now();
+        service
+            .discover(None, req)
+            .await
+            .map_err(|e| e.to_string())?;
+        lat.push(t.elapsed());
+    }
+    runs.push(measured(
+        "server-side, 1 client".into(),
+        lat,
+        wall.elapsed(),
+    ));
+    // Over gRPC on loopback.
+    let discovery = DiscoveryClient::new(channel);
+    for &c in concurrencies {
+        let wall = Instant::now();
+        let lat: Vec<Result<Duration, String>> = stream::iter(qs.iter())
+            .map(|(text, tag)| {
+                let mut d = discovery.clone();
+                async move {
+                    let t = Instant::now();
+                    d.discover(request(pb::DiscoverRequest {
+                        query: text.clone(),
+                        required_tags: tag.iter().cloned().collect(),
+                        limit: 10,
+                        ..Default::default()
+                    }))
+                    .await
+                    .map_err(|e| e.message().to_string())?;
+                    Ok(t.elapsed())
+                }
+            })
+            .buffer_unordered(c.max(1))
+            .collect()
+            .await;
+        let lat = lat.into_iter().collect::<Result<Vec<_>, _>>()?;
+        runs.push(measured(
+            format!("gRPC loopback, {c} client(s)"),
+            lat,
+            wall.elapsed(),
+        ));
+    }
+    server.shutdown().await;
+
+    // Index build from storage: a restart rebuilds it from a scan.
+    let server = crate::server::start(config(dir))
+        .await
+        .map_err(|e| e.to_string())?;
+    let service = server.service().clone();
+    let reader = service.reader().clone();
+    service
+        .index()
+        .caught_up(&reader, reader.applied_revision(), Duration::from_secs(600))
+        .await;
+    let rebuild_ms = service.index().stats().last_rebuild_ms;
+    server.shutdown().await;
+    Ok(SizeReport {
+        agents: n,
+        load_secs,
+        rebuild_ms,
+        vector_bytes_per_agent: stats.vector_bytes as f64 / n.max(1) as f64,
+        postings_per_agent: stats.postings as f64 / n.max(1) as f64,
+        rss_bytes_per_agent: rss_before
+            .zip(rss_after)
+            .map(|(b, a)| a.saturating_sub(b) as f64 / n.max(1) as f64),
+        partitions: stats.partitions,
+        runs,
+    })
+}
+
+/// The printed table.
+pub fn report(sizes: &[SizeReport]) -> String {
+    let mut out = String::new();
+    for s in sizes {
+        out.push_str(&format!(
+            "\n{} agents: loaded through the API in {:.1} s; index rebuilt from storage in {} ms; {} vector partitions\n",
+            s.agents, s.load_secs, s.rebuild_ms, s.partitions
+        ));
+        out.push_str(&format!(
+            "  memory per agent: vectors {:.0} B, {:.1} postings; process RSS growth {}\n",
+            s.vector_bytes_per_agent,
+            s.postings_per_agent,
+            s.rss_bytes_per_agent.map_or("n/a".to_string(), |b| format!(
+                "{:.0} B (records, log and index)",
+                b
+            ))
+        ));
+        out.push_str("  | run | p50 µs | p99 µs | queries/s |\n  |---|---|---|---|\n");
+        for r in &s.runs {
+            out.push_str(&format!(
+                "  | Agentry {} | {:.0} | {:.0} | {:.0} |\n",
+                r.what, r.p50_us, r.p99_us, r.per_second
+            ));
+        }
+    }
+    out
+}
+
+/// Runs every size in its own directory under `dir`.
+pub async fn run(
+    dir: &Path,
+    sizes: &[usize],
+    query_count: usize,
+    concurrencies: &[usize],
+) -> Result<Vec<SizeReport>, String> {
+    let mut out = Vec::new();
+    for &n in sizes {
+        let d: PathBuf = dir.join(format!("agentry-{n}"));
+        out.push(run_size(&d, n, query_count, concurrencies).await?);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn corpus_agents_are_valid_distinct_and_deterministic() {
+        let src = sources();
+        assert_eq!(src.len(), 199);
+        let a = corpus_agent(&src, 5);
+        assert_eq!(a, corpus_agent(&src, 5));
+        assert_ne!(a["id"], corpus_agent(&src, 204)["id"]);
+        let m = metadata_from_json(a).unwrap();
+        assert_eq!(m.examples.len(), 5);
+        let q = queries(4);
+        assert!(q[0].1.is_none() && q[1].1.is_some());
+    }
+}
