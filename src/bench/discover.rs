@@ -119,6 +119,80 @@ fn measured(what: String, mut lat: Vec<Duration>, wall: Duration) -> Measured {
     }
 }
 
+/// Writes the corpus and queries, with the very vectors Agentry uses, for
+/// `scripts/bench-peers.py`.
+fn export(
+    dir: &Path,
+    n: usize,
+    qs: &[(String, Option<String>)],
+    index: &crate::index::SearchIndex,
+) -> Result<(), String> {
+    use std::io::Write;
+    let embedder = index
+        .embedder()
+        .ok_or("the peers need the embedding model")?;
+    let analyzer = crate::index::text::Analyzer::default();
+    let src = sources();
+    std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+    let mut out = std::io::BufWriter::new(
+        std::fs::File::create(dir.join("corpus.jsonl")).map_err(|e| e.to_string())?,
+    );
+    for i in 0..n {
+        let metadata: crate::domain::AgentMetadata =
+            serde_json::from_value(corpus_agent(&src, i)).map_err(|e| e.to_string())?;
+        let record = crate::domain::AgentRecord {
+            metadata,
+            envelope: Default::default(),
+        };
+        let vectors = embedder.embed(&crate::index::search::vector_texts(&record));
+        let prepared = crate::index::search::prepare(
+            &record,
+            1,
+            Some(vectors),
+            &analyzer,
+            index.weights(),
+            "",
+        );
+        let line = json!({
+            "id": record.metadata.id,
+            "text": crate::index::search::lexical_text(&record),
+            "tags": record.metadata.tags,
+            "vector": prepared.profile(),
+        });
+        writeln!(out, "{line}").map_err(|e| e.to_string())?;
+    }
+    out.flush().map_err(|e| e.to_string())?;
+    let mut out = std::io::BufWriter::new(
+        std::fs::File::create(dir.join("queries.jsonl")).map_err(|e| e.to_string())?,
+    );
+    for (text, tag) in qs {
+        let line = json!({"text": text, "tag": tag, "vector": embedder.embed_one(text)});
+        writeln!(out, "{line}").map_err(|e| e.to_string())?;
+    }
+    out.flush().map_err(|e| e.to_string())
+}
+
+/// Runs `scripts/bench-peers.sh` on the exported corpus; one JSON object
+/// per line back.
+fn run_peers(dir: &Path, concurrencies: &[usize]) -> Result<Vec<Value>, String> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/bench-peers.sh");
+    let clients: Vec<String> = concurrencies.iter().map(|c| c.to_string()).collect();
+    let out = std::process::Command::new("bash")
+        .arg(&script)
+        .arg(dir)
+        .arg(clients.join(","))
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .map_err(|e| format!("{}: {e}", script.display()))?;
+    if !out.status.success() {
+        return Err(format!("{} failed ({})", script.display(), out.status));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect())
+}
+
 /// Figures of one corpus size.
 pub struct SizeReport {
     pub agents: usize,
@@ -129,6 +203,8 @@ pub struct SizeReport {
     pub rss_bytes_per_agent: Option<f64>,
     pub partitions: usize,
     pub runs: Vec<Measured>,
+    /// What `scripts/bench-peers.py` printed (empty without peers).
+    pub peers: Vec<Value>,
 }
 
 fn rss_bytes() -> Option<u64> {
@@ -168,6 +244,7 @@ pub async fn run_size(
     n: usize,
     query_count: usize,
     concurrencies: &[usize],
+    peers: bool,
 ) -> Result<SizeReport, String> {
     let src = sources();
     let rss_before = rss_bytes();
@@ -266,6 +343,14 @@ pub async fn run_size(
             wall.elapsed(),
         ));
     }
+    let peer_dir = dir.join("peers");
+    let peer_figures = if peers {
+        export(&peer_dir, n, &qs, service.index())?;
+        run_peers(&peer_dir, concurrencies)?
+    } else {
+        Vec::new()
+    };
+    let _ = std::fs::remove_dir_all(&peer_dir);
     server.shutdown().await;
 
     // Index build from storage: a restart rebuilds it from a scan.
@@ -291,6 +376,7 @@ pub async fn run_size(
             .map(|(b, a)| a.saturating_sub(b) as f64 / n.max(1) as f64),
         partitions: stats.partitions,
         runs,
+        peers: peer_figures,
     })
 }
 
@@ -318,6 +404,37 @@ pub fn report(sizes: &[SizeReport]) -> String {
                 r.what, r.p50_us, r.p99_us, r.per_second
             ));
         }
+        for p in &s.peers {
+            if let Some(e) = p.get("error") {
+                out.push_str(&format!("  | {} failed: {e} | | | |\n", p["system"]));
+            } else if let Some(b) = p.get("build_secs") {
+                out.push_str(&format!(
+                    "  | {} index build {:.1} s | | | |\n",
+                    p["system"],
+                    b.as_f64().unwrap_or(0.0)
+                ));
+            } else {
+                let clients = p["clients"].as_u64().unwrap_or(0);
+                let ours = s
+                    .runs
+                    .iter()
+                    .find(|r| r.what == format!("gRPC loopback, {clients} client(s)"));
+                let ratio = ours.map_or(String::new(), |o| {
+                    format!(
+                        " (Agentry {:.1}× faster at p50, {:.1}× at p99)",
+                        p["p50_us"].as_f64().unwrap_or(0.0) / o.p50_us.max(1.0),
+                        p["p99_us"].as_f64().unwrap_or(0.0) / o.p99_us.max(1.0)
+                    )
+                });
+                out.push_str(&format!(
+                    "  | {}, {clients} client(s){ratio} | {:.0} | {:.0} | {:.0} |\n",
+                    p["system"].as_str().unwrap_or("?"),
+                    p["p50_us"].as_f64().unwrap_or(0.0),
+                    p["p99_us"].as_f64().unwrap_or(0.0),
+                    p["per_second"].as_f64().unwrap_or(0.0)
+                ));
+            }
+        }
     }
     out
 }
@@ -328,11 +445,12 @@ pub async fn run(
     sizes: &[usize],
     query_count: usize,
     concurrencies: &[usize],
+    peers: bool,
 ) -> Result<Vec<SizeReport>, String> {
     let mut out = Vec::new();
     for &n in sizes {
         let d: PathBuf = dir.join(format!("agentry-{n}"));
-        out.push(run_size(&d, n, query_count, concurrencies).await?);
+        out.push(run_size(&d, n, query_count, concurrencies, peers).await?);
     }
     Ok(out)
 }

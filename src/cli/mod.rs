@@ -115,6 +115,9 @@ pub enum BenchCommand {
         /// Working directory (default: a temporary directory, removed).
         #[arg(long)]
         dir: Option<PathBuf>,
+        /// Measure Agentry only (no PostgreSQL / LanceDB).
+        #[arg(long)]
+        no_peers: bool,
     },
 }
 
@@ -146,11 +149,13 @@ pub async fn run_bench(args: BenchArgs) -> Result<(), CliError> {
             queries,
             clients,
             dir,
+            no_peers,
         } => {
             let temp = tempfile_dir(dir)?;
-            let sizes = crate::bench::discover::run(temp.path(), &agents, queries, &clients)
-                .await
-                .map_err(local)?;
+            let sizes =
+                crate::bench::discover::run(temp.path(), &agents, queries, &clients, !no_peers)
+                    .await
+                    .map_err(local)?;
             out!("{}", crate::bench::discover::report(&sizes));
             return Ok(());
         }

@@ -155,6 +155,24 @@ fn units_of(record: &AgentRecord) -> Vec<Unit> {
     examples.chain(operations).collect()
 }
 
+/// The text BM25 indexes for a record: name, description, tags,
+/// capabilities, examples and operations.
+pub fn lexical_text(record: &AgentRecord) -> String {
+    let m = &record.metadata;
+    let mut text = vec![m.name.clone(), m.description.clone()];
+    text.extend(m.tags.iter().cloned());
+    text.extend(m.capabilities.iter().cloned());
+    text.extend(units_of(record).into_iter().map(|u| u.text));
+    text.join("\n")
+}
+
+impl Prepared {
+    /// The profile vector, for exporting the same vectors to other systems.
+    pub fn profile(&self) -> Option<&[f32]> {
+        self.doc.as_ref()?.profile.as_deref()
+    }
+}
+
 /// Prepares a live record; `vectors` are the embeddings of
 /// [`vector_texts`] (None without an embedder).
 pub fn prepare(
@@ -174,11 +192,7 @@ pub fn prepare(
         };
     }
     let units = units_of(record);
-    let mut text = vec![m.name.as_str(), m.description.as_str()];
-    text.extend(m.tags.iter().map(String::as_str));
-    text.extend(m.capabilities.iter().map(String::as_str));
-    text.extend(units.iter().map(|u| u.text.as_str()));
-    let terms = analyzer.terms(&text.join("\n"));
+    let terms = analyzer.terms(&lexical_text(record));
     let mut profile = None;
     let mut unit_vectors = Vec::new();
     if let Some(mut vs) = vectors {

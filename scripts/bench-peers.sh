@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Runs scripts/bench-peers.py for `agentry bench discover`: installs
+# PostgreSQL 15 (Debian package) when missing and a virtualenv with psycopg
+# and lancedb (PyPI), then times both on the corpus in DIR.
+# Usage: bench-peers.sh DIR CLIENTS
+set -euo pipefail
+dir="$1"; clients="$2"
+here="$(cd "$(dirname "$0")" && pwd)"
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+pg_bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1 || true)
+if [ -z "$pg_bin" ]; then
+  echo "bench-peers: installing postgresql" >&2
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq postgresql >/dev/null
+  pg_bin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)
+fi
+venv="${AGENTRY_BENCH_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/agentry/bench-venv}"
+if [ ! -x "$venv/bin/python" ]; then
+  python3 -m venv "$venv" 2>/dev/null || {
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq python3-venv >/dev/null
+    python3 -m venv "$venv"
+  }
+fi
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check "psycopg[binary]>=3.2" "lancedb>=0.20" pyarrow >&2
+exec "$venv/bin/python" "$here/bench-peers.py" "$dir" "$pg_bin" "$clients"
