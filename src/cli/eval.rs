@@ -15,7 +15,7 @@ use futures::{stream, StreamExt};
 use serde_json::Value;
 
 use super::{local, CliError, ClientArgs};
-use crate::convert::{dataset_agent_json, metadata_from_json};
+use crate::convert::{dataset_agent_json, dataset_id, metadata_from_json};
 use crate::pb::{self, discovery_client::DiscoveryClient, registry_client::RegistryClient};
 
 #[derive(Debug, Args)]
@@ -159,7 +159,7 @@ pub async fn run_eval(args: EvalArgs) -> Result<(), CliError> {
                         .and_then(Value::as_array)
                         .map(|a| {
                             a.iter()
-                                .filter_map(|x| x.as_str().map(String::from))
+                                .filter_map(|x| x.as_str().map(dataset_id))
                                 .collect()
                         })
                         .unwrap_or_default();

@@ -370,6 +370,25 @@ pub fn metadata_from_json(v: Value) -> Result<pb::AgentMetadata, FieldError> {
     Ok(pb::AgentMetadata::from(&meta))
 }
 
+/// A labelled set's agent id as registered: unchanged when it is a valid
+/// id, else with every character an id may not hold replaced by '-'
+/// (MetaTool's `PDF&URLTool` becomes `PDF-URLTool`). Labels must be mapped
+/// the same way.
+pub fn dataset_id(id: &str) -> String {
+    if domain::validate::validate_id(id, "/id").is_ok() {
+        return id.to_string();
+    }
+    id.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '~' | '-') {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect()
+}
+
 /// Shapes one line of a labelled agent set (such as MetaTool's) into
 /// agent metadata JSON: plain-string `examples` become ADP example objects,
 /// and an agent with no binding or endpoint gets a placeholder binding under
@@ -378,6 +397,9 @@ pub fn dataset_agent_json(mut v: Value) -> Result<Value, FieldError> {
     let obj = v
         .as_object_mut()
         .ok_or_else(|| FieldError::new("", "an agent line must be a JSON object"))?;
+    if let Some(Value::String(id)) = obj.get_mut("id") {
+        *id = dataset_id(id);
+    }
     if let Some(Value::Array(examples)) = obj.get_mut("examples") {
         for e in examples.iter_mut() {
             if let Value::String(s) = e {

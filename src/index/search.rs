@@ -51,7 +51,7 @@ impl Default for Weights {
         Self {
             context: 1.0,
             example: 0.1,
-            lexical: 0.25,
+            lexical: 0.15,
             tag: 0.3,
             protocol: 0.02,
             freshness: 0.02,
