@@ -72,7 +72,7 @@ pub fn corpus_agent(src: &[Value], i: usize) -> Value {
     examples.extend(eb.iter().take(2).map(|t| json!({"text": t})));
     let suffix = SUFFIXES[(i / src.len()) % SUFFIXES.len()];
     json!({
-        "id": format!("{}-{i}", a["id"].as_str().unwrap_or("agent")),
+        "id": format!("{}-{i}", crate::convert::dataset_id(a["id"].as_str().unwrap_or("agent"))),
         "name": format!("{} {suffix}", a["name"].as_str().unwrap_or("Agent")).trim(),
         "description": format!("{} {}", a["description"].as_str().unwrap_or(""), other),
         "tags": [format!("cat-{}", i % TAG_CLASSES)],
@@ -351,6 +351,8 @@ pub async fn run_size(
         Vec::new()
     };
     let _ = std::fs::remove_dir_all(&peer_dir);
+    // Every handle on the database goes before the restart reopens it.
+    drop((service, reader, discovery));
     server.shutdown().await;
 
     // Index build from storage: a restart rebuilds it from a scan.
@@ -364,6 +366,7 @@ pub async fn run_size(
         .caught_up(&reader, reader.applied_revision(), Duration::from_secs(600))
         .await;
     let rebuild_ms = service.index().stats().last_rebuild_ms;
+    drop((service, reader));
     server.shutdown().await;
     Ok(SizeReport {
         agents: n,

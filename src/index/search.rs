@@ -552,7 +552,6 @@ impl Index {
                         weights,
                         &wanted_tags,
                         total_weight,
-                        &terms,
                         query_i8.as_ref(),
                     ),
                     s.slot,
@@ -567,10 +566,13 @@ impl Index {
         self.mark_duplicates(&mut hits, q.limit + 10);
         hits.truncate(q.limit);
         hits.into_iter()
-            .map(|(mut h, _)| {
-                if !q.evidence {
+            .map(|(mut h, slot)| {
+                if q.evidence {
+                    h.snippet = self.docs[slot as usize]
+                        .as_ref()
+                        .and_then(|d| snippet(&d.description, &terms, &self.analyzer));
+                } else {
                     h.matched_units.clear();
-                    h.snippet = None;
                 }
                 h
             })
@@ -586,15 +588,14 @@ impl Index {
         w: &Weights,
         wanted_tags: &[(String, TagMatch)],
         total_weight: f32,
-        terms: &[String],
         query_i8: Option<&(Vec<i8>, f32)>,
     ) -> Hit {
-        let mut unit_scores: Vec<(Unit, f32)> = match query_i8 {
+        let mut unit_scores: Vec<(usize, f32)> = match query_i8 {
             Some((qv, qs)) => d
-                .units
+                .unit_vectors
                 .iter()
-                .zip(&d.unit_vectors)
-                .map(|(u, (uv, us))| (u.clone(), dot_i8(qv, uv) as f32 * qs * us))
+                .enumerate()
+                .map(|(i, (uv, us))| (i, dot_i8(qv, uv) as f32 * qs * us))
                 .collect(),
             None => Vec::new(),
         };
@@ -673,6 +674,7 @@ impl Index {
                 .into_iter()
                 .take_while(|(_, sc)| *sc >= best - 0.1)
                 .take(3)
+                .filter_map(|(i, sc)| d.units.get(i).map(|u| (u.clone(), sc)))
                 .collect(),
             None => Vec::new(),
         };
@@ -683,7 +685,7 @@ impl Index {
             components,
             matched_tags,
             matched_units,
-            snippet: snippet(&d.description, terms, &self.analyzer),
+            snippet: None,
             indexed_at: d.indexed_at.clone(),
             updated_unix: d.facts.updated_unix,
             status: d.facts.status,
