@@ -59,6 +59,8 @@ pub struct RunningServer {
     tasks: Vec<JoinHandle<()>>,
     node: RaftNode,
     service: RegistryService,
+    /// Becomes dangling once every user of the database is gone.
+    db: std::sync::Weak<rocksdb::DB>,
 }
 
 impl RunningServer {
@@ -79,6 +81,17 @@ impl RunningServer {
             }
         }
         self.node.shutdown().await;
+        drop(self.service);
+        // Background users (the log's sync thread, the indexer) let go of
+        // the database shortly after; a restart in the same process must
+        // not find it still locked.
+        let deadline = tokio::time::Instant::now() + SHUTDOWN_GRACE;
+        while self.db.strong_count() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        if self.db.strong_count() > 0 {
+            tracing::warn!("the database was still in use when shutdown finished");
+        }
     }
 }
 
@@ -193,6 +206,7 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
     };
 
     let db = storage::open(&config.data_dir)?;
+    let db_weak = Arc::downgrade(&db);
     let state_machine = StateMachine::open(
         db.clone(),
         config.data_dir.join("snapshots"),
@@ -354,6 +368,7 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
         tasks: vec![grpc_task, http_task, raft_task, indexer],
         node,
         service: service_handle,
+        db: db_weak,
     })
 }
 
