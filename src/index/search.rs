@@ -467,19 +467,16 @@ impl Index {
                 if let Some(v) = semantic {
                     c.extend(self.vectors.top(v, pool, admit).into_iter().map(|(s, _)| s));
                 }
-                let mut lexical: Vec<(f32, u32)> = bm25
+                let lexical: Vec<(f32, u32)> = bm25
                     .iter()
                     .enumerate()
                     .filter(|(_, b)| **b > 0.0)
                     .map(|(s, b)| (*b, s as u32))
                     .collect();
-                lexical.sort_unstable_by(|a, b| b.0.total_cmp(&a.0));
                 c.extend(
-                    lexical
+                    super::vectors::best_admitted(lexical, pool, admit)
                         .into_iter()
-                        .map(|(_, s)| s)
-                        .filter(|&s| admit(s))
-                        .take(pool),
+                        .map(|(s, _)| s),
                 );
                 for (t, _) in &wanted_tags {
                     if let Some(list) = self.tags.get(t) {

@@ -217,13 +217,7 @@ impl VectorIndex {
                 );
             }
         }
-        scored.sort_unstable_by(|a, b| b.0.total_cmp(&a.0));
-        scored
-            .into_iter()
-            .filter(|&(_, s)| admit(s))
-            .take(k)
-            .map(|(sc, s)| (s, sc))
-            .collect()
+        best_admitted(scored, k, admit)
     }
 
     /// Bytes held per stored vector (both forms).
@@ -234,6 +228,39 @@ impl VectorIndex {
     pub fn partitions(&self) -> usize {
         self.ivf.as_ref().map_or(0, |i| i.lists.len())
     }
+}
+
+/// The `k` best admitted items by score, best first, as (slot, score).
+/// Only the head is sorted: a selection first, a full sort only when the
+/// filter rejects too much of the head.
+pub(crate) fn best_admitted(
+    mut scored: Vec<(f32, u32)>,
+    k: usize,
+    admit: impl Fn(u32) -> bool,
+) -> Vec<(u32, f32)> {
+    let by_score = |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0);
+    let head = (k * 4).max(64);
+    if scored.len() > head {
+        scored.select_nth_unstable_by(head, by_score);
+        let mut first: Vec<(f32, u32)> = scored[..head].to_vec();
+        first.sort_unstable_by(by_score);
+        let picked: Vec<(u32, f32)> = first
+            .iter()
+            .filter(|(_, s)| admit(*s))
+            .take(k)
+            .map(|&(sc, s)| (s, sc))
+            .collect();
+        if picked.len() == k {
+            return picked;
+        }
+    }
+    scored.sort_unstable_by(by_score);
+    scored
+        .into_iter()
+        .filter(|&(_, s)| admit(s))
+        .take(k)
+        .map(|(sc, s)| (s, sc))
+        .collect()
 }
 
 fn nearest(centroids: &[f32], dim: usize, v: &[f32]) -> usize {
