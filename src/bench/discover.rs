@@ -238,6 +238,15 @@ fn request<T>(msg: T) -> tonic::Request<T> {
     r
 }
 
+/// Waits until the node's index holds everything it has applied.
+async fn wait_indexed(service: &crate::service::RegistryService) {
+    let reader = service.reader();
+    service
+        .index()
+        .caught_up(reader, reader.applied_revision(), Duration::from_secs(600))
+        .await;
+}
+
 /// Loads `n` agents into a fresh node under `dir`, then measures.
 pub async fn run_size(
     dir: &Path,
@@ -281,10 +290,7 @@ pub async fn run_size(
     results.into_iter().collect::<Result<Vec<_>, _>>()?;
     let service = server.service().clone();
     let reader = service.reader().clone();
-    service
-        .index()
-        .caught_up(&reader, reader.applied_revision(), Duration::from_secs(600))
-        .await;
+    wait_indexed(&service).await;
     let load_secs = started.elapsed().as_secs_f64();
     let stats = service.index().stats();
     let rss_after = rss_bytes();
@@ -360,13 +366,9 @@ pub async fn run_size(
         .await
         .map_err(|e| e.to_string())?;
     let service = server.service().clone();
-    let reader = service.reader().clone();
-    service
-        .index()
-        .caught_up(&reader, reader.applied_revision(), Duration::from_secs(600))
-        .await;
+    wait_indexed(&service).await;
     let rebuild_ms = service.index().stats().last_rebuild_ms;
-    drop((service, reader));
+    drop(service);
     server.shutdown().await;
     Ok(SizeReport {
         agents: n,
