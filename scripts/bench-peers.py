@@ -54,7 +54,8 @@ def postgres():
     subprocess.run(as_pg + [os.path.join(pg_bin, "initdb"), "-D", data, "-A", "trust", "-U", "bench"],
                    check=True, stdout=subprocess.DEVNULL)
     subprocess.run(as_pg + [os.path.join(pg_bin, "pg_ctl"), "-D", data, "-w", "-l", os.path.join(work, "log"),
-                    "-o", f"-k {sock} -c listen_addresses='' -c shared_buffers=512MB -c max_connections=64"],
+                    "-o", f"-k {sock} -c listen_addresses='' -c shared_buffers=512MB -c max_connections=64",
+                    "start"],
                    check=True, stdout=subprocess.DEVNULL)
     try:
         conninfo = f"host={sock} dbname=postgres user=bench"
@@ -75,9 +76,9 @@ def postgres():
             build = time.perf_counter() - t
         print(json.dumps({"system": "postgres", "agents": n, "build_secs": build}), flush=True)
         # OR of the query's words, as BM25 and Agentry's lexical stage treat them.
-        sql = ("SELECT id, ts_rank(tsv, q) AS r FROM agents, "
-               "replace(plainto_tsquery('english', %s)::text, '&', '|')::tsquery q "
-               "WHERE tsv @@ q {} ORDER BY r DESC LIMIT 10")
+        sql = ("SELECT id, ts_rank(tsv, qq.q) AS r FROM agents, "
+               "(SELECT replace(plainto_tsquery('english', %s)::text, '&', '|')::tsquery AS q) AS qq "
+               "WHERE tsv @@ qq.q {} ORDER BY r DESC LIMIT 10")
         def one(qr, state):
             conn = state.get("c")
             if conn is None:
@@ -106,7 +107,7 @@ def lance():
         t = time.perf_counter()
         table = db.create_table("agents", data=pa.Table.from_pylist(
             [{"id": a["id"], "text": a["text"], "tags": a["tags"], "vector": a["vector"]} for a in corpus], schema=schema))
-        table.create_fts_index("text")
+        table.create_fts_index("text", with_position=True)
         if n >= 10000:
             table.create_index(metric="cosine", vector_column_name="vector")
         table.create_scalar_index("tags", index_type="LABEL_LIST")
