@@ -8,7 +8,8 @@ use crate::convert::dataset_agent_json;
 use crate::domain::{AgentMetadata, Principal, Role};
 use crate::service::RegistryService;
 
-const AGENTS: &str = include_str!("../demo/metatool/agents.jsonl");
+/// The demo agents, one JSON object per line (also the benchmark corpus source).
+pub const AGENTS: &str = include_str!("../demo/metatool/agents.jsonl");
 
 /// Registers every demo agent that is not stored yet, as principal `demo`.
 pub async fn load(service: RegistryService) {

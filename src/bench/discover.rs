@@ -20,7 +20,6 @@ use crate::convert::metadata_from_json;
 use crate::domain::discovery::DiscoveryRequest;
 use crate::pb::{self, discovery_client::DiscoveryClient, registry_client::RegistryClient};
 
-const SOURCE: &str = include_str!("../../demo/metatool/agents.jsonl");
 const TAG_CLASSES: usize = 50;
 const SUFFIXES: [&str; 8] = [
     "",
@@ -35,7 +34,7 @@ const SUFFIXES: [&str; 8] = [
 
 /// The MetaTool agents the corpus is recombined from.
 fn sources() -> Vec<Value> {
-    SOURCE
+    crate::demo::AGENTS
         .lines()
         .filter_map(|l| serde_json::from_str(l).ok())
         .collect()

@@ -3,7 +3,7 @@
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use super::{map_to_struct, serde_path_to_pointer, status_from_pb, status_to_pb, struct_to_map};
+use super::{from_json, map_to_struct, status_from_pb, status_to_pb, struct_to_map};
 use crate::domain::discovery::{Detail, DiscoveryRequest};
 use crate::domain::resolve::{ResolvePolicy, ResolveRequest};
 use crate::domain::{self, FieldError};
@@ -103,10 +103,7 @@ pub fn discover_request_from_json(v: Value) -> Result<pb::DiscoverRequest, Field
             ),
         ));
     }
-    let r: DiscoverJson = serde_path_to_error::deserialize(v).map_err(|e| {
-        let pointer = serde_path_to_pointer(e.path());
-        FieldError::new(pointer, e.into_inner().to_string())
-    })?;
+    let r: DiscoverJson = from_json(v)?;
     Ok(pb::DiscoverRequest {
         query: r.query,
         required_tags: r.required_tags,
@@ -421,10 +418,7 @@ pub fn resolve_request_from_json(v: Value) -> Result<pb::ResolveRequest, FieldEr
             "the resolve request must be a JSON object",
         ));
     }
-    let r: ResolveJson = serde_path_to_error::deserialize(v).map_err(|e| {
-        let pointer = serde_path_to_pointer(e.path());
-        FieldError::new(pointer, e.into_inner().to_string())
-    })?;
+    let r: ResolveJson = from_json(v)?;
     let statuses = r
         .policy
         .statuses

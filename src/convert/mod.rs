@@ -337,7 +337,7 @@ pub fn record_pb_to_json(r: &pb::AgentRecord) -> Result<Value, FieldError> {
 }
 
 /// Converts a serde path such as `bindings[0].endpoint` to a JSON pointer.
-pub(crate) fn serde_path_to_pointer(path: &serde_path_to_error::Path) -> String {
+fn serde_path_to_pointer(path: &serde_path_to_error::Path) -> String {
     use serde_path_to_error::Segment;
     let mut out = String::new();
     for seg in path.iter() {
@@ -353,6 +353,15 @@ pub(crate) fn serde_path_to_pointer(path: &serde_path_to_error::Path) -> String 
     out
 }
 
+/// Deserialises JSON into `T`; a member of the wrong type is named by its
+/// JSON pointer.
+pub(crate) fn from_json<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, FieldError> {
+    serde_path_to_error::deserialize(v).map_err(|e| {
+        let pointer = serde_path_to_pointer(e.path());
+        FieldError::new(pointer, e.into_inner().to_string())
+    })
+}
+
 /// Parses agent metadata from its JSON form (the drafts' field names). A
 /// member of the wrong type is named by its JSON pointer.
 pub fn metadata_from_json(v: Value) -> Result<pb::AgentMetadata, FieldError> {
@@ -362,11 +371,7 @@ pub fn metadata_from_json(v: Value) -> Result<pb::AgentMetadata, FieldError> {
             "the agent metadata must be a JSON object",
         ));
     }
-    let meta: domain::AgentMetadata = serde_path_to_error::deserialize(v).map_err(|e| {
-        let pointer = serde_path_to_pointer(e.path());
-        let inner = e.into_inner().to_string();
-        FieldError::new(pointer, inner)
-    })?;
+    let meta: domain::AgentMetadata = from_json(v)?;
     Ok(pb::AgentMetadata::from(&meta))
 }
 

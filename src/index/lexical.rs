@@ -79,14 +79,12 @@ impl LexicalIndex {
         }
         let n = self.live as f32;
         let avg = (self.total_length as f32 / n).max(1.0);
-        let mut seen: Vec<u32> = Vec::new();
         for t in query_terms {
             let Some(&id) = self.term_ids.get(t) else {
                 continue;
             };
             // A repeated query term counts once per repetition, as in BM25's
             // sum over query terms.
-            seen.push(id);
             let list = &self.postings[id as usize];
             if list.is_empty() {
                 continue;
@@ -106,11 +104,6 @@ impl LexicalIndex {
                 scores[slot as usize] += idf * tf * (K1 + 1.0) / (tf + norm);
             }
         }
-    }
-
-    /// How many slots have ever been used.
-    pub fn slots(&self) -> usize {
-        self.lengths.len()
     }
 
     /// Distinct terms and postings, for memory figures.

@@ -275,7 +275,6 @@ pub enum TagMatch {
 #[derive(Debug, Clone)]
 pub struct Hit {
     pub id: String,
-    pub revision: u64,
     pub score: f32,
     /// (name, value), in ADP's order.
     pub components: Vec<(&'static str, f32)>,
@@ -284,7 +283,6 @@ pub struct Hit {
     pub matched_units: Vec<(Unit, f32)>,
     pub snippet: Option<String>,
     pub indexed_at: String,
-    pub updated_unix: i64,
     pub status: AgentStatus,
     pub expired: bool,
     pub duplicate_of: Option<String>,
@@ -555,11 +553,7 @@ impl Index {
                 ))
             })
             .collect();
-        hits.sort_by(|a, b| {
-            b.0.score
-                .total_cmp(&a.0.score)
-                .then_with(|| a.0.id.cmp(&b.0.id))
-        });
+        hits.sort_by(ranked);
         self.mark_duplicates(&mut hits, q.limit + 10);
         hits.truncate(q.limit);
         hits.into_iter()
@@ -677,14 +671,12 @@ impl Index {
         };
         Hit {
             id: d.id.clone(),
-            revision: d.revision,
             score,
             components,
             matched_tags,
             matched_units,
             snippet: None,
             indexed_at: d.indexed_at.clone(),
-            updated_unix: d.facts.updated_unix,
             status: d.facts.status,
             expired: d.facts.expires_unix.is_some_and(|t| t <= q.now_unix),
             duplicate_of: None,
@@ -729,11 +721,7 @@ impl Index {
             }
         }
         if changed {
-            hits.sort_by(|a, b| {
-                b.0.score
-                    .total_cmp(&a.0.score)
-                    .then_with(|| a.0.id.cmp(&b.0.id))
-            });
+            hits.sort_by(ranked);
         }
     }
 
@@ -759,6 +747,13 @@ impl Index {
             self.vectors.bytes() + unit_bytes,
         )
     }
+}
+
+/// Best score first; equal scores in id order, so rankings are stable.
+fn ranked(a: &(Hit, u32), b: &(Hit, u32)) -> std::cmp::Ordering {
+    b.0.score
+        .total_cmp(&a.0.score)
+        .then_with(|| a.0.id.cmp(&b.0.id))
 }
 
 /// The sentence of the description that shares most terms with the query

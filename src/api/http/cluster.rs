@@ -13,15 +13,7 @@ use crate::pb::{self, cluster_server::Cluster};
 
 /// Parses a JSON body into `T`, naming the offending member on error.
 fn parse<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, ApiError> {
-    serde_path_to_error::deserialize(v).map_err(|e| {
-        let path = e.path().to_string();
-        let pointer = if path == "." {
-            String::new()
-        } else {
-            format!("/{}", path.replace('.', "/"))
-        };
-        invalid(Some(&pointer), e.inner().to_string())
-    })
+    crate::convert::from_json(v).map_err(|e| invalid(Some(&e.pointer), e.message))
 }
 
 fn ok(resp: tonic::Response<pb::ClusterStatus>) -> ApiResult {
