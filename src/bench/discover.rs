@@ -294,6 +294,7 @@ pub async fn run_size(
     let stats = service.index().stats();
     let rss_after = rss_bytes();
     let qs = queries(query_count);
+    tracing::info!(agents = n, load_secs, "corpus indexed; measuring queries");
 
     let mut runs = Vec::new();
     // Server-side: the service in-process, one request at a time.

@@ -1,8 +1,18 @@
 //! BM25 over each agent's text (name, description, tags, capabilities,
 //! example tasks, operation names and descriptions).
 //!
-//! Documents live in slots that are never reused while the index lives, so
-//! every posting list stays sorted by slot and a removal is a binary search.
+//! Candidate generation must not cost time in proportion to the collection,
+//! so besides the full posting lists (kept sorted by slot, for document
+//! frequencies and refills) every term keeps an *impact-ordered* head: the
+//! documents where the term weighs most, at most [`HEAD`] of them. A query
+//! accumulates only those heads (score-at-a-time with a bounded budget),
+//! and the exact BM25 of the few agents that reach re-ranking is computed
+//! from each document's own term list.
+//!
+//! A document's impact is its BM25 term weight without the IDF, taken with
+//! the average length at the time it was indexed; the average drifts slowly
+//! and the impact only orders candidates, so the drift never reaches a
+//! returned score.
 
 use std::collections::HashMap;
 
@@ -11,29 +21,103 @@ const K1: f32 = 1.2;
 const B: f32 = 0.75;
 /// Collections at least this large skip their most common query terms.
 const PRUNE_MIN_DOCS: u32 = 1000;
+/// Documents kept in a term's impact-ordered head.
+const HEAD: usize = 1024;
+
+#[derive(Default)]
+struct Term {
+    /// (slot, term frequency), sorted by slot.
+    postings: Vec<(u32, u32)>,
+    /// (impact, slot), best first: exactly the best `head.len()` documents.
+    head: Vec<(f32, u32)>,
+    /// At least the impact of every document left out of `head`.
+    floor: f32,
+}
 
 #[derive(Default)]
 pub struct LexicalIndex {
     term_ids: HashMap<String, u32>,
-    /// Per term: (slot, term frequency), sorted by slot.
-    postings: Vec<Vec<(u32, u32)>>,
+    terms: Vec<Term>,
     /// Per slot: document length in terms (None: free slot).
     lengths: Vec<Option<u32>>,
-    /// Per slot: its distinct term ids, to undo its postings.
-    doc_terms: Vec<Vec<u32>>,
+    /// Per slot: (term id, term frequency), sorted by term id.
+    doc_terms: Vec<Vec<(u32, u32)>>,
     total_length: u64,
     live: u32,
 }
 
+/// A query prepared against the index: its terms with their IDF.
+pub struct LexicalQuery<'a> {
+    index: &'a LexicalIndex,
+    /// (term id, IDF × repetitions in the query), skipping pruned terms.
+    terms: Vec<(u32, f32)>,
+    avg_length: f32,
+}
+
+/// Head accumulation of a query: partial BM25 per touched slot.
+pub struct Accumulated {
+    scores: Vec<f32>,
+    touched: Vec<u32>,
+}
+
+impl Accumulated {
+    /// The partial score of `slot` (0 when no head reached it).
+    pub fn get(&self, slot: u32) -> f32 {
+        self.scores.get(slot as usize).copied().unwrap_or(0.0)
+    }
+
+    /// Every slot some head reached, with its partial score.
+    pub fn touched(&self) -> impl Iterator<Item = (f32, u32)> + '_ {
+        self.touched.iter().map(|&s| (self.scores[s as usize], s))
+    }
+}
+
+fn impact(tf: u32, length: u32, avg_length: f32) -> f32 {
+    let tf = tf as f32;
+    let norm = K1 * (1.0 - B + B * length as f32 / avg_length.max(1.0));
+    tf * (K1 + 1.0) / (tf + norm)
+}
+
+impl Term {
+    /// Recomputes the head from the full postings.
+    fn refill(&mut self, lengths: &[Option<u32>], avg_length: f32) {
+        let mut all: Vec<(f32, u32)> = self
+            .postings
+            .iter()
+            .map(|&(s, tf)| {
+                let len = lengths[s as usize].unwrap_or(0);
+                (impact(tf, len, avg_length), s)
+            })
+            .collect();
+        let by_impact = |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
+        if all.len() > HEAD {
+            all.select_nth_unstable_by(HEAD, by_impact);
+            self.floor = all[HEAD..].iter().map(|e| e.0).fold(0.0, f32::max);
+            all.truncate(HEAD);
+        } else {
+            self.floor = 0.0;
+        }
+        all.sort_unstable_by(by_impact);
+        self.head = all;
+    }
+}
+
 impl LexicalIndex {
-    /// Indexes `terms` as the document in `slot`; slots must grow.
+    fn avg_length(&self) -> f32 {
+        if self.live == 0 {
+            return 1.0;
+        }
+        (self.total_length as f32 / self.live as f32).max(1.0)
+    }
+
+    /// Indexes `terms` as the document in `slot` (a free slot).
     pub fn insert(&mut self, slot: u32, terms: &[String]) {
         let mut counts: HashMap<u32, u32> = HashMap::new();
         for t in terms {
             let next = self.term_ids.len() as u32;
             let id = *self.term_ids.entry(t.clone()).or_insert(next);
-            if id as usize == self.postings.len() {
-                self.postings.push(Vec::new());
+            if id as usize == self.terms.len() {
+                self.terms.push(Term::default());
             }
             *counts.entry(id).or_default() += 1;
         }
@@ -42,17 +126,29 @@ impl LexicalIndex {
             self.lengths.resize(s + 1, None);
             self.doc_terms.resize(s + 1, Vec::new());
         }
-        let mut ids: Vec<u32> = counts.keys().copied().collect();
-        ids.sort_unstable();
-        for &id in &ids {
-            let list = &mut self.postings[id as usize];
-            let at = list.partition_point(|&(d, _)| d < slot);
-            list.insert(at, (slot, counts[&id]));
-        }
-        self.lengths[s] = Some(terms.len() as u32);
-        self.doc_terms[s] = ids;
-        self.total_length += terms.len() as u64;
+        let length = terms.len() as u32;
+        self.lengths[s] = Some(length);
+        self.total_length += u64::from(length);
         self.live += 1;
+        let avg = self.avg_length();
+        let mut own: Vec<(u32, u32)> = counts.into_iter().collect();
+        own.sort_unstable();
+        for &(id, tf) in &own {
+            let term = &mut self.terms[id as usize];
+            let at = term.postings.partition_point(|&(d, _)| d < slot);
+            term.postings.insert(at, (slot, tf));
+            let w = impact(tf, length, avg);
+            if w > term.floor {
+                let at = term.head.partition_point(|e| e.0 >= w);
+                term.head.insert(at, (w, slot));
+                if term.head.len() > HEAD {
+                    if let Some((dropped, _)) = term.head.pop() {
+                        term.floor = term.floor.max(dropped);
+                    }
+                }
+            }
+        }
+        self.doc_terms[s] = own;
     }
 
     /// Removes the document in `slot`, if any.
@@ -61,48 +157,55 @@ impl LexicalIndex {
         let Some(length) = self.lengths.get_mut(s).and_then(Option::take) else {
             return;
         };
-        for id in std::mem::take(&mut self.doc_terms[s]) {
-            let list = &mut self.postings[id as usize];
-            if let Ok(at) = list.binary_search_by_key(&slot, |&(d, _)| d) {
-                list.remove(at);
-            }
-        }
         self.total_length -= u64::from(length);
         self.live -= 1;
+        let avg = self.avg_length();
+        for (id, _) in std::mem::take(&mut self.doc_terms[s]) {
+            let term = &mut self.terms[id as usize];
+            if let Ok(at) = term.postings.binary_search_by_key(&slot, |&(d, _)| d) {
+                term.postings.remove(at);
+            }
+            if let Some(at) = term.head.iter().position(|e| e.1 == slot) {
+                term.head.remove(at);
+                // A head worn down to half is refilled: amortised, a
+                // removal costs a few postings, not a whole list.
+                if term.head.len() < HEAD / 2 && term.postings.len() > term.head.len() {
+                    term.refill(&self.lengths, avg);
+                }
+            }
+        }
     }
 
-    /// Adds each document's BM25 score for `query_terms` into `scores`
-    /// (indexed by slot, at least as long as the slot count).
-    pub fn score_into(&self, query_terms: &[String], scores: &mut [f32]) {
-        if self.live == 0 {
-            return;
-        }
+    /// Prepares `query_terms` (analyzed, repetitions counted) for scoring.
+    pub fn query(&self, query_terms: &[String]) -> LexicalQuery<'_> {
         let n = self.live as f32;
-        let avg = (self.total_length as f32 / n).max(1.0);
+        let mut terms: Vec<(u32, f32)> = Vec::new();
         for t in query_terms {
             let Some(&id) = self.term_ids.get(t) else {
                 continue;
             };
-            // A repeated query term counts once per repetition, as in BM25's
-            // sum over query terms.
-            let list = &self.postings[id as usize];
-            if list.is_empty() {
+            let df = self.terms[id as usize].postings.len();
+            if df == 0 {
                 continue;
             }
             // A term in more than a quarter of a large collection ("the",
-            // "please") adds little (IDF below ln 4) but costs the longest
-            // posting lists; it is skipped.
-            if self.live >= PRUNE_MIN_DOCS && list.len() * 4 > self.live as usize {
+            // "please") adds little (IDF below ln 4); it is skipped.
+            if self.live >= PRUNE_MIN_DOCS && df * 4 > self.live as usize {
                 continue;
             }
-            let df = list.len() as f32;
+            let df = df as f32;
             let idf = ((n - df + 0.5) / (df + 0.5) + 1.0).ln();
-            for &(slot, tf) in list {
-                let len = self.lengths[slot as usize].unwrap_or(0) as f32;
-                let tf = tf as f32;
-                let norm = K1 * (1.0 - B + B * len / avg);
-                scores[slot as usize] += idf * tf * (K1 + 1.0) / (tf + norm);
+            // A repeated query term counts once per repetition, as in
+            // BM25's sum over query terms.
+            match terms.iter_mut().find(|e| e.0 == id) {
+                Some(e) => e.1 += idf,
+                None => terms.push((id, idf)),
             }
+        }
+        LexicalQuery {
+            index: self,
+            terms,
+            avg_length: self.avg_length(),
         }
     }
 
@@ -110,8 +213,48 @@ impl LexicalIndex {
     pub fn size(&self) -> (usize, usize) {
         (
             self.term_ids.len(),
-            self.postings.iter().map(Vec::len).sum(),
+            self.terms.iter().map(|t| t.postings.len()).sum(),
         )
+    }
+}
+
+impl LexicalQuery<'_> {
+    /// True when no query term is in the index.
+    pub fn is_empty(&self) -> bool {
+        self.terms.is_empty()
+    }
+
+    /// Partial scores from every query term's head: exact for documents in
+    /// all the heads of their terms, a lower bound otherwise.
+    pub fn accumulate(&self) -> Accumulated {
+        let mut scores = vec![0.0f32; self.index.lengths.len()];
+        let mut touched = Vec::new();
+        for &(id, idf) in &self.terms {
+            for &(w, slot) in &self.index.terms[id as usize].head {
+                let s = &mut scores[slot as usize];
+                if *s == 0.0 {
+                    touched.push(slot);
+                }
+                *s += idf * w;
+            }
+        }
+        Accumulated { scores, touched }
+    }
+
+    /// The exact BM25 score of the document in `slot`.
+    pub fn score(&self, slot: u32) -> f32 {
+        let s = slot as usize;
+        let Some(length) = self.index.lengths.get(s).copied().flatten() else {
+            return 0.0;
+        };
+        let own = &self.index.doc_terms[s];
+        self.terms
+            .iter()
+            .filter_map(|&(id, idf)| {
+                let at = own.binary_search_by_key(&id, |e| e.0).ok()?;
+                Some(idf * impact(own[at].1, length, self.avg_length))
+            })
+            .sum()
     }
 }
 
@@ -129,15 +272,59 @@ mod tests {
         ix.insert(0, &terms("translate text between languages"));
         ix.insert(1, &terms("summarise text"));
         ix.insert(2, &terms("weather forecast for a city"));
-        let mut s = vec![0.0; 3];
-        ix.score_into(&terms("translate text"), &mut s);
+        let q = terms("translate text");
+        let s: Vec<f32> = (0..3).map(|s| ix.query(&q).score(s)).collect();
         assert!(s[0] > s[1] && s[1] > 0.0 && s[2] == 0.0, "{s:?}");
         ix.remove(0);
         ix.remove(0);
-        let mut s = vec![0.0; 3];
-        ix.score_into(&terms("translate text"), &mut s);
-        assert_eq!(s[0], 0.0);
-        assert!(s[1] > 0.0);
+        assert_eq!(ix.query(&q).score(0), 0.0);
+        assert!(ix.query(&q).score(1) > 0.0);
         assert_eq!(ix.size().1, 2 + 5);
+        assert!(ix.query(&terms("unknown words")).is_empty());
+    }
+
+    #[test]
+    fn heads_hold_the_best_documents_through_inserts_and_removals() {
+        // One common term at different frequencies in many documents of
+        // one length (so the average length cannot drift): the head must
+        // always hold exactly the highest-impact documents.
+        let mut ix = LexicalIndex::default();
+        // Every fifth document has the term, so it is not pruned as common.
+        let n = (HEAD * 15) as u32;
+        let doc = |i: u32| {
+            let tf = if i.is_multiple_of(5) {
+                1 + (i * 7 % 5) as usize
+            } else {
+                0
+            };
+            let mut t = vec!["common".to_string(); tf];
+            t.extend((tf..10).map(|k| format!("filler{k}")));
+            t
+        };
+        for i in 0..n {
+            ix.insert(i, &doc(i));
+        }
+        // Remove most of the head to force refills.
+        let q = terms("common");
+        for round in 0..3 {
+            let acc = ix.query(&q).accumulate();
+            let mut reached: Vec<(f32, u32)> = acc.touched().collect();
+            assert!(reached.len() <= HEAD && reached.len() >= HEAD / 2);
+            reached.sort_by(|a, b| b.0.total_cmp(&a.0));
+            let exact = |s: u32| ix.query(&q).score(s);
+            let weakest_reached = reached.iter().map(|e| exact(e.1)).fold(f32::MAX, f32::min);
+            let reached_slots: Vec<u32> = reached.iter().map(|e| e.1).collect();
+            let best_missed = (0..n)
+                .filter(|s| !reached_slots.contains(s) && ix.lengths[*s as usize].is_some())
+                .map(exact)
+                .fold(0.0, f32::max);
+            assert!(
+                weakest_reached + 1e-3 >= best_missed,
+                "round {round}: head misses a better document ({weakest_reached} < {best_missed})"
+            );
+            for &(_, s) in reached.iter().take(HEAD * 2 / 3) {
+                ix.remove(s);
+            }
+        }
     }
 }

@@ -177,6 +177,7 @@ impl SearchIndex {
                 Err(poisoned) => poisoned.into_inner(),
             };
             index.apply(prepared);
+            index.maintain();
         }
         self.shared.indexed.send_replace(change.revision);
     }
@@ -222,6 +223,7 @@ impl SearchIndex {
             }
             start = end;
         }
+        fresh.maintain();
         fresh.revision = revision;
         {
             let mut index = match self.shared.index.write() {

@@ -6,14 +6,18 @@
 //!
 //! Ranking, per request:
 //! 1. admit: every hard filter, from indexed facts (no storage reads);
-//! 2. first stage: `context` (cosine to the profile vector) and `lexical`
-//!    (BM25, divided by the best BM25 among admitted agents) for every
-//!    admitted agent; the best `pool` go on;
-//! 3. re-rank the pool with all components: `example` (best single
+//! 2. candidates: the best admitted agents of the vector index and of the
+//!    BM25 term heads, and holders of wanted tags (or every holder of a
+//!    selective required tag);
+//! 3. first stage: `context` (exact cosine to the profile vector) and
+//!    partial BM25 from the term heads, relative to the best candidate's;
+//!    the best `pool` go on;
+//! 4. re-rank the pool with all components: `lexical` (exact BM25,
+//!    relative to the best in the pool), `example` (best single
 //!    example or operation), `tag` (preferred and query-derived tags),
 //!    `protocol`, `freshness`, and `policy` penalties (deprecated status,
 //!    tag stuffing, near-duplicates);
-//! 4. evidence for the returned candidates.
+//! 5. evidence for the returned candidates.
 //!
 //! The profile vector is `normalise(context + λ · mean(example vectors))`:
 //! the description says what the agent is, the examples how people ask for
@@ -72,6 +76,9 @@ const EXHAUSTIVE_LIMIT: usize = 20_000;
 const DUPLICATE_COSINE: f32 = 0.985;
 const DEPRECATED_PENALTY: f32 = 0.1;
 const DUPLICATE_PENALTY: f32 = 0.15;
+/// Hits past the requested limit that are also checked for duplicates (a
+/// duplicate pushed down makes room for the next one).
+const DUPLICATE_WINDOW: usize = 10;
 const STUFFING_PENALTY: f32 = 0.05;
 
 /// A record turned into what the index stores, computed outside the lock.
@@ -302,6 +309,26 @@ pub struct Query<'a> {
     pub now_unix: i64,
 }
 
+/// What re-ranking needs of the request, shared by every pool member.
+struct Rescoring<'a> {
+    q: &'a Query<'a>,
+    w: &'a Weights,
+    wanted_tags: &'a [(String, TagMatch)],
+    total_weight: f32,
+    query_i8: Option<&'a (Vec<i8>, f32)>,
+}
+
+/// Score components besides `context` and `lexical` (already in
+/// [`Scored`]), and the final score.
+struct Components {
+    tag: f32,
+    example: Option<f32>,
+    protocol: f32,
+    freshness: f32,
+    policy: f32,
+    score: f32,
+}
+
 struct Scored {
     slot: u32,
     context: Option<f32>,
@@ -444,8 +471,8 @@ impl Index {
                     .map(|t| (t.clone(), TagMatch::Expanded)),
             )
             .collect();
-        let mut bm25 = vec![0.0f32; self.docs.len()];
-        self.lexical.score_into(&terms, &mut bm25);
+        let lexical = self.lexical.query(&terms);
+        let heads = lexical.accumulate();
 
         // Candidates. A required tag held by few enough agents is scanned
         // whole (filter first, exact); otherwise the vector index, BM25 and
@@ -456,23 +483,37 @@ impl Index {
             .iter()
             .map(|t| self.tags.get(t).map_or(&[][..], Vec::as_slice))
             .min_by_key(|l| l.len());
+        let query_i8 = semantic.map(quantize);
         let mut cands: Vec<u32> = match required {
             Some(list) if list.len() <= EXHAUSTIVE_LIMIT => {
-                list.iter().copied().filter(|&s| admit(s)).collect()
+                // Scored by the i8 rows and the term heads first, so only
+                // the head of the list pays for the filters.
+                let best = list.iter().map(|&s| heads.get(s)).fold(0.0f32, f32::max);
+                let scored: Vec<(f32, u32)> = list
+                    .iter()
+                    .map(|&s| {
+                        let context = query_i8.as_ref().map_or(0.0, |c| self.vectors.approx(s, c));
+                        let lexical = if best > 0.0 { heads.get(s) / best } else { 0.0 };
+                        (weights.context * context + weights.lexical * lexical, s)
+                    })
+                    .collect();
+                super::vectors::best_admitted(scored, pool, admit)
+                    .into_iter()
+                    .map(|(s, _)| s)
+                    .collect()
             }
             _ => {
                 let mut c = Vec::new();
-                if let Some(v) = semantic {
-                    c.extend(self.vectors.top(v, pool, admit).into_iter().map(|(s, _)| s));
+                if let (Some(v), Some(code)) = (semantic, &query_i8) {
+                    c.extend(
+                        self.vectors
+                            .top(v, code, pool, admit)
+                            .into_iter()
+                            .map(|(s, _)| s),
+                    );
                 }
-                let lexical: Vec<(f32, u32)> = bm25
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, b)| **b > 0.0)
-                    .map(|(s, b)| (*b, s as u32))
-                    .collect();
                 c.extend(
-                    super::vectors::best_admitted(lexical, pool, admit)
+                    super::vectors::best_admitted(heads.touched().collect(), pool, admit)
                         .into_iter()
                         .map(|(s, _)| s),
                 );
@@ -490,7 +531,8 @@ impl Index {
             // Without vectors, an agent nothing in the query matched is no
             // candidate at all (it could only be listed in id order).
             cands.retain(|&s| {
-                bm25[s as usize] > 0.0
+                heads.get(s) > 0.0
+                    || (!lexical.is_empty() && lexical.score(s) > 0.0)
                     || wanted_tags.iter().any(|(t, _)| {
                         self.docs[s as usize]
                             .as_ref()
@@ -501,18 +543,17 @@ impl Index {
         if cands.is_empty() {
             return Vec::new();
         }
-        let best_bm25 = cands
-            .iter()
-            .map(|&s| bm25[s as usize])
-            .fold(0.0f32, f32::max);
+        // First stage: lexical is the partial score from the term heads,
+        // relative to the best candidate's.
+        let best_partial = cands.iter().map(|&s| heads.get(s)).fold(0.0f32, f32::max);
         let mut first: Vec<Scored> = cands
             .iter()
             .map(|&slot| {
                 let context = semantic
                     .filter(|_| self.vectors.has(slot))
                     .map(|v| self.vectors.exact(slot, v));
-                let lexical = if best_bm25 > 0.0 {
-                    bm25[slot as usize] / best_bm25
+                let lexical = if best_partial > 0.0 {
+                    heads.get(slot) / best_partial
                 } else {
                     0.0
                 };
@@ -528,33 +569,51 @@ impl Index {
             first.select_nth_unstable_by(pool, |a, b| b.first.total_cmp(&a.first));
             first.truncate(pool);
         }
+        // Re-ranking: exact BM25, relative to the best in the pool.
+        let exact: Vec<f32> = first.iter().map(|s| lexical.score(s.slot)).collect();
+        let best_exact = exact.iter().copied().fold(0.0f32, f32::max);
+        for (s, e) in first.iter_mut().zip(exact) {
+            s.lexical = if best_exact > 0.0 {
+                e / best_exact
+            } else {
+                0.0
+            };
+        }
         let total_weight = weights.context
             + weights.example
             + weights.lexical
             + weights.tag
             + weights.protocol
             + weights.freshness;
-        let query_i8 = semantic.map(quantize);
-        let mut hits: Vec<(Hit, u32)> = first
+        let ctx = Rescoring {
+            q,
+            w: weights,
+            wanted_tags: &wanted_tags,
+            total_weight,
+            query_i8: query_i8.as_ref(),
+        };
+        // Every pool member gets its score; only the head, where
+        // duplicates are looked for, gets a full hit with its evidence.
+        let mut order: Vec<(f32, u32, usize)> = first
             .iter()
-            .filter_map(|s| {
+            .enumerate()
+            .filter_map(|(i, s)| {
                 let d = self.docs[s.slot as usize].as_ref()?;
-                Some((
-                    self.rescore(
-                        d,
-                        s,
-                        q,
-                        weights,
-                        &wanted_tags,
-                        total_weight,
-                        query_i8.as_ref(),
-                    ),
-                    s.slot,
-                ))
+                Some((self.components(d, s, &ctx).score, s.slot, i))
+            })
+            .collect();
+        let id = |slot: u32| self.docs[slot as usize].as_ref().map(|d| d.id.as_str());
+        order.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| id(a.1).cmp(&id(b.1))));
+        order.truncate(q.limit + DUPLICATE_WINDOW);
+        let mut hits: Vec<(Hit, u32)> = order
+            .iter()
+            .filter_map(|&(_, slot, i)| {
+                let d = self.docs[slot as usize].as_ref()?;
+                Some((self.hit(d, &first[i], &ctx), slot))
             })
             .collect();
         hits.sort_by(ranked);
-        self.mark_duplicates(&mut hits, q.limit + 10);
+        self.mark_duplicates(&mut hits);
         hits.truncate(q.limit);
         hits.into_iter()
             .map(|(mut h, slot)| {
@@ -570,63 +629,33 @@ impl Index {
             .collect()
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn rescore(
-        &self,
-        d: &Doc,
-        s: &Scored,
-        q: &Query,
-        w: &Weights,
-        wanted_tags: &[(String, TagMatch)],
-        total_weight: f32,
-        query_i8: Option<&(Vec<i8>, f32)>,
-    ) -> Hit {
-        let mut unit_scores: Vec<(usize, f32)> = match query_i8 {
-            Some((qv, qs)) => d
-                .unit_vectors
+    /// The score components of one pool member.
+    fn components(&self, d: &Doc, s: &Scored, ctx: &Rescoring) -> Components {
+        let (q, w) = (ctx.q, ctx.w);
+        let example = ctx.query_i8.and_then(|(qv, qs)| {
+            d.unit_vectors
                 .iter()
-                .enumerate()
-                .map(|(i, (uv, us))| (i, dot_i8(qv, uv) as f32 * qs * us))
-                .collect(),
-            None => Vec::new(),
-        };
-        unit_scores.sort_by(|a, b| b.1.total_cmp(&a.1));
-        let example = unit_scores.first().map(|u| u.1);
-        // Every requested or query-derived tag the agent has; required tags
-        // are matched by every candidate and shown as such.
-        let mut matched_tags: Vec<(String, TagMatch)> = q
-            .filters
-            .required_tags
+                .map(|(uv, us)| dot_i8(qv, uv) as f32 * qs * us)
+                .max_by(f32::total_cmp)
+        });
+        let tag_hits = ctx
+            .wanted_tags
             .iter()
-            .map(|t| (t.clone(), TagMatch::Direct))
-            .collect();
-        let mut tag_hits = 0usize;
-        for (t, how) in wanted_tags {
-            if d.facts.has_tag(t) {
-                tag_hits += 1;
-                if !matched_tags.iter().any(|(m, _)| m == t) {
-                    matched_tags.push((t.clone(), *how));
-                }
-            }
-        }
-        let mut notes = Vec::new();
+            .filter(|(t, _)| d.facts.has_tag(t))
+            .count();
         let mut policy = 0.0f32;
-        let mut tag = if wanted_tags.is_empty() {
+        let mut tag = if ctx.wanted_tags.is_empty() {
             0.0
         } else {
-            tag_hits as f32 / wanted_tags.len() as f32
+            tag_hits as f32 / ctx.wanted_tags.len() as f32
         };
         let n_tags = d.facts.tags.len();
         if n_tags > TAG_STUFFING_THRESHOLD {
             tag *= TAG_STUFFING_THRESHOLD as f32 / n_tags as f32;
             policy -= STUFFING_PENALTY;
-            notes.push(format!(
-                "tag stuffing: {n_tags} tags (more than {TAG_STUFFING_THRESHOLD}); tag matches down-weighted"
-            ));
         }
         if d.facts.status == AgentStatus::Deprecated {
             policy -= DEPRECATED_PENALTY;
-            notes.push("deprecated".into());
         }
         let protocol = if q.filters.protocols.is_empty() {
             1.0
@@ -646,32 +675,77 @@ impl Index {
             + w.tag * tag
             + w.protocol * protocol
             + w.freshness * freshness;
-        let score = weighted / total_weight.max(f32::EPSILON) + policy;
-        let mut components = Vec::with_capacity(7);
-        components.push(("tag", tag));
-        if let Some(c) = s.context {
-            components.push(("context", c));
+        Components {
+            tag,
+            example,
+            protocol,
+            freshness,
+            policy,
+            score: weighted / ctx.total_weight.max(f32::EPSILON) + policy,
         }
-        if let Some(e) = example {
+    }
+
+    /// A ranked agent with its components and evidence.
+    fn hit(&self, d: &Doc, s: &Scored, ctx: &Rescoring) -> Hit {
+        let c = self.components(d, s, ctx);
+        let q = ctx.q;
+        // Every requested or query-derived tag the agent has; required tags
+        // are matched by every candidate and shown as such.
+        let mut matched_tags: Vec<(String, TagMatch)> = q
+            .filters
+            .required_tags
+            .iter()
+            .map(|t| (t.clone(), TagMatch::Direct))
+            .collect();
+        for (t, how) in ctx.wanted_tags {
+            if d.facts.has_tag(t) && !matched_tags.iter().any(|(m, _)| m == t) {
+                matched_tags.push((t.clone(), *how));
+            }
+        }
+        let mut notes = Vec::new();
+        let n_tags = d.facts.tags.len();
+        if n_tags > TAG_STUFFING_THRESHOLD {
+            notes.push(format!(
+                "tag stuffing: {n_tags} tags (more than {TAG_STUFFING_THRESHOLD}); tag matches down-weighted"
+            ));
+        }
+        if d.facts.status == AgentStatus::Deprecated {
+            notes.push("deprecated".into());
+        }
+        let mut components = Vec::with_capacity(7);
+        components.push(("tag", c.tag));
+        if let Some(context) = s.context {
+            components.push(("context", context));
+        }
+        if let Some(e) = c.example {
             components.push(("example", e));
         }
-        components.push(("protocol", protocol));
-        components.push(("freshness", freshness));
-        components.push(("policy", policy));
+        components.push(("protocol", c.protocol));
+        components.push(("freshness", c.freshness));
+        components.push(("policy", c.policy));
         components.push(("lexical", s.lexical));
         // Examples close to the best one are evidence; far worse ones are not.
-        let matched_units = match example {
-            Some(best) => unit_scores
-                .into_iter()
-                .take_while(|(_, sc)| *sc >= best - 0.1)
-                .take(3)
-                .filter_map(|(i, sc)| d.units.get(i).map(|u| (u.clone(), sc)))
-                .collect(),
-            None => Vec::new(),
+        let matched_units = match (c.example, ctx.query_i8) {
+            (Some(best), Some((qv, qs))) => {
+                let mut scores: Vec<(usize, f32)> = d
+                    .unit_vectors
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (uv, us))| (i, dot_i8(qv, uv) as f32 * qs * us))
+                    .collect();
+                scores.sort_by(|a, b| b.1.total_cmp(&a.1));
+                scores
+                    .into_iter()
+                    .take_while(|(_, sc)| *sc >= best - 0.1)
+                    .take(3)
+                    .filter_map(|(i, sc)| d.units.get(i).map(|u| (u.clone(), sc)))
+                    .collect()
+            }
+            _ => Vec::new(),
         };
         Hit {
             id: d.id.clone(),
-            score,
+            score: c.score,
             components,
             matched_tags,
             matched_units,
@@ -684,11 +758,11 @@ impl Index {
         }
     }
 
-    /// Among the top `window` hits, a hit that nearly repeats a better one
-    /// (same name and description, or nearly the same profile vector) is
-    /// pushed down and says whose copy it is.
-    fn mark_duplicates(&self, hits: &mut [(Hit, u32)], window: usize) {
-        let n = hits.len().min(window);
+    /// A hit that nearly repeats a better one (same name and description,
+    /// or nearly the same profile vector) is pushed down and says whose
+    /// copy it is.
+    fn mark_duplicates(&self, hits: &mut [(Hit, u32)]) {
+        let n = hits.len();
         let mut changed = false;
         for i in 1..n {
             let (si, di) = (hits[i].1, self.docs[hits[i].1 as usize].as_ref());
@@ -723,6 +797,12 @@ impl Index {
         if changed {
             hits.sort_by(ranked);
         }
+    }
+
+    /// Upkeep after a batch of changes (vector partitions retrained when
+    /// the collection has doubled).
+    pub fn maintain(&mut self) {
+        self.vectors.maintain();
     }
 
     /// Partitions of the vector index (0 while every row is scanned).

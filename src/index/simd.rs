@@ -42,7 +42,8 @@ pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
-/// Dot product of two equally long i8 slices, exact in i32.
+/// Dot product of two equally long i8 slices with values in -127..=127
+/// (what [`quantize`] produces), exact in i32.
 pub fn dot_i8(a: &[i8], b: &[i8]) -> i32 {
     debug_assert_eq!(a.len(), b.len());
     #[cfg(target_arch = "x86_64")]
@@ -100,11 +101,23 @@ mod avx2 {
         sum
     }
 
+    /// Values must lie in -127..=127 (as [`super::quantize`] makes them):
+    /// 32 products per step through `maddubs`, which multiplies unsigned by
+    /// signed bytes, so `a`'s sign moves onto `b` first; a pair of products
+    /// is at most 2 · 127² and fits its i16 lane.
     #[target_feature(enable = "avx2")]
     pub unsafe fn dot_i8(a: &[i8], b: &[i8]) -> i32 {
         let n = a.len().min(b.len());
+        let ones = _mm256_set1_epi16(1);
         let mut acc = _mm256_setzero_si256();
         let mut i = 0;
+        while i + 32 <= n {
+            let x = _mm256_loadu_si256(a.as_ptr().add(i) as *const __m256i);
+            let y = _mm256_loadu_si256(b.as_ptr().add(i) as *const __m256i);
+            let pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, ones));
+            i += 32;
+        }
         while i + 16 <= n {
             let x = _mm256_cvtepi8_epi16(_mm_loadu_si128(a.as_ptr().add(i) as *const __m128i));
             let y = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.as_ptr().add(i) as *const __m128i));
@@ -144,6 +157,21 @@ mod tests {
             .map(|(&x, &y)| i32::from(x) * i32::from(y))
             .sum();
         assert_eq!(dot_i8(&qa, &qb), plain_i);
+        // Extremes of the range, where a pair of products nears i16::MAX.
+        let hi: Vec<i8> = (0..259)
+            .map(|i| if i % 3 == 0 { -127 } else { 127 })
+            .collect();
+        let lo: Vec<i8> = (0..259)
+            .map(|i| if i % 2 == 0 { -127 } else { 127 })
+            .collect();
+        for (x, y) in [(&hi, &hi), (&hi, &lo), (&lo, &hi)] {
+            let plain: i32 = x
+                .iter()
+                .zip(y)
+                .map(|(&p, &q)| i32::from(p) * i32::from(q))
+                .sum();
+            assert_eq!(dot_i8(x, y), plain);
+        }
         let approx = dot_i8(&qa, &qb) as f32 * sa * sb;
         assert!(
             (approx - plain).abs() < 0.02 * plain.abs().max(1.0),
