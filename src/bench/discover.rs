@@ -297,10 +297,15 @@ pub async fn run_size(
     tracing::info!(agents = n, load_secs, "corpus indexed; measuring queries");
 
     let mut runs = Vec::new();
-    // Server-side: the service in-process, one request at a time.
+    // Server-side: the service in-process, one request at a time, after
+    // one untimed pass (caches warm, the bulk load's compactions done).
     let mut lat = Vec::with_capacity(qs.len());
-    let wall = Instant::now();
-    for (text, tag) in &qs {
+    let mut wall = Instant::now();
+    for (pass, (text, tag)) in qs.iter().cycle().take(2 * qs.len()).enumerate() {
+        if pass == qs.len() {
+            lat.clear();
+            wall = Instant::now();
+        }
         let req = DiscoveryRequest {
             query: text.clone(),
             required_tags: tag.iter().cloned().collect(),

@@ -70,8 +70,9 @@ pub const TAG_STUFFING_THRESHOLD: usize = 16;
 /// Units (examples + operations) embedded per agent; the rest are indexed
 /// for BM25 only, so one record cannot buy unlimited vector matches.
 pub const MAX_UNITS: usize = 64;
-/// Agents holding a required tag up to this many are all scored exactly.
-const EXHAUSTIVE_LIMIT: usize = 20_000;
+/// Agents holding a required tag are all scored when they are at most this
+/// many, or no more than a vector-index query would read anyway.
+const EXHAUSTIVE_MIN: usize = 4096;
 /// Profile cosine above which two candidates count as near-duplicates.
 const DUPLICATE_COSINE: f32 = 0.985;
 const DEPRECATED_PENALTY: f32 = 0.1;
@@ -246,10 +247,39 @@ struct Doc {
     facts: AgentFacts,
     description: String,
     units: Vec<Unit>,
-    /// i8 unit vectors with their scales, aligned with `units`.
-    unit_vectors: Vec<(Vec<i8>, f32)>,
+    /// i8 unit vectors, aligned with `units`.
+    unit_vectors: UnitCodes,
     indexed_at: String,
     fingerprint: String,
+}
+
+/// A document's unit vectors as i8 codes in one block (one allocation and
+/// one sequential read per agent when it is re-ranked).
+struct UnitCodes {
+    codes: Vec<i8>,
+    scales: Vec<f32>,
+}
+
+impl UnitCodes {
+    fn new(vectors: &[Vec<f32>]) -> Self {
+        let mut codes = Vec::with_capacity(vectors.iter().map(Vec::len).sum());
+        let mut scales = Vec::with_capacity(vectors.len());
+        for v in vectors {
+            let (c, scale) = quantize(v);
+            codes.extend(c);
+            scales.push(scale);
+        }
+        Self { codes, scales }
+    }
+
+    /// Approximate cosine of the query `code` to each unit, in order.
+    fn scores<'a>(&'a self, code: &'a (Vec<i8>, f32)) -> impl Iterator<Item = f32> + 'a {
+        let dim = code.0.len().max(1);
+        self.codes
+            .chunks_exact(dim)
+            .zip(&self.scales)
+            .map(|(row, s)| dot_i8(&code.0, row) as f32 * code.1 * s)
+    }
 }
 
 /// The index. Slots are reused; a slot's profile row lives at
@@ -403,7 +433,7 @@ impl Index {
             facts: doc.facts,
             description: doc.description,
             units: doc.units,
-            unit_vectors: doc.unit_vectors.iter().map(|v| quantize(v)).collect(),
+            unit_vectors: UnitCodes::new(&doc.unit_vectors),
             indexed_at: doc.indexed_at,
             fingerprint: doc.fingerprint,
         });
@@ -485,14 +515,18 @@ impl Index {
             .min_by_key(|l| l.len());
         let query_i8 = semantic.map(quantize);
         let mut cands: Vec<u32> = match required {
-            Some(list) if list.len() <= EXHAUSTIVE_LIMIT => {
+            Some(list) if list.len() <= self.vectors.scan_rows().max(EXHAUSTIVE_MIN) => {
                 // Scored by the i8 rows and the term heads first, so only
                 // the head of the list pays for the filters.
                 let best = list.iter().map(|&s| heads.get(s)).fold(0.0f32, f32::max);
+                let context = match &query_i8 {
+                    Some(code) => self.vectors.approx_each(list, code),
+                    None => vec![0.0; list.len()],
+                };
                 let scored: Vec<(f32, u32)> = list
                     .iter()
-                    .map(|&s| {
-                        let context = query_i8.as_ref().map_or(0.0, |c| self.vectors.approx(s, c));
+                    .zip(context)
+                    .map(|(&s, context)| {
                         let lexical = if best > 0.0 { heads.get(s) / best } else { 0.0 };
                         (weights.context * context + weights.lexical * lexical, s)
                     })
@@ -632,12 +666,9 @@ impl Index {
     /// The score components of one pool member.
     fn components(&self, d: &Doc, s: &Scored, ctx: &Rescoring) -> Components {
         let (q, w) = (ctx.q, ctx.w);
-        let example = ctx.query_i8.and_then(|(qv, qs)| {
-            d.unit_vectors
-                .iter()
-                .map(|(uv, us)| dot_i8(qv, uv) as f32 * qs * us)
-                .max_by(f32::total_cmp)
-        });
+        let example = ctx
+            .query_i8
+            .and_then(|code| d.unit_vectors.scores(code).max_by(f32::total_cmp));
         let tag_hits = ctx
             .wanted_tags
             .iter()
@@ -726,13 +757,9 @@ impl Index {
         components.push(("lexical", s.lexical));
         // Examples close to the best one are evidence; far worse ones are not.
         let matched_units = match (c.example, ctx.query_i8) {
-            (Some(best), Some((qv, qs))) => {
-                let mut scores: Vec<(usize, f32)> = d
-                    .unit_vectors
-                    .iter()
-                    .enumerate()
-                    .map(|(i, (uv, us))| (i, dot_i8(qv, uv) as f32 * qs * us))
-                    .collect();
+            (Some(best), Some(code)) => {
+                let mut scores: Vec<(usize, f32)> =
+                    d.unit_vectors.scores(code).enumerate().collect();
                 scores.sort_by(|a, b| b.1.total_cmp(&a.1));
                 scores
                     .into_iter()
@@ -817,8 +844,7 @@ impl Index {
             .docs
             .iter()
             .flatten()
-            .flat_map(|d| &d.unit_vectors)
-            .map(|(v, _)| v.len() + 4)
+            .map(|d| d.unit_vectors.codes.len() + d.unit_vectors.scales.len() * 4)
             .sum();
         (
             self.len(),

@@ -9,7 +9,7 @@
 //! bound by memory, and reading one block per partition instead of a row
 //! scattered per agent is what keeps it fast.
 
-use super::simd::{dot_f32, dot_i8, quantize};
+use super::simd::{dot_f32, dot_i8, prefetch, quantize};
 
 /// Below this many vectors every row is scanned.
 const IVF_MIN: usize = 4096;
@@ -226,6 +226,31 @@ impl VectorIndex {
             * self.scales[slot as usize]
     }
 
+    /// Approximate cosines of the query `code` to the vectors of `slots`
+    /// (0 for a slot without one), in order.
+    pub fn approx_each(&self, slots: &[u32], code: &(Vec<i8>, f32)) -> Vec<f32> {
+        const AHEAD: usize = 8;
+        slots
+            .iter()
+            .enumerate()
+            .map(|(i, &s)| {
+                if let Some(&next) = slots.get(i + AHEAD).filter(|&&n| self.has(n)) {
+                    prefetch(Self::row(&self.quant, next, self.dim));
+                }
+                self.approx(s, code)
+            })
+            .collect()
+    }
+
+    /// Rows one [`Self::top`] reads: all of them, or the probed partitions'
+    /// share once partitioned.
+    pub fn scan_rows(&self) -> usize {
+        match &self.ivf {
+            Some(ivf) => self.live * nprobe(ivf.lists.len()) / ivf.lists.len().max(1),
+            None => self.live,
+        }
+    }
+
     /// Up to `k` admitted slots with the best approximate scores, best
     /// first, as (slot, approximate cosine). `code` is the query quantized.
     pub fn top(
@@ -243,7 +268,7 @@ impl VectorIndex {
         match &self.ivf {
             Some(ivf) => {
                 let nlist = ivf.lists.len();
-                let nprobe = (nlist / 12).clamp(8, 64).min(nlist);
+                let nprobe = nprobe(nlist);
                 let mut order: Vec<(f32, usize)> = (0..nlist)
                     .map(|c| {
                         (
@@ -330,6 +355,11 @@ pub(crate) fn best_admitted(
         .take(k)
         .map(|(sc, s)| (s, sc))
         .collect()
+}
+
+/// Partitions a query probes: about a twelfth of them.
+fn nprobe(nlist: usize) -> usize {
+    (nlist / 12).clamp(8, 64).min(nlist)
 }
 
 fn nearest(centroids: &[f32], dim: usize, v: &[f32]) -> usize {
