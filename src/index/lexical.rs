@@ -22,7 +22,7 @@ const B: f32 = 0.75;
 /// Collections at least this large skip their most common query terms.
 const PRUNE_MIN_DOCS: u32 = 1000;
 /// Documents kept in a term's impact-ordered head.
-const HEAD: usize = 1024;
+const HEAD: usize = 512;
 
 #[derive(Default)]
 struct Term {
