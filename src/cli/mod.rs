@@ -14,7 +14,7 @@ use crate::api::error::detail_of;
 use crate::config::Config;
 use crate::convert::{metadata_from_json, record_pb_to_json, status_to_pb};
 use crate::domain::AgentStatus;
-use crate::pb::{self, registry_client::RegistryClient};
+use crate::pb::{self, discovery_client::DiscoveryClient, registry_client::RegistryClient};
 
 /// Prints a line to stdout. A closed pipe (`agentry agents list | head`)
 /// ends the program quietly instead of panicking, as Unix tools do.
@@ -441,6 +441,27 @@ pub enum AgentsCommand {
         #[arg(long)]
         reason: Option<String>,
     },
+    /// Find agents for a task in plain language (ADP discovery), best first.
+    Discover {
+        query: String,
+        /// A tag every candidate must have (repeatable).
+        #[arg(long = "require-tag")]
+        required_tags: Vec<String>,
+        /// A tag that ranks a candidate higher (repeatable).
+        #[arg(long = "prefer-tag")]
+        preferred_tags: Vec<String>,
+        /// A tag no candidate may have (repeatable).
+        #[arg(long = "exclude-tag")]
+        excluded_tags: Vec<String>,
+        /// An acceptable protocol, in order of preference (repeatable).
+        #[arg(long = "protocol")]
+        protocols: Vec<String>,
+        #[arg(long, default_value_t = 10)]
+        limit: u32,
+        /// Show why each candidate matched (tags, examples, snippet).
+        #[arg(long)]
+        evidence: bool,
+    },
     /// Stream changes, from a revision or from now.
     Watch {
         #[arg(long = "from", default_value_t = 0)]
@@ -469,6 +490,35 @@ impl From<tonic::Status> for CliError {
 
 fn local(e: impl std::fmt::Display) -> CliError {
     CliError::Local(e.to_string())
+}
+
+/// The ADP response as JSON, or one line per candidate (rank, score, id,
+/// name) with its evidence, then the warnings.
+fn print_discovery(args: &ClientArgs, r: &pb::DiscoverResponse) -> Result<(), CliError> {
+    if args.json {
+        let v = crate::convert::discovery::discover_response_to_json(r).map_err(local)?;
+        out!("{}", serde_json::to_string_pretty(&v).map_err(local)?);
+        return Ok(());
+    }
+    if r.candidates.is_empty() {
+        out!("no candidates");
+    }
+    for (i, c) in r.candidates.iter().enumerate() {
+        out!("{:>3}  {:.3}  {}  {}", i + 1, c.score, c.id, c.name);
+        if !c.matched_tags.is_empty() {
+            out!("        tags: {}", c.matched_tags.join(", "));
+        }
+        for e in &c.matched_examples {
+            out!("        example ({:.3}): {}", e.score, e.text);
+        }
+        if !c.snippet.is_empty() {
+            out!("        \"{}\"", c.snippet);
+        }
+    }
+    for w in &r.warnings {
+        out!("warning: {w}");
+    }
+    Ok(())
 }
 
 fn print_record(args: &ClientArgs, r: &pb::AgentRecord) -> Result<(), CliError> {
@@ -691,6 +741,31 @@ pub async fn run_agents(all: AgentsArgs) -> Result<(), CliError> {
             }
         }
         AgentsCommand::Watch { from } => watch(args, client, *from).await?,
+        AgentsCommand::Discover {
+            query,
+            required_tags,
+            preferred_tags,
+            excluded_tags,
+            protocols,
+            limit,
+            evidence,
+        } => {
+            let (_, channel) = args.connect(0).await?;
+            let resp = DiscoveryClient::new(channel)
+                .discover(args.request(pb::DiscoverRequest {
+                    query: query.clone(),
+                    required_tags: required_tags.clone(),
+                    preferred_tags: preferred_tags.clone(),
+                    excluded_tags: excluded_tags.clone(),
+                    protocols: protocols.clone(),
+                    limit: *limit,
+                    include_evidence: *evidence,
+                    ..Default::default()
+                })?)
+                .await?
+                .into_inner();
+            print_discovery(args, &resp)?;
+        }
     }
     Ok(())
 }

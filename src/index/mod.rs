@@ -42,6 +42,8 @@ pub struct IndexStats {
     pub indexed_revision: u64,
     pub rebuilds: u64,
     pub last_rebuild_ms: u64,
+    /// False when ranking runs without vectors (no model loaded).
+    pub embedder_loaded: bool,
 }
 
 struct Shared {
@@ -153,6 +155,7 @@ impl SearchIndex {
             indexed_revision: self.indexed_revision(),
             rebuilds: self.shared.rebuilds.load(Ordering::Relaxed),
             last_rebuild_ms: self.shared.last_rebuild_ms.load(Ordering::Relaxed),
+            embedder_loaded: self.shared.embedder.is_some(),
         }
     }
 

@@ -527,5 +527,38 @@ async fn the_demo_directory_gives_a_first_search_that_means_something() {
         .as_array()
         .unwrap()
         .is_empty());
+
+    // The same search from the command line: a table, and ADP JSON.
+    // (tokio's Command: a blocking wait would stall the server, which runs
+    // on this test's runtime.)
+    let grpc = server.grpc.as_str();
+    let cli = |extra: &'static [&'static str]| async move {
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
+            .args(["agents", "--server", grpc])
+            .args(extra)
+            .args([
+                "discover",
+                "Will it rain in Paris this weekend?",
+                "--limit",
+                "3",
+                "--evidence",
+            ])
+            .env("AGENTRY_LOG", "warn")
+            .output()
+            .await
+            .expect("the CLI runs");
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let table = cli(&[]).await;
+    let first = table.lines().next().unwrap_or_default();
+    assert!(
+        first.trim_start().starts_with("1 ") && first.contains("WeatherTool"),
+        "{table}"
+    );
+    assert!(table.contains("example ("), "evidence is shown: {table}");
+    let json: Value = serde_json::from_str(&cli(&["--json"]).await).unwrap();
+    assert_eq!(json["candidates"][0]["id"], "WeatherTool", "{json}");
+    assert_eq!(json["candidates"].as_array().unwrap().len(), 3);
     server.stop().await;
 }

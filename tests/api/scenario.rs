@@ -432,6 +432,9 @@ async fn search_health_readiness_and_openapi() {
     assert_eq!(sample("agentry_raft_voters"), 1);
     assert!(sample("agentry_raft_term") >= 1);
     assert!(sample("agentry_raft_applied_index") >= ready["applied_revision"].as_u64().unwrap());
+    // The discovery index was built at start and reports its size.
+    assert!(sample("agentry_discovery_index_rebuilds_total") >= 1);
+    sample("agentry_discovery_indexed_agents");
 
     // gRPC health and reflection on the public listener.
     let channel = tonic::transport::Channel::from_shared(s.grpc.clone())

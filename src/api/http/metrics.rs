@@ -1,10 +1,11 @@
 //! Prometheus text exposition of the node's state: Raft (term, leadership,
-//! log, applied and snapshot indexes, per-follower match) and the registry's
-//! change history bounds.
+//! log, applied and snapshot indexes, per-follower match), the registry's
+//! change history bounds, and the discovery index (size, revision, builds).
 
 use std::fmt::Write;
 
 use crate::consensus::NodeStatus;
+use crate::index::IndexStats;
 
 /// Content type of the Prometheus text format.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -26,7 +27,12 @@ fn counter(out: &mut String, name: &str, help: &str, samples: &[(String, u64)]) 
 }
 
 /// Renders the metrics page.
-pub fn render(s: &NodeStatus, applied_revision: u64, oldest_revision: u64) -> String {
+pub fn render(
+    s: &NodeStatus,
+    applied_revision: u64,
+    oldest_revision: u64,
+    index: &IndexStats,
+) -> String {
     let node = format!("{{node_id=\"{}\"}}", s.node_id);
     let one = |v: u64| vec![(node.clone(), v)];
     let mut out = String::new();
@@ -158,6 +164,57 @@ pub fn render(s: &NodeStatus, applied_revision: u64, oldest_revision: u64) -> St
         "Oldest revision still in the change history.",
         &one(oldest_revision),
     );
+    let discovery: [(&str, &str, u64); 8] = [
+        (
+            "agentry_discovery_indexed_agents",
+            "Agents in this node's discovery index.",
+            index.agents as u64,
+        ),
+        (
+            "agentry_discovery_indexed_revision",
+            "Revision of the last change the discovery index holds.",
+            index.indexed_revision,
+        ),
+        (
+            "agentry_discovery_terms",
+            "Distinct terms of the BM25 index.",
+            index.terms as u64,
+        ),
+        (
+            "agentry_discovery_postings",
+            "Postings of the BM25 index.",
+            index.postings as u64,
+        ),
+        (
+            "agentry_discovery_vector_bytes",
+            "Bytes held by profile and example vectors.",
+            index.vector_bytes as u64,
+        ),
+        (
+            "agentry_discovery_vector_partitions",
+            "Partitions of the vector index (0: every vector is scanned).",
+            index.partitions as u64,
+        ),
+        (
+            "agentry_discovery_last_rebuild_milliseconds",
+            "Duration of the last full index build from storage.",
+            index.last_rebuild_ms,
+        ),
+        (
+            "agentry_discovery_embedder_loaded",
+            "1 when an embedding model is loaded (0: lexical and tags only).",
+            u64::from(index.embedder_loaded),
+        ),
+    ];
+    for (name, help, value) in discovery {
+        gauge(&mut out, name, help, &one(value));
+    }
+    counter(
+        &mut out,
+        "agentry_discovery_index_rebuilds_total",
+        "Full index builds from storage (at start, and when the change feed no longer reaches back).",
+        &one(index.rebuilds),
+    );
     out
 }
 
@@ -178,7 +235,16 @@ mod tests {
             voters: vec![1, 2, 3],
             ..Default::default()
         };
-        let text = render(&s, 41, 1);
+        let index = IndexStats {
+            agents: 7,
+            rebuilds: 1,
+            embedder_loaded: true,
+            ..Default::default()
+        };
+        let text = render(&s, 41, 1, &index);
+        assert!(text.contains("agentry_discovery_indexed_agents{node_id=\"1\"} 7\n"));
+        assert!(text.contains("# TYPE agentry_discovery_index_rebuilds_total counter\n"));
+        assert!(text.contains("agentry_discovery_embedder_loaded{node_id=\"1\"} 1\n"));
         assert!(
             text.contains("# TYPE agentry_raft_term gauge\nagentry_raft_term{node_id=\"1\"} 3\n"),
             "{text}"

@@ -705,6 +705,7 @@ async fn metrics_page(State(s): State<HttpState>) -> Response {
         &service.node_status(),
         reader.applied_revision(),
         reader.oldest_revision(),
+        &service.index().stats(),
     );
     ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], body).into_response()
 }
