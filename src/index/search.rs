@@ -357,6 +357,9 @@ struct Components {
     freshness: f32,
     policy: f32,
     score: f32,
+    /// The agent's tag count when it is over the stuffing threshold.
+    stuffed_tags: Option<usize>,
+    deprecated: bool,
 }
 
 struct Scored {
@@ -646,7 +649,7 @@ impl Index {
                 Some((self.hit(d, &first[i], &ctx), slot))
             })
             .collect();
-        hits.sort_by(ranked);
+        // `hits` is in `order`'s order already, the same as `ranked`.
         self.mark_duplicates(&mut hits);
         hits.truncate(q.limit);
         hits.into_iter()
@@ -681,11 +684,13 @@ impl Index {
             tag_hits as f32 / ctx.wanted_tags.len() as f32
         };
         let n_tags = d.facts.tags.len();
-        if n_tags > TAG_STUFFING_THRESHOLD {
+        let stuffed_tags = (n_tags > TAG_STUFFING_THRESHOLD).then_some(n_tags);
+        if stuffed_tags.is_some() {
             tag *= TAG_STUFFING_THRESHOLD as f32 / n_tags as f32;
             policy -= STUFFING_PENALTY;
         }
-        if d.facts.status == AgentStatus::Deprecated {
+        let deprecated = d.facts.status == AgentStatus::Deprecated;
+        if deprecated {
             policy -= DEPRECATED_PENALTY;
         }
         let protocol = if q.filters.protocols.is_empty() {
@@ -713,6 +718,8 @@ impl Index {
             freshness,
             policy,
             score: weighted / ctx.total_weight.max(f32::EPSILON) + policy,
+            stuffed_tags,
+            deprecated,
         }
     }
 
@@ -734,13 +741,12 @@ impl Index {
             }
         }
         let mut notes = Vec::new();
-        let n_tags = d.facts.tags.len();
-        if n_tags > TAG_STUFFING_THRESHOLD {
+        if let Some(n_tags) = c.stuffed_tags {
             notes.push(format!(
                 "tag stuffing: {n_tags} tags (more than {TAG_STUFFING_THRESHOLD}); tag matches down-weighted"
             ));
         }
-        if d.facts.status == AgentStatus::Deprecated {
+        if c.deprecated {
             notes.push("deprecated".into());
         }
         let mut components = Vec::with_capacity(7);
