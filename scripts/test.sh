@@ -4,4 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
+# The `minilm` embedder's tests load the real model.
+scripts/fetch-minilm.sh
 cargo test --all-targets "$@"

@@ -69,6 +69,14 @@ impl RunningServer {
         &self.service
     }
 
+    /// Builds a snapshot now and waits for it (benchmarks).
+    pub async fn snapshot_now(&self) -> Result<(), ServerError> {
+        self.node
+            .snapshot_now(Duration::from_secs(600))
+            .await
+            .map_err(ServerError::Raft)
+    }
+
     /// Stops the listeners (letting in-flight requests finish) and Raft.
     pub async fn shutdown(self) {
         let _ = self.shutdown.send(true);
@@ -379,8 +387,8 @@ async fn load_embedder(config: &crate::config::DiscoveryConfig) -> Result<Embedd
     if config.embedder == "none" {
         return Err("discovery.embedder is \"none\"".into());
     }
-    let dir = config.model_dir();
-    let loaded = tokio::task::spawn_blocking(move || Embedder::load_model2vec(&dir))
+    let config = config.clone();
+    let loaded = tokio::task::spawn_blocking(move || Embedder::load(&config))
         .await
         .map_err(|e| e.to_string())
         .and_then(|r| r.map_err(|e| e.to_string()));

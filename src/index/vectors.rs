@@ -54,6 +54,12 @@ struct Ivf {
     assigned: Vec<u32>,
 }
 
+/// Partitions trained by [`VectorIndex::train`], to install.
+pub struct Trained {
+    ivf: Ivf,
+    rows: usize,
+}
+
 pub struct VectorIndex {
     dim: usize,
     exact: Vec<f32>,
@@ -125,9 +131,27 @@ impl VectorIndex {
     /// were last trained (or first passes [`IVF_MIN`]). Called after a batch
     /// of changes, so a rebuild trains once, on everything.
     pub fn maintain(&mut self) {
-        if self.live >= IVF_MIN && self.live >= 2 * self.trained_at {
-            self.train();
+        if let Some(t) = self.train() {
+            self.install(t);
         }
+    }
+
+    /// Whether [`Self::maintain`] would train.
+    pub fn training_due(&self) -> bool {
+        self.live >= IVF_MIN && self.live >= 2 * self.trained_at
+    }
+
+    /// New partitions for the rows held now, when training is due. Takes
+    /// `&self` so that the (seconds-long) work can run while searches go
+    /// on; [`Self::install`] swaps the result in, valid as long as no row
+    /// changed in between.
+    pub fn train(&self) -> Option<Trained> {
+        self.training_due().then(|| self.trained())
+    }
+
+    pub fn install(&mut self, t: Trained) {
+        self.ivf = Some(t.ivf);
+        self.trained_at = t.rows;
     }
 
     pub fn clear(&mut self, slot: u32) {
@@ -157,7 +181,7 @@ impl VectorIndex {
     }
 
     /// Trains the partitions on a sample and assigns every row.
-    fn train(&mut self) {
+    fn trained(&self) -> Trained {
         let dim = self.dim;
         let slots: Vec<u32> = (0..self.scales.len() as u32)
             .filter(|&s| self.has(s))
@@ -207,12 +231,14 @@ impl VectorIndex {
             lists[c].push(s, Self::row(&self.quant, s, dim), self.scales[s as usize]);
             assigned[s as usize] = c as u32;
         }
-        self.ivf = Some(Ivf {
-            centroids,
-            lists,
-            assigned,
-        });
-        self.trained_at = slots.len();
+        Trained {
+            ivf: Ivf {
+                centroids,
+                lists,
+                assigned,
+            },
+            rows: slots.len(),
+        }
     }
 
     /// Approximate cosine of the query `code` (from [`quantize`]) to the

@@ -63,7 +63,22 @@ impl RegistryService {
         }
     }
 
+    /// The query's vector; when the model fails, none and a warning.
+    async fn query_vector(&self, text: &str, warnings: &mut Vec<String>) -> Option<Vec<f32>> {
+        match self.index().query_vector(text).await {
+            Ok(v) => v,
+            Err(w) => {
+                warnings.push(w);
+                None
+            }
+        }
+    }
+
     fn model_warning(&self) -> Option<String> {
+        let stats_missing = self.index().without_vectors();
+        if stats_missing > 0 {
+            return Some(format!("{stats_missing} agent(s) are indexed without vectors because the embedder failed on them; they are found by lexical and tag matches until they are indexed again"));
+        }
         self.index().embedder_problem().map(|why| {
             format!("no embedding model is loaded ({why}); candidates are ranked by lexical and tag matches only")
         })
@@ -87,10 +102,11 @@ impl RegistryService {
                 plan.unsupported.join(", ")
             ));
         }
+        let vector = self.query_vector(&plan.query, &mut warnings).await;
         let now = time::OffsetDateTime::now_utc();
         let hits = self.index().search(Query {
             text: &plan.query,
-            vector: None,
+            vector,
             filters: &plan.filters,
             preferred_tags: &plan.preferred_tags,
             limit: plan.limit as usize,
@@ -181,9 +197,12 @@ impl RegistryService {
             owner: filter.owner,
             ..Default::default()
         };
+        // This answer has no warnings; a query the model failed on is
+        // ranked by words and tags (the failure is logged).
+        let vector = self.index().query_vector(&plan.query).await.unwrap_or(None);
         let hits = self.index().search(Query {
             text: &plan.query,
-            vector: None,
+            vector,
             filters: &filters,
             preferred_tags: &[],
             limit: top,
@@ -264,10 +283,11 @@ impl RegistryService {
             ],
             ..Default::default()
         };
+        let vector = self.query_vector(&request.intent, &mut warnings).await;
         let now = time::OffsetDateTime::now_utc();
         let hits = self.index().search(Query {
             text: &request.intent,
-            vector: None,
+            vector,
             filters: &filters,
             preferred_tags: &preferred,
             limit: max * 4 + 10,

@@ -3,6 +3,7 @@
 
 mod bad_input;
 mod discovery;
+mod embedders;
 mod harness;
 mod restart;
 mod scenario;

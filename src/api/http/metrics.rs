@@ -164,7 +164,7 @@ pub fn render(
         "Oldest revision still in the change history.",
         &one(oldest_revision),
     );
-    let discovery: [(&str, &str, u64); 8] = [
+    let discovery: [(&str, &str, u64); 9] = [
         (
             "agentry_discovery_indexed_agents",
             "Agents in this node's discovery index.",
@@ -205,6 +205,11 @@ pub fn render(
             "1 when an embedding model is loaded (0: lexical and tags only).",
             u64::from(index.embedder_loaded),
         ),
+        (
+            "agentry_discovery_agents_without_vectors",
+            "Agents indexed without vectors because the embedder failed on them.",
+            index.without_vectors as u64,
+        ),
     ];
     for (name, help, value) in discovery {
         gauge(&mut out, name, help, &one(value));
@@ -214,6 +219,12 @@ pub fn render(
         "agentry_discovery_index_rebuilds_total",
         "Full index builds from storage (at start, and when the change feed no longer reaches back).",
         &one(index.rebuilds),
+    );
+    counter(
+        &mut out,
+        "agentry_discovery_embed_failures_total",
+        "Records the embedder failed on while indexing (indexed without vectors).",
+        &one(index.embed_failures),
     );
     out
 }
