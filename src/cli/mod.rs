@@ -262,11 +262,15 @@ pub struct ServeArgs {
     /// Require an API key for reads too.
     #[arg(long, env = "AGENTRY_NO_ANONYMOUS_READS")]
     pub no_anonymous_reads: bool,
-    /// Bootstrap admin API key.
-    /// Folder of the model2vec embedding model (overrides the config file).
+    /// Folder of the embedding model (overrides the config file).
     #[arg(long, env = "AGENTRY_MODEL_DIR")]
     pub model_dir: Option<PathBuf>,
-    /// Rank without an embedding model (lexical and tag matches only).
+    /// Embedder: model2vec, minilm, openai (needs [discovery.endpoint] in
+    /// the config file) or none (overrides the config file).
+    #[arg(long, env = "AGENTRY_EMBEDDER")]
+    pub embedder: Option<String>,
+    /// Rank without an embedding model (lexical and tag matches only);
+    /// the same as `--embedder none`.
     #[arg(long)]
     pub no_embedder: bool,
     /// Register the demo directory (199 MetaTool agents) on start.
@@ -321,6 +325,9 @@ impl ServeArgs {
         }
         if let Some(v) = &self.model_dir {
             c.discovery.model_dir = Some(v.clone());
+        }
+        if let Some(e) = &self.embedder {
+            c.discovery.embedder = e.clone();
         }
         if self.no_embedder {
             c.discovery.embedder = "none".into();

@@ -304,3 +304,34 @@ async fn an_embedder_configuration_that_cannot_work_stops_the_start() {
         "{err}"
     );
 }
+
+#[cfg(feature = "minilm")]
+#[tokio::test]
+async fn minilm_from_local_files_ranks_by_meaning() {
+    // scripts/test.sh fetches the model (scripts/fetch-minilm.sh).
+    let server = TestServer::start_with(|c| c.discovery.embedder = "minilm".into()).await;
+    let h = Http::new(&server.http);
+    for meta in [translator("translator"), minimal("minimal"), summarizer()] {
+        h.call(Method::POST, "/agents", Some(ALICE), Some(meta))
+            .await
+            .expect("registers");
+    }
+    let r = discover(&h, "I need the minutes of our call condensed").await;
+    assert_eq!(r["warnings"], json!([]), "the model is loaded: {r}");
+    assert_eq!(
+        ids(&r)[0],
+        "summarizer",
+        "no shared word, same meaning: {r}"
+    );
+    assert!(
+        r["candidates"][0]["score_components"]["context"]
+            .as_f64()
+            .is_some_and(|c| c > 0.2),
+        "{r}"
+    );
+    assert_eq!(
+        metric(&server, "agentry_discovery_embedder_loaded").await,
+        1.0
+    );
+    server.stop().await;
+}
