@@ -112,6 +112,32 @@ fn agent_metadata(v: Value) -> Result<pb::AgentMetadata, CliError> {
     metadata_from_json(dataset_agent_json(v).map_err(local)?).map_err(local)
 }
 
+/// A slow embedder can leave the index behind the load; queries asked
+/// before it caught up would be scored against part of the set.
+async fn wait_until_indexed(
+    c: &crate::cli::ClientArgs,
+    mut discovery: DiscoveryClient<tonic::transport::Channel>,
+) -> Result<(), CliError> {
+    let started = Instant::now();
+    loop {
+        let req = pb::DiscoverRequest {
+            query: "probe".into(),
+            limit: 1,
+            detail: "minimal".into(),
+            ..Default::default()
+        };
+        let resp = discovery.discover(c.request(req)?).await?.into_inner();
+        if !resp.warnings.iter().any(|w| w.contains("catching up")) {
+            return Ok(());
+        }
+        if started.elapsed() > std::time::Duration::from_secs(1800) {
+            return Err(local(
+                "the registry did not finish indexing within 30 minutes",
+            ));
+        }
+    }
+}
+
 pub async fn run_eval(args: EvalArgs) -> Result<(), CliError> {
     let c = &args.client;
     let (_, channel) = c.connect(0).await?;
@@ -144,6 +170,7 @@ pub async fn run_eval(args: EvalArgs) -> Result<(), CliError> {
     }
     let limit = if args.components { 200 } else { 10 };
     let discovery = DiscoveryClient::new(channel);
+    wait_until_indexed(c, discovery.clone()).await?;
     let started = Instant::now();
     let answers: Vec<Result<(HashSet<String>, pb::DiscoverResponse), CliError>> =
         stream::iter(queries)

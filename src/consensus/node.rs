@@ -553,20 +553,31 @@ impl RaftNode {
 
     /// Builds a snapshot of everything applied and waits for it, so a
     /// measurement that follows is not sharing the CPU with one the log
-    /// policy would start on its own.
+    /// policy would start on its own. A trigger while a snapshot is being
+    /// built is ignored, so it is repeated until one covers `applied`.
     pub async fn snapshot_now(&self, timeout: Duration) -> Result<(), WriteError> {
+        let deadline = tokio::time::Instant::now() + timeout;
         let applied = self.raft.metrics().borrow().last_applied;
-        self.raft
-            .trigger()
-            .snapshot()
-            .await
-            .map_err(|e| WriteError::Unavailable(e.to_string()))?;
-        self.raft
-            .wait(Some(timeout))
-            .metrics(|m| m.snapshot >= applied, "snapshot built")
-            .await
-            .map(|_| ())
-            .map_err(|e| WriteError::Unavailable(e.to_string()))
+        loop {
+            self.raft
+                .trigger()
+                .snapshot()
+                .await
+                .map_err(|e| WriteError::Unavailable(e.to_string()))?;
+            let round = self
+                .raft
+                .wait(Some(Duration::from_secs(2)))
+                .metrics(|m| m.snapshot >= applied, "snapshot built")
+                .await;
+            if round.is_ok() {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(WriteError::Unavailable(format!(
+                    "no snapshot covering {applied:?} within {timeout:?}"
+                )));
+            }
+        }
     }
 
     /// Stops Raft.

@@ -11,6 +11,7 @@
 use std::ops::Range;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
 
 use safetensors::{Dtype, SafeTensors};
 use tokenizers::{Tokenizer, TruncationParams};
@@ -19,8 +20,8 @@ use tokenizers::{Tokenizer, TruncationParams};
 /// missing.
 const DEFAULT_MAX_SEQ_LENGTH: usize = 256;
 
-/// Below this many multiply-adds a linear layer is not worth a thread spawn
-/// (tens of microseconds) to split.
+/// Below this many multiply-adds (about 0.1 ms) a linear layer is not worth
+/// the wake-up round trip of handing half of it to a helper thread.
 const PARALLEL_MIN_WORK: usize = 1 << 20;
 
 /// A BERT sentence encoder with mean pooling and L2 normalisation.
@@ -81,31 +82,85 @@ enum Activation {
 
 /// Per-text working memory, reused across texts so that encoding allocates
 /// nothing but the returned vector once the buffers have grown.
+#[derive(Default)]
 struct Scratch {
-    /// How many threads one text's linear layers may be split over.
-    threads: usize,
     hidden: Vec<f32>,
     qkv: Vec<f32>,
     context: Vec<f32>,
     projected: Vec<f32>,
     intermediate: Vec<f32>,
     scores: Vec<f32>,
-    /// Output columns computed by helper threads, one buffer per helper.
+    /// Output columns computed by helper threads, one buffer per helper;
+    /// they travel to the helper with each job and come back filled.
     parts: Vec<Vec<f32>>,
 }
 
-impl Scratch {
-    fn new(threads: usize) -> Self {
-        Self {
-            threads: threads.max(1),
-            hidden: Vec::new(),
-            qkv: Vec::new(),
-            context: Vec::new(),
-            projected: Vec::new(),
-            intermediate: Vec::new(),
-            scores: Vec::new(),
-            parts: vec![Vec::new(); threads.saturating_sub(1)],
+/// Threads that take a share of one text's matrix products. They live for a
+/// whole `embed` call and wait on a channel between jobs, because spawning
+/// a thread per product (24 per text) cost 50-120 µs each on the 2-core
+/// machine this was tuned on, a sizeable part of a 10 ms query.
+struct Team<'a> {
+    helpers: Vec<Helper<'a>>,
+}
+
+/// One helper's channels. Each has its own result channel so that, should
+/// a helper die, waiting on it fails at once instead of blocking.
+struct Helper<'a> {
+    jobs: mpsc::Sender<Job<'a>>,
+    results: mpsc::Receiver<Vec<f32>>,
+}
+
+/// Output rows `rows` of `linear` for every token of `input`, into `out`.
+struct Job<'a> {
+    linear: &'a Linear,
+    /// Shared with the main thread, which takes the buffer back once every
+    /// helper has dropped its handle.
+    input: Arc<Vec<f32>>,
+    rows: Range<usize>,
+    activation: Activation,
+    out: Vec<f32>,
+}
+
+impl<'a> Team<'a> {
+    /// Runs `f` with `helpers` helper threads at its disposal (none: `None`).
+    fn run<R>(helpers: usize, f: impl FnOnce(Option<&Team<'a>>) -> R) -> R {
+        if helpers == 0 {
+            return f(None);
         }
+        std::thread::scope(|s| {
+            let team = Team {
+                helpers: (0..helpers)
+                    .map(|_| {
+                        let (jobs, job_queue) = mpsc::channel::<Job<'a>>();
+                        let (done, results) = mpsc::channel();
+                        s.spawn(move || {
+                            for job in job_queue {
+                                let Job {
+                                    linear,
+                                    input,
+                                    rows,
+                                    activation,
+                                    mut out,
+                                } = job;
+                                out.resize(input.len() / linear.inputs * rows.len(), 0.0);
+                                let width = rows.len();
+                                linear.forward_rows(&input, rows, activation, &mut out, width);
+                                // Released before replying, so the main thread
+                                // can reclaim the buffer as soon as it hears back.
+                                drop(input);
+                                if done.send(out).is_err() {
+                                    break;
+                                }
+                            }
+                        });
+                        Helper { jobs, results }
+                    })
+                    .collect(),
+            };
+            // Dropping the team closes the job channels, which ends the
+            // helpers' loops before the scope joins them.
+            f(Some(&team))
+        })
     }
 }
 
@@ -279,56 +334,65 @@ impl MiniLm {
         }
         let cores = std::thread::available_parallelism().map_or(1, usize::from);
         let workers = cores.min(texts.len());
-        let per_text = cores / workers;
+        let helpers = cores / workers - 1;
         if workers == 1 {
-            let mut scratch = Scratch::new(per_text);
-            return texts
-                .iter()
-                .map(|t| self.embed_one(t, &mut scratch))
-                .collect();
+            return Team::run(helpers, |team| {
+                let mut scratch = Scratch::default();
+                texts
+                    .iter()
+                    .map(|t| self.embed_one(t, &mut scratch, team))
+                    .collect()
+            });
         }
         let next = AtomicUsize::new(0);
         let work = || {
-            let mut scratch = Scratch::new(per_text);
-            let mut done = Vec::new();
-            loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(text) = texts.get(i) else { break };
-                done.push((i, self.embed_one(text, &mut scratch)));
-            }
-            done
+            Team::run(helpers, |team| {
+                let mut scratch = Scratch::default();
+                let mut done = Vec::new();
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(text) = texts.get(i) else { break };
+                    done.push((i, self.embed_one(text, &mut scratch, team)));
+                }
+                done
+            })
         };
         let mut out = vec![Vec::new(); texts.len()];
         std::thread::scope(|s| {
-            let helpers: Vec<_> = (1..workers).map(|_| s.spawn(work)).collect();
+            let others: Vec<_> = (1..workers).map(|_| s.spawn(work)).collect();
             let mut finished = vec![work()];
-            finished.extend(helpers.into_iter().filter_map(|h| h.join().ok()));
+            finished.extend(others.into_iter().filter_map(|h| h.join().ok()));
             for (i, v) in finished.into_iter().flatten() {
                 if let Some(slot) = out.get_mut(i) {
                     *slot = v;
                 }
             }
         });
-        // Only reachable if a helper thread died: redo its share here rather
+        // Only reachable if a worker thread died: redo its share here rather
         // than return a short or misaligned result.
-        let mut scratch = Scratch::new(1);
+        let mut scratch = Scratch::default();
         for (slot, text) in out.iter_mut().zip(texts) {
             if slot.is_empty() {
-                *slot = self.embed_one(text, &mut scratch);
+                *slot = self.embed_one(text, &mut scratch, None);
             }
         }
         out
     }
 
-    fn embed_one(&self, text: &str, scratch: &mut Scratch) -> Vec<f32> {
+    fn embed_one<'a>(
+        &'a self,
+        text: &str,
+        scratch: &mut Scratch,
+        team: Option<&Team<'a>>,
+    ) -> Vec<f32> {
         let ids = match self.tokenizer.encode_fast(text, true) {
             Ok(encoding) if !encoding.get_ids().is_empty() => encoding.get_ids().to_vec(),
             _ => self.fallback_ids.clone(),
         };
-        self.encode_ids(&ids, scratch)
+        self.encode_ids(&ids, scratch, team)
     }
 
-    fn encode_ids(&self, ids: &[u32], s: &mut Scratch) -> Vec<f32> {
+    fn encode_ids<'a>(&'a self, ids: &[u32], s: &mut Scratch, team: Option<&Team<'a>>) -> Vec<f32> {
         let h = self.hidden;
         let ids = &ids[..ids.len().min(self.max_tokens)];
         let n = ids.len();
@@ -361,36 +425,25 @@ impl MiniLm {
         self.embeddings_norm.apply(&mut s.hidden, self.eps);
 
         for layer in &self.layers {
-            let threads = s.threads;
             let parts = &mut s.parts;
+            let identity = Activation::Identity;
             layer
                 .qkv
-                .forward(&s.hidden, &mut s.qkv, Activation::Identity, threads, parts);
+                .forward(&mut s.hidden, &mut s.qkv, identity, team, parts);
             self.attention(&s.qkv, &mut s.context, &mut s.scores);
-            layer.attention_output.forward(
-                &s.context,
-                &mut s.projected,
-                Activation::Identity,
-                threads,
-                parts,
-            );
+            layer
+                .attention_output
+                .forward(&mut s.context, &mut s.projected, identity, team, parts);
             add_assign(&mut s.hidden, &s.projected);
             layer.attention_norm.apply(&mut s.hidden, self.eps);
 
-            layer.intermediate.forward(
-                &s.hidden,
-                &mut s.intermediate,
-                Activation::Gelu,
-                threads,
-                parts,
-            );
-            layer.output.forward(
-                &s.intermediate,
-                &mut s.projected,
-                Activation::Identity,
-                threads,
-                parts,
-            );
+            let gelu = Activation::Gelu;
+            layer
+                .intermediate
+                .forward(&mut s.hidden, &mut s.intermediate, gelu, team, parts);
+            layer
+                .output
+                .forward(&mut s.intermediate, &mut s.projected, identity, team, parts);
             add_assign(&mut s.hidden, &s.projected);
             layer.output_norm.apply(&mut s.hidden, self.eps);
         }
@@ -459,58 +512,58 @@ impl MiniLm {
 
 impl Linear {
     /// `output[t] = activation(weight · input[t] + bias)` for every token
-    /// row, with the output rows of the weight split over up to `threads`
-    /// threads. Splitting by output keeps each weight row on one core, so the
-    /// weights (which dominate memory traffic for short texts) are still read
-    /// once in total.
-    fn forward(
-        &self,
-        input: &[f32],
+    /// row, with the weight's output rows shared out over the team. Splitting
+    /// by output keeps each weight row on one core, so the weights (most of
+    /// the memory traffic for short texts) are still read once in total.
+    ///
+    /// `input` is only read; it is taken by value for the duration so that
+    /// the helpers can share it without copying.
+    fn forward<'a>(
+        &'a self,
+        input: &mut Vec<f32>,
         output: &mut [f32],
         activation: Activation,
-        threads: usize,
-        parts: &mut [Vec<f32>],
+        team: Option<&Team<'a>>,
+        parts: &mut Vec<Vec<f32>>,
     ) {
         let no = self.outputs;
         let tokens = input.len() / self.inputs;
-        let work = tokens * self.inputs * no;
-        let threads = if work < PARALLEL_MIN_WORK {
-            1
-        } else {
-            threads.min(parts.len() + 1).min(no.div_ceil(4)).max(1)
+        let helpers = match team {
+            Some(team) if tokens * self.inputs * no >= PARALLEL_MIN_WORK => &team.helpers[..],
+            _ => &[],
         };
+        let threads = (helpers.len() + 1).min(no.div_ceil(4));
+        if threads <= 1 {
+            self.forward_rows(input, 0..no, activation, output, no);
+            return;
+        }
+        let helpers = &helpers[..threads - 1];
         // Multiples of four, so that no group of four weight rows is split.
         let share = no.div_ceil(threads).next_multiple_of(4);
         let range = |k: usize| (k * share).min(no)..((k + 1) * share).min(no);
-        let first = range(0);
-        if threads == 1 {
-            self.forward_rows(input, first, activation, output, no);
-            return;
+        parts.resize_with(helpers.len(), Vec::new);
+
+        let shared = Arc::new(std::mem::take(input));
+        for (k, (helper, part)) in helpers.iter().zip(parts.iter_mut()).enumerate() {
+            let job = Job {
+                linear: self,
+                input: Arc::clone(&shared),
+                rows: range(k + 1),
+                activation,
+                out: std::mem::take(part),
+            };
+            // A failed send means the helper is gone; the receive below then
+            // fails too and the share is computed here instead.
+            let _ = helper.jobs.send(job);
         }
-        let parts = &mut parts[..threads - 1];
-        let finished: Vec<bool> = std::thread::scope(|s| {
-            let helpers: Vec<_> = parts
-                .iter_mut()
-                .enumerate()
-                .map(|(k, part)| {
-                    let rows = range(k + 1);
-                    part.resize(tokens * rows.len(), 0.0);
-                    s.spawn(move || {
-                        self.forward_rows(input, rows.clone(), activation, part, rows.len())
-                    })
-                })
-                .collect();
-            self.forward_rows(input, first, activation, output, no);
-            helpers.into_iter().map(|h| h.join().is_ok()).collect()
-        });
-        for (k, (part, ok)) in parts.iter_mut().zip(finished).enumerate() {
+        self.forward_rows(&shared, range(0), activation, output, no);
+        for (k, (helper, part)) in helpers.iter().zip(parts.iter_mut()).enumerate() {
             let rows = range(k + 1);
-            if !ok {
-                // A helper can only fail by panicking, which the code does not
-                // do; recompute rather than leave stale values behind.
-                part.resize(tokens * rows.len(), 0.0);
-                self.forward_rows(input, rows.clone(), activation, part, rows.len());
-            }
+            *part = helper.results.recv().unwrap_or_else(|_| {
+                let mut own = vec![0.0; tokens * rows.len()];
+                self.forward_rows(&shared, rows.clone(), activation, &mut own, rows.len());
+                own
+            });
             if rows.is_empty() {
                 continue;
             }
@@ -521,6 +574,7 @@ impl Linear {
                 out_row[rows.clone()].copy_from_slice(part_row);
             }
         }
+        *input = Arc::try_unwrap(shared).unwrap_or_else(|still_shared| still_shared.to_vec());
     }
 
     /// Computes output rows `rows` for every token into `out`, whose token
