@@ -60,6 +60,28 @@ pub struct Accumulated {
     touched: Vec<u32>,
 }
 
+thread_local! {
+    /// A dense score array per thread, reused across queries: allocating
+    /// (and zeroing) one slot per agent for every query cost page faults
+    /// at 100k agents. It is handed back with only the touched slots reset.
+    static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+impl Drop for Accumulated {
+    fn drop(&mut self) {
+        let mut scores = std::mem::take(&mut self.scores);
+        for &t in &self.touched {
+            scores[t as usize] = 0.0;
+        }
+        SCORES.with(|s| {
+            let mut pooled = s.borrow_mut();
+            if pooled.len() < scores.len() {
+                *pooled = scores;
+            }
+        });
+    }
+}
+
 impl Accumulated {
     /// The partial score of `slot` (0 when no head reached it).
     pub fn get(&self, slot: u32) -> f32 {
@@ -227,7 +249,10 @@ impl LexicalQuery<'_> {
     /// Partial scores from every query term's head: exact for documents in
     /// all the heads of their terms, a lower bound otherwise.
     pub fn accumulate(&self) -> Accumulated {
-        let mut scores = vec![0.0f32; self.index.lengths.len()];
+        let n = self.index.lengths.len();
+        let mut scores = SCORES.with(|s| std::mem::take(&mut *s.borrow_mut()));
+        // All zeros: only ever returned with its touched slots reset.
+        scores.resize(n, 0.0);
         let mut touched = Vec::new();
         for &(id, idf) in &self.terms {
             for &(w, slot) in &self.index.terms[id as usize].head {
