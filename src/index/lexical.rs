@@ -309,6 +309,28 @@ mod tests {
     }
 
     #[test]
+    fn a_reused_accumulator_starts_from_zero() {
+        let mut ix = LexicalIndex::default();
+        ix.insert(0, &terms("translate text between languages"));
+        ix.insert(1, &terms("summarise text"));
+        ix.insert(2, &terms("weather forecast"));
+        let fresh = |q: &str| -> Vec<(f32, u32)> {
+            let mut v: Vec<_> = ix.query(&terms(q)).accumulate().touched().collect();
+            v.sort_by_key(|e| e.1);
+            v
+        };
+        let first = fresh("translate text");
+        // Other queries on this thread use (and hand back) the same array.
+        let _ = fresh("weather forecast text");
+        let _ = fresh("summarise");
+        assert_eq!(fresh("translate text"), first);
+        let acc = ix.query(&terms("weather")).accumulate();
+        assert_eq!(acc.get(0), 0.0);
+        assert_eq!(acc.get(1), 0.0);
+        assert!(acc.get(2) > 0.0);
+    }
+
+    #[test]
     fn heads_hold_the_best_documents_through_inserts_and_removals() {
         // One common term at different frequencies in many documents of
         // one length (so the average length cannot drift): the head must
