@@ -176,6 +176,20 @@ fn export(
     out.flush().map_err(|e| e.to_string())
 }
 
+/// Recall of the vector candidates against an exact scan, over (up to)
+/// the first thousand queries.
+fn vector_recall(
+    index: &crate::index::SearchIndex,
+    qs: &[(String, Option<String>)],
+) -> Result<Vec<crate::index::ProbeRecall>, String> {
+    let Some(embedder) = index.embedder() else {
+        return Ok(Vec::new());
+    };
+    let texts: Vec<String> = qs.iter().take(1000).map(|(t, _)| t.clone()).collect();
+    let vectors = embedder.embed_blocking(&texts).map_err(|e| e.to_string())?;
+    Ok(index.vector_recall(&vectors, 10))
+}
+
 /// Runs `scripts/bench-peers.sh` on the exported corpus; one JSON object
 /// per line back.
 fn run_peers(dir: &Path, concurrencies: &[usize]) -> Result<Vec<Value>, String> {
@@ -206,6 +220,8 @@ pub struct SizeReport {
     pub postings_per_agent: f64,
     pub rss_bytes_per_agent: Option<f64>,
     pub partitions: usize,
+    /// Vector candidate recall per probe count (empty when unpartitioned).
+    pub recall: Vec<crate::index::ProbeRecall>,
     pub runs: Vec<Measured>,
     /// What `scripts/bench-peers.py` printed (empty without peers).
     pub peers: Vec<Value>,
@@ -362,6 +378,7 @@ pub async fn run_size(
             wall.elapsed(),
         ));
     }
+    let recall = vector_recall(service.index(), &qs)?;
     let peer_dir = dir.join("peers");
     let peer_figures = if peers {
         export(&peer_dir, n, &qs, service.index())?;
@@ -393,6 +410,7 @@ pub async fn run_size(
             .zip(rss_after)
             .map(|(b, a)| a.saturating_sub(b) as f64 / n.max(1) as f64),
         partitions: stats.partitions,
+        recall,
         runs,
         peers: peer_figures,
     })
@@ -415,6 +433,12 @@ pub fn report(sizes: &[SizeReport]) -> String {
                 b
             ))
         ));
+        for r in &s.recall {
+            out.push_str(&format!(
+                "  vector candidates probing {} of {} partitions: recall@10 in the top {} {:.3}, scan {:.0} µs\n",
+                r.nprobe, r.partitions, r.pool, r.recall, r.scan_us
+            ));
+        }
         out.push_str("  | run | p50 µs | p99 µs | queries/s |\n  |---|---|---|---|\n");
         for r in &s.runs {
             out.push_str(&format!(

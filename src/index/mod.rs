@@ -15,6 +15,8 @@ mod simd;
 pub mod text;
 mod vectors;
 
+pub use vectors::ProbeRecall;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
@@ -195,6 +197,12 @@ impl SearchIndex {
         if let Err(e) = done {
             error!(error = %e, "training the vector partitions panicked");
         }
+    }
+
+    /// Recall of the vector candidate scan against an exact scan, for the
+    /// benchmark (see [`vectors::VectorIndex::recall`]).
+    pub fn vector_recall(&self, queries: &[Vec<f32>], limit: usize) -> Vec<ProbeRecall> {
+        self.read().vector_recall(queries, limit)
     }
 
     /// Agents indexed without vectors because the embedder failed.

@@ -295,6 +295,11 @@ pub struct Size {
     pub without_vectors: usize,
 }
 
+/// Candidates re-ranked with every component for a request of `limit`.
+fn pool_size(limit: usize) -> usize {
+    (limit * 5).max(100)
+}
+
 /// The index. Slots are reused; a slot's profile row lives at
 /// `slot * dim` of `profiles`.
 pub struct Index {
@@ -509,7 +514,7 @@ impl Index {
         let terms = self.analyzer.terms(q.text);
         let dim = self.vectors.dim();
         let semantic = q.vector.as_deref().filter(|v| dim > 0 && v.len() == dim);
-        let pool = (q.limit * 5).max(100);
+        let pool = pool_size(q.limit);
         let admit = |slot: u32| {
             self.docs[slot as usize]
                 .as_ref()
@@ -868,6 +873,15 @@ impl Index {
 
     pub fn maintain(&mut self) {
         self.vectors.maintain();
+    }
+
+    /// See [`VectorIndex::recall`]; `k` = `limit`, pool as a search with it.
+    pub fn vector_recall(
+        &self,
+        queries: &[Vec<f32>],
+        limit: usize,
+    ) -> Vec<super::vectors::ProbeRecall> {
+        self.vectors.recall(queries, limit, pool_size(limit))
     }
 
     pub fn vectors_training_due(&self) -> bool {
