@@ -47,6 +47,24 @@ pub struct DiscoveryConfig {
     pub weights: crate::index::Weights,
 }
 
+/// The registry's signing identity (docs/federation.md).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct IdentityConfig {
+    /// The operator's DNS name, which every record signature names.
+    /// Default: the key file's `authority`, else this host's name. Fixed
+    /// when the cluster first establishes its identity.
+    pub authority: Option<String>,
+    /// A key file (`agentry keys generate`), for example a mounted
+    /// Kubernetes secret; its keys are added to the cluster's and the last
+    /// one signs. Without it the cluster generates its first key itself.
+    pub key_file: Option<PathBuf>,
+    /// host:port peers use to reach this registry's Federation service, as
+    /// published in `/.well-known/agentry.json`. Default: the public gRPC
+    /// listener as bound.
+    pub federation_endpoint: Option<String>,
+}
+
 /// An OpenAI-compatible `POST …/embeddings` service (OpenAI, vLLM, text
 /// embeddings inference, Ollama, …).
 #[derive(Debug, Clone, Deserialize)]
@@ -227,6 +245,8 @@ pub struct Config {
     pub api_keys: Vec<ApiKeyConfig>,
     /// Discovery: embedder and ranking weights.
     pub discovery: DiscoveryConfig,
+    /// Signing identity: authority and key file.
+    pub identity: IdentityConfig,
     /// Register the demo directory (the MetaTool agents) on start.
     pub demo: bool,
     /// Bootstrap admin key (normally from `AGENTRY_ADMIN_KEY`).
@@ -260,6 +280,7 @@ impl Default for Config {
             request_timeout_secs: 30,
             api_keys: Vec::new(),
             discovery: DiscoveryConfig::default(),
+            identity: IdentityConfig::default(),
             demo: false,
             admin_key: None,
         }

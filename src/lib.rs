@@ -10,6 +10,7 @@ pub mod cli;
 pub mod config;
 pub mod consensus;
 pub mod convert;
+pub mod crypto;
 pub mod demo;
 pub mod domain;
 pub mod index;

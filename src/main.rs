@@ -3,7 +3,9 @@
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
-use agentry::cli::{run_agents, run_bench, run_cluster, run_eval, Cli, Command};
+use agentry::cli::{
+    run_agents, run_bench, run_cluster, run_eval, run_keys, run_verify, Cli, Command,
+};
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
@@ -28,6 +30,8 @@ async fn main() -> std::process::ExitCode {
         Command::Cluster(args) => run_cluster(args).await.map_err(|e| e.to_string()),
         Command::Bench(args) => run_bench(args).await.map_err(|e| e.to_string()),
         Command::Eval(args) => run_eval(args).await.map_err(|e| e.to_string()),
+        Command::Keys(args) => run_keys(args).await.map_err(|e| e.to_string()),
+        Command::Verify(args) => run_verify(args).map_err(|e| e.to_string()),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

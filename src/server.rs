@@ -13,6 +13,7 @@ use tracing::info;
 
 use crate::api::auth::{key_digest, Authenticator};
 use crate::api::cluster::ClusterApi;
+use crate::api::federation::FederationApi;
 use crate::api::grpc::RegistryApi;
 use crate::api::http::{router, HttpState};
 use crate::config::Config;
@@ -21,9 +22,10 @@ use crate::domain::{Principal, Role};
 use crate::index::{Embedder, SearchIndex};
 use crate::pb::cluster_server::ClusterServer;
 use crate::pb::discovery_server::DiscoveryServer;
+use crate::pb::federation_server::FederationServer;
 use crate::pb::raft_transport_server::RaftTransportServer;
 use crate::pb::registry_server::RegistryServer;
-use crate::service::{ClusterService, RegistryService};
+use crate::service::{ClusterService, IdentitySettings, RegistryService};
 use crate::storage::{self, LogStore, StateMachine};
 
 /// Errors that stop the server from starting or running.
@@ -285,6 +287,15 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
         config.anonymous_reads,
         shutdown_rx.clone(),
     );
+    tokio::spawn(
+        service.clone().establish_identity(IdentitySettings {
+            authority: config.identity.authority.clone(),
+            fallback_authority: Some(hostname())
+                .filter(|h| !h.is_empty())
+                .unwrap_or_else(|| "localhost".into()),
+            key_file: config.identity.key_file.clone(),
+        }),
+    );
     if config.demo {
         tokio::spawn(crate::demo::load(service.clone()));
     }
@@ -303,6 +314,9 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<RegistryServer<RegistryApi>>().await;
     health.set_serving::<DiscoveryServer<RegistryApi>>().await;
+    health
+        .set_serving::<FederationServer<FederationApi>>()
+        .await;
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(crate::pb::FILE_DESCRIPTOR_SET)
         .build_v1()
@@ -322,6 +336,18 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
         DiscoveryServer::new(api.clone()).max_decoding_message_size(max_message),
         authenticate.clone(),
     );
+    let federation = FederationApi::new(
+        service_handle.clone(),
+        config
+            .identity
+            .federation_endpoint
+            .clone()
+            .unwrap_or_else(|| grpc_addr.to_string()),
+    );
+    let federation_service = InterceptedService::new(
+        FederationServer::new(federation.clone()),
+        authenticate.clone(),
+    );
     let cluster_service =
         InterceptedService::new(ClusterServer::new(cluster.clone()), authenticate);
     let grpc = tonic::transport::Server::builder()
@@ -331,6 +357,7 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
         .add_service(registry)
         .add_service(discovery)
         .add_service(cluster_service)
+        .add_service(federation_service)
         .serve_with_incoming_shutdown(incoming(grpc_listener), stopped(shutdown_rx.clone()));
     let grpc_task = tokio::spawn(async move {
         if let Err(e) = grpc.await {
@@ -343,6 +370,7 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
     let state = HttpState {
         api,
         cluster,
+        federation,
         auth,
         max_body: config.max_record_bytes + 64 * 1024,
     };

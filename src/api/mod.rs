@@ -5,5 +5,6 @@ pub mod auth;
 pub mod cluster;
 pub mod discovery;
 pub mod error;
+pub mod federation;
 pub mod grpc;
 pub mod http;

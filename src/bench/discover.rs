@@ -33,7 +33,7 @@ const SUFFIXES: [&str; 8] = [
 ];
 
 /// The MetaTool agents the corpus is recombined from.
-fn sources() -> Vec<Value> {
+pub fn sources() -> Vec<Value> {
     crate::demo::AGENTS
         .lines()
         .filter_map(|l| serde_json::from_str(l).ok())

@@ -1,7 +1,8 @@
-//! Benchmarks that print their figures: committed writes against etcd, and
-//! discovery latency against PostgreSQL and LanceDB.
+//! Benchmarks that print their figures: committed writes against etcd,
+//! discovery latency against PostgreSQL and LanceDB, signature throughput.
 
 pub mod discover;
+pub mod signatures;
 mod writes;
 
 pub use writes::{report, Row, WriteBench};

@@ -29,9 +29,11 @@ macro_rules! out {
 
 mod cluster;
 mod eval;
+mod keys;
 
 pub use cluster::{run_cluster, ClusterArgs};
 pub use eval::{run_eval, EvalArgs};
+pub use keys::{run_keys, run_verify, KeysArgs, VerifyArgs};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -67,6 +69,11 @@ pub enum Command {
     Bench(BenchArgs),
     /// Retrieval quality of a running registry on a labelled set.
     Eval(EvalArgs),
+    /// The registry's signing keys: make a key file, list, rotate, retire,
+    /// revoke.
+    Keys(KeysArgs),
+    /// Check a record's registry signature offline.
+    Verify(VerifyArgs),
 }
 
 #[derive(Debug, Args)]
@@ -119,6 +126,13 @@ pub enum BenchCommand {
         #[arg(long)]
         no_peers: bool,
     },
+    /// Record signing and verification throughput, one at a time and in
+    /// Ed25519 batches.
+    Signatures {
+        /// Records signed and verified.
+        #[arg(long, default_value_t = 20_000)]
+        records: usize,
+    },
 }
 
 /// Finds a program on PATH (or takes a path as given).
@@ -157,6 +171,11 @@ pub async fn run_bench(args: BenchArgs) -> Result<(), CliError> {
                     .await
                     .map_err(local)?;
             out!("{}", crate::bench::discover::report(&sizes));
+            return Ok(());
+        }
+        BenchCommand::Signatures { records } => {
+            let rates = crate::bench::signatures::run(records.max(1)).map_err(local)?;
+            out!("{}", crate::bench::signatures::report(&rates, records));
             return Ok(());
         }
     };

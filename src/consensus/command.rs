@@ -4,8 +4,11 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::crypto::{IdentityChange, IdentityRefusal};
 use crate::domain::write::{Rejection, WriteMode};
-use crate::domain::{AgentMetadata, AgentStatus, Change, Principal, Visibility};
+use crate::domain::{
+    AgentMetadata, AgentStatus, Change, Principal, PublisherKey, PublisherVerification, Visibility,
+};
 
 /// One replicated write.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -18,6 +21,10 @@ pub enum Command {
         principal: Principal,
         mode: WriteMode,
         now: String,
+        /// The verdict on the publisher's signature, judged by the node
+        /// that took the request (absent in entries from older versions).
+        #[serde(default)]
+        publisher: Option<PublisherVerification>,
     },
     /// Delete, leaving a tombstone.
     Delete {
@@ -33,16 +40,59 @@ pub enum Command {
         principal: Principal,
         now: String,
     },
+    /// Register or remove a publisher's key.
+    PublisherKey {
+        change: PublisherKeyChange,
+        principal: Principal,
+        now: String,
+    },
+    /// Re-judge a record's publisher verdict against the keys registered
+    /// now (after a key it relied on was removed).
+    Reverify { id: String, now: String },
+    /// Change the registry's signing identity (keys are made before the
+    /// command is proposed, so applying it is deterministic).
+    Identity { change: IdentityChange, now: String },
 }
 
 impl Command {
-    /// The agent id the command writes.
-    pub fn id(&self) -> &str {
+    /// The agent id the command writes, if it writes one record.
+    pub fn id(&self) -> Option<&str> {
         match self {
-            Self::Put { metadata, .. } => &metadata.id,
-            Self::Delete { id, .. } | Self::SetStatus { id, .. } => id,
+            Self::Put { metadata, .. } => Some(&metadata.id),
+            Self::Delete { id, .. } | Self::SetStatus { id, .. } | Self::Reverify { id, .. } => {
+                Some(id)
+            }
+            Self::Identity { .. } | Self::PublisherKey { .. } => None,
         }
     }
+
+    /// The leader's clock when the command was made.
+    pub fn now(&self) -> &str {
+        match self {
+            Self::Put { now, .. }
+            | Self::Delete { now, .. }
+            | Self::SetStatus { now, .. }
+            | Self::PublisherKey { now, .. }
+            | Self::Reverify { now, .. }
+            | Self::Identity { now, .. } => now,
+        }
+    }
+}
+
+/// A change to the registered publisher keys.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PublisherKeyChange {
+    /// `key_id` is computed from `public_key` by the proposer (checked).
+    Add {
+        key_id: String,
+        public_key: String,
+        namespaces: Vec<String>,
+        /// The principal the key belongs to.
+        owner: String,
+    },
+    Remove {
+        key_id: String,
+    },
 }
 
 /// The outcome of applying one log entry.
@@ -53,6 +103,17 @@ pub enum CommandResult {
     Applied(Box<Change>),
     /// The write was refused by the registry's rules; nothing changed.
     Rejected(Rejection),
+    /// An identity change took effect (`changed` false: it was already so);
+    /// `resigned` records were signed again because their key left service.
+    IdentityChanged { changed: bool, resigned: u64 },
+    /// The publisher keys after a change, and the records that relied on
+    /// a removed key (to be re-judged).
+    PublisherKeys {
+        keys: Vec<PublisherKey>,
+        affected: Vec<String>,
+    },
+    /// The identity change was refused; nothing changed.
+    IdentityRefused(IdentityRefusal),
     /// A blank or membership entry; there is no client to answer.
     Internal,
 }

@@ -10,7 +10,7 @@ mod network;
 mod node;
 mod transport;
 
-pub use command::{Command, CommandResult};
+pub use command::{Command, CommandResult, PublisherKeyChange};
 pub use faults::{Faults, LinkFault};
 pub use network::{Network, WINDOW};
 pub use node::{Bootstrap, NodeSettings, NodeStatus, RaftNode, Role, WriteError};

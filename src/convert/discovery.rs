@@ -124,6 +124,7 @@ fn round(x: f32) -> f64 {
 }
 
 pub fn discovery_result_to_pb(r: &DiscoveryResult) -> pb::DiscoverResponse {
+    let now = time::OffsetDateTime::now_utc();
     let candidates = r
         .candidates
         .iter()
@@ -189,6 +190,8 @@ pub fn discovery_result_to_pb(r: &DiscoveryResult) -> pb::DiscoverResponse {
                 metadata: Some((&c.metadata).into()),
                 notes: h.notes.clone(),
                 duplicate_of: h.duplicate_of.clone().unwrap_or_default(),
+                verification: verification_name(c.verification).into(),
+                record: c.record.as_ref().map(|r| super::record_to_pb(r, now)),
             }
         })
         .collect();
@@ -203,6 +206,13 @@ pub fn discovery_result_to_pb(r: &DiscoveryResult) -> pb::DiscoverResponse {
         indexed_revision: r.indexed_revision,
         detail: r.detail.as_str().into(),
         include_evidence: r.include_evidence,
+    }
+}
+
+pub fn verification_name(v: domain::VerificationState) -> &'static str {
+    match v {
+        domain::VerificationState::Verified => "verified",
+        domain::VerificationState::SelfAsserted => "self_asserted",
     }
 }
 
@@ -282,6 +292,12 @@ pub fn discover_response_to_json(r: &pb::DiscoverResponse) -> Result<Value, Fiel
         }
         if !c.duplicate_of.is_empty() {
             obj.insert("duplicate_of".into(), c.duplicate_of.clone().into());
+        }
+        if !c.verification.is_empty() {
+            obj.insert("verification".into(), c.verification.clone().into());
+        }
+        if let Some(record) = &c.record {
+            obj.insert("record".into(), super::record_pb_to_json(record)?);
         }
         candidates.push(Value::Object(obj));
     }

@@ -292,6 +292,18 @@ pub fn record_to_pb(r: &domain::AgentRecord, now: time::OffsetDateTime) -> pb::A
             visibility: visibility_to_pb(e.visibility) as i32,
             deleted: e.deleted,
             expired: r.metadata.is_expired_at(now),
+            publisher: e.publisher.as_ref().map(|p| pb::PublisherVerification {
+                state: discovery::verification_name(p.state).into(),
+                key_id: p.key_id.clone(),
+                reason: p.reason.clone(),
+            }),
+            signature: e.signature.as_ref().map(|s| pb::RegistrySignature {
+                alg: s.alg.clone(),
+                authority: s.authority.clone(),
+                key_id: s.key_id.clone(),
+                signed_at: s.signed_at.clone(),
+                value: s.value.clone(),
+            }),
         }),
     }
 }
@@ -330,6 +342,25 @@ pub fn record_pb_to_json(r: &pb::AgentRecord) -> Result<Value, FieldError> {
         });
         if let Some(reason) = &e.status_reason {
             env["status_reason"] = Value::String(reason.clone());
+        }
+        if let Some(p) = &e.publisher {
+            let mut v = serde_json::json!({"state": p.state});
+            if let Some(k) = &p.key_id {
+                v["key_id"] = Value::String(k.clone());
+            }
+            if let Some(r) = &p.reason {
+                v["reason"] = Value::String(r.clone());
+            }
+            env["publisher"] = v;
+        }
+        if let Some(sig) = &e.signature {
+            env["signature"] = serde_json::json!({
+                "alg": sig.alg,
+                "authority": sig.authority,
+                "key_id": sig.key_id,
+                "signed_at": sig.signed_at,
+                "value": sig.value,
+            });
         }
         obj.insert(domain::ENVELOPE_MEMBER.to_string(), env);
     }
@@ -464,6 +495,55 @@ pub fn cluster_status_to_json(s: &pb::ClusterStatus) -> Value {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// Signatures cover the record as served; the facade's JSON (built
+    /// from protobuf) must therefore be exactly `crypto`'s served form.
+    #[test]
+    fn the_served_json_is_what_signatures_cover() {
+        let metadata: domain::AgentMetadata = serde_json::from_value(json!({
+            "id": "urn:a:1", "name": "A", "description": "d",
+            "bindings": [{"protocol": "https", "endpoint": "https://a.example/x", "priority": 2}],
+            "constraints": {"rate": 1.5, "n": 3}, "x-deep": {"list": [1, 2.5, null, "s"]},
+            "signature": {"alg": "Ed25519", "key_id": "k", "value": "v"}
+        }))
+        .unwrap();
+        let mut record = domain::AgentRecord {
+            metadata,
+            envelope: domain::Envelope {
+                owner: "alice".into(),
+                revision: 7,
+                created_revision: 5,
+                registered_at: "2026-01-01T00:00:00Z".into(),
+                modified_at: "2026-01-02T00:00:00Z".into(),
+                status_reason: Some("why".into()),
+                visibility: domain::Visibility::Private,
+                deleted: false,
+                publisher: Some(domain::PublisherVerification::self_asserted("unsigned")),
+                signature: Some(domain::RegistrySignature {
+                    alg: "Ed25519".into(),
+                    authority: "r.example".into(),
+                    key_id: "ed25519-00".into(),
+                    signed_at: "2026-01-02T00:00:00Z".into(),
+                    value: "sig".into(),
+                }),
+            },
+        };
+        let now = time::OffsetDateTime::now_utc();
+        let mut served = record_pb_to_json(&record_to_pb(&record, now)).unwrap();
+        served["registry"]
+            .as_object_mut()
+            .unwrap()
+            .remove("expired");
+        assert_eq!(served, crate::crypto::signature::served_form(&record));
+        record.envelope.publisher = None;
+        record.envelope.signature = None;
+        let mut served = record_pb_to_json(&record_to_pb(&record, now)).unwrap();
+        served["registry"]
+            .as_object_mut()
+            .unwrap()
+            .remove("expired");
+        assert_eq!(served, crate::crypto::signature::served_form(&record));
+    }
 
     #[test]
     fn metadata_round_trips_through_protobuf() {

@@ -77,6 +77,9 @@ pub struct HardFilters {
     /// AIDIP search filters beyond ADP's.
     pub publisher: Option<String>,
     pub owner: Option<String>,
+    /// Only agents whose publisher metadata is verified (ADP: verified vs
+    /// self-asserted), constraint `verified_only`.
+    pub verified_only: bool,
 }
 
 /// A validated request, ready for the ranker.
@@ -94,8 +97,9 @@ pub struct DiscoveryPlan {
 }
 
 /// Constraint names understood as hard filters.
-pub const SUPPORTED_CONSTRAINTS: [&str; 6] = [
+pub const SUPPORTED_CONSTRAINTS: [&str; 7] = [
     "region",
+    "verified_only",
     "max_results_age_seconds",
     "status",
     "allow_stale",
@@ -227,6 +231,11 @@ impl DiscoveryRequest {
                         filters.statuses.push(st);
                     }
                 }
+                "verified_only" => {
+                    filters.verified_only = v
+                        .as_bool()
+                        .ok_or_else(|| FieldError::new(&p, "must be a boolean"))?;
+                }
                 "allow_stale" => {
                     filters.allow_stale = v
                         .as_bool()
@@ -282,6 +291,9 @@ impl HardFilters {
         if !self.capabilities.is_empty() {
             m.insert("capabilities".into(), list(&self.capabilities));
         }
+        if self.verified_only {
+            m.insert("verified_only".into(), true.into());
+        }
         let statuses: Vec<String> = self
             .statuses()
             .iter()
@@ -307,7 +319,7 @@ impl HardFilters {
         if facts.private && !principal.is_some_and(|p| p.may_manage(&facts.owner)) {
             return false;
         }
-        if !self.statuses().contains(&facts.status) {
+        if !self.statuses().contains(&facts.status) || (self.verified_only && !facts.verified) {
             return false;
         }
         if !self.allow_stale && facts.expires_unix.is_some_and(|t| t <= now_unix) {
@@ -358,6 +370,8 @@ pub struct AgentFacts {
     pub expires_unix: Option<i64>,
     /// `updated_at`, else when the registry last changed the record.
     pub updated_unix: i64,
+    /// The publisher's signature verified (see `PublisherVerification`).
+    pub verified: bool,
 }
 
 impl AgentFacts {
@@ -394,6 +408,7 @@ impl AgentFacts {
                 .and_then(super::time::parse)
                 .map(|t| t.unix_timestamp()),
             updated_unix: updated.map(|t| t.unix_timestamp()).unwrap_or(0),
+            verified: record.is_verified(),
         }
     }
 

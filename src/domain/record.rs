@@ -223,6 +223,92 @@ pub struct Envelope {
     pub visibility: Visibility,
     #[serde(default)]
     pub deleted: bool,
+    /// How the registry judged the publisher's ADP `signature` when it
+    /// accepted the metadata (absent on records from before the check).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub publisher: Option<PublisherVerification>,
+    /// The accepting registry's signature over the record (see
+    /// `crypto::signature`); absent only before the registry has keys.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signature: Option<RegistrySignature>,
+}
+
+/// Verified: the metadata carries an ADP `signature` by a key its owner
+/// registered for the record's id namespace. Anything else is
+/// self-asserted (ADP: services SHOULD tell the two apart).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VerificationState {
+    Verified,
+    #[default]
+    SelfAsserted,
+}
+
+/// The registry's verdict on a publisher signature.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct PublisherVerification {
+    pub state: VerificationState,
+    /// The publisher key that verified it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_id: Option<String>,
+    /// Why it is self-asserted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+impl PublisherVerification {
+    pub fn self_asserted(reason: impl Into<String>) -> Self {
+        Self {
+            state: VerificationState::SelfAsserted,
+            key_id: None,
+            reason: Some(reason.into()),
+        }
+    }
+}
+
+/// A publisher's public key, bound to its principal and the agent id
+/// prefixes it may vouch for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PublisherKey {
+    pub key_id: String,
+    /// 32-byte Ed25519 public key, base64url without padding.
+    pub public_key: String,
+    /// The principal that owns the key (and the records it can verify).
+    pub principal: String,
+    /// Agent id prefixes the key vouches for.
+    pub namespaces: Vec<String>,
+    pub added_at: String,
+}
+
+impl PublisherKey {
+    pub fn covers(&self, id: &str) -> bool {
+        self.namespaces.iter().any(|n| id.starts_with(n.as_str()))
+    }
+}
+
+impl AgentRecord {
+    /// Whether the publisher's metadata is verified (not self-asserted).
+    pub fn is_verified(&self) -> bool {
+        self.envelope
+            .publisher
+            .as_ref()
+            .is_some_and(|p| p.state == VerificationState::Verified)
+    }
+}
+
+/// A registry's ed25519 signature over the canonical form of a record.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct RegistrySignature {
+    /// Always "Ed25519".
+    pub alg: String,
+    /// The registry (its operator's DNS name) that signed.
+    pub authority: String,
+    pub key_id: String,
+    /// When it signed (RFC 3339); the key must have been valid then.
+    pub signed_at: String,
+    /// The signature, base64url without padding.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub value: String,
 }
 
 /// A stored record as the state machine keeps it.

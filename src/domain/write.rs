@@ -3,7 +3,8 @@
 //! checks and the write happen atomically in log order on every node.
 
 use super::record::{
-    AgentMetadata, AgentRecord, AgentStatus, ChangeKind, Envelope, Principal, Visibility,
+    AgentMetadata, AgentRecord, AgentStatus, ChangeKind, Envelope, Principal, PublisherKey,
+    PublisherVerification, VerificationState, Visibility,
 };
 
 /// Why a write was refused. These are values, not storage errors: a refused
@@ -22,6 +23,14 @@ pub enum Rejection {
     IncompatibleBindings { id: String, stored: String },
     #[error("stale metadata for agent '{id}': {detail}")]
     Stale { id: String, detail: String },
+    #[error("publisher key '{key_id}' not found")]
+    KeyNotFound { key_id: String },
+    #[error("publisher key '{key_id}' belongs to another principal")]
+    KeyForbidden { key_id: String },
+    #[error("publisher key '{key_id}' is already registered by another principal")]
+    KeyConflict { key_id: String },
+    #[error("agent '{id}' needs no re-judging")]
+    Unchanged { id: String },
 }
 
 /// How a metadata write treats an existing record.
@@ -97,6 +106,8 @@ pub fn decide_put(
             status_reason: None,
             visibility: visibility.unwrap_or_default(),
             deleted: false,
+            publisher: None,
+            signature: None,
         };
         return Ok((AgentRecord { metadata, envelope }, ChangeKind::Created));
     };
@@ -191,6 +202,107 @@ pub fn decide_status(
     rec.envelope.revision = revision;
     rec.envelope.modified_at = now.to_string();
     Ok(rec)
+}
+
+/// The verdict to store with `record`: the proposer's, unless the key it
+/// relied on is no longer registered for this owner and id (the keys may
+/// have changed between the check and the apply).
+pub fn settle_verdict(
+    verdict: PublisherVerification,
+    record: &AgentRecord,
+    keys: &[PublisherKey],
+) -> PublisherVerification {
+    if verdict.state != VerificationState::Verified {
+        return verdict;
+    }
+    let still = verdict.key_id.as_deref().is_some_and(|id| {
+        keys.iter().any(|k| {
+            k.key_id == id && k.principal == record.envelope.owner && k.covers(&record.metadata.id)
+        })
+    });
+    if still {
+        verdict
+    } else {
+        PublisherVerification::self_asserted(format!(
+            "key {} is no longer registered for this publisher and id",
+            verdict.key_id.unwrap_or_default()
+        ))
+    }
+}
+
+/// Decides a re-judging of `current`'s publisher verdict (after a key was
+/// removed): a change only when the verdict no longer holds.
+pub fn decide_reverify(
+    current: Option<&AgentRecord>,
+    id: &str,
+    keys: &[PublisherKey],
+    revision: u64,
+    now: &str,
+) -> Result<AgentRecord, Rejection> {
+    let current = current
+        .filter(|r| !r.envelope.deleted)
+        .ok_or_else(|| Rejection::NotFound { id: id.into() })?;
+    let Some(verdict) = current.envelope.publisher.clone() else {
+        return Err(Rejection::Unchanged { id: id.into() });
+    };
+    let settled = settle_verdict(verdict.clone(), current, keys);
+    if settled == verdict {
+        return Err(Rejection::Unchanged { id: id.into() });
+    }
+    let mut rec = current.clone();
+    rec.envelope.publisher = Some(settled);
+    rec.envelope.revision = revision;
+    rec.envelope.modified_at = now.to_string();
+    Ok(rec)
+}
+
+/// Decides a change to the publisher keys; returns the new key list.
+pub fn decide_publisher_key(
+    keys: &[PublisherKey],
+    key_id: &str,
+    added: Option<PublisherKey>,
+    principal: &Principal,
+) -> Result<Vec<PublisherKey>, Rejection> {
+    let mut next: Vec<PublisherKey> = keys.to_vec();
+    let existing = next.iter().position(|k| k.key_id == key_id);
+    match (added, existing) {
+        (Some(key), Some(at)) => {
+            if next[at].principal != key.principal {
+                return Err(Rejection::KeyConflict {
+                    key_id: key_id.into(),
+                });
+            }
+            if !principal.may_manage(&key.principal) {
+                return Err(Rejection::KeyForbidden {
+                    key_id: key_id.into(),
+                });
+            }
+            // Same key, same owner: its namespaces are replaced.
+            next[at].namespaces = key.namespaces;
+        }
+        (Some(key), None) => {
+            if !principal.may_manage(&key.principal) {
+                return Err(Rejection::KeyForbidden {
+                    key_id: key_id.into(),
+                });
+            }
+            next.push(key);
+        }
+        (None, Some(at)) => {
+            if !principal.may_manage(&next[at].principal) {
+                return Err(Rejection::KeyForbidden {
+                    key_id: key_id.into(),
+                });
+            }
+            next.remove(at);
+        }
+        (None, None) => {
+            return Err(Rejection::KeyNotFound {
+                key_id: key_id.into(),
+            })
+        }
+    }
+    Ok(next)
 }
 
 #[cfg(test)]

@@ -30,6 +30,9 @@ pub struct Candidate {
     pub redacted: bool,
     pub metadata_updated_at: String,
     pub expires_at: Option<String>,
+    pub verification: crate::domain::VerificationState,
+    /// The signed record, at full detail when nothing was redacted.
+    pub record: Option<AgentRecord>,
 }
 
 /// An ADP Discovery Response.
@@ -265,12 +268,6 @@ impl RegistryService {
         let mut warnings: Vec<String> = Vec::new();
         warnings.extend(self.index_ready(Consistency::Local).await?);
         warnings.extend(self.model_warning());
-        if request.policy.require_verified {
-            warnings.push(
-                "require_verified: this registry does not verify publisher signatures yet, so every agent counts as self-asserted"
-                    .into(),
-            );
-        }
         let preferred: Vec<String> = request.domain_tag().into_iter().collect();
         let max = request.policy.max_candidates as usize;
         // Every status but deleted is ranked, so an agent the policy refuses
@@ -305,7 +302,7 @@ impl RegistryService {
             let Some(record) = self.reader().get(&hit.id)?.filter(|r| !r.envelope.deleted) else {
                 continue;
             };
-            let reasons = request.policy.violations(&record, false);
+            let reasons = request.policy.violations(&record, record.is_verified());
             if !reasons.is_empty() {
                 excluded.push((hit.id.clone(), reasons, hit.score));
                 continue;
@@ -373,6 +370,13 @@ fn candidate(
             .clone()
             .unwrap_or_else(|| record.envelope.modified_at.clone()),
         expires_at: record.metadata.expires_at.clone(),
+        verification: record
+            .envelope
+            .publisher
+            .as_ref()
+            .map(|p| p.state)
+            .unwrap_or_default(),
+        record: (detail == Detail::Full && !redacted).then(|| record.clone()),
         hit,
         metadata,
         redacted,

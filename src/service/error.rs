@@ -65,8 +65,12 @@ impl From<Rejection> for ServiceError {
             Rejection::OwnedByOther { .. } | Rejection::IncompatibleBindings { .. } => {
                 Self::Conflict(message)
             }
-            Rejection::Forbidden { .. } => Self::Forbidden(message),
+            Rejection::Forbidden { .. } | Rejection::KeyForbidden { .. } => {
+                Self::Forbidden(message)
+            }
             Rejection::Stale { .. } => Self::Stale(message),
+            Rejection::KeyNotFound { .. } => Self::NotFound(message),
+            Rejection::KeyConflict { .. } | Rejection::Unchanged { .. } => Self::Conflict(message),
         }
     }
 }

@@ -5,9 +5,12 @@
 mod cluster;
 mod discovery;
 mod error;
+mod identity;
+mod publishers;
 mod registry;
 
 pub use cluster::{ClusterService, ClusterView, MemberView};
 pub use discovery::{Candidate, DiscoveryResult, Resolution, Resolved, CONFORMANCE_LEVEL};
 pub use error::ServiceError;
+pub use identity::{IdentitySettings, KeyChange};
 pub use registry::{Consistency, ListPage, ListQuery, RegistryService};

@@ -68,7 +68,7 @@ pub struct RegistryService {
     shutdown: watch::Receiver<bool>,
 }
 
-fn require_writer(principal: Option<&Principal>) -> Result<&Principal> {
+pub(super) fn require_writer(principal: Option<&Principal>) -> Result<&Principal> {
     match principal {
         None => Err(ServiceError::Unauthorized(
             "this operation needs an API key (Authorization: Bearer <key>)".into(),
@@ -167,10 +167,20 @@ impl RegistryService {
         match self.node.write(command).await? {
             CommandResult::Applied(change) => Ok(*change),
             CommandResult::Rejected(r) => Err(r.into()),
-            CommandResult::Internal => Err(ServiceError::Internal(
-                "a client command produced no result".into(),
-            )),
+            other => Err(ServiceError::Internal(format!(
+                "a record command produced {other:?}"
+            ))),
         }
+    }
+
+    /// Becomes true when the server shuts down.
+    pub(crate) fn shutdown_signal(&self) -> watch::Receiver<bool> {
+        self.shutdown.clone()
+    }
+
+    /// The Raft node (identity changes are proposed through it).
+    pub(crate) fn node(&self) -> &RaftNode {
+        &self.node
     }
 
     /// Registers (creates or refreshes) an agent. Returns the record and
@@ -186,6 +196,8 @@ impl RegistryService {
         if metadata.id.is_empty() {
             metadata.id = format!("agent-{}", uuid::Uuid::new_v4());
         }
+        // Judged on the metadata as sent, before normalisation changes it.
+        let verdict = self.judge_publisher(&metadata, principal)?;
         normalise_and_validate(&mut metadata, &self.limits)?;
         let change = self
             .commit(Command::Put {
@@ -194,6 +206,7 @@ impl RegistryService {
                 principal: principal.clone(),
                 mode: WriteMode::Register,
                 now: crate::domain::time::now(),
+                publisher: Some(verdict),
             })
             .await?;
         let created = change.kind == crate::domain::ChangeKind::Created;
@@ -223,6 +236,7 @@ impl RegistryService {
                 ),
             });
         }
+        let verdict = self.judge_publisher(&metadata, principal)?;
         normalise_and_validate(&mut metadata, &self.limits)?;
         let change = self
             .commit(Command::Put {
@@ -231,6 +245,7 @@ impl RegistryService {
                 principal: principal.clone(),
                 mode: WriteMode::Update,
                 now: crate::domain::time::now(),
+                publisher: Some(verdict),
             })
             .await?;
         Ok(change.record)

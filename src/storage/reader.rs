@@ -9,7 +9,8 @@ use rocksdb::DB;
 use tokio::sync::broadcast;
 
 use super::{cf, get_json, key_u64, u64_key, StorageError, CF_AGENTS, CF_CHANGES};
-use crate::domain::{AgentRecord, Change};
+use crate::crypto::Identity;
+use crate::domain::{AgentRecord, Change, PublisherKey};
 
 /// What live watchers are told.
 #[derive(Debug, Clone)]
@@ -43,6 +44,43 @@ pub(crate) struct AppliedState {
     pub revision: AtomicU64,
     pub oldest_revision: AtomicU64,
     pub changes: broadcast::Sender<Applied>,
+    /// The registry's identity as applied (secrets included: apply signs
+    /// with it); `None` until the cluster has established one.
+    pub identity: std::sync::RwLock<Option<Arc<Identity>>>,
+    /// Registered publisher keys, as applied.
+    pub publisher_keys: std::sync::RwLock<Arc<Vec<PublisherKey>>>,
+}
+
+impl AppliedState {
+    pub fn identity(&self) -> Option<Arc<Identity>> {
+        match self.identity.read() {
+            Ok(g) => g.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    pub fn publisher_keys(&self) -> Arc<Vec<PublisherKey>> {
+        match self.publisher_keys.read() {
+            Ok(g) => g.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    pub fn set_publisher_keys(&self, keys: Vec<PublisherKey>) {
+        let keys = Arc::new(keys);
+        match self.publisher_keys.write() {
+            Ok(mut g) => *g = keys,
+            Err(poisoned) => *poisoned.into_inner() = keys,
+        }
+    }
+
+    pub fn set_identity(&self, identity: Option<Identity>) {
+        let identity = identity.map(Arc::new);
+        match self.identity.write() {
+            Ok(mut g) => *g = identity,
+            Err(poisoned) => *poisoned.into_inner() = identity,
+        }
+    }
 }
 
 /// A handle for reading the registry's applied state. Cheap to clone.
@@ -61,6 +99,16 @@ impl Reader {
     /// Oldest revision still in the change history.
     pub fn oldest_revision(&self) -> u64 {
         self.applied.oldest_revision.load(Ordering::Acquire)
+    }
+
+    /// The registry's published identity (no secrets), once established.
+    pub fn identity(&self) -> Option<Identity> {
+        self.applied.identity().map(|i| i.public())
+    }
+
+    /// The registered publisher keys.
+    pub fn publisher_keys(&self) -> Arc<Vec<PublisherKey>> {
+        self.applied.publisher_keys()
     }
 
     /// Subscribes to changes applied from now on.

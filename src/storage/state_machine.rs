@@ -28,15 +28,22 @@ use super::reader::{Applied, AppliedState};
 use super::{
     cf, get_json, u64_key, Reader, StorageError as LocalError, CF_AGENTS, CF_CHANGES, CF_SM,
 };
+use crate::consensus::PublisherKeyChange;
 use crate::consensus::{
     Command, CommandResult, LogId, NodeId, StorageError, StoredMembership, TypeConfig,
 };
-use crate::domain::write::{decide_delete, decide_put, decide_status};
-use crate::domain::{AgentRecord, Change, ChangeKind};
+use crate::crypto::signature::{sign_record, still_valid};
+use crate::crypto::Identity;
+use crate::domain::write::{
+    decide_delete, decide_publisher_key, decide_put, decide_reverify, decide_status, settle_verdict,
+};
+use crate::domain::{AgentRecord, Change, ChangeKind, PublisherKey};
 
 const KEY_APPLIED: &[u8] = b"last_applied";
 const KEY_MEMBERSHIP: &[u8] = b"membership";
 const KEY_OLDEST: &[u8] = b"oldest_revision";
+const KEY_IDENTITY: &[u8] = b"identity";
+const KEY_PUBLISHER_KEYS: &[u8] = b"publisher_keys";
 /// History is trimmed in steps of this many revisions, so trimming costs one
 /// range deletion per step rather than one per write.
 const TRIM_STEP: u64 = 1024;
@@ -51,6 +58,11 @@ struct SnapshotData {
     records: Vec<AgentRecord>,
     oldest_revision: u64,
     changes: Vec<Change>,
+    /// Absent in snapshots from before records were signed.
+    #[serde(default)]
+    identity: Option<Identity>,
+    #[serde(default)]
+    publisher_keys: Vec<PublisherKey>,
 }
 
 /// Snapshot activity since the node started, for status and metrics.
@@ -133,11 +145,16 @@ impl StateMachine {
         std::fs::create_dir_all(&snapshot_dir)?;
         let applied: Option<LogId> = get_json(&db, CF_SM, KEY_APPLIED)?;
         let oldest: Option<u64> = get_json(&db, CF_SM, KEY_OLDEST)?;
+        let identity: Option<Identity> = get_json(&db, CF_SM, KEY_IDENTITY)?;
+        let publisher_keys: Vec<PublisherKey> =
+            get_json(&db, CF_SM, KEY_PUBLISHER_KEYS)?.unwrap_or_default();
         let (changes, _) = broadcast::channel(4096);
         let applied = Arc::new(AppliedState {
             revision: applied.map(|l| l.index).unwrap_or(0).into(),
             oldest_revision: oldest.unwrap_or(1).into(),
             changes,
+            identity: std::sync::RwLock::new(identity.map(Arc::new)),
+            publisher_keys: std::sync::RwLock::new(Arc::new(publisher_keys)),
         });
         Ok(Self {
             db,
@@ -164,7 +181,16 @@ impl StateMachine {
         self.snapshot_dir.join("current.snapshot")
     }
 
-    fn decide(&self, cmd: Command, current: Option<AgentRecord>, revision: u64) -> CommandResult {
+    fn decide(
+        &self,
+        cmd: Command,
+        current: Option<AgentRecord>,
+        revision: u64,
+        identity: Option<&Identity>,
+        keys: &[PublisherKey],
+    ) -> CommandResult {
+        let now = cmd.now().to_string();
+        let now = now.as_str();
         let decided = match cmd {
             Command::Put {
                 metadata,
@@ -172,6 +198,7 @@ impl StateMachine {
                 principal,
                 mode,
                 now,
+                publisher,
             } => decide_put(
                 current.as_ref(),
                 *metadata,
@@ -180,7 +207,17 @@ impl StateMachine {
                 mode,
                 revision,
                 &now,
-            ),
+            )
+            .map(|(mut record, kind)| {
+                if let Some(verdict) = publisher {
+                    record.envelope.publisher = Some(settle_verdict(verdict, &record, keys));
+                }
+                (record, kind)
+            }),
+            Command::Reverify { id, now } => {
+                decide_reverify(current.as_ref(), &id, keys, revision, &now)
+                    .map(|r| (r, ChangeKind::Updated))
+            }
             Command::Delete { id, principal, now } => {
                 decide_delete(current.as_ref(), &id, &principal, revision, &now)
                     .map(|r| (r, ChangeKind::Deleted))
@@ -201,15 +238,156 @@ impl StateMachine {
                 &now,
             )
             .map(|r| (r, ChangeKind::StatusChanged)),
+            Command::Identity { .. } | Command::PublisherKey { .. } => {
+                // Routed to their own appliers by `apply`; never here.
+                return CommandResult::Internal;
+            }
         };
         match decided {
-            Ok((record, kind)) => CommandResult::Applied(Box::new(Change {
-                revision,
-                kind,
-                record,
-            })),
+            Ok((mut record, kind)) => {
+                if let Some(identity) = identity {
+                    sign_record(identity, &mut record, now);
+                }
+                CommandResult::Applied(Box::new(Change {
+                    revision,
+                    kind,
+                    record,
+                }))
+            }
             Err(rejection) => CommandResult::Rejected(rejection),
         }
+    }
+
+    /// Applies a publisher key change into `batch`; a removal names the
+    /// records whose verdict relied on the key (the service re-judges them
+    /// one by one, each a change of its own that the index and watchers see).
+    fn apply_publisher_key(
+        &self,
+        batch: &mut WriteBatch,
+        keys: &mut Vec<PublisherKey>,
+        written: &HashMap<String, AgentRecord>,
+        change: PublisherKeyChange,
+        principal: &crate::domain::Principal,
+        now: &str,
+    ) -> Result<CommandResult, LocalError> {
+        let (key_id, added) = match change {
+            PublisherKeyChange::Add {
+                key_id,
+                public_key,
+                namespaces,
+                owner,
+            } => (
+                key_id.clone(),
+                Some(PublisherKey {
+                    key_id,
+                    public_key,
+                    principal: owner,
+                    namespaces,
+                    added_at: now.to_string(),
+                }),
+            ),
+            PublisherKeyChange::Remove { key_id } => (key_id, None),
+        };
+        let removing = added.is_none();
+        let next = match decide_publisher_key(keys, &key_id, added, principal) {
+            Ok(next) => next,
+            Err(rejection) => return Ok(CommandResult::Rejected(rejection)),
+        };
+        let sm = cf(&self.db, CF_SM)?;
+        batch.put_cf(sm, KEY_PUBLISHER_KEYS, serde_json::to_vec(&next)?);
+        let mut affected = Vec::new();
+        if removing {
+            let relies = |r: &AgentRecord| {
+                r.is_verified()
+                    && r.envelope
+                        .publisher
+                        .as_ref()
+                        .and_then(|p| p.key_id.as_deref())
+                        == Some(&key_id[..])
+            };
+            affected.extend(
+                written
+                    .values()
+                    .filter(|r| relies(r))
+                    .map(|r| r.metadata.id.clone()),
+            );
+            let mut it = self.db.raw_iterator_cf(cf(&self.db, CF_AGENTS)?);
+            it.seek_to_first();
+            while let (Some(k), Some(v)) = (it.key(), it.value()) {
+                if !written.contains_key(String::from_utf8_lossy(k).as_ref()) {
+                    let r: AgentRecord = serde_json::from_slice(v)?;
+                    if relies(&r) && !r.envelope.deleted {
+                        affected.push(r.metadata.id.clone());
+                    }
+                }
+                it.next();
+            }
+            it.status()?;
+        }
+        *keys = next.clone();
+        Ok(CommandResult::PublisherKeys {
+            keys: next,
+            affected,
+        })
+    }
+
+    /// Applies an identity change into `batch`. When keys left service (or
+    /// the identity is new), every record whose signature the identity no
+    /// longer accepts is signed again, so every served record verifies.
+    /// `written` holds this batch's records and receives the re-signed ones.
+    fn apply_identity(
+        &self,
+        batch: &mut WriteBatch,
+        identity: &mut Option<Identity>,
+        written: &mut HashMap<String, AgentRecord>,
+        change: &crate::crypto::IdentityChange,
+        now: &str,
+    ) -> Result<CommandResult, LocalError> {
+        let (next, outcome) = match Identity::apply(identity.as_ref(), change, now) {
+            Ok(applied) => applied,
+            Err(refusal) => return Ok(CommandResult::IdentityRefused(refusal)),
+        };
+        if !outcome.changed {
+            return Ok(CommandResult::IdentityChanged {
+                changed: false,
+                resigned: 0,
+            });
+        }
+        let Some(next) = next else {
+            return Ok(CommandResult::Internal);
+        };
+        let sm = cf(&self.db, CF_SM)?;
+        let agents = cf(&self.db, CF_AGENTS)?;
+        batch.put_cf(sm, KEY_IDENTITY, serde_json::to_vec(&next)?);
+        let mut stale: Vec<AgentRecord> = written
+            .values()
+            .filter(|r| !still_valid(r, &next))
+            .cloned()
+            .collect();
+        let mut it = self.db.raw_iterator_cf(agents);
+        it.seek_to_first();
+        while let (Some(k), Some(v)) = (it.key(), it.value()) {
+            let id = String::from_utf8_lossy(k);
+            if !written.contains_key(id.as_ref()) {
+                let r: AgentRecord = serde_json::from_slice(v)?;
+                if !still_valid(&r, &next) {
+                    stale.push(r);
+                }
+            }
+            it.next();
+        }
+        it.status()?;
+        let resigned = stale.len() as u64;
+        for mut r in stale {
+            sign_record(&next, &mut r, now);
+            batch.put_cf(agents, r.metadata.id.as_bytes(), serde_json::to_vec(&r)?);
+            written.insert(r.metadata.id.clone(), r);
+        }
+        *identity = Some(next);
+        Ok(CommandResult::IdentityChanged {
+            changed: true,
+            resigned,
+        })
     }
 
     /// Trims the change history in `batch` when `revision` completes a trim
@@ -305,12 +483,21 @@ impl StateMachine {
             it.next();
         }
         it.status()?;
+        let identity: Option<Identity> = read(KEY_IDENTITY)?
+            .map(|b| serde_json::from_slice(&b))
+            .transpose()?;
+        let publisher_keys: Vec<PublisherKey> = read(KEY_PUBLISHER_KEYS)?
+            .map(|b| serde_json::from_slice(&b))
+            .transpose()?
+            .unwrap_or_default();
         let data = serde_json::to_vec(&SnapshotData {
             last_applied,
             membership: membership.clone(),
             records,
             oldest_revision,
             changes,
+            identity,
+            publisher_keys,
         })?;
         let snapshot_id = format!(
             "{}-{}",
@@ -369,7 +556,18 @@ impl StateMachine {
             serde_json::to_vec(&meta.last_membership)?,
         );
         batch.put_cf(sm, KEY_OLDEST, serde_json::to_vec(&oldest)?);
+        match &data.identity {
+            Some(identity) => batch.put_cf(sm, KEY_IDENTITY, serde_json::to_vec(identity)?),
+            None => batch.delete_cf(sm, KEY_IDENTITY),
+        }
+        batch.put_cf(
+            sm,
+            KEY_PUBLISHER_KEYS,
+            serde_json::to_vec(&data.publisher_keys)?,
+        );
         self.db.write(batch)?;
+        self.applied.set_identity(data.identity);
+        self.applied.set_publisher_keys(data.publisher_keys);
         self.write_snapshot_file(&StoredSnapshot {
             meta: meta.clone(),
             data: bytes,
@@ -423,6 +621,12 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let changes = cf(&self.db, CF_CHANGES).map_err(sm_write)?;
         let mut batch = WriteBatch::default();
         let mut written: HashMap<String, AgentRecord> = HashMap::new();
+        // The identity as of each entry (an entry may change it for the
+        // ones after it); published to readers once the batch is written.
+        let mut identity: Option<Identity> = self.applied.identity().map(|i| (*i).clone());
+        let mut identity_changed = false;
+        let mut publisher_keys: Vec<PublisherKey> = (*self.applied.publisher_keys()).clone();
+        let mut keys_changed = false;
         let mut results = Vec::new();
         let mut last = None;
         let mut trimmed_to = None;
@@ -439,14 +643,40 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     );
                     CommandResult::Internal
                 }
+                EntryPayload::Normal(Command::Identity { change, now }) => {
+                    let result = self
+                        .apply_identity(&mut batch, &mut identity, &mut written, &change, &now)
+                        .map_err(sm_write)?;
+                    identity_changed |=
+                        matches!(result, CommandResult::IdentityChanged { changed: true, .. });
+                    result
+                }
+                EntryPayload::Normal(Command::PublisherKey {
+                    change,
+                    principal,
+                    now,
+                }) => {
+                    let result = self
+                        .apply_publisher_key(
+                            &mut batch,
+                            &mut publisher_keys,
+                            &written,
+                            change,
+                            &principal,
+                            &now,
+                        )
+                        .map_err(sm_write)?;
+                    keys_changed |= matches!(result, CommandResult::PublisherKeys { .. });
+                    result
+                }
                 EntryPayload::Normal(cmd) => {
-                    let current = match written.get(cmd.id()) {
+                    let id = cmd.id().unwrap_or_default();
+                    let current = match written.get(id) {
                         Some(r) => Some(r.clone()),
-                        None => {
-                            get_json(&self.db, CF_AGENTS, cmd.id().as_bytes()).map_err(sm_read)?
-                        }
+                        None => get_json(&self.db, CF_AGENTS, id.as_bytes()).map_err(sm_read)?,
                     };
-                    let result = self.decide(cmd, current, revision);
+                    let result =
+                        self.decide(cmd, current, revision, identity.as_ref(), &publisher_keys);
                     if let CommandResult::Applied(change) = &result {
                         let (record, change_json) = encode_change(change).map_err(sm_write)?;
                         let id = &change.record.metadata.id;
@@ -473,6 +703,12 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             serde_json::to_vec(&Some(last)).map_err(sm_write)?,
         );
         self.db.write(batch).map_err(sm_write)?;
+        if identity_changed {
+            self.applied.set_identity(identity);
+        }
+        if keys_changed {
+            self.applied.set_publisher_keys(publisher_keys);
+        }
         self.applied.revision.store(last.index, Ordering::Release);
         if let Some(oldest) = trimmed_to {
             self.applied

@@ -7,4 +7,5 @@ mod embedders;
 mod harness;
 mod restart;
 mod scenario;
+mod signatures;
 mod watch;

@@ -357,7 +357,42 @@ impl Cluster {
         }
     }
 
-    /// Every live record's id → description on node `id`, read locally.
+    /// `/.well-known/agentry.json` of node `id`, once the cluster has
+    /// established its identity.
+    pub async fn registry_info(&self, id: u64) -> Value {
+        for _ in 0..100 {
+            let info: Value = self
+                .http
+                .get(format!("{}/.well-known/agentry.json", self.http_url(id)))
+                .send()
+                .await
+                .expect("registry info")
+                .json()
+                .await
+                .expect("registry info json");
+            if info["established"] == true {
+                return info;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("node {id} never published an established identity");
+    }
+
+    /// One record as node `id` serves it.
+    pub async fn get(&self, id: u64, agent: &str) -> Value {
+        self.http
+            .get(format!("{}/agents/{agent}", self.http_url(id)))
+            .bearer_auth(ADMIN)
+            .send()
+            .await
+            .expect("get")
+            .json()
+            .await
+            .expect("get json")
+    }
+
+    /// Every live record's id → description and registry signature on node
+    /// `id`, read locally (so equal contents mean identical signatures too).
     pub async fn contents(&self, id: u64) -> BTreeMap<String, String> {
         let mut out = BTreeMap::new();
         let mut token = String::new();
@@ -384,7 +419,13 @@ impl Cluster {
             for a in page["agents"].as_array().expect("agents") {
                 out.insert(
                     a["id"].as_str().unwrap_or_default().to_string(),
-                    a["description"].as_str().unwrap_or_default().to_string(),
+                    format!(
+                        "{} | {}",
+                        a["description"].as_str().unwrap_or_default(),
+                        a["registry"]["signature"]["value"]
+                            .as_str()
+                            .unwrap_or("unsigned")
+                    ),
                 );
             }
             match page["next_page_token"].as_str() {

@@ -152,6 +152,18 @@ async fn replication_failover_restart_and_watch_on_every_node() {
         assert_eq!(c.contents(n).await, first, "node {n} replicated everything");
     }
     assert_eq!(first.len(), 30);
+    // One identity for the cluster, and every node serves records signed
+    // with it, byte for byte the same.
+    let info = c.registry_info(all[0]).await;
+    let identity: agentry::crypto::Identity = serde_json::from_value(info).unwrap();
+    for &n in &all {
+        let theirs: agentry::crypto::Identity =
+            serde_json::from_value(c.registry_info(n).await).unwrap();
+        assert_eq!(theirs, identity, "node {n} publishes the cluster's keys");
+        let record = c.get(n, "before-07").await;
+        agentry::crypto::signature::verify_with_identity(&record, &identity)
+            .unwrap_or_else(|e| panic!("node {n}: {e}"));
+    }
 
     // Kill the leader: a new one is elected, writes continue.
     c.kill(leader);

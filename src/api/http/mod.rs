@@ -28,6 +28,7 @@ use crate::pb::{self, registry_server::Registry};
 use crate::service::ServiceError;
 
 mod cluster;
+mod federation;
 mod metrics;
 mod openapi;
 
@@ -38,6 +39,7 @@ pub use openapi::OPENAPI_JSON;
 pub struct HttpState {
     pub api: RegistryApi,
     pub cluster: super::cluster::ClusterApi,
+    pub federation: super::federation::FederationApi,
     pub auth: Arc<Authenticator>,
     /// Largest request body accepted, in bytes.
     pub max_body: usize,
@@ -778,6 +780,37 @@ pub fn routes() -> Routes {
         "DELETE",
         "/cluster/members/{id}",
         routing::delete(cluster::remove),
+    )
+    .add(
+        "GET",
+        "/.well-known/agentry.json",
+        routing::get(federation::registry_info),
+    )
+    .add("POST", "/admin/keys", routing::post(federation::rotate_key))
+    .add(
+        "POST",
+        "/admin/keys/{key_id}/retire",
+        routing::post(federation::retire_key),
+    )
+    .add(
+        "POST",
+        "/admin/keys/{key_id}/revoke",
+        routing::post(federation::revoke_key),
+    )
+    .add(
+        "POST",
+        "/publisher-keys",
+        routing::post(federation::add_publisher_key),
+    )
+    .add(
+        "GET",
+        "/publisher-keys",
+        routing::get(federation::list_publisher_keys),
+    )
+    .add(
+        "DELETE",
+        "/publisher-keys/{key_id}",
+        routing::delete(federation::remove_publisher_key),
     )
     .add("GET", "/healthz", routing::get(healthz))
     .add("GET", "/readyz", routing::get(readyz))
