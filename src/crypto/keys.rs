@@ -15,7 +15,7 @@
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
-use ed25519_dalek::{Signer, SigningKey, VerifyingKey};
+use ed25519_dalek::{Signer as _, SigningKey, VerifyingKey};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -300,11 +300,16 @@ impl Identity {
         }
     }
 
-    /// The key that signs, with its secret.
-    pub fn signer(&self) -> Option<(&AuthorityKey, SigningKey)> {
+    /// The signing key, ready to sign. Making one derives the public key (a
+    /// scalar multiplication), so callers keep it rather than make one per
+    /// signature.
+    pub fn signer(&self) -> Option<Signer> {
         let key = self.keys.iter().find(|k| k.key_id == self.signing_key)?;
-        let signing = seed(&key.secret).ok()?;
-        Some((key, signing))
+        Some(Signer {
+            authority: self.authority.clone(),
+            key_id: key.key_id.clone(),
+            key: seed(&key.secret).ok()?,
+        })
     }
 
     /// The identity as published (no secrets).
@@ -322,14 +327,19 @@ impl Identity {
             .iter()
             .any(|k| k.key_id == key_id && k.accepts_at(at))
     }
+}
 
-    /// Signs `message` with the signing key.
-    pub fn sign(&self, message: &[u8]) -> Option<(String, String)> {
-        let (key, signing) = self.signer()?;
-        Some((
-            key.key_id.clone(),
-            URL_SAFE_NO_PAD.encode(signing.sign(message).to_bytes()),
-        ))
+/// An identity's signing key, parsed once.
+pub struct Signer {
+    pub authority: String,
+    pub key_id: String,
+    key: SigningKey,
+}
+
+impl Signer {
+    /// The signature of `message`, base64url.
+    pub fn sign(&self, message: &[u8]) -> String {
+        URL_SAFE_NO_PAD.encode(self.key.sign(message).to_bytes())
     }
 }
 

@@ -16,7 +16,7 @@ use ed25519_dalek::{Signature, Verifier, VerifyingKey};
 use serde_json::{Map, Value};
 
 use super::canonical::canonical;
-use super::keys::Identity;
+use super::keys::{Identity, Signer};
 use super::CryptoError;
 use crate::domain::{AgentRecord, RegistrySignature, ENVELOPE_MEMBER};
 
@@ -59,29 +59,22 @@ pub fn signature_of(served: &Value) -> Result<RegistrySignature, CryptoError> {
     serde_json::from_value(sig.clone()).map_err(|e| CryptoError::Malformed(e.to_string()))
 }
 
-/// Signs `record` in place with the identity's signing key at `now`.
-/// Returns false (and leaves the record unsigned) when there is no key.
-pub fn sign_record(identity: &Identity, record: &mut AgentRecord, now: &str) -> bool {
+/// Signs `record` in place at `now`.
+pub fn sign_record(signer: &Signer, record: &mut AgentRecord, now: &str) {
     record.envelope.signature = Some(RegistrySignature {
         alg: ALG.into(),
-        authority: identity.authority.clone(),
-        key_id: identity.signing_key.clone(),
+        authority: signer.authority.clone(),
+        key_id: signer.key_id.clone(),
         signed_at: now.to_string(),
         value: String::new(),
     });
-    let signed = signed_bytes(&served_form(record))
-        .ok()
-        .and_then(|bytes| identity.sign(bytes.as_bytes()));
-    match (signed, record.envelope.signature.as_mut()) {
-        (Some((key_id, value)), Some(sig)) => {
-            sig.key_id = key_id;
-            sig.value = value;
-            true
-        }
-        _ => {
-            record.envelope.signature = None;
-            false
-        }
+    // The served form of a record always has its envelope and signature,
+    // so the signed bytes always exist.
+    let value = signed_bytes(&served_form(record))
+        .map(|bytes| signer.sign(bytes.as_bytes()))
+        .unwrap_or_default();
+    if let Some(sig) = record.envelope.signature.as_mut() {
+        sig.value = value;
     }
 }
 
@@ -192,7 +185,7 @@ mod tests {
     fn a_signed_record_verifies_in_any_member_order_and_tampering_is_caught() {
         let id = identity();
         let mut r = record();
-        assert!(sign_record(&id, &mut r, "2026-03-02T10:00:00Z"));
+        sign_record(&id.signer().unwrap(), &mut r, "2026-03-02T10:00:00Z");
         let served = served_form(&r);
         verify_with_identity(&served, &id.public()).unwrap();
 
@@ -242,7 +235,7 @@ mod tests {
     fn unknown_keys_other_authorities_and_ended_keys_are_refused() {
         let id = identity();
         let mut r = record();
-        sign_record(&id, &mut r, "2026-03-02T10:00:00Z");
+        sign_record(&id.signer().unwrap(), &mut r, "2026-03-02T10:00:00Z");
         let served = served_form(&r);
 
         let mut other = id.clone();
@@ -283,7 +276,7 @@ mod tests {
         ));
         assert!(!still_valid(&r, &revoked));
         // Re-signed with the new key, it verifies again.
-        sign_record(&revoked, &mut r, "2026-04-02T00:00:00Z");
+        sign_record(&revoked.signer().unwrap(), &mut r, "2026-04-02T00:00:00Z");
         verify_with_identity(&served_form(&r), &revoked).unwrap();
 
         let mut stranger = revoked.clone();
@@ -303,7 +296,7 @@ mod tests {
         );
         let id = identity();
         let mut r = record();
-        sign_record(&id, &mut r, "2026-03-02T10:00:00Z");
+        sign_record(&id.signer().unwrap(), &mut r, "2026-03-02T10:00:00Z");
         let mut bad = served_form(&r);
         bad[ENVELOPE_MEMBER]["signature"]["value"] = Value::String("!!".into());
         assert!(matches!(

@@ -9,6 +9,7 @@ use rocksdb::DB;
 use tokio::sync::broadcast;
 
 use super::{cf, get_json, key_u64, u64_key, StorageError, CF_AGENTS, CF_CHANGES};
+use crate::crypto::keys::Signer;
 use crate::crypto::Identity;
 use crate::domain::{AgentRecord, Change, PublisherKey};
 
@@ -47,6 +48,8 @@ pub(crate) struct AppliedState {
     /// The registry's identity as applied (secrets included: apply signs
     /// with it); `None` until the cluster has established one.
     pub identity: std::sync::RwLock<Option<Arc<Identity>>>,
+    /// The identity's signing key, parsed once per identity change.
+    pub signer: std::sync::RwLock<Option<Arc<Signer>>>,
     /// Registered publisher keys, as applied.
     pub publisher_keys: std::sync::RwLock<Arc<Vec<PublisherKey>>>,
 }
@@ -74,7 +77,19 @@ impl AppliedState {
         }
     }
 
+    pub fn signer(&self) -> Option<Arc<Signer>> {
+        match self.signer.read() {
+            Ok(g) => g.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
     pub fn set_identity(&self, identity: Option<Identity>) {
+        let signer = identity.as_ref().and_then(Identity::signer).map(Arc::new);
+        match self.signer.write() {
+            Ok(mut g) => *g = signer,
+            Err(poisoned) => *poisoned.into_inner() = signer,
+        }
         let identity = identity.map(Arc::new);
         match self.identity.write() {
             Ok(mut g) => *g = identity,

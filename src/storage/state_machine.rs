@@ -32,6 +32,7 @@ use crate::consensus::PublisherKeyChange;
 use crate::consensus::{
     Command, CommandResult, LogId, NodeId, StorageError, StoredMembership, TypeConfig,
 };
+use crate::crypto::keys::Signer;
 use crate::crypto::signature::{sign_record, still_valid};
 use crate::crypto::Identity;
 use crate::domain::write::{
@@ -146,6 +147,7 @@ impl StateMachine {
         let applied: Option<LogId> = get_json(&db, CF_SM, KEY_APPLIED)?;
         let oldest: Option<u64> = get_json(&db, CF_SM, KEY_OLDEST)?;
         let identity: Option<Identity> = get_json(&db, CF_SM, KEY_IDENTITY)?;
+        let signer = identity.as_ref().and_then(Identity::signer).map(Arc::new);
         let publisher_keys: Vec<PublisherKey> =
             get_json(&db, CF_SM, KEY_PUBLISHER_KEYS)?.unwrap_or_default();
         let (changes, _) = broadcast::channel(4096);
@@ -154,6 +156,7 @@ impl StateMachine {
             oldest_revision: oldest.unwrap_or(1).into(),
             changes,
             identity: std::sync::RwLock::new(identity.map(Arc::new)),
+            signer: std::sync::RwLock::new(signer),
             publisher_keys: std::sync::RwLock::new(Arc::new(publisher_keys)),
         });
         Ok(Self {
@@ -186,7 +189,7 @@ impl StateMachine {
         cmd: Command,
         current: Option<AgentRecord>,
         revision: u64,
-        identity: Option<&Identity>,
+        signer: Option<&Signer>,
         keys: &[PublisherKey],
     ) -> CommandResult {
         let now = cmd.now().to_string();
@@ -245,8 +248,8 @@ impl StateMachine {
         };
         match decided {
             Ok((mut record, kind)) => {
-                if let Some(identity) = identity {
-                    sign_record(identity, &mut record, now);
+                if let Some(signer) = signer {
+                    sign_record(signer, &mut record, now);
                 }
                 CommandResult::Applied(Box::new(Change {
                     revision,
@@ -378,8 +381,11 @@ impl StateMachine {
         }
         it.status()?;
         let resigned = stale.len() as u64;
+        let signer = next.signer();
         for mut r in stale {
-            sign_record(&next, &mut r, now);
+            if let Some(signer) = &signer {
+                sign_record(signer, &mut r, now);
+            }
             batch.put_cf(agents, r.metadata.id.as_bytes(), serde_json::to_vec(&r)?);
             written.insert(r.metadata.id.clone(), r);
         }
@@ -624,6 +630,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         // The identity as of each entry (an entry may change it for the
         // ones after it); published to readers once the batch is written.
         let mut identity: Option<Identity> = self.applied.identity().map(|i| (*i).clone());
+        let mut signer = self.applied.signer();
         let mut identity_changed = false;
         let mut publisher_keys: Vec<PublisherKey> = (*self.applied.publisher_keys()).clone();
         let mut keys_changed = false;
@@ -647,8 +654,10 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     let result = self
                         .apply_identity(&mut batch, &mut identity, &mut written, &change, &now)
                         .map_err(sm_write)?;
-                    identity_changed |=
-                        matches!(result, CommandResult::IdentityChanged { changed: true, .. });
+                    if matches!(result, CommandResult::IdentityChanged { changed: true, .. }) {
+                        identity_changed = true;
+                        signer = identity.as_ref().and_then(Identity::signer).map(Arc::new);
+                    }
                     result
                 }
                 EntryPayload::Normal(Command::PublisherKey {
@@ -676,7 +685,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                         None => get_json(&self.db, CF_AGENTS, id.as_bytes()).map_err(sm_read)?,
                     };
                     let result =
-                        self.decide(cmd, current, revision, identity.as_ref(), &publisher_keys);
+                        self.decide(cmd, current, revision, signer.as_deref(), &publisher_keys);
                     if let CommandResult::Applied(change) = &result {
                         let (record, change_json) = encode_change(change).map_err(sm_write)?;
                         let id = &change.record.metadata.id;
