@@ -292,6 +292,14 @@ pub struct ServeArgs {
     /// the same as `--embedder none`.
     #[arg(long)]
     pub no_embedder: bool,
+    /// The operator's DNS name that record signatures name (used when the
+    /// cluster first establishes its identity).
+    #[arg(long, env = "AGENTRY_AUTHORITY")]
+    pub authority: Option<String>,
+    /// Signing key file from `agentry keys generate` (e.g. a mounted
+    /// Kubernetes secret); its keys are added and the last signs.
+    #[arg(long, env = "AGENTRY_KEY_FILE")]
+    pub key_file: Option<PathBuf>,
     /// Register the demo directory (199 MetaTool agents) on start.
     #[arg(long, env = "AGENTRY_DEMO")]
     pub demo: bool,
@@ -341,6 +349,12 @@ impl ServeArgs {
         }
         if self.no_anonymous_reads {
             c.anonymous_reads = false;
+        }
+        if let Some(v) = &self.authority {
+            c.identity.authority = Some(v.clone());
+        }
+        if let Some(v) = &self.key_file {
+            c.identity.key_file = Some(v.clone());
         }
         if let Some(v) = &self.model_dir {
             c.discovery.model_dir = Some(v.clone());
