@@ -39,6 +39,20 @@ impl FederationApi {
         }
     }
 
+    /// Retire (`revoke` false) or revoke a key.
+    async fn end_key(
+        &self,
+        req: Request<pb::EndKeyRequest>,
+        revoke: bool,
+    ) -> Result<Response<pb::KeyChangeResponse>, Status> {
+        let who = principal(&req);
+        let change = self
+            .service
+            .end_key(who.as_ref(), &req.get_ref().key_id, revoke)
+            .await?;
+        Ok(self.changed(change))
+    }
+
     fn changed(&self, c: KeyChange) -> Response<pb::KeyChangeResponse> {
         Response::new(pb::KeyChangeResponse {
             info: Some(self.info(Some(c.identity))),
@@ -189,12 +203,7 @@ impl Federation for FederationApi {
         &self,
         req: Request<pb::EndKeyRequest>,
     ) -> Result<Response<pb::KeyChangeResponse>, Status> {
-        let who = principal(&req);
-        let change = self
-            .service
-            .end_key(who.as_ref(), &req.get_ref().key_id, false)
-            .await?;
-        Ok(self.changed(change))
+        self.end_key(req, false).await
     }
 
     #[tracing::instrument(skip_all)]
@@ -202,11 +211,6 @@ impl Federation for FederationApi {
         &self,
         req: Request<pb::EndKeyRequest>,
     ) -> Result<Response<pb::KeyChangeResponse>, Status> {
-        let who = principal(&req);
-        let change = self
-            .service
-            .end_key(who.as_ref(), &req.get_ref().key_id, true)
-            .await?;
-        Ok(self.changed(change))
+        self.end_key(req, true).await
     }
 }

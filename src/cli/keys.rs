@@ -77,6 +77,16 @@ pub struct VerifyArgs {
     pub registry_info: Option<PathBuf>,
 }
 
+/// The seed of a key file's signing (last) key.
+fn signing_secret(key_file: &std::path::Path) -> Result<String, CliError> {
+    let keys = KeyFile::read(key_file).map_err(local)?;
+    Ok(keys
+        .keys
+        .last()
+        .map(|k| k.secret.clone())
+        .unwrap_or_default())
+}
+
 fn print_json(v: &Value) -> Result<(), CliError> {
     out!("{}", serde_json::to_string_pretty(v).map_err(local)?);
     Ok(())
@@ -94,12 +104,7 @@ pub async fn run_keys(args: KeysArgs) -> Result<(), CliError> {
         let text = read_input(file)?;
         let mut metadata: crate::domain::AgentMetadata =
             serde_json::from_str(&text).map_err(|e| local(format!("{file}: {e}")))?;
-        let keys = KeyFile::read(key_file).map_err(local)?;
-        let secret = keys
-            .keys
-            .last()
-            .map(|k| k.secret.clone())
-            .unwrap_or_default();
+        let secret = signing_secret(key_file)?;
         crate::crypto::publisher::sign_metadata(&mut metadata, &secret).map_err(local)?;
         return print_json(&serde_json::to_value(&metadata).map_err(local)?);
     }
@@ -111,12 +116,7 @@ pub async fn run_keys(args: KeysArgs) -> Result<(), CliError> {
         namespaces,
     } = &args.command
     {
-        let keys = KeyFile::read(key_file).map_err(local)?;
-        let secret = keys
-            .keys
-            .last()
-            .map(|k| k.secret.clone())
-            .unwrap_or_default();
+        let secret = signing_secret(key_file)?;
         let public = crate::crypto::keys::public_key_of(&secret).map_err(local)?;
         let key = client
             .add_publisher_key(c.request(pb::AddPublisherKeyRequest {

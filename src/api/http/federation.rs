@@ -55,17 +55,21 @@ pub(super) async fn rotate_key(
     )
 }
 
+async fn end_key(s: HttpState, key_id: String, headers: HeaderMap, revoke: bool) -> ApiResult {
+    let req = grpc_request(&s, &headers, pb::EndKeyRequest { key_id })?;
+    changed(if revoke {
+        s.federation.revoke_key(req).await?
+    } else {
+        s.federation.retire_key(req).await?
+    })
+}
+
 pub(super) async fn retire_key(
     State(s): State<HttpState>,
     Path(key_id): Path<String>,
     headers: HeaderMap,
 ) -> ApiResult {
-    let msg = pb::EndKeyRequest { key_id };
-    changed(
-        s.federation
-            .retire_key(grpc_request(&s, &headers, msg)?)
-            .await?,
-    )
+    end_key(s, key_id, headers, false).await
 }
 
 pub(super) async fn revoke_key(
@@ -73,12 +77,7 @@ pub(super) async fn revoke_key(
     Path(key_id): Path<String>,
     headers: HeaderMap,
 ) -> ApiResult {
-    let msg = pb::EndKeyRequest { key_id };
-    changed(
-        s.federation
-            .revoke_key(grpc_request(&s, &headers, msg)?)
-            .await?,
-    )
+    end_key(s, key_id, headers, true).await
 }
 
 #[derive(Deserialize)]
