@@ -19,13 +19,9 @@ use serde_json::{Map, Value};
 use super::canonical::canonical;
 use super::keys::decode_public;
 use super::signature::ALG;
-use crate::domain::{AgentMetadata, PublisherKey, PublisherVerification, VerificationState};
-
-/// Why a publisher signature is refused outright (the write fails: a
-/// signature that is present but wrong is an error, not a weaker claim).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct BadPublisherSignature(pub String);
+use crate::domain::{
+    AgentMetadata, FieldError, PublisherKey, PublisherVerification, VerificationState,
+};
 
 /// The bytes a publisher signs.
 pub fn signed_bytes(metadata: &AgentMetadata) -> String {
@@ -60,12 +56,14 @@ pub fn sign_metadata(
 }
 
 /// The verdict on `metadata`'s signature for a record owned by `owner`,
-/// given the registered publisher keys.
+/// given the registered publisher keys. A signature that names a registered
+/// key but is wrong is an error naming the member (the write fails: it is
+/// not a weaker claim).
 pub fn verify_publisher(
     metadata: &AgentMetadata,
     owner: &str,
     keys: &[PublisherKey],
-) -> Result<PublisherVerification, BadPublisherSignature> {
+) -> Result<PublisherVerification, FieldError> {
     let Some(sig) = &metadata.signature else {
         return Ok(PublisherVerification::self_asserted(
             "the metadata is not signed",
@@ -104,17 +102,16 @@ pub fn verify_publisher(
         .decode(value.trim_end_matches('='))
         .ok()
         .and_then(|b| <[u8; 64]>::try_from(b).ok())
-        .ok_or_else(|| {
-            BadPublisherSignature("/signature/value: not a base64url Ed25519 signature".into())
-        })?;
+        .ok_or_else(|| FieldError::new("/signature/value", "not a base64url Ed25519 signature"))?;
     let public = decode_public(&key.public_key)
-        .map_err(|e| BadPublisherSignature(format!("key {key_id}: {e}")))?;
+        .map_err(|e| FieldError::new("/signature/key_id", format!("key {key_id}: {e}")))?;
     public
         .verify(signed_bytes(metadata).as_bytes(), &Signature::from_bytes(&raw))
         .map_err(|_| {
-            BadPublisherSignature(format!(
-                "/signature: does not verify with key {key_id} (the metadata was changed after signing, or signed by another key)"
-            ))
+            FieldError::new(
+                "/signature",
+                format!("does not verify with key {key_id} (the metadata was changed after signing, or signed by another key)"),
+            )
         })?;
     Ok(PublisherVerification {
         state: VerificationState::Verified,

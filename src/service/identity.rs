@@ -15,7 +15,7 @@ use tracing::{info, instrument, warn};
 use super::{RegistryService, ServiceError};
 use crate::consensus::{Command, CommandResult};
 use crate::crypto::{Identity, IdentityChange, KeyFile, NewKey};
-use crate::domain::Principal;
+use crate::domain::{FieldError, Principal};
 
 type Result<T> = std::result::Result<T, ServiceError>;
 
@@ -91,10 +91,11 @@ impl RegistryService {
         require_admin(principal)?;
         if let Some(end) = &not_after {
             if crate::domain::time::parse(end).is_none() {
-                return Err(ServiceError::InvalidRequest {
-                    field: Some("/not_after".into()),
-                    message: format!("'{end}' is not an RFC 3339 time"),
-                });
+                return Err(FieldError::new(
+                    "/not_after",
+                    format!("'{end}' is not an RFC 3339 time"),
+                )
+                .into());
             }
         }
         if self.identity().is_none() {

@@ -9,19 +9,12 @@ use super::{RegistryService, ServiceError};
 use crate::consensus::{Command, CommandResult, PublisherKeyChange};
 use crate::crypto::keys::{decode_public, key_id};
 use crate::crypto::publisher::verify_publisher;
-use crate::domain::{AgentMetadata, Principal, PublisherKey, PublisherVerification};
+use crate::domain::{AgentMetadata, FieldError, Principal, PublisherKey, PublisherVerification};
 
 type Result<T> = std::result::Result<T, ServiceError>;
 
 const MAX_NAMESPACES: usize = 32;
 const MAX_NAMESPACE_LEN: usize = 256;
-
-fn invalid(field: &str, message: impl Into<String>) -> ServiceError {
-    ServiceError::InvalidRequest {
-        field: Some(field.into()),
-        message: format!("{field}: {}", message.into()),
-    }
-}
 
 impl RegistryService {
     /// The verdict on `metadata`'s publisher signature for a record that
@@ -39,12 +32,11 @@ impl RegistryService {
             .filter(|r| !r.envelope.deleted)
             .map(|r| r.envelope.owner)
             .unwrap_or_else(|| principal.name.clone());
-        verify_publisher(metadata, &owner, &self.reader().publisher_keys()).map_err(|e| {
-            invalid(
-                "/signature",
-                e.0.trim_start_matches("/signature: ").to_string(),
-            )
-        })
+        Ok(verify_publisher(
+            metadata,
+            &owner,
+            &self.reader().publisher_keys(),
+        )?)
     }
 
     /// Every registered publisher key; a publisher sees its own, an admin
@@ -93,21 +85,23 @@ impl RegistryService {
     ) -> Result<PublisherKey> {
         let principal = super::registry::require_writer(principal)?;
         let public =
-            decode_public(public_key).map_err(|e| invalid("/public_key", e.to_string()))?;
+            decode_public(public_key).map_err(|e| FieldError::new("/public_key", e.to_string()))?;
         if namespaces.is_empty() || namespaces.len() > MAX_NAMESPACES {
-            return Err(invalid(
+            return Err(FieldError::new(
                 "/namespaces",
                 format!("give 1 to {MAX_NAMESPACES} agent id prefixes the key vouches for"),
-            ));
+            )
+            .into());
         }
         for (i, n) in namespaces.iter().enumerate() {
             if n.is_empty() || n.len() > MAX_NAMESPACE_LEN || n.chars().any(char::is_control) {
-                return Err(invalid(
-                    &format!("/namespaces/{i}"),
+                return Err(FieldError::new(
+                    format!("/namespaces/{i}"),
                     format!(
                         "must be 1 to {MAX_NAMESPACE_LEN} characters without control characters"
                     ),
-                ));
+                )
+                .into());
             }
         }
         let owner = owner.unwrap_or_else(|| principal.name.clone());

@@ -300,38 +300,42 @@ impl StateMachine {
         batch.put_cf(sm, KEY_PUBLISHER_KEYS, serde_json::to_vec(&next)?);
         let mut affected = Vec::new();
         if removing {
-            let relies = |r: &AgentRecord| {
-                r.is_verified()
+            self.each_record(written, |r| {
+                let relies = r.is_verified()
                     && r.envelope
                         .publisher
                         .as_ref()
                         .and_then(|p| p.key_id.as_deref())
-                        == Some(&key_id[..])
-            };
-            affected.extend(
-                written
-                    .values()
-                    .filter(|r| relies(r))
-                    .map(|r| r.metadata.id.clone()),
-            );
-            let mut it = self.db.raw_iterator_cf(cf(&self.db, CF_AGENTS)?);
-            it.seek_to_first();
-            while let (Some(k), Some(v)) = (it.key(), it.value()) {
-                if !written.contains_key(String::from_utf8_lossy(k).as_ref()) {
-                    let r: AgentRecord = serde_json::from_slice(v)?;
-                    if relies(&r) && !r.envelope.deleted {
-                        affected.push(r.metadata.id.clone());
-                    }
+                        == Some(&key_id[..]);
+                if relies && !r.envelope.deleted {
+                    affected.push(r.metadata.id.clone());
                 }
-                it.next();
-            }
-            it.status()?;
+            })?;
         }
         *keys = next.clone();
         Ok(CommandResult::PublisherKeys {
             keys: next,
             affected,
         })
+    }
+
+    /// Visits every record as of this point of the batch: those written
+    /// earlier in it (`written`), then the stored ones they do not replace.
+    fn each_record(
+        &self,
+        written: &HashMap<String, AgentRecord>,
+        mut visit: impl FnMut(&AgentRecord),
+    ) -> Result<(), LocalError> {
+        written.values().for_each(&mut visit);
+        let mut it = self.db.raw_iterator_cf(cf(&self.db, CF_AGENTS)?);
+        it.seek_to_first();
+        while let (Some(k), Some(v)) = (it.key(), it.value()) {
+            if !written.contains_key(String::from_utf8_lossy(k).as_ref()) {
+                visit(&serde_json::from_slice(v)?);
+            }
+            it.next();
+        }
+        Ok(it.status()?)
     }
 
     /// Applies an identity change into `batch`. When keys left service (or
@@ -362,24 +366,12 @@ impl StateMachine {
         let sm = cf(&self.db, CF_SM)?;
         let agents = cf(&self.db, CF_AGENTS)?;
         batch.put_cf(sm, KEY_IDENTITY, serde_json::to_vec(&next)?);
-        let mut stale: Vec<AgentRecord> = written
-            .values()
-            .filter(|r| !still_valid(r, &next))
-            .cloned()
-            .collect();
-        let mut it = self.db.raw_iterator_cf(agents);
-        it.seek_to_first();
-        while let (Some(k), Some(v)) = (it.key(), it.value()) {
-            let id = String::from_utf8_lossy(k);
-            if !written.contains_key(id.as_ref()) {
-                let r: AgentRecord = serde_json::from_slice(v)?;
-                if !still_valid(&r, &next) {
-                    stale.push(r);
-                }
+        let mut stale: Vec<AgentRecord> = Vec::new();
+        self.each_record(written, |r| {
+            if !still_valid(r, &next) {
+                stale.push(r.clone());
             }
-            it.next();
-        }
-        it.status()?;
+        })?;
         let resigned = stale.len() as u64;
         let signer = next.signer();
         for mut r in stale {
