@@ -12,6 +12,7 @@ use crate::domain::{Limits, Role};
 pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:8470";
 pub const DEFAULT_GRPC_ADDR: &str = "127.0.0.1:8471";
 pub const DEFAULT_RAFT_ADDR: &str = "127.0.0.1:8472";
+pub const DEFAULT_PEER_ADDR: &str = "127.0.0.1:8473";
 pub const DEFAULT_DATA_DIR: &str = "agentry-data";
 
 /// An API key from the config file. Give the SHA-256 digest
@@ -59,10 +60,163 @@ pub struct IdentityConfig {
     /// Kubernetes secret; its keys are added to the cluster's and the last
     /// one signs. Without it the cluster generates its first key itself.
     pub key_file: Option<PathBuf>,
-    /// host:port peers use to reach this registry's Federation service, as
-    /// published in `/.well-known/agentry.json`. Default: the public gRPC
-    /// listener as bound.
+    /// Where peers reach this registry's peer listener, as published in
+    /// `/.well-known/agentry.json` (e.g. `https://registry.example:8473`).
+    /// Default: the peer listener as bound.
     pub federation_endpoint: Option<String>,
+}
+
+/// Federation with peer registries of other organisations
+/// (docs/federation.md).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FederationConfig {
+    /// How long a federated discovery waits for peers before answering
+    /// with what it has (and a warning for each peer that did not answer).
+    pub deadline_ms: u64,
+    /// Hops a federated discovery may take: 1 asks direct peers only, 2
+    /// lets them ask their peers, and so on.
+    pub max_hops: u32,
+    /// TLS for the peer listener; without it peer traffic is plain text
+    /// (for development and private networks only).
+    pub tls: Option<TlsConfig>,
+    /// The registries this one federates with.
+    pub peers: Vec<PeerConfig>,
+}
+
+impl Default for FederationConfig {
+    fn default() -> Self {
+        Self {
+            deadline_ms: 1500,
+            max_hops: 2,
+            tls: None,
+            peers: Vec::new(),
+        }
+    }
+}
+
+/// A listener's certificate, and the CA whose client certificates it
+/// requires (mutual TLS) if any. PEM files.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+    #[serde(default)]
+    pub client_ca_file: Option<PathBuf>,
+}
+
+/// One peer registry and how far it is trusted.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeerConfig {
+    /// The peer's authority: every record it signs must name it.
+    pub authority: String,
+    /// The peer listener, `http://host:port` or `https://host:port`.
+    pub endpoint: String,
+    /// Pinned Ed25519 public keys (base64url), the only keys whose
+    /// signatures are accepted from this peer.
+    #[serde(default)]
+    pub keys: Vec<String>,
+    /// Or: the peer's `/.well-known/agentry.json`, fetched on first start
+    /// and pinned in the data directory (`peers/<authority>.json`); never
+    /// fetched again while that file exists.
+    #[serde(default)]
+    pub well_known: Option<String>,
+    /// Accept only agents with at least one of these tags (empty: any).
+    #[serde(default)]
+    pub accept_tags: Vec<String>,
+    /// Accept only agent ids starting with one of these (empty: any).
+    #[serde(default)]
+    pub accept_namespaces: Vec<String>,
+    /// Ask this peer in federated discovery.
+    #[serde(default = "yes")]
+    pub fan_out: bool,
+    /// Follow this peer's change feed and keep its public records here.
+    #[serde(default)]
+    pub sync: bool,
+    /// Hops this peer may take our requests further (0: it answers for
+    /// itself only); at most `federation.max_hops - 1`.
+    #[serde(default)]
+    pub max_hops: Option<u32>,
+    /// PEM CA certificate that signed the peer's listener certificate
+    /// (https endpoints; default: the bundled web PKI roots).
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate and key for peers that require mutual TLS.
+    #[serde(default)]
+    pub client_cert_file: Option<PathBuf>,
+    #[serde(default)]
+    pub client_key_file: Option<PathBuf>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl FederationConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError::Invalid(m));
+        if !(10..=60_000).contains(&self.deadline_ms) {
+            return bad("federation.deadline_ms must be 10..=60000".into());
+        }
+        if !(1..=8).contains(&self.max_hops) {
+            return bad("federation.max_hops must be 1..=8".into());
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for p in &self.peers {
+            let name = &p.authority;
+            if name.trim().is_empty() || name.chars().any(char::is_whitespace) {
+                return bad(format!(
+                    "federation peer authority '{name}' must be a DNS name"
+                ));
+            }
+            if !seen.insert(name.clone()) {
+                return bad(format!("federation peer '{name}' is listed twice"));
+            }
+            match url::Url::parse(&p.endpoint) {
+                Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => {}
+                _ => {
+                    return bad(format!(
+                        "federation peer '{name}': endpoint must be http(s)://host:port, not '{}'",
+                        p.endpoint
+                    ))
+                }
+            }
+            match (&p.well_known, p.keys.is_empty()) {
+                (None, true) => {
+                    return bad(format!(
+                        "federation peer '{name}': give pinned `keys` or a `well_known` URL"
+                    ))
+                }
+                (Some(u), _) if url::Url::parse(u).is_err() => {
+                    return bad(format!(
+                        "federation peer '{name}': well_known '{u}' is not a URL"
+                    ))
+                }
+                _ => {}
+            }
+            for k in &p.keys {
+                if crate::crypto::keys::decode_public(k).is_err() {
+                    return bad(format!(
+                        "federation peer '{name}': '{k}' is not a base64url Ed25519 public key"
+                    ));
+                }
+            }
+            if p.max_hops.is_some_and(|h| h >= self.max_hops) {
+                return bad(format!(
+                    "federation peer '{name}': max_hops must be below federation.max_hops ({})",
+                    self.max_hops
+                ));
+            }
+            if p.client_cert_file.is_some() != p.client_key_file.is_some() {
+                return bad(format!(
+                    "federation peer '{name}': give both client_cert_file and client_key_file"
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// An OpenAI-compatible `POST …/embeddings` service (OpenAI, vLLM, text
@@ -207,6 +361,9 @@ pub struct Config {
     pub http_addr: SocketAddr,
     /// Internal Raft listener (node-to-node traffic only).
     pub raft_addr: SocketAddr,
+    /// Internal peer listener: registry-to-registry federation traffic
+    /// (never Raft, which must not be reachable from another organisation).
+    pub peer_addr: SocketAddr,
     /// host:port other nodes use to reach `raft_addr`. Default: this node's
     /// entry in `initial_members`, else `raft_addr` as bound.
     pub raft_advertise_addr: Option<String>,
@@ -247,6 +404,8 @@ pub struct Config {
     pub discovery: DiscoveryConfig,
     /// Signing identity: authority and key file.
     pub identity: IdentityConfig,
+    /// Peer registries, trust policy and the peer listener's TLS.
+    pub federation: FederationConfig,
     /// Register the demo directory (the MetaTool agents) on start.
     pub demo: bool,
     /// Bootstrap admin key (normally from `AGENTRY_ADMIN_KEY`).
@@ -263,6 +422,7 @@ impl Default for Config {
             grpc_addr: DEFAULT_GRPC_ADDR.parse().expect("constant address parses"),
             http_addr: DEFAULT_HTTP_ADDR.parse().expect("constant address parses"),
             raft_addr: DEFAULT_RAFT_ADDR.parse().expect("constant address parses"),
+            peer_addr: DEFAULT_PEER_ADDR.parse().expect("constant address parses"),
             raft_advertise_addr: None,
             bootstrap: "auto".into(),
             initial_members: Vec::new(),
@@ -281,6 +441,7 @@ impl Default for Config {
             api_keys: Vec::new(),
             discovery: DiscoveryConfig::default(),
             identity: IdentityConfig::default(),
+            federation: FederationConfig::default(),
             demo: false,
             admin_key: None,
         }
@@ -394,6 +555,7 @@ impl Config {
             ));
         }
         self.discovery.validate()?;
+        self.federation.validate()?;
         for k in &self.api_keys {
             let err = |m: &str| ConfigError::ApiKey {
                 name: k.name.clone(),

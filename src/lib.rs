@@ -13,6 +13,7 @@ pub mod convert;
 pub mod crypto;
 pub mod demo;
 pub mod domain;
+pub mod federation;
 pub mod index;
 pub mod server;
 pub mod service;

@@ -23,6 +23,7 @@ use crate::index::{Embedder, SearchIndex};
 use crate::pb::cluster_server::ClusterServer;
 use crate::pb::discovery_server::DiscoveryServer;
 use crate::pb::federation_server::FederationServer;
+use crate::pb::peering_server::PeeringServer;
 use crate::pb::raft_transport_server::RaftTransportServer;
 use crate::pb::registry_server::RegistryServer;
 use crate::service::{ClusterService, IdentitySettings, RegistryService};
@@ -55,6 +56,8 @@ pub struct RunningServer {
     pub http_addr: SocketAddr,
     /// The internal Raft listener as bound.
     pub raft_addr: SocketAddr,
+    /// The peer listener (registry-to-registry federation) as bound.
+    pub peer_addr: SocketAddr,
     /// The bootstrap admin key when this start generated it (printed once).
     pub generated_admin_key: Option<String>,
     shutdown: watch::Sender<bool>,
@@ -178,6 +181,30 @@ fn incoming(listener: TcpListener) -> tonic::transport::server::TcpIncoming {
     tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true))
 }
 
+/// The peer listener's TLS: its certificate, and client certificates
+/// required when a client CA is configured (mutual TLS).
+fn server_tls(
+    tls: &crate::config::TlsConfig,
+) -> Result<tonic::transport::ServerTlsConfig, ServerError> {
+    use tonic::transport::{Certificate, Identity, ServerTlsConfig};
+    let read = |p: &std::path::Path| {
+        std::fs::read(p).map_err(|e| {
+            crate::config::ConfigError::Invalid(format!(
+                "federation.tls: cannot read {}: {e}",
+                p.display()
+            ))
+        })
+    };
+    let mut config = ServerTlsConfig::new().identity(Identity::from_pem(
+        read(&tls.cert_file)?,
+        read(&tls.key_file)?,
+    ));
+    if let Some(ca) = &tls.client_ca_file {
+        config = config.client_ca_root(Certificate::from_pem(read(ca)?));
+    }
+    Ok(config)
+}
+
 async fn bind(addr: SocketAddr) -> Result<TcpListener, ServerError> {
     TcpListener::bind(addr)
         .await
@@ -279,6 +306,8 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
         config.discovery.weights.clone(),
     );
     let indexer = index.spawn(reader.clone(), shutdown_rx.clone());
+    let peers = crate::federation::Peers::new(&config.federation)
+        .map_err(crate::config::ConfigError::Invalid)?;
     let service = RegistryService::new(
         node.clone(),
         reader,
@@ -286,7 +315,19 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
         config.limits(),
         config.anonymous_reads,
         shutdown_rx.clone(),
-    );
+    )
+    .with_peers(peers.clone());
+    tokio::spawn(crate::federation::pin_keys(
+        peers.clone(),
+        config.data_dir.clone(),
+    ));
+    for peer in peers.all().iter().filter(|p| p.sync) {
+        tokio::spawn(crate::federation::sync::follow(
+            service.clone(),
+            peer.clone(),
+            shutdown_rx.clone(),
+        ));
+    }
     tokio::spawn(
         service.clone().establish_identity(IdentitySettings {
             authority: config.identity.authority.clone(),
@@ -336,14 +377,43 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
         DiscoveryServer::new(api.clone()).max_decoding_message_size(max_message),
         authenticate.clone(),
     );
+    // Peers get their own listener: never the Raft one, which must not be
+    // reachable from another organisation.
+    let peer_listener = bind(config.peer_addr).await?;
+    let peer_addr = peer_listener.local_addr()?;
+    let scheme = if config.federation.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
     let federation = FederationApi::new(
         service_handle.clone(),
         config
             .identity
             .federation_endpoint
             .clone()
-            .unwrap_or_else(|| grpc_addr.to_string()),
+            .unwrap_or_else(|| format!("{scheme}://{peer_addr}")),
     );
+    let mut peer_server = tonic::transport::Server::builder()
+        .timeout(Duration::from_secs(config.request_timeout_secs));
+    if let Some(tls) = &config.federation.tls {
+        peer_server = peer_server
+            .tls_config(server_tls(tls)?)
+            .map_err(|e| ServerError::Grpc(format!("peer listener TLS: {e}")))?;
+    }
+    let peer_router = peer_server.add_service(
+        PeeringServer::new(federation.clone())
+            .max_encoding_message_size(crate::federation::MAX_PEER_MESSAGE),
+    );
+    let peer_rx = shutdown_rx.clone();
+    let peer_task = tokio::spawn(async move {
+        if let Err(e) = peer_router
+            .serve_with_incoming_shutdown(incoming(peer_listener), stopped(peer_rx))
+            .await
+        {
+            tracing::error!(error = %e, "peer listener failed");
+        }
+    });
     let federation_service = InterceptedService::new(
         FederationServer::new(federation.clone()),
         authenticate.clone(),
@@ -393,15 +463,16 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
         }
     });
 
-    info!(%grpc_addr, %http_addr, %raft_addr, data_dir = %config.data_dir.display(), node_id = config.node_id, "agentry is serving");
+    info!(%grpc_addr, %http_addr, %raft_addr, %peer_addr, data_dir = %config.data_dir.display(), node_id = config.node_id, "agentry is serving");
     Ok(RunningServer {
         node_id: config.node_id,
         grpc_addr,
         http_addr,
         raft_addr,
+        peer_addr,
         generated_admin_key,
         shutdown,
-        tasks: vec![grpc_task, http_task, raft_task, indexer],
+        tasks: vec![grpc_task, http_task, raft_task, peer_task, indexer],
         node,
         service: service_handle,
         db: db_weak,
@@ -437,11 +508,12 @@ pub async fn run(config: Config) -> Result<(), ServerError> {
     }
     // One line for people and scripts (tests parse it) to know where to go.
     println!(
-        "agentry ready node_id={} grpc={} http={} raft={} data_dir={}",
+        "agentry ready node_id={} grpc={} http={} raft={} peer={} data_dir={}",
         server.node_id,
         server.grpc_addr,
         server.http_addr,
         server.raft_addr,
+        server.peer_addr,
         data_dir.display()
     );
     wait_for_signal().await?;

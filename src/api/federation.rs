@@ -12,9 +12,9 @@ use crate::service::{KeyChange, RegistryService, CONFORMANCE_LEVEL};
 /// The `agentry.v1.Federation` service.
 #[derive(Clone)]
 pub struct FederationApi {
-    service: RegistryService,
-    /// Where peers reach this registry's Federation service.
-    endpoint: String,
+    pub(super) service: RegistryService,
+    /// Where peers reach this registry's peer listener.
+    pub(super) endpoint: String,
 }
 
 impl FederationApi {
@@ -22,7 +22,7 @@ impl FederationApi {
         Self { service, endpoint }
     }
 
-    fn info(&self, identity: Option<Identity>) -> pb::RegistryInfo {
+    pub(super) fn info(&self, identity: Option<Identity>) -> pb::RegistryInfo {
         let established = identity.is_some();
         let identity = identity.unwrap_or_else(|| Identity {
             authority: String::new(),

@@ -8,3 +8,4 @@ pub mod error;
 pub mod federation;
 pub mod grpc;
 pub mod http;
+pub mod peering;

@@ -104,7 +104,7 @@ pub struct Measured {
     pub per_second: f64,
 }
 
-fn measured(what: String, mut lat: Vec<Duration>, wall: Duration) -> Measured {
+pub(crate) fn measured(what: String, mut lat: Vec<Duration>, wall: Duration) -> Measured {
     lat.sort();
     let pct = |p: f64| {
         let i = ((lat.len() as f64 - 1.0) * p).round() as usize;
@@ -239,18 +239,19 @@ fn rss_bytes() -> Option<u64> {
     Some(kb * 1024)
 }
 
-fn config(dir: &Path) -> Config {
+pub(crate) fn config(dir: &Path) -> Config {
     Config {
         data_dir: dir.to_path_buf(),
         grpc_addr: "127.0.0.1:0".parse().expect("loopback parses"),
         http_addr: "127.0.0.1:0".parse().expect("loopback parses"),
         raft_addr: "127.0.0.1:0".parse().expect("loopback parses"),
+        peer_addr: "127.0.0.1:0".parse().expect("loopback parses"),
         admin_key: Some("bench-admin-key-0000001".into()),
         ..Config::default()
     }
 }
 
-fn request<T>(msg: T) -> tonic::Request<T> {
+pub(crate) fn request<T>(msg: T) -> tonic::Request<T> {
     let mut r = tonic::Request::new(msg);
     if let Ok(v) = "Bearer bench-admin-key-0000001".parse() {
         r.metadata_mut().insert("authorization", v);
@@ -259,7 +260,7 @@ fn request<T>(msg: T) -> tonic::Request<T> {
 }
 
 /// Waits until the node's index holds everything it has applied.
-async fn wait_indexed(service: &crate::service::RegistryService) {
+pub(crate) async fn wait_indexed(service: &crate::service::RegistryService) {
     let reader = service.reader();
     service
         .index()

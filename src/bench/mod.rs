@@ -2,6 +2,7 @@
 //! discovery latency against PostgreSQL and LanceDB, signature throughput.
 
 pub mod discover;
+pub mod federation;
 pub mod signatures;
 mod writes;
 

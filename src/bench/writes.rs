@@ -241,6 +241,7 @@ impl WriteBench {
                     .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
                     .args(["--http-addr", &format!("127.0.0.1:{http}")])
                     .args(["--raft-addr", &format!("127.0.0.1:{raft}")])
+                    .args(["--peer-addr", "127.0.0.1:0"])
                     .args(["--initial-members", &members])
                     .arg("--data-dir")
                     .arg(dir.join(format!("node-{id}")))

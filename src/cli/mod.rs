@@ -126,6 +126,19 @@ pub enum BenchCommand {
         #[arg(long)]
         no_peers: bool,
     },
+    /// The latency federated discovery adds over local discovery (three
+    /// registries in one process, peers on loopback).
+    Federation {
+        /// Agents in each registry.
+        #[arg(long, default_value_t = 2000)]
+        agents: usize,
+        /// Queries per measured run.
+        #[arg(long, default_value_t = 1000)]
+        queries: usize,
+        /// Client concurrencies over gRPC, comma-separated.
+        #[arg(long, value_delimiter = ',', default_values_t = [1usize, 8])]
+        clients: Vec<usize>,
+    },
     /// Record signing and verification throughput, one at a time and in
     /// Ed25519 batches.
     Signatures {
@@ -171,6 +184,19 @@ pub async fn run_bench(args: BenchArgs) -> Result<(), CliError> {
                     .await
                     .map_err(local)?;
             out!("{}", crate::bench::discover::report(&sizes));
+            return Ok(());
+        }
+        BenchCommand::Federation {
+            agents,
+            queries,
+            clients,
+        } => {
+            let temp = tempfile_dir(None)?;
+            let r =
+                crate::bench::federation::run(temp.path(), agents.max(1), queries.max(1), &clients)
+                    .await
+                    .map_err(local)?;
+            out!("{}", crate::bench::federation::report(&r));
             return Ok(());
         }
         BenchCommand::Signatures { records } => {
@@ -256,6 +282,9 @@ pub struct ServeArgs {
     /// Internal Raft listener address (node-to-node traffic only).
     #[arg(long, env = "AGENTRY_RAFT_ADDR")]
     pub raft_addr: Option<SocketAddr>,
+    /// Internal peer listener address (registry-to-registry federation).
+    #[arg(long, env = "AGENTRY_PEER_ADDR")]
+    pub peer_addr: Option<SocketAddr>,
     /// host:port other nodes use to reach the Raft listener.
     #[arg(long, env = "AGENTRY_RAFT_ADVERTISE_ADDR")]
     pub raft_advertise_addr: Option<String>,
@@ -325,6 +354,9 @@ impl ServeArgs {
         }
         if let Some(v) = self.raft_addr {
             c.raft_addr = v;
+        }
+        if let Some(v) = self.peer_addr {
+            c.peer_addr = v;
         }
         if let Some(v) = &self.raft_advertise_addr {
             c.raft_advertise_addr = Some(v.clone());

@@ -5,6 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::crypto::{IdentityChange, IdentityRefusal};
+use crate::domain::federation::FederatedChange;
 use crate::domain::write::{Rejection, WriteMode};
 use crate::domain::{
     AgentMetadata, AgentStatus, Change, Principal, PublisherKey, PublisherVerification, Visibility,
@@ -52,6 +53,15 @@ pub enum Command {
     /// Change the registry's signing identity (keys are made before the
     /// command is proposed, so applying it is deterministic).
     Identity { change: IdentityChange, now: String },
+    /// Keep a change from a peer registry's feed. `cursor`: the peer
+    /// revision consumed through this change, stored with it so a follower
+    /// resumes exactly after a restart (None while a full listing is read).
+    Federate {
+        peer: String,
+        change: FederatedChange,
+        cursor: Option<u64>,
+        now: String,
+    },
 }
 
 impl Command {
@@ -62,6 +72,7 @@ impl Command {
             Self::Delete { id, .. } | Self::SetStatus { id, .. } | Self::Reverify { id, .. } => {
                 Some(id)
             }
+            Self::Federate { change, .. } => change.id(),
             Self::Identity { .. } | Self::PublisherKey { .. } => None,
         }
     }
@@ -74,7 +85,8 @@ impl Command {
             | Self::SetStatus { now, .. }
             | Self::PublisherKey { now, .. }
             | Self::Reverify { now, .. }
-            | Self::Identity { now, .. } => now,
+            | Self::Identity { now, .. }
+            | Self::Federate { now, .. } => now,
         }
     }
 }

@@ -4,7 +4,7 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use super::{from_json, map_to_struct, status_from_pb, status_to_pb, struct_to_map};
-use crate::domain::discovery::{Detail, DiscoveryRequest};
+use crate::domain::discovery::{Detail, DiscoveryRequest, Scope};
 use crate::domain::resolve::{ResolvePolicy, ResolveRequest};
 use crate::domain::{self, FieldError};
 use crate::index::{TagMatch, UnitKind};
@@ -41,7 +41,27 @@ impl TryFrom<pb::DiscoverRequest> for DiscoveryRequest {
                 .as_ref()
                 .map(struct_to_map)
                 .unwrap_or_default(),
+            scope: Scope::parse(&r.scope)
+                .ok_or_else(|| FieldError::new("/scope", "must be local or federated"))?,
         })
+    }
+}
+
+impl From<&DiscoveryRequest> for pb::DiscoverRequest {
+    fn from(r: &DiscoveryRequest) -> Self {
+        Self {
+            query: r.query.clone(),
+            required_tags: r.required_tags.clone(),
+            preferred_tags: r.preferred_tags.clone(),
+            excluded_tags: r.excluded_tags.clone(),
+            protocols: r.protocols.clone(),
+            constraints: Some(map_to_struct(&r.constraints)),
+            limit: r.limit,
+            include_evidence: r.include_evidence,
+            detail: r.detail.as_str().into(),
+            client_context: Some(map_to_struct(&r.client_context)),
+            scope: r.scope.as_str().into(),
+        }
     }
 }
 
@@ -69,9 +89,11 @@ struct DiscoverJson {
     detail: String,
     #[serde(default)]
     client_context: Map<String, Value>,
+    #[serde(default)]
+    scope: String,
 }
 
-const REQUEST_MEMBERS: [&str; 10] = [
+const REQUEST_MEMBERS: [&str; 11] = [
     "query",
     "required_tags",
     "preferred_tags",
@@ -82,6 +104,7 @@ const REQUEST_MEMBERS: [&str; 10] = [
     "include_evidence",
     "detail",
     "client_context",
+    "scope",
 ];
 
 /// Parses an ADP Discovery Request. An unknown member is refused rather
@@ -115,6 +138,7 @@ pub fn discover_request_from_json(v: Value) -> Result<pb::DiscoverRequest, Field
         include_evidence: r.include_evidence,
         detail: r.detail,
         client_context: Some(map_to_struct(&r.client_context)),
+        scope: r.scope,
     })
 }
 
@@ -192,6 +216,7 @@ pub fn discovery_result_to_pb(r: &DiscoveryResult) -> pb::DiscoverResponse {
                 duplicate_of: h.duplicate_of.clone().unwrap_or_default(),
                 verification: verification_name(c.verification).into(),
                 record: c.record.as_ref().map(|r| super::record_to_pb(r, now)),
+                provenance: c.provenance.as_ref().map(super::provenance_to_pb),
             }
         })
         .collect();
@@ -206,6 +231,7 @@ pub fn discovery_result_to_pb(r: &DiscoveryResult) -> pb::DiscoverResponse {
         indexed_revision: r.indexed_revision,
         detail: r.detail.as_str().into(),
         include_evidence: r.include_evidence,
+        scope: r.scope.as_str().into(),
     }
 }
 
@@ -299,6 +325,12 @@ pub fn discover_response_to_json(r: &pb::DiscoverResponse) -> Result<Value, Fiel
         if let Some(record) = &c.record {
             obj.insert("record".into(), super::record_pb_to_json(record)?);
         }
+        if let Some(p) = &c.provenance {
+            // ADP's provenance members sit on the candidate itself.
+            if let Value::Object(members) = super::provenance_pb_to_json(p) {
+                obj.extend(members);
+            }
+        }
         candidates.push(Value::Object(obj));
     }
     Ok(json!({
@@ -310,6 +342,7 @@ pub fn discover_response_to_json(r: &pb::DiscoverResponse) -> Result<Value, Fiel
         "unsupported_filters": r.unsupported_filters,
         "warnings": r.warnings,
         "indexed_revision": r.indexed_revision,
+        "scope": if r.scope.is_empty() { "local" } else { r.scope.as_str() },
     }))
 }
 

@@ -297,15 +297,68 @@ pub fn record_to_pb(r: &domain::AgentRecord, now: time::OffsetDateTime) -> pb::A
                 key_id: p.key_id.clone(),
                 reason: p.reason.clone(),
             }),
-            signature: e.signature.as_ref().map(|s| pb::RegistrySignature {
-                alg: s.alg.clone(),
-                authority: s.authority.clone(),
-                key_id: s.key_id.clone(),
-                signed_at: s.signed_at.clone(),
-                value: s.value.clone(),
-            }),
+            signature: e.signature.as_ref().map(signature_to_pb),
+            provenance: e.provenance.as_ref().map(provenance_to_pb),
         }),
     }
+}
+
+pub fn signature_to_pb(s: &domain::RegistrySignature) -> pb::RegistrySignature {
+    pb::RegistrySignature {
+        alg: s.alg.clone(),
+        authority: s.authority.clone(),
+        key_id: s.key_id.clone(),
+        signed_at: s.signed_at.clone(),
+        value: s.value.clone(),
+    }
+}
+
+fn signature_pb_to_json(sig: &pb::RegistrySignature) -> Value {
+    let mut v = serde_json::json!({
+        "alg": sig.alg,
+        "authority": sig.authority,
+        "key_id": sig.key_id,
+        "signed_at": sig.signed_at,
+    });
+    if !sig.value.is_empty() {
+        v["value"] = Value::String(sig.value.clone());
+    }
+    v
+}
+
+pub fn provenance_to_pb(p: &domain::Provenance) -> pb::Provenance {
+    pb::Provenance {
+        origin_service: p.origin_service.clone(),
+        origin_authority: p.origin_authority.clone(),
+        origin_signature: Some(signature_to_pb(&p.origin_signature)),
+        received_at: p.received_at.clone(),
+        origin_revision: p.origin_revision,
+        origin_envelope_json: if p.origin_envelope.is_null() {
+            String::new()
+        } else {
+            p.origin_envelope.to_string()
+        },
+        via: p.via.clone(),
+    }
+}
+
+/// The JSON form of a provenance, as `domain::Provenance` serialises
+/// (for stored records) plus `via` on discovery candidates.
+pub fn provenance_pb_to_json(p: &pb::Provenance) -> Value {
+    let mut v = serde_json::json!({
+        "origin_service": p.origin_service,
+        "origin_authority": p.origin_authority,
+        "origin_signature": p.origin_signature.as_ref().map(signature_pb_to_json),
+        "received_at": p.received_at,
+        "origin_revision": p.origin_revision,
+    });
+    if !p.origin_envelope_json.is_empty() {
+        v["origin_envelope"] = serde_json::from_str(&p.origin_envelope_json).unwrap_or(Value::Null);
+    }
+    if !p.via.is_empty() {
+        v["via"] = serde_json::json!(p.via);
+    }
+    v
 }
 
 pub fn change_kind_to_pb(k: domain::ChangeKind) -> pb::ChangeKind {
@@ -354,13 +407,10 @@ pub fn record_pb_to_json(r: &pb::AgentRecord) -> Result<Value, FieldError> {
             env["publisher"] = v;
         }
         if let Some(sig) = &e.signature {
-            env["signature"] = serde_json::json!({
-                "alg": sig.alg,
-                "authority": sig.authority,
-                "key_id": sig.key_id,
-                "signed_at": sig.signed_at,
-                "value": sig.value,
-            });
+            env["signature"] = signature_pb_to_json(sig);
+        }
+        if let Some(p) = &e.provenance {
+            env["provenance"] = provenance_pb_to_json(p);
         }
         obj.insert(domain::ENVELOPE_MEMBER.to_string(), env);
     }
@@ -526,6 +576,21 @@ mod tests {
                     signed_at: "2026-01-02T00:00:00Z".into(),
                     value: "sig".into(),
                 }),
+                provenance: Some(domain::Provenance {
+                    origin_service: "http://b.example:8473".into(),
+                    origin_authority: "b.example".into(),
+                    origin_signature: domain::RegistrySignature {
+                        alg: "Ed25519".into(),
+                        authority: "b.example".into(),
+                        key_id: "ed25519-01".into(),
+                        signed_at: "2026-01-01T00:00:00Z".into(),
+                        value: "osig".into(),
+                    },
+                    received_at: "2026-01-02T00:00:00Z".into(),
+                    origin_revision: 12,
+                    origin_envelope: json!({"owner": "bob", "revision": 12, "x": [1.5, null]}),
+                    via: Vec::new(),
+                }),
             },
         };
         let now = time::OffsetDateTime::now_utc();
@@ -533,6 +598,7 @@ mod tests {
             if unsigned {
                 record.envelope.publisher = None;
                 record.envelope.signature = None;
+                record.envelope.provenance = None;
             }
             let mut served = record_pb_to_json(&record_to_pb(&record, now)).unwrap();
             if let Some(registry) = served["registry"].as_object_mut() {

@@ -41,6 +41,33 @@ impl Detail {
     }
 }
 
+/// Which registries a discovery covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Scope {
+    /// This registry's agents (records kept from peers included).
+    #[default]
+    Local,
+    /// Also the peer registries, asked in parallel under a deadline.
+    Federated,
+}
+
+impl Scope {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "" | "local" => Some(Self::Local),
+            "federated" => Some(Self::Federated),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Local => "local",
+            Self::Federated => "federated",
+        }
+    }
+}
+
 /// An ADP Discovery Request as received.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct DiscoveryRequest {
@@ -55,6 +82,7 @@ pub struct DiscoveryRequest {
     pub include_evidence: bool,
     pub detail: Detail,
     pub client_context: Map<String, Value>,
+    pub scope: Scope,
 }
 
 /// The hard filters of a request, normalised.

@@ -231,6 +231,36 @@ pub struct Envelope {
     /// `crypto::signature`); absent only before the registry has keys.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signature: Option<RegistrySignature>,
+    /// Set on records kept from a peer registry's change feed (ADP
+    /// federation provenance); such records are read-only here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provenance: Option<Provenance>,
+}
+
+/// Where a federated record came from (ADP `origin_service`,
+/// `origin_authority`, `origin_signature`, `received_at`), with what a
+/// client needs to check the origin's signature itself: the origin's own
+/// envelope. Put `origin_envelope` in place of the record's `registry`
+/// member and the result is the record exactly as the origin signed it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Provenance {
+    /// The peer's federation endpoint the record was received from.
+    pub origin_service: String,
+    /// The authority that accepted and signed the record.
+    pub origin_authority: String,
+    /// The origin's signature (also inside `origin_envelope`).
+    pub origin_signature: RegistrySignature,
+    /// When this registry received this version (RFC 3339).
+    pub received_at: String,
+    /// The record's revision at the origin: a copy never goes back to an
+    /// older one.
+    pub origin_revision: u64,
+    /// The origin's `registry` member as it signed it (null on a
+    /// discovery candidate, whose record is the origin's own).
+    pub origin_envelope: Value,
+    /// Authorities a discovery candidate was relayed through.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub via: Vec<String>,
 }
 
 /// Verified: the metadata carries an ADP `signature` by a key its owner
@@ -287,6 +317,16 @@ impl PublisherKey {
 }
 
 impl AgentRecord {
+    /// The authority a live federated record belongs to (it is read-only
+    /// here); None for this registry's own records and for tombstones.
+    pub fn federated_from(&self) -> Option<&str> {
+        self.envelope
+            .provenance
+            .as_ref()
+            .filter(|_| !self.envelope.deleted)
+            .map(|p| p.origin_authority.as_str())
+    }
+
     /// Whether the publisher's metadata is verified (not self-asserted).
     pub fn is_verified(&self) -> bool {
         self.envelope

@@ -31,6 +31,19 @@ pub enum Rejection {
     KeyConflict { key_id: String },
     #[error("agent '{id}' needs no re-judging")]
     Unchanged { id: String },
+    #[error("agent '{id}' is a read-only record federated from '{authority}'; it changes only at its origin")]
+    Federated { id: String, authority: String },
+}
+
+/// Refuses a local change to a live federated record.
+fn not_federated(current: Option<&AgentRecord>, id: &str) -> Result<(), Rejection> {
+    match current.and_then(AgentRecord::federated_from) {
+        Some(authority) => Err(Rejection::Federated {
+            id: id.to_string(),
+            authority: authority.to_string(),
+        }),
+        None => Ok(()),
+    }
 }
 
 /// How a metadata write treats an existing record.
@@ -79,6 +92,7 @@ pub fn decide_put(
     now: &str,
 ) -> Result<(AgentRecord, ChangeKind), Rejection> {
     let id = metadata.id.clone();
+    not_federated(current, &id)?;
     let live = current.filter(|r| !r.envelope.deleted);
     let Some(old) = live else {
         if mode == WriteMode::Update {
@@ -108,6 +122,7 @@ pub fn decide_put(
             deleted: false,
             publisher: None,
             signature: None,
+            provenance: None,
         };
         return Ok((AgentRecord { metadata, envelope }, ChangeKind::Created));
     };
@@ -156,6 +171,7 @@ fn live_managed<'a>(
     principal: &Principal,
 ) -> Result<&'a AgentRecord, Rejection> {
     let rec = current.ok_or_else(|| Rejection::NotFound { id: id.to_string() })?;
+    not_federated(current, id)?;
     if rec.envelope.deleted {
         return Err(Rejection::Deleted {
             id: id.to_string(),
@@ -242,6 +258,11 @@ pub fn decide_reverify(
     let current = current
         .filter(|r| !r.envelope.deleted)
         .ok_or_else(|| Rejection::NotFound { id: id.into() })?;
+    // A federated record carries its origin's verdict, judged against the
+    // origin's publisher keys, not ours.
+    if current.envelope.provenance.is_some() {
+        return Err(Rejection::Unchanged { id: id.into() });
+    }
     let Some(verdict) = current.envelope.publisher.clone() else {
         return Err(Rejection::Unchanged { id: id.into() });
     };

@@ -27,7 +27,7 @@ use tracing::{error, info, info_span, warn, Instrument};
 pub use embed::{EmbedError, Embedder};
 pub use search::{Hit, Query, TagMatch, Unit, UnitKind, Weights};
 
-use crate::domain::Change;
+use crate::domain::{AgentRecord, Change};
 use crate::storage::{FollowEnd, Reader, StorageError};
 use search::{prepare, vector_texts, Index};
 use text::Analyzer;
@@ -160,6 +160,46 @@ impl SearchIndex {
     /// with [`SearchIndex::query_vector`]).
     pub fn search(&self, q: Query<'_>) -> Vec<Hit> {
         let index = self.read();
+        index.search(&self.shared.weights, &q)
+    }
+
+    /// Ranks a small pool of records that are not (all) in this index —
+    /// local candidates together with peers' records — with this registry's
+    /// own ranker: a throwaway index over just the pool, searched with the
+    /// same weights, filters and duplicate detection. Lexical scores are
+    /// relative to the pool, as in every search; the other components do
+    /// not depend on what else is indexed. Hits carry the records' ids, so
+    /// the caller gives each record a key unique within the pool.
+    pub async fn rank_pool(&self, records: &[AgentRecord], q: Query<'_>) -> Vec<Hit> {
+        let texts: Vec<Vec<String>> = records.iter().map(vector_texts).collect();
+        let vectors = match self.embedder() {
+            Some(e) => match e.embed(texts.concat()).await {
+                Ok(v) => Some(v),
+                Err(error) => {
+                    self.embed_failed(records.len(), &error);
+                    None
+                }
+            },
+            None => None,
+        };
+        let mut index = Index::new(self.embedder().map_or(0, Embedder::dim));
+        let now = crate::domain::time::now();
+        let mut offset = 0;
+        for (i, (record, texts)) in records.iter().zip(&texts).enumerate() {
+            let own = vectors
+                .as_ref()
+                .and_then(|v| v.get(offset..offset + texts.len()))
+                .map(<[Vec<f32>]>::to_vec);
+            offset += texts.len();
+            index.apply(prepare(
+                record,
+                i as u64 + 1,
+                own,
+                &self.shared.analyzer,
+                &self.shared.weights,
+                &now,
+            ));
+        }
         index.search(&self.shared.weights, &q)
     }
 

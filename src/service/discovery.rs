@@ -8,7 +8,9 @@ use tracing::{debug, instrument};
 
 use super::registry::{Consistency, RegistryService};
 use super::ServiceError;
-use crate::domain::discovery::{visible_metadata, Detail, DiscoveryRequest, HardFilters};
+use crate::domain::discovery::{
+    visible_metadata, Detail, DiscoveryPlan, DiscoveryRequest, HardFilters, Scope,
+};
 use crate::domain::query::Filter;
 use crate::domain::resolve::{chosen_operation, ResolveRequest};
 use crate::domain::{AgentMetadata, AgentRecord, AgentStatus, Binding, Operation, Principal};
@@ -33,6 +35,8 @@ pub struct Candidate {
     pub verification: crate::domain::VerificationState,
     /// The signed record, at full detail when nothing was redacted.
     pub record: Option<AgentRecord>,
+    /// Where a record from another registry came from (ADP provenance).
+    pub provenance: Option<crate::domain::Provenance>,
 }
 
 /// An ADP Discovery Response.
@@ -47,6 +51,7 @@ pub struct DiscoveryResult {
     pub detail: Detail,
     pub include_evidence: bool,
     pub indexed_revision: u64,
+    pub scope: Scope,
 }
 
 impl RegistryService {
@@ -67,7 +72,11 @@ impl RegistryService {
     }
 
     /// The query's vector; when the model fails, none and a warning.
-    async fn query_vector(&self, text: &str, warnings: &mut Vec<String>) -> Option<Vec<f32>> {
+    pub(super) async fn query_vector(
+        &self,
+        text: &str,
+        warnings: &mut Vec<String>,
+    ) -> Option<Vec<f32>> {
         match self.index().query_vector(text).await {
             Ok(v) => v,
             Err(w) => {
@@ -87,15 +96,9 @@ impl RegistryService {
         })
     }
 
-    /// ADP discovery.
-    #[instrument(skip_all, fields(principal = principal.map(|p| p.name.as_str())))]
-    pub async fn discover(
-        &self,
-        principal: Option<&Principal>,
-        request: DiscoveryRequest,
-    ) -> Result<DiscoveryResult> {
-        self.require_reader(principal)?;
-        let plan = request.plan()?;
+    /// What every discovery response warns about: an index catching up, a
+    /// missing model, constraints not applied.
+    pub(super) async fn discovery_warnings(&self, plan: &DiscoveryPlan) -> Result<Vec<String>> {
         let mut warnings: Vec<String> = Vec::new();
         warnings.extend(self.index_ready(Consistency::Local).await?);
         warnings.extend(self.model_warning());
@@ -105,6 +108,24 @@ impl RegistryService {
                 plan.unsupported.join(", ")
             ));
         }
+        Ok(warnings)
+    }
+
+    /// ADP discovery.
+    #[instrument(skip_all, fields(principal = principal.map(|p| p.name.as_str())))]
+    pub async fn discover(
+        &self,
+        principal: Option<&Principal>,
+        request: DiscoveryRequest,
+    ) -> Result<DiscoveryResult> {
+        if request.scope == Scope::Federated {
+            // Boxed: the fan-out's future would otherwise nest inside
+            // every caller's.
+            return Box::pin(self.discover_federated(principal, request)).await;
+        }
+        self.require_reader(principal)?;
+        let plan = request.plan()?;
+        let mut warnings = self.discovery_warnings(&plan).await?;
         let vector = self.query_vector(&plan.query, &mut warnings).await;
         let now = time::OffsetDateTime::now_utc();
         let hits = self.index().search(Query {
@@ -151,6 +172,7 @@ impl RegistryService {
             detail: plan.detail,
             include_evidence: plan.include_evidence,
             indexed_revision: self.index().indexed_revision(),
+            scope: Scope::Local,
         })
     }
 
@@ -356,7 +378,7 @@ impl RegistryService {
     }
 }
 
-fn candidate(
+pub(super) fn candidate(
     hit: Hit,
     record: &AgentRecord,
     detail: Detail,
@@ -377,6 +399,7 @@ fn candidate(
             .map(|p| p.state)
             .unwrap_or_default(),
         record: (detail == Detail::Full && !redacted).then(|| record.clone()),
+        provenance: record.envelope.provenance.clone(),
         hit,
         metadata,
         redacted,

@@ -70,7 +70,9 @@ impl From<Rejection> for ServiceError {
             }
             Rejection::Stale { .. } => Self::Stale(message),
             Rejection::KeyNotFound { .. } => Self::NotFound(message),
-            Rejection::KeyConflict { .. } | Rejection::Unchanged { .. } => Self::Conflict(message),
+            Rejection::KeyConflict { .. }
+            | Rejection::Unchanged { .. }
+            | Rejection::Federated { .. } => Self::Conflict(message),
         }
     }
 }

@@ -5,6 +5,7 @@
 mod cluster;
 mod discovery;
 mod error;
+mod federated;
 mod identity;
 mod publishers;
 mod registry;
@@ -12,5 +13,6 @@ mod registry;
 pub use cluster::{ClusterService, ClusterView, MemberView};
 pub use discovery::{Candidate, DiscoveryResult, Resolution, Resolved, CONFORMANCE_LEVEL};
 pub use error::ServiceError;
+pub use federated::{FeedEvent, FeedStream, PeerAnswer};
 pub use identity::{IdentitySettings, KeyChange};
 pub use registry::{Consistency, ListPage, ListQuery, RegistryService};

@@ -66,6 +66,8 @@ pub struct RegistryService {
     /// Becomes true when the server shuts down; open watches then end, so
     /// graceful shutdown does not wait on streams that never finish.
     shutdown: watch::Receiver<bool>,
+    /// Peer registries (none unless configured).
+    peers: crate::federation::Peers,
 }
 
 pub(super) fn require_writer(principal: Option<&Principal>) -> Result<&Principal> {
@@ -116,7 +118,18 @@ impl RegistryService {
             limits,
             anonymous_reads,
             shutdown,
+            peers: Default::default(),
         }
+    }
+
+    /// The same service, federating with `peers`.
+    pub fn with_peers(mut self, peers: crate::federation::Peers) -> Self {
+        self.peers = peers;
+        self
+    }
+
+    pub fn peers(&self) -> &crate::federation::Peers {
+        &self.peers
     }
 
     pub fn limits(&self) -> &Limits {
@@ -163,7 +176,7 @@ impl RegistryService {
         Ok(())
     }
 
-    async fn commit(&self, command: Command) -> Result<Change> {
+    pub(crate) async fn commit(&self, command: Command) -> Result<Change> {
         match self.node.write(command).await? {
             CommandResult::Applied(change) => Ok(*change),
             CommandResult::Rejected(r) => Err(r.into()),

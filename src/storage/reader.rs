@@ -122,6 +122,17 @@ impl Reader {
     }
 
     /// The registered publisher keys.
+    /// The peer revision the federation follower of `peer` has consumed
+    /// (0: none yet).
+    pub fn federation_cursor(&self, peer: &str) -> Result<u64, StorageError> {
+        let cursors: Option<std::collections::BTreeMap<String, u64>> = get_json(
+            &self.db,
+            super::CF_SM,
+            super::state_machine::KEY_FEDERATION_CURSORS,
+        )?;
+        Ok(cursors.and_then(|c| c.get(peer).copied()).unwrap_or(0))
+    }
+
     pub fn publisher_keys(&self) -> Arc<Vec<PublisherKey>> {
         self.applied.publisher_keys()
     }

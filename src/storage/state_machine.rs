@@ -11,7 +11,7 @@
 //! - Snapshots are taken from a RocksDB snapshot, so writes keep flowing while
 //!   one is built.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -35,6 +35,7 @@ use crate::consensus::{
 use crate::crypto::keys::Signer;
 use crate::crypto::signature::{sign_record, still_valid};
 use crate::crypto::Identity;
+use crate::domain::federation::decide_federated;
 use crate::domain::write::{
     decide_delete, decide_publisher_key, decide_put, decide_reverify, decide_status, settle_verdict,
 };
@@ -45,6 +46,7 @@ const KEY_MEMBERSHIP: &[u8] = b"membership";
 const KEY_OLDEST: &[u8] = b"oldest_revision";
 const KEY_IDENTITY: &[u8] = b"identity";
 const KEY_PUBLISHER_KEYS: &[u8] = b"publisher_keys";
+pub(crate) const KEY_FEDERATION_CURSORS: &[u8] = b"federation_cursors";
 /// History is trimmed in steps of this many revisions, so trimming costs one
 /// range deletion per step rather than one per write.
 const TRIM_STEP: u64 = 1024;
@@ -64,6 +66,9 @@ struct SnapshotData {
     identity: Option<Identity>,
     #[serde(default)]
     publisher_keys: Vec<PublisherKey>,
+    /// Peer revision each federation follower has consumed.
+    #[serde(default)]
+    federation_cursors: BTreeMap<String, u64>,
 }
 
 /// Snapshot activity since the node started, for status and metrics.
@@ -241,6 +246,9 @@ impl StateMachine {
                 &now,
             )
             .map(|r| (r, ChangeKind::StatusChanged)),
+            Command::Federate {
+                peer, change, now, ..
+            } => decide_federated(current.as_ref(), &peer, change, revision, &now),
             Command::Identity { .. } | Command::PublisherKey { .. } => {
                 // Routed to their own appliers by `apply`; never here.
                 return CommandResult::Internal;
@@ -488,6 +496,10 @@ impl StateMachine {
             .map(|b| serde_json::from_slice(&b))
             .transpose()?
             .unwrap_or_default();
+        let federation_cursors: BTreeMap<String, u64> = read(KEY_FEDERATION_CURSORS)?
+            .map(|b| serde_json::from_slice(&b))
+            .transpose()?
+            .unwrap_or_default();
         let data = serde_json::to_vec(&SnapshotData {
             last_applied,
             membership: membership.clone(),
@@ -496,6 +508,7 @@ impl StateMachine {
             changes,
             identity,
             publisher_keys,
+            federation_cursors,
         })?;
         let snapshot_id = format!(
             "{}-{}",
@@ -563,6 +576,11 @@ impl StateMachine {
             KEY_PUBLISHER_KEYS,
             serde_json::to_vec(&data.publisher_keys)?,
         );
+        batch.put_cf(
+            sm,
+            KEY_FEDERATION_CURSORS,
+            serde_json::to_vec(&data.federation_cursors)?,
+        );
         self.db.write(batch)?;
         self.applied.set_identity(data.identity);
         self.applied.set_publisher_keys(data.publisher_keys);
@@ -629,6 +647,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let mut results = Vec::new();
         let mut last = None;
         let mut trimmed_to = None;
+        // Federation cursors, read at the first entry that moves one.
+        let mut cursors: Option<BTreeMap<String, u64>> = None;
         for entry in entries {
             let revision = entry.log_id.index;
             let result = match entry.payload {
@@ -671,6 +691,23 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     result
                 }
                 EntryPayload::Normal(cmd) => {
+                    if let Command::Federate {
+                        peer,
+                        cursor: Some(at),
+                        ..
+                    } = &cmd
+                    {
+                        let cursors = match cursors.as_mut() {
+                            Some(c) => c,
+                            None => cursors.insert(
+                                get_json(&self.db, CF_SM, KEY_FEDERATION_CURSORS)
+                                    .map_err(sm_read)?
+                                    .unwrap_or_default(),
+                            ),
+                        };
+                        let slot = cursors.entry(peer.clone()).or_insert(0);
+                        *slot = (*slot).max(*at);
+                    }
                     let id = cmd.id().unwrap_or_default();
                     let current = match written.get(id) {
                         Some(r) => Some(r.clone()),
@@ -703,6 +740,13 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             KEY_APPLIED,
             serde_json::to_vec(&Some(last)).map_err(sm_write)?,
         );
+        if let Some(cursors) = &cursors {
+            batch.put_cf(
+                sm,
+                KEY_FEDERATION_CURSORS,
+                serde_json::to_vec(cursors).map_err(sm_write)?,
+            );
+        }
         self.db.write(batch).map_err(sm_write)?;
         if identity_changed {
             self.applied.set_identity(identity);

@@ -34,6 +34,7 @@ pub fn test_config(dir: &std::path::Path) -> Config {
         grpc_addr: "127.0.0.1:0".parse().unwrap(),
         http_addr: "127.0.0.1:0".parse().unwrap(),
         raft_addr: "127.0.0.1:0".parse().unwrap(),
+        peer_addr: "127.0.0.1:0".parse().unwrap(),
         admin_key: Some(ADMIN.into()),
         api_keys: vec![
             key("alice", "publisher", ALICE),

@@ -22,6 +22,8 @@ fn spawn(data_dir: &std::path::Path) -> Proc {
             "127.0.0.1:0",
             "--raft-addr",
             "127.0.0.1:0",
+            "--peer-addr",
+            "127.0.0.1:0",
             "--data-dir",
         ])
         .arg(data_dir)

@@ -21,6 +21,8 @@ pub struct Options {
     pub request_timeout_secs: Option<u64>,
     /// Faster failure detection (heartbeat is a tenth of it).
     pub election_timeout_ms: Option<u64>,
+    /// More TOML for every node's config file.
+    pub extra_config: String,
 }
 
 pub struct Node {
@@ -28,6 +30,8 @@ pub struct Node {
     pub grpc: u16,
     pub http: u16,
     pub raft: u16,
+    /// The peer (federation) listener.
+    pub peer: u16,
     child: Option<Child>,
     /// The extra flags it was first started with, reused on restart.
     extra: Vec<String>,
@@ -65,6 +69,16 @@ fn free_port() -> u16 {
 }
 
 impl Cluster {
+    /// Sets more TOML for the nodes started from now on.
+    pub fn configure(&mut self, toml: &str) {
+        self.options.extra_config = toml.to_string();
+    }
+
+    /// Where to put files for this cluster's nodes.
+    pub fn dir(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+
     /// An empty harness; add nodes with `spawn`.
     pub fn new(options: Options) -> Self {
         Self {
@@ -102,13 +116,14 @@ impl Cluster {
                 grpc: free_port(),
                 http: free_port(),
                 raft: free_port(),
+                peer: free_port(),
                 child: None,
                 extra: Vec::new(),
             },
         );
     }
 
-    fn member_list(&self) -> String {
+    pub fn member_list(&self) -> String {
         self.nodes
             .values()
             .map(|n| format!("{}=127.0.0.1:{}", n.id, n.raft))
@@ -147,6 +162,7 @@ impl Cluster {
             .args(["--grpc-addr", &format!("127.0.0.1:{}", node.grpc)])
             .args(["--http-addr", &format!("127.0.0.1:{}", node.http)])
             .args(["--raft-addr", &format!("127.0.0.1:{}", node.raft)])
+            .args(["--peer-addr", &format!("127.0.0.1:{}", node.peer)])
             .arg("--data-dir")
             .arg(&data_dir)
             .arg("--fault-injection")
@@ -169,6 +185,7 @@ impl Cluster {
                 e / 10
             ));
         }
+        config.push_str(&self.options.extra_config);
         let path = self.dir.path().join(format!("node-{id}.toml"));
         std::fs::write(&path, config).expect("config");
         cmd.arg("--config").arg(path);

@@ -357,6 +357,7 @@ async fn histories_under_faults_are_linearizable() {
             request_timeout_secs: Some(1),
             snapshot_logs: Some(500),
             election_timeout_ms: Some(400),
+            ..Default::default()
         },
     )
     .await;

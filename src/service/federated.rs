@@ -1,0 +1,455 @@
+//! Federation use cases: discovery across peer registries (ADP federation
+//! with provenance), answering peers' discovery and feed requests, and
+//! keeping the records a peer's feed brings.
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::time::Duration;
+
+use futures::Stream;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tracing::{debug, instrument};
+
+use super::discovery::{candidate, DiscoveryResult};
+use super::registry::{Consistency, RegistryService};
+use super::ServiceError;
+use crate::consensus::{Command, CommandResult, Role};
+use crate::domain::discovery::{DiscoveryRequest, Scope};
+use crate::domain::federation::FederatedChange;
+use crate::domain::write::Rejection;
+use crate::domain::{AgentRecord, Change, Principal, Provenance, Visibility};
+use crate::federation::discover::{fan_out, Outbound, Remote};
+use crate::index::Query;
+use crate::storage::FollowEnd;
+
+type Result<T> = std::result::Result<T, ServiceError>;
+
+/// What this registry answers a peer's discovery: its own public records
+/// and, hops permitting, its peers' verified ones.
+pub struct PeerAnswer {
+    pub own: Vec<AgentRecord>,
+    pub relayed: Vec<Remote>,
+    pub warnings: Vec<String>,
+}
+
+/// One event of the public feed peers follow.
+#[derive(Debug)]
+pub enum FeedEvent {
+    /// A public record of this registry (a tombstone for a deletion).
+    Record {
+        record: Box<AgentRecord>,
+        listing: bool,
+    },
+    /// A record that stopped being public.
+    Withdrawn { id: String, revision: u64 },
+    /// A full listing is complete as of `revision`.
+    ListingDone { revision: u64 },
+}
+
+pub type FeedStream = Pin<Box<dyn Stream<Item = Result<FeedEvent>> + Send>>;
+
+/// A record this registry shares with peers: its own and public. Copies of
+/// other registries' records are theirs to share.
+fn shared(r: &AgentRecord) -> bool {
+    r.envelope.provenance.is_none() && r.envelope.visibility == Visibility::Public
+}
+
+/// A pool member of a federated discovery.
+struct Pooled {
+    record: AgentRecord,
+    provenance: Option<Provenance>,
+}
+
+impl Pooled {
+    /// A peer's answer in discovery: the record as its origin signed it
+    /// (a synced copy carries the origin's envelope instead).
+    fn is_remote(&self) -> bool {
+        self.provenance
+            .as_ref()
+            .is_some_and(|p| p.origin_envelope.is_null())
+    }
+
+    fn origin_revision(&self) -> u64 {
+        self.provenance
+            .as_ref()
+            .filter(|p| !p.origin_envelope.is_null())
+            .map_or(self.record.envelope.revision, |p| p.origin_revision)
+    }
+}
+
+/// The pool key a record is ranked under (unique within one pool).
+fn pool_key(i: usize) -> String {
+    format!("\u{1}pool-{i}")
+}
+
+impl RegistryService {
+    /// This registry's authority ("" until the identity is established).
+    pub fn own_authority(&self) -> String {
+        self.reader()
+            .identity()
+            .map(|i| i.authority)
+            .unwrap_or_default()
+    }
+
+    pub fn is_leader(&self) -> bool {
+        self.node().status().role == Role::Leader
+    }
+
+    /// Keeps one change of `peer`'s feed; the inner error says why the
+    /// registry's rules refused it (older than the copy, id held by
+    /// someone else), which is no failure of the follower.
+    #[instrument(skip_all, fields(peer, agent_id = change.id()))]
+    pub async fn keep_federated(
+        &self,
+        peer: &str,
+        change: FederatedChange,
+        cursor: Option<u64>,
+    ) -> Result<std::result::Result<Change, Rejection>> {
+        let command = Command::Federate {
+            peer: peer.to_string(),
+            change,
+            cursor,
+            now: crate::domain::time::now(),
+        };
+        match self.node().write(command).await? {
+            CommandResult::Applied(c) => Ok(Ok(*c)),
+            CommandResult::Rejected(r) => Ok(Err(r)),
+            other => Err(ServiceError::Internal(format!(
+                "a federation command produced {other:?}"
+            ))),
+        }
+    }
+
+    /// Ids of the live records kept from `peer`.
+    pub fn federated_ids(&self, peer: &str) -> Result<Vec<String>> {
+        let mut ids = Vec::new();
+        self.reader().scan(|r| {
+            if r.federated_from() == Some(peer) {
+                ids.push(r.metadata.id);
+            }
+        })?;
+        Ok(ids)
+    }
+
+    /// ADP discovery over this registry and its peers: local candidates
+    /// and verified remote ones, ranked together by this registry's ranker
+    /// (scores of other services are never compared), the same agent seen
+    /// several ways merged, and every peer problem a warning.
+    #[instrument(skip_all, fields(principal = principal.map(|p| p.name.as_str())))]
+    pub(super) async fn discover_federated(
+        &self,
+        principal: Option<&Principal>,
+        request: DiscoveryRequest,
+    ) -> Result<DiscoveryResult> {
+        self.require_reader(principal)?;
+        let plan = request.clone().plan()?;
+        let mut warnings = self.discovery_warnings(&plan).await?;
+        let vector = self.query_vector(&plan.query, &mut warnings).await;
+        let now = time::OffsetDateTime::now_utc();
+        let query = |vector| Query {
+            text: &plan.query,
+            vector,
+            filters: &plan.filters,
+            preferred_tags: &plan.preferred_tags,
+            limit: plan.limit as usize,
+            evidence: plan.include_evidence,
+            principal,
+            now_unix: now.unix_timestamp(),
+        };
+        let own = self.own_authority();
+        let peers = self.peers();
+        let (local, asked) = tokio::join!(
+            async { self.index().search(query(vector.clone())) },
+            fan_out(
+                peers,
+                Outbound {
+                    request: &request,
+                    hops_left: peers.max_hops.saturating_sub(1),
+                    visited: &[],
+                    own_authority: &own,
+                    deadline: peers.deadline,
+                },
+            )
+        );
+        if peers.all().iter().all(|p| !p.fan_out) {
+            warnings.push(
+                "no peer registry is configured for fan-out; only this registry was searched"
+                    .into(),
+            );
+        }
+        warnings.extend(asked.warnings);
+
+        // One pool member per (origin authority, id): the freshest copy,
+        // with every route it came by.
+        let mut pool: Vec<Pooled> = Vec::new();
+        let mut by_origin: HashMap<(String, String), usize> = HashMap::new();
+        let mut add = |p: Pooled| {
+            let origin = p
+                .provenance
+                .as_ref()
+                .map_or_else(|| own.clone(), |v| v.origin_authority.clone());
+            let key = (origin, p.record.metadata.id.clone());
+            match by_origin.get(&key) {
+                Some(&i) => {
+                    let kept = &mut pool[i];
+                    let via: Vec<String> = p
+                        .provenance
+                        .as_ref()
+                        .map(|v| v.via.clone())
+                        .unwrap_or_default();
+                    // On a tie the origin's own form wins over a copy: its
+                    // record verifies with the origin's key as it is.
+                    let newer = p.origin_revision() > kept.origin_revision();
+                    let same = p.origin_revision() == kept.origin_revision();
+                    if newer || (same && p.is_remote() && !kept.is_remote()) {
+                        *kept = p;
+                    }
+                    if let Some(k) = kept.provenance.as_mut() {
+                        for v in via {
+                            if !k.via.contains(&v) {
+                                k.via.push(v);
+                            }
+                        }
+                    }
+                }
+                None => {
+                    by_origin.insert(key, pool.len());
+                    pool.push(p);
+                }
+            }
+        };
+        for hit in &local {
+            if let Some(r) = self.reader().get(&hit.id)?.filter(|r| !r.envelope.deleted) {
+                add(Pooled {
+                    provenance: r.envelope.provenance.clone(),
+                    record: r,
+                });
+            }
+        }
+        for remote in asked.remotes {
+            add(Pooled {
+                record: remote.record,
+                provenance: Some(remote.provenance),
+            });
+        }
+        let keyed: Vec<AgentRecord> = pool
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let mut r = p.record.clone();
+                r.metadata.id = pool_key(i);
+                r
+            })
+            .collect();
+        let hits = self.index().rank_pool(&keyed, query(vector)).await;
+        let real_id = |key: &str| -> Option<String> {
+            key.strip_prefix("\u{1}pool-")
+                .and_then(|i| i.parse::<usize>().ok())
+                .and_then(|i| pool.get(i))
+                .map(|p| p.record.metadata.id.clone())
+        };
+        let mut candidates = Vec::with_capacity(hits.len());
+        let mut redacted = 0;
+        for mut hit in hits {
+            let Some(i) = hit
+                .id
+                .strip_prefix("\u{1}pool-")
+                .and_then(|i| i.parse::<usize>().ok())
+            else {
+                continue;
+            };
+            let member = &pool[i];
+            if let Some(d) = hit.duplicate_of.take() {
+                let original = real_id(&d).unwrap_or(d.clone());
+                for n in &mut hit.notes {
+                    *n = n.replace(&d, &original);
+                }
+                hit.duplicate_of = Some(original);
+            }
+            hit.id = member.record.metadata.id.clone();
+            for note in &hit.notes {
+                warnings.push(format!("candidate '{}': {note}", hit.id));
+            }
+            // A remote record's owner is a principal of another registry;
+            // a local one of the same name owns nothing of it.
+            let viewer = if member.is_remote() {
+                principal.filter(|p| p.role == crate::domain::Role::Admin)
+            } else {
+                principal
+            };
+            let mut c = candidate(hit, &member.record, plan.detail, viewer);
+            c.provenance = member.provenance.clone();
+            redacted += usize::from(c.redacted);
+            candidates.push(c);
+        }
+        if redacted > 0 {
+            warnings.push(format!(
+                "fields were omitted by policy from {redacted} candidate(s): extension members, signatures, auth instructions, billing constraints and endpoint credentials are shown only to the record's owner and admins"
+            ));
+        }
+        debug!(
+            candidates = candidates.len(),
+            pool = pool.len(),
+            "discovered across peers"
+        );
+        Ok(DiscoveryResult {
+            request_id: uuid::Uuid::new_v4().to_string(),
+            generated_at: crate::domain::time::format(now),
+            candidates,
+            applied_filters: plan.filters.applied(),
+            unsupported_filters: plan.unsupported,
+            warnings,
+            detail: plan.detail,
+            include_evidence: plan.include_evidence,
+            indexed_revision: self.index().indexed_revision(),
+            scope: Scope::Federated,
+        })
+    }
+
+    /// Discovery on behalf of a peer: public records only, this registry's
+    /// own, plus (while hops are left) what its peers return, verified.
+    #[instrument(skip_all, fields(hops_left, visited = visited.len()))]
+    pub async fn answer_peer(
+        &self,
+        request: DiscoveryRequest,
+        hops_left: u32,
+        visited: Vec<String>,
+        deadline: Duration,
+    ) -> Result<PeerAnswer> {
+        let plan = request.clone().plan()?;
+        self.read_barrier(Consistency::Local).await?;
+        let mut warnings = Vec::new();
+        let vector = self.query_vector(&plan.query, &mut warnings).await;
+        let hits = self.index().search(Query {
+            text: &plan.query,
+            vector,
+            filters: &plan.filters,
+            preferred_tags: &plan.preferred_tags,
+            limit: plan.limit as usize,
+            evidence: false,
+            principal: None,
+            now_unix: time::OffsetDateTime::now_utc().unix_timestamp(),
+        });
+        let mut own = Vec::with_capacity(hits.len());
+        for hit in hits {
+            if let Some(r) = self.reader().get(&hit.id)? {
+                if shared(&r) && !r.envelope.deleted {
+                    own.push(r);
+                }
+            }
+        }
+        let mut relayed = Vec::new();
+        if hops_left > 0 {
+            let authority = self.own_authority();
+            // Leave the asker time to receive what this registry relays.
+            let deadline = self.peers().deadline.min(deadline * 3 / 4);
+            let asked = fan_out(
+                self.peers(),
+                Outbound {
+                    request: &request,
+                    hops_left: hops_left - 1,
+                    visited: &visited,
+                    own_authority: &authority,
+                    deadline,
+                },
+            )
+            .await;
+            relayed = asked.remotes;
+            warnings.extend(asked.warnings);
+        }
+        Ok(PeerAnswer {
+            own,
+            relayed,
+            warnings,
+        })
+    }
+
+    /// The public change feed for peers, from `from` on. When history no
+    /// longer reaches back that far (or `from` is 0) it starts with a full
+    /// listing of the shared records.
+    pub fn public_feed(&self, from: u64) -> Result<FeedStream> {
+        let reader = self.reader().clone();
+        let live = reader.subscribe();
+        let listing = from == 0 || from < reader.oldest_revision();
+        let (tx, rx) = mpsc::channel::<Result<FeedEvent>>(256);
+        let mut shutdown = self.shutdown_signal();
+        tokio::spawn(async move {
+            let mut next = from;
+            if listing {
+                let at = reader.applied_revision();
+                let scan_reader = reader.clone();
+                let scan_tx = tx.clone();
+                let scanned = tokio::task::spawn_blocking(move || {
+                    scan_reader.scan(|r| {
+                        if shared(&r) {
+                            // A closed channel ends the listing with the
+                            // next send failing too; nothing to report.
+                            let _ = scan_tx.blocking_send(Ok(FeedEvent::Record {
+                                record: Box::new(r),
+                                listing: true,
+                            }));
+                        }
+                    })
+                })
+                .await;
+                match scanned {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => {
+                        let _ = tx.send(Err(e.into())).await;
+                        return;
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Err(ServiceError::Internal(e.to_string()))).await;
+                        return;
+                    }
+                }
+                if tx
+                    .send(Ok(FeedEvent::ListingDone { revision: at }))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+                next = at + 1;
+            }
+            let stop = {
+                let tx = tx.clone();
+                async move {
+                    tokio::select! {
+                        _ = tx.closed() => {}
+                        _ = shutdown.wait_for(|s| *s) => {}
+                    }
+                }
+            };
+            let sink = |c: Change| {
+                let tx = tx.clone();
+                async move {
+                    let event = if c.record.envelope.provenance.is_some() {
+                        return true;
+                    } else if c.record.envelope.visibility == Visibility::Public {
+                        FeedEvent::Record {
+                            record: Box::new(c.record),
+                            listing: false,
+                        }
+                    } else {
+                        FeedEvent::Withdrawn {
+                            id: c.record.metadata.id,
+                            revision: c.revision,
+                        }
+                    };
+                    tx.send(Ok(event)).await.is_ok()
+                }
+            };
+            let error = match reader.follow(live, next, stop, sink).await {
+                FollowEnd::Stopped => return,
+                FollowEnd::Compacted { requested, oldest } => {
+                    ServiceError::RevisionCompacted { requested, oldest }
+                }
+                FollowEnd::Failed(e) => e.into(),
+            };
+            let _ = tx.send(Err(error)).await;
+        });
+        Ok(Box::pin(ReceiverStream::new(rx)))
+    }
+}

@@ -1,0 +1,614 @@
+//! Federation between three organisations on loopback — a.example (a
+//! 3-node cluster), b.example and c.example (one node each) — plus d.example,
+//! a hostile peer served by this test, that sends tampered records, records
+//! signed by unpinned and revoked keys, and records claiming other
+//! authorities or ids that are not its own.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use agentry::crypto::keys::{public_key_of, Signer};
+use agentry::crypto::signature::{served_form, sign_record, verify_served};
+use agentry::crypto::{Identity, IdentityChange, KeyFile, NewKey};
+use agentry::domain::{AgentMetadata, AgentRecord, Envelope};
+use agentry::pb;
+use futures::StreamExt;
+use serde_json::{json, Value};
+
+use crate::harness::{Cluster, Options, ADMIN};
+
+struct Org {
+    authority: &'static str,
+    key: NewKey,
+    public: String,
+}
+
+impl Org {
+    fn new(authority: &'static str) -> Self {
+        let key = NewKey::generate().expect("key");
+        let public = public_key_of(&key.secret).expect("public key");
+        Self {
+            authority,
+            key,
+            public,
+        }
+    }
+
+    fn key_file(&self, dir: &std::path::Path) -> String {
+        let path = dir.join(format!("{}.keys.json", self.authority));
+        let file = KeyFile {
+            authority: Some(self.authority.into()),
+            keys: vec![self.key.clone()],
+        };
+        std::fs::write(&path, serde_json::to_string(&file).expect("json")).expect("key file");
+        path.display().to_string()
+    }
+}
+
+fn identity(authority: &str, keys: Vec<NewKey>) -> Identity {
+    Identity::apply(
+        None,
+        &IdentityChange::Establish {
+            authority: authority.into(),
+            keys,
+            imported: true,
+        },
+        "2026-01-01T00:00:00Z",
+    )
+    .expect("identity")
+    .0
+    .expect("established")
+}
+
+fn peer_toml(authority: &str, port: u16, key: &str, sync: bool) -> String {
+    format!(
+        "[[federation.peers]]\nauthority = \"{authority}\"\nendpoint = \"http://127.0.0.1:{port}\"\nkeys = [\"{key}\"]\nsync = {sync}\n"
+    )
+}
+
+/// Starts the nodes of `c` (reserved) with `toml` and the org's identity.
+fn launch(c: &mut Cluster, org: &Org, toml: &str) {
+    let key_file = org.key_file(c.dir());
+    c.configure(&format!("[federation]\ndeadline_ms = 3000\n{toml}"));
+    let members = c.member_list();
+    let ids: Vec<u64> = c.nodes.keys().copied().collect();
+    for id in ids {
+        c.spawn(
+            id,
+            &[
+                "--initial-members",
+                &members,
+                "--authority",
+                org.authority,
+                "--key-file",
+                &key_file,
+            ],
+        );
+    }
+}
+
+async fn discover(c: &Cluster, node: u64, scope: &str) -> Value {
+    let resp = c
+        .http
+        .post(format!("{}/discover", c.http_url(node)))
+        .bearer_auth(ADMIN)
+        .json(&json!({
+            "query": "find an agent for this task",
+            "preferred_tags": ["cluster-test"],
+            "limit": 50,
+            "detail": "full",
+            "scope": scope,
+        }))
+        .send()
+        .await
+        .expect("discover");
+    assert_eq!(resp.status(), 200);
+    resp.json().await.expect("discover json")
+}
+
+fn candidates(r: &Value) -> BTreeMap<String, Value> {
+    r["candidates"]
+        .as_array()
+        .expect("candidates")
+        .iter()
+        .map(|c| (c["id"].as_str().unwrap_or_default().to_string(), c.clone()))
+        .collect()
+}
+
+fn warnings(r: &Value) -> String {
+    r["warnings"].to_string()
+}
+
+/// Polls `check` until it holds.
+async fn eventually<F, Fut>(what: &str, timeout: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    while !check().await {
+        assert!(Instant::now() < deadline, "{what}: not within {timeout:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Description of agent `id` on node `node`, if it is live there.
+async fn description(c: &Cluster, node: u64, id: &str) -> Option<String> {
+    c.contents(node)
+        .await
+        .get(id)
+        .map(|v| v.split(" | ").next().unwrap_or_default().to_string())
+}
+
+/// The hostile peer: a real Peering server with crafted answers.
+#[derive(Clone)]
+struct Hostile {
+    candidates: Vec<pb::PeerCandidate>,
+    feed: Vec<pb::FollowEvent>,
+    info: pb::RegistryInfo,
+    /// The feed is held back until the test opens it (after a.example
+    /// registered the id the feed tries to take).
+    gate: tokio::sync::watch::Receiver<bool>,
+}
+
+#[tonic::async_trait]
+impl pb::peering_server::Peering for Hostile {
+    async fn get_registry_info(
+        &self,
+        _: tonic::Request<pb::GetRegistryInfoRequest>,
+    ) -> Result<tonic::Response<pb::RegistryInfo>, tonic::Status> {
+        Ok(tonic::Response::new(self.info.clone()))
+    }
+
+    async fn discover(
+        &self,
+        _: tonic::Request<pb::PeerDiscoverRequest>,
+    ) -> Result<tonic::Response<pb::PeerDiscoverResponse>, tonic::Status> {
+        Ok(tonic::Response::new(pb::PeerDiscoverResponse {
+            authority: "d.example".into(),
+            candidates: self.candidates.clone(),
+            warnings: Vec::new(),
+            registry: Some(self.info.clone()),
+        }))
+    }
+
+    type FollowStream = std::pin::Pin<
+        Box<dyn futures::Stream<Item = Result<pb::FollowEvent, tonic::Status>> + Send>,
+    >;
+
+    async fn follow(
+        &self,
+        req: tonic::Request<pb::FollowRequest>,
+    ) -> Result<tonic::Response<Self::FollowStream>, tonic::Status> {
+        let from = req.get_ref().from_revision;
+        let events: Vec<_> = self
+            .feed
+            .iter()
+            .filter(|e| e.revision >= from)
+            .cloned()
+            .map(Ok)
+            .collect();
+        let mut gate = self.gate.clone();
+        let opened = futures::stream::once(async move {
+            // A dropped sender leaves the gate as it was; either way go on.
+            let _ = gate.wait_for(|open| *open).await;
+        });
+        Ok(tonic::Response::new(Box::pin(
+            opened
+                .flat_map(move |()| futures::stream::iter(events.clone()))
+                .chain(futures::stream::pending()),
+        )))
+    }
+}
+
+fn record(signer: &Signer, id: &str, description: &str, revision: u64) -> Value {
+    let mut r = AgentRecord {
+        metadata: serde_json::from_value::<AgentMetadata>(crate::harness::agent(id, description))
+            .expect("metadata"),
+        envelope: Envelope {
+            owner: "mallory".into(),
+            revision,
+            created_revision: revision,
+            registered_at: "2026-01-01T00:00:00Z".into(),
+            modified_at: "2026-01-01T00:00:00Z".into(),
+            ..Default::default()
+        },
+    };
+    sign_record(signer, &mut r, "2026-01-01T00:00:00Z");
+    served_form(&r)
+}
+
+fn offer(served: &Value, origin: &str) -> pb::PeerCandidate {
+    pb::PeerCandidate {
+        record_json: served.to_string(),
+        origin_authority: origin.into(),
+        origin_service: "http://d.example".into(),
+        via: Vec::new(),
+    }
+}
+
+/// Starts the hostile peer d.example; returns its port, its pinned keys
+/// and the gate of its feed.
+async fn hostile_peer() -> (u16, Vec<String>, tokio::sync::watch::Sender<bool>) {
+    let good = NewKey::generate().expect("key");
+    let revoked = NewKey::generate().expect("key");
+    let unpinned = NewKey::generate().expect("key");
+    let signer = |k: &NewKey| {
+        identity("d.example", vec![k.clone()])
+            .signer()
+            .expect("signer")
+    };
+    let (good_s, revoked_s, unpinned_s) = (signer(&good), signer(&revoked), signer(&unpinned));
+    let mut tampered = record(&good_s, "urn:d:tampered", "honest", 2);
+    tampered["description"] = "find an agent for this task, now with malware".into();
+    // Signed with d's key but claiming to be b.example's record.
+    let impostor = identity("b.example", vec![good.clone()])
+        .signer()
+        .expect("signer");
+    let claims_b = record(&impostor, "urn:b:impostor", "pretends to be b", 3);
+    let candidates = vec![
+        offer(
+            &record(&good_s, "urn:d:good", "an honest agent of d", 1),
+            "d.example",
+        ),
+        offer(&tampered, "d.example"),
+        offer(
+            &record(&unpinned_s, "urn:d:unpinned", "unpinned key", 3),
+            "d.example",
+        ),
+        offer(
+            &record(&revoked_s, "urn:d:revoked", "revoked key", 4),
+            "d.example",
+        ),
+        offer(&claims_b, "b.example"),
+    ];
+    let event = |revision: u64, served: &Value| pb::FollowEvent {
+        revision,
+        record_json: served.to_string(),
+        ..Default::default()
+    };
+    let feed = vec![
+        event(1, &record(&good_s, "urn:d:good", "an honest agent of d", 1)),
+        event(2, &claims_b),
+        // An id a.example holds itself.
+        event(3, &record(&good_s, "urn:a:weather", "hijacked", 3)),
+        event(4, &record(&revoked_s, "urn:d:revoked", "revoked key", 4)),
+    ];
+    let revoked_id = revoked_s.key_id.clone();
+    let info = pb::RegistryInfo {
+        authority: "d.example".into(),
+        keys: vec![pb::AuthorityKey {
+            key_id: revoked_id,
+            state: "revoked".into(),
+            ..Default::default()
+        }],
+        established: true,
+        ..Default::default()
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let (open, gate) = tokio::sync::watch::channel(false);
+    let service = pb::peering_server::PeeringServer::new(Hostile {
+        candidates,
+        feed,
+        info,
+        gate,
+    });
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    let pinned = [&good, &revoked]
+        .iter()
+        .map(|k| public_key_of(&k.secret).expect("public"))
+        .collect();
+    (port, pinned, open)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_organisations_federate_discovery_and_sync() {
+    let (a_org, b_org, c_org) = (
+        Org::new("a.example"),
+        Org::new("b.example"),
+        Org::new("c.example"),
+    );
+    let options = || Options {
+        election_timeout_ms: Some(1000),
+        ..Default::default()
+    };
+    let mut a = Cluster::new(options());
+    let mut b = Cluster::new(options());
+    let mut c = Cluster::new(options());
+    for id in 1..=3 {
+        a.reserve(id);
+    }
+    b.reserve(1);
+    c.reserve(1);
+    let (d_port, d_keys, open_feed) = hostile_peer().await;
+    let a_peer = a.nodes[&1].peer;
+    let (b_peer, c_peer) = (b.nodes[&1].peer, c.nodes[&1].peer);
+
+    // Everyone peers with everyone (loops must not form); a.example also
+    // keeps b.example's and d.example's records.
+    let d_toml = format!(
+        "[[federation.peers]]\nauthority = \"d.example\"\nendpoint = \"http://127.0.0.1:{d_port}\"\nkeys = [\"{}\", \"{}\"]\nsync = true\n",
+        d_keys[0], d_keys[1]
+    );
+    launch(
+        &mut a,
+        &a_org,
+        &format!(
+            "{}{}{d_toml}",
+            peer_toml("b.example", b_peer, &b_org.public, true),
+            peer_toml("c.example", c_peer, &c_org.public, false)
+        ),
+    );
+    launch(
+        &mut b,
+        &b_org,
+        &format!(
+            "{}{}",
+            peer_toml("a.example", a_peer, &a_org.public, false),
+            peer_toml("c.example", c_peer, &c_org.public, false)
+        ),
+    );
+    launch(
+        &mut c,
+        &c_org,
+        &format!(
+            "{}{}",
+            peer_toml("a.example", a_peer, &a_org.public, false),
+            peer_toml("b.example", b_peer, &b_org.public, false)
+        ),
+    );
+    let a_leader = a.wait_for_leader(Duration::from_secs(30)).await;
+    for (cl, node) in [(&a, a_leader), (&b, 1), (&c, 1)] {
+        cl.registry_info(node).await;
+    }
+    assert_eq!(
+        a.register(
+            a_leader,
+            "urn:a:weather",
+            "find an agent for this task: weather"
+        )
+        .await
+        .0,
+        201
+    );
+    assert_eq!(
+        b.register(
+            1,
+            "urn:b:translate",
+            "find an agent for this task: translation"
+        )
+        .await
+        .0,
+        201
+    );
+    assert_eq!(
+        b.register(1, "urn:b:old", "find an agent for this task: to be deleted")
+            .await
+            .0,
+        201
+    );
+    assert_eq!(
+        c.register(1, "urn:c:currency", "find an agent for this task: currency")
+            .await
+            .0,
+        201
+    );
+    open_feed.send_replace(true);
+
+    // Federated discovery at any node of a.example: all three organisations,
+    // d.example's honest record only, provenance that verifies.
+    let r = discover(&a, 2, "federated").await;
+    assert_eq!(r["scope"], "federated");
+    let found = candidates(&r);
+    for id in [
+        "urn:a:weather",
+        "urn:b:translate",
+        "urn:c:currency",
+        "urn:d:good",
+    ] {
+        assert!(found.contains_key(id), "{id} missing: {r:#}");
+    }
+    for refused in [
+        "urn:d:tampered",
+        "urn:d:unpinned",
+        "urn:d:revoked",
+        "urn:b:impostor",
+    ] {
+        assert!(!found.contains_key(refused), "{refused} accepted: {r:#}");
+    }
+    assert!(
+        warnings(&r).contains("peer d.example: 4 record(s) refused"),
+        "{}",
+        warnings(&r)
+    );
+    let b_key = agentry::crypto::keys::decode_public(&b_org.public).expect("key");
+    let c_key = agentry::crypto::keys::decode_public(&c_org.public).expect("key");
+    for (id, authority, key) in [
+        ("urn:b:translate", "b.example", &b_key),
+        ("urn:c:currency", "c.example", &c_key),
+    ] {
+        let cand = &found[id];
+        assert_eq!(cand["origin_authority"], authority, "{cand:#}");
+        assert_eq!(cand["origin_signature"]["authority"], authority);
+        assert!(cand["received_at"].is_string() && cand["origin_service"].is_string());
+        let sig = verify_served(&cand["record"], key).expect("origin signature verifies");
+        assert_eq!(json!(sig.value), cand["origin_signature"]["value"]);
+    }
+    assert!(found["urn:a:weather"].get("origin_authority").is_none());
+    // Each agent once, however many routes (b's also arrives as a synced copy).
+    let ids: Vec<&str> = r["candidates"]
+        .as_array()
+        .expect("candidates")
+        .iter()
+        .filter_map(|c| c["id"].as_str())
+        .collect();
+    let mut unique = ids.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(ids.len(), unique.len(), "{ids:?}");
+    // Local scope asks nobody.
+    let local = candidates(&discover(&a, 1, "local").await);
+    assert!(!local.contains_key("urn:c:currency"));
+
+    // Sync: b.example's records are kept on every node of a.example,
+    // read-only, with provenance whose origin signature verifies.
+    eventually(
+        "b's records synced to a",
+        Duration::from_secs(30),
+        || async {
+            let mut all = true;
+            for node in 1..=3 {
+                all &= description(&a, node, "urn:b:translate").await.is_some()
+                    && description(&a, node, "urn:d:good").await.is_some();
+            }
+            all
+        },
+    )
+    .await;
+    let copy = a.get(3, "urn:b:translate").await;
+    let provenance = &copy["registry"]["provenance"];
+    assert_eq!(provenance["origin_authority"], "b.example");
+    assert_eq!(copy["registry"]["owner"], "peer:b.example");
+    let mut as_origin = copy.clone();
+    as_origin["registry"] = provenance["origin_envelope"].clone();
+    verify_served(&as_origin, &b_key).expect("the copy carries b's verifiable signature");
+    let put = a
+        .http
+        .put(format!("{}/agents/urn:b:translate", a.http_url(1)))
+        .bearer_auth(ADMIN)
+        .json(&crate::harness::agent(
+            "urn:b:translate",
+            "overwritten locally",
+        ))
+        .send()
+        .await
+        .expect("put");
+    assert_eq!(put.status(), 409);
+    // The hostile feed: nothing under b's name, a's own record untouched.
+    assert_eq!(
+        description(&a, 1, "urn:a:weather").await.as_deref(),
+        Some("find an agent for this task: weather")
+    );
+    assert!(description(&a, 1, "urn:b:impostor").await.is_none());
+    assert!(description(&a, 1, "urn:d:revoked").await.is_none());
+
+    // A peer that is down: partial results and a warning.
+    c.kill(1);
+    let r = discover(&a, 1, "federated").await;
+    let found = candidates(&r);
+    assert!(found.contains_key("urn:b:translate") && found.contains_key("urn:a:weather"));
+    assert!(!found.contains_key("urn:c:currency"));
+    assert!(warnings(&r).contains("peer c.example"), "{}", warnings(&r));
+
+    // b.example restarts and changes while a.example follows: updates,
+    // deletions and new records converge.
+    b.kill(1);
+    b.restart(1);
+    b.registry_info(1).await;
+    assert_eq!(
+        b.register(
+            1,
+            "urn:b:translate",
+            "find an agent for this task: translation v2"
+        )
+        .await
+        .0,
+        200
+    );
+    assert_eq!(
+        b.register(1, "urn:b:new", "find an agent for this task: new")
+            .await
+            .0,
+        201
+    );
+    let del = b
+        .http
+        .delete(format!("{}/agents/urn:b:old", b.http_url(1)))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .expect("delete");
+    assert!(del.status().is_success());
+    let converged = |node: u64| {
+        let a = &a;
+        async move {
+            description(a, node, "urn:b:translate").await.as_deref()
+                == Some("find an agent for this task: translation v2")
+                && description(a, node, "urn:b:new").await.is_some()
+                && description(a, node, "urn:b:old").await.is_none()
+        }
+    };
+    eventually(
+        "sync after b restarted",
+        Duration::from_secs(30),
+        || async { converged(1).await && converged(2).await && converged(3).await },
+    )
+    .await;
+
+    // a.example's leader is cut off from its cluster; the majority elects
+    // another leader, which resumes the feed from the replicated cursor.
+    // After the partition heals every node holds the same records.
+    let old_leader = a.wait_for_leader(Duration::from_secs(30)).await;
+    let others: Vec<u64> = (1..=3).filter(|n| *n != old_leader).collect();
+    a.partition(&[&[old_leader], &others]).await;
+    assert_eq!(
+        b.register(1, "urn:b:during", "find an agent for this task: partition")
+            .await
+            .0,
+        201
+    );
+    eventually(
+        "majority side syncs during the partition",
+        Duration::from_secs(30),
+        || async { description(&a, others[0], "urn:b:during").await.is_some() },
+    )
+    .await;
+    a.heal().await;
+    eventually(
+        "every node converges after the partition",
+        Duration::from_secs(30),
+        || async {
+            let first = a.contents(1).await;
+            first.contains_key("urn:b:during")
+                && a.contents(2).await == first
+                && a.contents(3).await == first
+        },
+    )
+    .await;
+
+    // A restart of the whole follower cluster resumes where it was: the
+    // copies stay and later changes arrive.
+    for node in 1..=3 {
+        a.kill(node);
+    }
+    assert_eq!(
+        b.register(
+            1,
+            "urn:b:after",
+            "find an agent for this task: after restart"
+        )
+        .await
+        .0,
+        201
+    );
+    for node in 1..=3 {
+        a.restart(node);
+    }
+    a.wait_for_leader(Duration::from_secs(30)).await;
+    eventually(
+        "sync resumes after a.example restarts",
+        Duration::from_secs(30),
+        || async {
+            description(&a, 1, "urn:b:after").await.is_some()
+                && description(&a, 1, "urn:b:new").await.is_some()
+        },
+    )
+    .await;
+}
