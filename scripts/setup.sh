@@ -15,6 +15,8 @@ missing=()
 command -v c++ >/dev/null 2>&1 || missing+=(g++)
 command -v clang >/dev/null 2>&1 || missing+=(clang)
 have_libclang || missing+=(libclang-dev)
+# The test suite makes throwaway TLS certificates for the peer listener.
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]} (needed to build RocksDB)" >&2

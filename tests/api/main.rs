@@ -5,6 +5,7 @@ mod bad_input;
 mod discovery;
 mod embedders;
 mod harness;
+mod peer_tls;
 mod restart;
 mod scenario;
 mod signatures;

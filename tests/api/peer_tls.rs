@@ -1,0 +1,203 @@
+//! The peer listener over TLS and mutual TLS: certificates made with the
+//! `openssl` command for this test, a registry serving its peer listener
+//! with them, and registries asking it with and without the CA and a client
+//! certificate. A handshake that should fail must fail, so a peer that
+//! skipped verification would be caught.
+
+use std::path::Path;
+use std::time::Duration;
+
+use agentry::config::{PeerConfig, TlsConfig};
+use reqwest::Method;
+use serde_json::{json, Value};
+
+use crate::harness::*;
+
+async fn openssl(dir: &Path, args: &[&str]) {
+    let out = tokio::process::Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .await
+        .expect("openssl runs (scripts/setup.sh installs it)");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A CA and a leaf certificate for 127.0.0.1 signed by it (server and
+/// client use), in `dir`.
+async fn certificates(dir: &Path) {
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    let mut ca = vec!["req", "-x509"];
+    ca.extend(ec);
+    ca.extend([
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=agentry-test-ca",
+    ]);
+    openssl(dir, &ca).await;
+    let mut csr = vec!["req"];
+    csr.extend(ec);
+    csr.extend([
+        "-keyout",
+        "leaf.key",
+        "-out",
+        "leaf.csr",
+        "-subj",
+        "/CN=127.0.0.1",
+    ]);
+    openssl(dir, &csr).await;
+    std::fs::write(
+        dir.join("leaf.ext"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=serverAuth,clientAuth\n",
+    )
+    .expect("ext file");
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "leaf.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "leaf.pem",
+            "-days",
+            "1",
+            "-extfile",
+            "leaf.ext",
+        ],
+    )
+    .await;
+}
+
+async fn signing_key(h: &Http) -> String {
+    for _ in 0..100 {
+        let (_, info) = h
+            .call(Method::GET, "/.well-known/agentry.json", None, None)
+            .await
+            .expect("registry info");
+        if info["established"] == true {
+            let id = info["signing_key"].clone();
+            return info["keys"]
+                .as_array()
+                .and_then(|ks| ks.iter().find(|k| k["key_id"] == id))
+                .and_then(|k| k["public_key"].as_str())
+                .expect("signing key")
+                .to_string();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("never established");
+}
+
+async fn federated(h: &Http) -> Value {
+    let (status, body) = h
+        .call(
+            Method::POST,
+            "/discover",
+            Some(ADMIN),
+            Some(json!({"query": "translate a contract", "scope": "federated", "limit": 5})),
+        )
+        .await
+        .expect("discover");
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+fn found(body: &Value, id: &str) -> bool {
+    body["candidates"]
+        .as_array()
+        .is_some_and(|cs| cs.iter().any(|c| c["id"] == id))
+}
+
+#[tokio::test]
+async fn peers_reach_a_tls_listener_only_with_the_right_ca_and_client_certificate() {
+    let certs = tempfile::tempdir().expect("tempdir");
+    let d = certs.path();
+    certificates(d).await;
+    let b = TestServer::start_with(|c| {
+        c.identity.authority = Some("b.example".into());
+        c.federation.tls = Some(TlsConfig {
+            cert_file: d.join("leaf.pem"),
+            key_file: d.join("leaf.key"),
+            client_ca_file: Some(d.join("ca.pem")),
+        });
+    })
+    .await;
+    let b_http = Http::new(&b.http);
+    let key = signing_key(&b_http).await;
+    let (status, _) = b_http
+        .call(
+            Method::POST,
+            "/agents",
+            Some(ADMIN),
+            Some(translator("urn:b:translator")),
+        )
+        .await
+        .expect("register");
+    assert_eq!(status, 201);
+    let port = b.server.as_ref().expect("running").peer_addr.port();
+    let (_, info) = b_http
+        .call(Method::GET, "/.well-known/agentry.json", None, None)
+        .await
+        .expect("info");
+    assert!(info["federation_endpoint"]
+        .as_str()
+        .is_some_and(|e| e.starts_with("https://")));
+
+    let peer = |ca: bool, client_cert: bool| PeerConfig {
+        authority: "b.example".into(),
+        endpoint: format!("https://127.0.0.1:{port}"),
+        keys: vec![key.clone()],
+        well_known: None,
+        accept_tags: Vec::new(),
+        accept_namespaces: Vec::new(),
+        fan_out: true,
+        sync: false,
+        max_hops: None,
+        ca_file: ca.then(|| d.join("ca.pem")),
+        client_cert_file: client_cert.then(|| d.join("leaf.pem")),
+        client_key_file: client_cert.then(|| d.join("leaf.key")),
+    };
+    // (trusts b's CA, presents a client certificate, reaches b)
+    for (ca, client_cert, reaches) in [
+        (true, true, true),
+        (true, false, false),
+        (false, true, false),
+    ] {
+        let a = TestServer::start_with(|c| {
+            c.identity.authority = Some("a.example".into());
+            c.federation.peers = vec![peer(ca, client_cert)];
+        })
+        .await;
+        let body = federated(&Http::new(&a.http)).await;
+        assert_eq!(
+            found(&body, "urn:b:translator"),
+            reaches,
+            "ca {ca}, client certificate {client_cert}: {body:#}"
+        );
+        let warned = body["warnings"].to_string().contains("peer b.example");
+        assert_eq!(warned, !reaches, "{body:#}");
+        a.stop().await;
+    }
+    b.stop().await;
+}
