@@ -17,6 +17,11 @@ mod vectors;
 
 pub use vectors::ProbeRecall;
 
+/// Texts whose vectors the federated pool cache keeps (~1 KB each with the
+/// default model).
+const POOL_CACHE_TEXTS: usize = 20_000;
+
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
@@ -66,6 +71,9 @@ struct Shared {
     rebuilds: AtomicU64,
     last_rebuild_ms: AtomicU64,
     embed_failures: AtomicU64,
+    /// Vectors of texts ranked in federated pools, by text: the same
+    /// peers' agents come back query after query. Emptied when full.
+    pool_vectors: std::sync::Mutex<HashMap<String, Vec<f32>>>,
 }
 
 /// The discovery index of this node. Cheap to clone.
@@ -93,6 +101,7 @@ impl SearchIndex {
                 rebuilds: AtomicU64::new(0),
                 last_rebuild_ms: AtomicU64::new(0),
                 embed_failures: AtomicU64::new(0),
+                pool_vectors: Default::default(),
             }),
         }
     }
@@ -172,16 +181,7 @@ impl SearchIndex {
     /// the caller gives each record a key unique within the pool.
     pub async fn rank_pool(&self, records: &[AgentRecord], q: Query<'_>) -> Vec<Hit> {
         let texts: Vec<Vec<String>> = records.iter().map(vector_texts).collect();
-        let vectors = match self.embedder() {
-            Some(e) => match e.embed(texts.concat()).await {
-                Ok(v) => Some(v),
-                Err(error) => {
-                    self.embed_failed(records.len(), &error);
-                    None
-                }
-            },
-            None => None,
-        };
+        let vectors = self.pool_vectors(&texts).await;
         let mut index = Index::new(self.embedder().map_or(0, Embedder::dim));
         let now = crate::domain::time::now();
         let mut offset = 0;
@@ -201,6 +201,54 @@ impl SearchIndex {
             ));
         }
         index.search(&self.shared.weights, &q)
+    }
+
+    /// The vectors of every text of a pool, in order (None without a model
+    /// or when it failed): cached ones from the pool cache, the rest
+    /// embedded in one call.
+    async fn pool_vectors(&self, texts: &[Vec<String>]) -> Option<Vec<Vec<f32>>> {
+        let embedder = self.embedder()?;
+        let lock = || {
+            self.shared
+                .pool_vectors
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+        };
+        let missing: Vec<String> = {
+            let cache = lock();
+            let mut m: Vec<String> = texts
+                .iter()
+                .flatten()
+                .filter(|t| !cache.contains_key(*t))
+                .cloned()
+                .collect();
+            m.sort_unstable();
+            m.dedup();
+            m
+        };
+        let fresh = if missing.is_empty() {
+            Vec::new()
+        } else {
+            match embedder.embed(missing.clone()).await {
+                Ok(v) => v,
+                Err(error) => {
+                    self.embed_failed(texts.len(), &error);
+                    return None;
+                }
+            }
+        };
+        let fresh: HashMap<String, Vec<f32>> = missing.into_iter().zip(fresh).collect();
+        let mut cache = lock();
+        let out = texts
+            .iter()
+            .flatten()
+            .map(|t| fresh.get(t).or_else(|| cache.get(t)).cloned())
+            .collect::<Option<Vec<_>>>();
+        if cache.len() + fresh.len() > POOL_CACHE_TEXTS {
+            cache.clear();
+        }
+        cache.extend(fresh);
+        out
     }
 
     /// A poisoned lock still holds a consistent index: every writer swaps

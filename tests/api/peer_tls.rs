@@ -201,3 +201,87 @@ async fn peers_reach_a_tls_listener_only_with_the_right_ca_and_client_certificat
     }
     b.stop().await;
 }
+
+/// b.example at `port`, its keys pinned from `well_known`.
+fn pinned_from(port: u16, well_known: &str) -> PeerConfig {
+    PeerConfig {
+        authority: "b.example".into(),
+        endpoint: format!("http://127.0.0.1:{port}"),
+        keys: Vec::new(),
+        well_known: Some(well_known.into()),
+        accept_tags: Vec::new(),
+        accept_namespaces: Vec::new(),
+        fan_out: true,
+        sync: false,
+        max_hops: None,
+        ca_file: None,
+        client_cert_file: None,
+        client_key_file: None,
+    }
+}
+
+#[tokio::test]
+async fn keys_from_a_well_known_url_are_fetched_once_and_pinned() {
+    let b = TestServer::start_with(|c| c.identity.authority = Some("b.example".into())).await;
+    let b_http = Http::new(&b.http);
+    signing_key(&b_http).await;
+    let (status, _) = b_http
+        .call(
+            Method::POST,
+            "/agents",
+            Some(ADMIN),
+            Some(translator("urn:b:translator")),
+        )
+        .await
+        .expect("register");
+    assert_eq!(status, 201);
+    let port = b.server.as_ref().expect("running").peer_addr.port();
+    let a_dir = tempfile::tempdir().expect("tempdir");
+    let data_dir = a_dir.path().to_path_buf();
+    let well_known = format!("{}/.well-known/agentry.json", b.http);
+    let a = TestServer::start_with(|c| {
+        c.data_dir = data_dir.clone();
+        c.federation.peers = vec![pinned_from(port, &well_known)];
+    })
+    .await;
+    let pinned = data_dir.join("peers/b.example.json");
+    for _ in 0..100 {
+        if pinned.exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The keys are pinned in memory right after the file is written.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let doc: Value =
+        serde_json::from_slice(&std::fs::read(&pinned).expect("pinned file")).expect("pinned json");
+    assert_eq!(doc["authority"], "b.example");
+    let body = federated(&Http::new(&a.http)).await;
+    assert!(found(&body, "urn:b:translator"), "{body:#}");
+
+    // The pinned file is what counts from now on: a different key there
+    // (as if b's web server had been swapped after pinning) makes every
+    // record of b refused after a restart.
+    let mut forged = doc.clone();
+    for k in forged["keys"].as_array_mut().expect("keys") {
+        k["public_key"] = "11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo".into();
+    }
+    a.stop().await;
+    std::fs::write(&pinned, forged.to_string()).expect("rewrite pin");
+    let a = TestServer::start_with(|c| {
+        c.data_dir = data_dir.clone();
+        c.federation.peers = vec![pinned_from(port, &well_known)];
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let body = federated(&Http::new(&a.http)).await;
+    assert!(!found(&body, "urn:b:translator"), "{body:#}");
+    assert!(
+        body["warnings"]
+            .to_string()
+            .contains("not pinned for b.example"),
+        "{body:#}"
+    );
+    a.stop().await;
+    b.stop().await;
+}
