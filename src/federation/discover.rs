@@ -82,7 +82,7 @@ pub async fn fan_out(peers: &Peers, out: Outbound<'_>) -> Asked {
             Err(_) => {
                 warn!(peer = %peer.authority, "peer did not answer in time");
                 asked.warnings.push(format!(
-                    "peer {} did not answer within {} ms; its agents are missing",
+                    "peer {} did not answer within {} ms; its agents are included only as far as this registry keeps copies of them",
                     peer.authority,
                     out.deadline.as_millis()
                 ));
@@ -90,7 +90,7 @@ pub async fn fan_out(peers: &Peers, out: Outbound<'_>) -> Asked {
             Ok(Err(status)) => {
                 warn!(peer = %peer.authority, error = %status.message(), "peer discovery failed");
                 asked.warnings.push(format!(
-                    "peer {} failed ({}: {}); its agents are missing",
+                    "peer {} failed ({}: {}); its agents are included only as far as this registry keeps copies of them",
                     peer.authority,
                     status.code(),
                     status.message()
