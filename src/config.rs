@@ -154,6 +154,27 @@ fn yes() -> bool {
     true
 }
 
+impl PeerConfig {
+    /// A peer at `endpoint` with the defaults of the config file: no keys
+    /// yet, no policy limits, in fan-out, not synced, no TLS files.
+    pub fn new(authority: &str, endpoint: &str) -> Self {
+        Self {
+            authority: authority.into(),
+            endpoint: endpoint.into(),
+            keys: Vec::new(),
+            well_known: None,
+            accept_tags: Vec::new(),
+            accept_namespaces: Vec::new(),
+            fan_out: true,
+            sync: false,
+            max_hops: None,
+            ca_file: None,
+            client_cert_file: None,
+            client_key_file: None,
+        }
+    }
+}
+
 impl FederationConfig {
     fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));

@@ -97,18 +97,8 @@ pub async fn run(
     let b_key = load(&b, n, n).await?;
     let c_key = load(&c, n, 2 * n).await?;
     let peer = |authority: &str, server: &RunningServer, key: String| PeerConfig {
-        authority: authority.into(),
-        endpoint: format!("http://{}", server.peer_addr),
         keys: vec![key],
-        well_known: None,
-        accept_tags: Vec::new(),
-        accept_namespaces: Vec::new(),
-        fan_out: true,
-        sync: false,
-        max_hops: None,
-        ca_file: None,
-        client_cert_file: None,
-        client_key_file: None,
+        ..PeerConfig::new(authority, &format!("http://{}", server.peer_addr))
     };
     let a = start(
         "a.example",

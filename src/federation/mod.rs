@@ -313,18 +313,10 @@ mod tests {
 
     fn peer(authority: &str, keys: &Identity, policy: TrustPolicy) -> Peer {
         let config = PeerConfig {
-            authority: authority.into(),
-            endpoint: "http://127.0.0.1:1".into(),
             keys: keys.keys.iter().map(|k| k.public_key.clone()).collect(),
-            well_known: None,
             accept_tags: policy.accept_tags,
             accept_namespaces: policy.accept_namespaces,
-            fan_out: true,
-            sync: false,
-            max_hops: None,
-            ca_file: None,
-            client_cert_file: None,
-            client_key_file: None,
+            ..PeerConfig::new(authority, "http://127.0.0.1:1")
         };
         Peer::new(&config, 2).unwrap()
     }

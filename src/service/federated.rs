@@ -80,8 +80,15 @@ impl Pooled {
 
 /// The pool key a record is ranked under (unique within one pool).
 fn pool_key(i: usize) -> String {
-    format!("\u{1}pool-{i}")
+    format!("{POOL_KEY}{i}")
 }
+
+/// The pool member a key names.
+fn pool_index(key: &str) -> Option<usize> {
+    key.strip_prefix(POOL_KEY)?.parse().ok()
+}
+
+const POOL_KEY: &str = "\u{1}pool-";
 
 impl RegistryService {
     /// This registry's authority ("" until the identity is established).
@@ -244,22 +251,16 @@ impl RegistryService {
             .collect();
         let hits = self.index().rank_pool(&keyed, query(vector)).await;
         let real_id = |key: &str| -> Option<String> {
-            key.strip_prefix("\u{1}pool-")
-                .and_then(|i| i.parse::<usize>().ok())
+            pool_index(key)
                 .and_then(|i| pool.get(i))
                 .map(|p| p.record.metadata.id.clone())
         };
         let mut candidates = Vec::with_capacity(hits.len());
         let mut redacted = 0;
         for mut hit in hits {
-            let Some(i) = hit
-                .id
-                .strip_prefix("\u{1}pool-")
-                .and_then(|i| i.parse::<usize>().ok())
-            else {
+            let Some(member) = pool_index(&hit.id).and_then(|i| pool.get(i)) else {
                 continue;
             };
-            let member = &pool[i];
             if let Some(d) = hit.duplicate_of.take() {
                 let original = real_id(&d).unwrap_or(d.clone());
                 for n in &mut hit.notes {

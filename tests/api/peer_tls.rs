@@ -165,18 +165,11 @@ async fn peers_reach_a_tls_listener_only_with_the_right_ca_and_client_certificat
         .is_some_and(|e| e.starts_with("https://")));
 
     let peer = |ca: bool, client_cert: bool| PeerConfig {
-        authority: "b.example".into(),
-        endpoint: format!("https://127.0.0.1:{port}"),
         keys: vec![key.clone()],
-        well_known: None,
-        accept_tags: Vec::new(),
-        accept_namespaces: Vec::new(),
-        fan_out: true,
-        sync: false,
-        max_hops: None,
         ca_file: ca.then(|| d.join("ca.pem")),
         client_cert_file: client_cert.then(|| d.join("leaf.pem")),
         client_key_file: client_cert.then(|| d.join("leaf.key")),
+        ..PeerConfig::new("b.example", &format!("https://127.0.0.1:{port}"))
     };
     // (trusts b's CA, presents a client certificate, reaches b)
     for (ca, client_cert, reaches) in [
@@ -205,18 +198,8 @@ async fn peers_reach_a_tls_listener_only_with_the_right_ca_and_client_certificat
 /// b.example at `port`, its keys pinned from `well_known`.
 fn pinned_from(port: u16, well_known: &str) -> PeerConfig {
     PeerConfig {
-        authority: "b.example".into(),
-        endpoint: format!("http://127.0.0.1:{port}"),
-        keys: Vec::new(),
         well_known: Some(well_known.into()),
-        accept_tags: Vec::new(),
-        accept_namespaces: Vec::new(),
-        fan_out: true,
-        sync: false,
-        max_hops: None,
-        ca_file: None,
-        client_cert_file: None,
-        client_key_file: None,
+        ..PeerConfig::new("b.example", &format!("http://127.0.0.1:{port}"))
     }
 }
 
