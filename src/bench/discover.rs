@@ -259,6 +259,36 @@ pub(crate) fn request<T>(msg: T) -> tonic::Request<T> {
     r
 }
 
+/// Registers corpus agents `range` over gRPC, `concurrency` at a time.
+pub(crate) async fn register_corpus(
+    channel: &tonic::transport::Channel,
+    src: &[Value],
+    range: std::ops::Range<usize>,
+    concurrency: usize,
+) -> Result<(), String> {
+    let registry = RegistryClient::new(channel.clone());
+    let results: Vec<Result<(), String>> = stream::iter(range)
+        .map(|i| {
+            let mut registry = registry.clone();
+            async move {
+                let metadata =
+                    metadata_from_json(corpus_agent(src, i)).map_err(|e| e.to_string())?;
+                registry
+                    .register(request(pb::RegisterRequest {
+                        metadata: Some(metadata),
+                        visibility: 0,
+                    }))
+                    .await
+                    .map_err(|e| e.message().to_string())?;
+                Ok(())
+            }
+        })
+        .buffer_unordered(concurrency)
+        .collect()
+        .await;
+    results.into_iter().collect()
+}
+
 /// Waits until the node's index holds everything it has applied.
 pub(crate) async fn wait_indexed(service: &crate::service::RegistryService) {
     let reader = service.reader();
@@ -287,28 +317,7 @@ pub async fn run_size(
         .await
         .map_err(|e| e.to_string())?;
     let started = Instant::now();
-    let registry = RegistryClient::new(channel.clone());
-    let results: Vec<Result<(), String>> = stream::iter(0..n)
-        .map(|i| {
-            let mut registry = registry.clone();
-            let src = &src;
-            async move {
-                let metadata =
-                    metadata_from_json(corpus_agent(src, i)).map_err(|e| e.to_string())?;
-                registry
-                    .register(request(pb::RegisterRequest {
-                        metadata: Some(metadata),
-                        visibility: 0,
-                    }))
-                    .await
-                    .map_err(|e| e.message().to_string())?;
-                Ok(())
-            }
-        })
-        .buffer_unordered(64)
-        .collect()
-        .await;
-    results.into_iter().collect::<Result<Vec<_>, _>>()?;
+    register_corpus(&channel, &src, 0..n, 64).await?;
     let service = server.service().clone();
     let reader = service.reader().clone();
     wait_indexed(&service).await;

@@ -9,11 +9,10 @@ use std::time::{Duration, Instant};
 use futures::{stream, StreamExt};
 
 use super::discover::{
-    config, corpus_agent, measured, queries, request, sources, wait_indexed, Measured,
+    config, measured, queries, register_corpus, request, sources, wait_indexed, Measured,
 };
 use crate::config::PeerConfig;
-use crate::convert::metadata_from_json;
-use crate::pb::{self, discovery_client::DiscoveryClient, registry_client::RegistryClient};
+use crate::pb::{self, discovery_client::DiscoveryClient};
 use crate::server::RunningServer;
 
 /// The figures of one run.
@@ -35,29 +34,13 @@ async fn channel(addr: std::net::SocketAddr) -> Result<tonic::transport::Channel
 /// Registers `n` corpus agents (starting at `offset`) and waits until the
 /// registry has indexed them and published its keys.
 async fn load(server: &RunningServer, n: usize, offset: usize) -> Result<String, String> {
-    let src = sources();
-    let registry = RegistryClient::new(channel(server.grpc_addr).await?);
-    let results: Vec<Result<(), String>> = stream::iter(offset..offset + n)
-        .map(|i| {
-            let mut registry = registry.clone();
-            let src = &src;
-            async move {
-                let metadata =
-                    metadata_from_json(corpus_agent(src, i)).map_err(|e| e.to_string())?;
-                registry
-                    .register(request(pb::RegisterRequest {
-                        metadata: Some(metadata),
-                        visibility: 0,
-                    }))
-                    .await
-                    .map_err(|e| e.message().to_string())?;
-                Ok(())
-            }
-        })
-        .buffer_unordered(32)
-        .collect()
-        .await;
-    results.into_iter().collect::<Result<Vec<_>, _>>()?;
+    register_corpus(
+        &channel(server.grpc_addr).await?,
+        &sources(),
+        offset..offset + n,
+        32,
+    )
+    .await?;
     wait_indexed(server.service()).await;
     server.snapshot_now().await.map_err(|e| e.to_string())?;
     for _ in 0..200 {

@@ -111,6 +111,36 @@ impl RegistryService {
         Ok(warnings)
     }
 
+    /// The response around ranked candidates, with the redaction warning
+    /// when any candidate had fields omitted.
+    pub(super) fn discovery_result(
+        &self,
+        plan: DiscoveryPlan,
+        now: time::OffsetDateTime,
+        candidates: Vec<Candidate>,
+        mut warnings: Vec<String>,
+        scope: Scope,
+    ) -> DiscoveryResult {
+        let redacted = candidates.iter().filter(|c| c.redacted).count();
+        if redacted > 0 {
+            warnings.push(format!(
+                "fields were omitted by policy from {redacted} candidate(s): extension members, signatures, auth instructions, billing constraints and endpoint credentials are shown only to the record's owner and admins"
+            ));
+        }
+        DiscoveryResult {
+            request_id: uuid::Uuid::new_v4().to_string(),
+            generated_at: crate::domain::time::format(now),
+            candidates,
+            applied_filters: plan.filters.applied(),
+            unsupported_filters: plan.unsupported,
+            warnings,
+            detail: plan.detail,
+            include_evidence: plan.include_evidence,
+            indexed_revision: self.index().indexed_revision(),
+            scope,
+        }
+    }
+
     /// ADP discovery.
     #[instrument(skip_all, fields(principal = principal.map(|p| p.name.as_str())))]
     pub async fn discover(
@@ -139,7 +169,6 @@ impl RegistryService {
             now_unix: now.unix_timestamp(),
         });
         let mut candidates = Vec::with_capacity(hits.len());
-        let mut redacted = 0;
         for hit in hits {
             // The record may have changed since it was indexed; show what
             // is stored now (and skip it if it is gone).
@@ -152,28 +181,10 @@ impl RegistryService {
             for note in &hit.notes {
                 warnings.push(format!("candidate '{}': {note}", hit.id));
             }
-            let c = candidate(hit, &record, plan.detail, principal);
-            redacted += usize::from(c.redacted);
-            candidates.push(c);
-        }
-        if redacted > 0 {
-            warnings.push(format!(
-                "fields were omitted by policy from {redacted} candidate(s): extension members, signatures, auth instructions, billing constraints and endpoint credentials are shown only to the record's owner and admins"
-            ));
+            candidates.push(candidate(hit, &record, plan.detail, principal));
         }
         debug!(candidates = candidates.len(), "discovered");
-        Ok(DiscoveryResult {
-            request_id: uuid::Uuid::new_v4().to_string(),
-            generated_at: crate::domain::time::format(now),
-            candidates,
-            applied_filters: plan.filters.applied(),
-            unsupported_filters: plan.unsupported,
-            warnings,
-            detail: plan.detail,
-            include_evidence: plan.include_evidence,
-            indexed_revision: self.index().indexed_revision(),
-            scope: Scope::Local,
-        })
+        Ok(self.discovery_result(plan, now, candidates, warnings, Scope::Local))
     }
 
     /// AIDIP semantic search: the filter search ranked by `query`, best

@@ -12,7 +12,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tracing::{debug, instrument};
 
 use super::discovery::{candidate, DiscoveryResult};
-use super::registry::{Consistency, RegistryService};
+use super::registry::{hung_up_or_shut_down, Consistency, RegistryService};
 use super::ServiceError;
 use crate::consensus::{Command, CommandResult, Role};
 use crate::domain::discovery::{DiscoveryRequest, Scope};
@@ -256,7 +256,6 @@ impl RegistryService {
                 .map(|p| p.record.metadata.id.clone())
         };
         let mut candidates = Vec::with_capacity(hits.len());
-        let mut redacted = 0;
         for mut hit in hits {
             let Some(member) = pool_index(&hit.id).and_then(|i| pool.get(i)) else {
                 continue;
@@ -281,31 +280,14 @@ impl RegistryService {
             };
             let mut c = candidate(hit, &member.record, plan.detail, viewer);
             c.provenance = member.provenance.clone();
-            redacted += usize::from(c.redacted);
             candidates.push(c);
-        }
-        if redacted > 0 {
-            warnings.push(format!(
-                "fields were omitted by policy from {redacted} candidate(s): extension members, signatures, auth instructions, billing constraints and endpoint credentials are shown only to the record's owner and admins"
-            ));
         }
         debug!(
             candidates = candidates.len(),
             pool = pool.len(),
             "discovered across peers"
         );
-        Ok(DiscoveryResult {
-            request_id: uuid::Uuid::new_v4().to_string(),
-            generated_at: crate::domain::time::format(now),
-            candidates,
-            applied_filters: plan.filters.applied(),
-            unsupported_filters: plan.unsupported,
-            warnings,
-            detail: plan.detail,
-            include_evidence: plan.include_evidence,
-            indexed_revision: self.index().indexed_revision(),
-            scope: Scope::Federated,
-        })
+        Ok(self.discovery_result(plan, now, candidates, warnings, Scope::Federated))
     }
 
     /// Discovery on behalf of a peer: public records only, this registry's
@@ -374,7 +356,7 @@ impl RegistryService {
         let live = reader.subscribe();
         let listing = from == 0 || from < reader.oldest_revision();
         let (tx, rx) = mpsc::channel::<Result<FeedEvent>>(256);
-        let mut shutdown = self.shutdown_signal();
+        let shutdown = self.shutdown_signal();
         tokio::spawn(async move {
             let mut next = from;
             if listing {
@@ -414,15 +396,7 @@ impl RegistryService {
                 }
                 next = at + 1;
             }
-            let stop = {
-                let tx = tx.clone();
-                async move {
-                    tokio::select! {
-                        _ = tx.closed() => {}
-                        _ = shutdown.wait_for(|s| *s) => {}
-                    }
-                }
-            };
+            let stop = hung_up_or_shut_down(&tx, shutdown);
             let sink = |c: Change| {
                 let tx = tx.clone();
                 async move {

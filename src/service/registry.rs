@@ -426,6 +426,21 @@ impl RegistryService {
     }
 }
 
+/// Completes when the stream's receiver hangs up or the server shuts down,
+/// so a follower that hung up ends its task now, not at the next change.
+pub(super) fn hung_up_or_shut_down<T>(
+    tx: &mpsc::Sender<T>,
+    mut shutdown: watch::Receiver<bool>,
+) -> impl std::future::Future<Output = ()> {
+    let tx = tx.clone();
+    async move {
+        tokio::select! {
+            _ = tx.closed() => {}
+            _ = shutdown.wait_for(|s| *s) => {}
+        }
+    }
+}
+
 /// Feeds one watcher until it hangs up or the server shuts down.
 async fn forward_changes(
     reader: Reader,
@@ -433,18 +448,9 @@ async fn forward_changes(
     next: u64,
     principal: Option<Principal>,
     tx: mpsc::Sender<Result<Change>>,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) {
-    let stop = {
-        let tx = tx.clone();
-        async move {
-            // A watcher that hung up ends its task now, not at the next change.
-            tokio::select! {
-                _ = tx.closed() => {}
-                _ = shutdown.wait_for(|s| *s) => {}
-            }
-        }
-    };
+    let stop = hung_up_or_shut_down(&tx, shutdown);
     let sink = |c: Change| {
         let visible = c.record.readable_by(principal.as_ref());
         let tx = tx.clone();

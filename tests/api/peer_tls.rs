@@ -123,6 +123,20 @@ async fn federated(h: &Http) -> Value {
     body
 }
 
+/// Registers urn:b:translator at b.example.
+async fn register_translator(b: &Http) {
+    let (status, _) = b
+        .call(
+            Method::POST,
+            "/agents",
+            Some(ADMIN),
+            Some(translator("urn:b:translator")),
+        )
+        .await
+        .expect("register");
+    assert_eq!(status, 201);
+}
+
 fn found(body: &Value, id: &str) -> bool {
     body["candidates"]
         .as_array()
@@ -145,16 +159,7 @@ async fn peers_reach_a_tls_listener_only_with_the_right_ca_and_client_certificat
     .await;
     let b_http = Http::new(&b.http);
     let key = signing_key(&b_http).await;
-    let (status, _) = b_http
-        .call(
-            Method::POST,
-            "/agents",
-            Some(ADMIN),
-            Some(translator("urn:b:translator")),
-        )
-        .await
-        .expect("register");
-    assert_eq!(status, 201);
+    register_translator(&b_http).await;
     let port = b.server.as_ref().expect("running").peer_addr.port();
     let (_, info) = b_http
         .call(Method::GET, "/.well-known/agentry.json", None, None)
@@ -208,25 +213,19 @@ async fn keys_from_a_well_known_url_are_fetched_once_and_pinned() {
     let b = TestServer::start_with(|c| c.identity.authority = Some("b.example".into())).await;
     let b_http = Http::new(&b.http);
     signing_key(&b_http).await;
-    let (status, _) = b_http
-        .call(
-            Method::POST,
-            "/agents",
-            Some(ADMIN),
-            Some(translator("urn:b:translator")),
-        )
-        .await
-        .expect("register");
-    assert_eq!(status, 201);
+    register_translator(&b_http).await;
     let port = b.server.as_ref().expect("running").peer_addr.port();
     let a_dir = tempfile::tempdir().expect("tempdir");
     let data_dir = a_dir.path().to_path_buf();
     let well_known = format!("{}/.well-known/agentry.json", b.http);
-    let a = TestServer::start_with(|c| {
-        c.data_dir = data_dir.clone();
-        c.federation.peers = vec![pinned_from(port, &well_known)];
-    })
-    .await;
+    // a.example on the same data directory each time.
+    let start_a = || {
+        TestServer::start_with(|c| {
+            c.data_dir = data_dir.clone();
+            c.federation.peers = vec![pinned_from(port, &well_known)];
+        })
+    };
+    let a = start_a().await;
     let pinned = data_dir.join("peers/b.example.json");
     for _ in 0..100 {
         if pinned.exists() {
@@ -251,11 +250,7 @@ async fn keys_from_a_well_known_url_are_fetched_once_and_pinned() {
     }
     a.stop().await;
     std::fs::write(&pinned, forged.to_string()).expect("rewrite pin");
-    let a = TestServer::start_with(|c| {
-        c.data_dir = data_dir.clone();
-        c.federation.peers = vec![pinned_from(port, &well_known)];
-    })
-    .await;
+    let a = start_a().await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let body = federated(&Http::new(&a.http)).await;
     assert!(!found(&body, "urn:b:translator"), "{body:#}");
