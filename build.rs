@@ -13,6 +13,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/agentry/v1/raft.proto",
         "proto/agentry/v1/discovery.proto",
         "proto/agentry/v1/federation.proto",
+        "proto/agentry/v1/invocation.proto",
     ];
     tonic_prost_build::configure()
         .file_descriptor_set_path(out.join("agentry_descriptor.bin"))

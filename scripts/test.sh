@@ -6,4 +6,7 @@ cd "$(dirname "$0")/.."
 source scripts/setup.sh
 # The `minilm` embedder's tests load the real model.
 scripts/fetch-minilm.sh
+# The gateway's MCP test runs the official MCP Python SDK as its server.
+scripts/fetch-mcp.sh
+export AGENTRY_MCP_PYTHON="${AGENTRY_MCP_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/agentry/mcp-venv}/bin/python"
 cargo test --all-targets "$@"

@@ -95,6 +95,175 @@ impl Default for FederationConfig {
     }
 }
 
+/// The invocation gateway (docs/invocation.md).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GatewayConfig {
+    /// Allow invocation without an API key (off: invoking an agent is more
+    /// than reading its record).
+    pub anonymous_invoke: bool,
+    /// Calls in flight per agent on one node; more are refused with 503.
+    pub max_concurrent_per_agent: usize,
+    /// How long a repeated `Idempotency-Key` returns the first answer.
+    pub idempotency_window_secs: u64,
+    /// Where clients reach this registry's HTTP API, for the `rest`
+    /// transport of `/.well-known/woa.json` (default: the HTTP listener as
+    /// bound, plain http: set the public https URL in production).
+    pub public_url: Option<String>,
+    /// `Cache-Control: max-age` of `/.well-known/woa.json`, seconds.
+    pub woa_max_age_secs: u64,
+    /// What the gateway and the WoA crawler may contact.
+    pub outbound: OutboundConfig,
+    /// Credentials the gateway injects for agents that require them.
+    pub credentials: Vec<CredentialConfig>,
+    /// Web of Agents hosts the leader re-imports periodically.
+    pub woa_sources: Vec<WoaSourceConfig>,
+}
+
+/// A WoA host crawled periodically (conditional GETs with the stored
+/// ETag / Last-Modified; never more often than its Cache-Control allows).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WoaSourceConfig {
+    /// The host's origin or the document's URL.
+    pub url: String,
+    /// Seconds between crawls (at least the document's max-age).
+    #[serde(default = "default_crawl_interval")]
+    pub interval_secs: u64,
+    /// The principal that owns the imported records.
+    #[serde(default = "default_crawler")]
+    pub owner: String,
+}
+
+fn default_crawl_interval() -> u64 {
+    300
+}
+
+fn default_crawler() -> String {
+    "woa-crawler".into()
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        Self {
+            anonymous_invoke: false,
+            max_concurrent_per_agent: 64,
+            idempotency_window_secs: 600,
+            public_url: None,
+            woa_max_age_secs: 60,
+            outbound: OutboundConfig::default(),
+            credentials: Vec::new(),
+            woa_sources: Vec::new(),
+        }
+    }
+}
+
+/// Outbound safety (WoA 8.2).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OutboundConfig {
+    /// Internal targets the operator allows: CIDR ranges or addresses
+    /// (`10.0.0.0/8`, `127.0.0.1`) and host names (`agents.internal`,
+    /// `*.svc.cluster.local`). Everything that resolves to loopback,
+    /// private, link-local or other internal ranges is refused otherwise.
+    pub allow: Vec<String>,
+    /// Allow plain `http://` agents (WoA 8.1: never on the open Internet).
+    pub allow_http: bool,
+    pub connect_timeout_ms: u64,
+    /// Deadline for an agent's whole answer (between events when it
+    /// streams).
+    pub timeout_ms: u64,
+    /// Largest agent answer (or streamed event) accepted.
+    pub max_response_bytes: usize,
+    pub max_redirects: usize,
+}
+
+impl Default for OutboundConfig {
+    fn default() -> Self {
+        Self {
+            allow: Vec::new(),
+            allow_http: false,
+            connect_timeout_ms: 3_000,
+            timeout_ms: 30_000,
+            max_response_bytes: 4 * 1024 * 1024,
+            max_redirects: 5,
+        }
+    }
+}
+
+/// A credential the gateway adds to calls of matching agents.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CredentialConfig {
+    /// An agent id, or a prefix ending in `*`.
+    pub agent: String,
+    /// The header to send (default `Authorization`).
+    #[serde(default)]
+    pub header: Option<String>,
+    /// The header's value, or the environment variable holding it (keeps
+    /// the secret out of the file).
+    #[serde(default)]
+    pub value: Option<String>,
+    #[serde(default)]
+    pub value_env: Option<String>,
+}
+
+impl GatewayConfig {
+    /// The outbound policy this configuration describes.
+    pub fn outbound_policy(&self) -> Result<crate::gateway::outbound::OutboundPolicy, ConfigError> {
+        let o = &self.outbound;
+        crate::gateway::outbound::OutboundPolicy {
+            allow_http: o.allow_http,
+            connect_timeout: std::time::Duration::from_millis(o.connect_timeout_ms),
+            timeout: std::time::Duration::from_millis(o.timeout_ms),
+            max_response_bytes: o.max_response_bytes,
+            max_redirects: o.max_redirects,
+            ..Default::default()
+        }
+        .allow(&o.allow)
+        .map_err(|e| ConfigError::Invalid(format!("gateway.outbound.allow: {e}")))
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |m: &str| Err(ConfigError::Invalid(format!("gateway.{m}")));
+        let o = &self.outbound;
+        if !(1..=600_000).contains(&o.timeout_ms) || !(1..=60_000).contains(&o.connect_timeout_ms) {
+            return bad("outbound: timeout_ms must be 1..=600000 and connect_timeout_ms 1..=60000");
+        }
+        if o.max_response_bytes < 1024 {
+            return bad("outbound.max_response_bytes must be at least 1024");
+        }
+        if self.max_concurrent_per_agent == 0 {
+            return bad("max_concurrent_per_agent must be at least 1");
+        }
+        if let Some(u) = &self.public_url {
+            match url::Url::parse(u) {
+                Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => {}
+                _ => return bad("public_url must be an absolute http(s) URL"),
+            }
+        }
+        for w in &self.woa_sources {
+            if w.interval_secs == 0 || w.owner.trim().is_empty() {
+                return bad("woa_sources: interval_secs must be at least 1 and owner not empty");
+            }
+            crate::service::document_url(crate::service::ImportFormat::Woa, &w.url)
+                .map_err(|e| ConfigError::Invalid(format!("gateway.woa_sources: {e}")))?;
+        }
+        for c in &self.credentials {
+            if c.agent.trim().is_empty() {
+                return bad("credentials: agent must name an id or a prefix ending in '*'");
+            }
+            if c.value.is_some() == c.value_env.is_some() {
+                return Err(ConfigError::Invalid(format!(
+                    "gateway.credentials for '{}': give exactly one of value and value_env",
+                    c.agent
+                )));
+            }
+        }
+        self.outbound_policy().map(|_| ())
+    }
+}
+
 /// A listener's certificate, and the CA whose client certificates it
 /// requires (mutual TLS) if any. PEM files.
 #[derive(Debug, Clone, Deserialize)]
@@ -427,6 +596,8 @@ pub struct Config {
     pub identity: IdentityConfig,
     /// Peer registries, trust policy and the peer listener's TLS.
     pub federation: FederationConfig,
+    /// The invocation gateway and its outbound policy.
+    pub gateway: GatewayConfig,
     /// Register the demo directory (the MetaTool agents) on start.
     pub demo: bool,
     /// Bootstrap admin key (normally from `AGENTRY_ADMIN_KEY`).
@@ -463,6 +634,7 @@ impl Default for Config {
             discovery: DiscoveryConfig::default(),
             identity: IdentityConfig::default(),
             federation: FederationConfig::default(),
+            gateway: GatewayConfig::default(),
             demo: false,
             admin_key: None,
         }
@@ -577,6 +749,7 @@ impl Config {
         }
         self.discovery.validate()?;
         self.federation.validate()?;
+        self.gateway.validate()?;
         for k in &self.api_keys {
             let err = |m: &str| ConfigError::ApiKey {
                 name: k.name.clone(),

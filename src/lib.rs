@@ -4,6 +4,10 @@
 //! `storage`, with `domain` (pure types) shared by all. See
 //! `docs/architecture.md`.
 
+// Deeply nested async state machines (the gateway over rmcp and tonic)
+// need more than the default 128 levels of layout queries.
+#![recursion_limit = "256"]
+
 pub mod api;
 pub mod bench;
 pub mod cli;
@@ -14,6 +18,7 @@ pub mod crypto;
 pub mod demo;
 pub mod domain;
 pub mod federation;
+pub mod gateway;
 pub mod index;
 pub mod server;
 pub mod service;

@@ -16,6 +16,7 @@ use crate::api::cluster::ClusterApi;
 use crate::api::federation::FederationApi;
 use crate::api::grpc::RegistryApi;
 use crate::api::http::{router, HttpState};
+use crate::api::invocation::InvocationApi;
 use crate::config::Config;
 use crate::consensus::{Bootstrap, Faults, NodeSettings, RaftNode, RaftService};
 use crate::domain::{Principal, Role};
@@ -23,6 +24,7 @@ use crate::index::{Embedder, SearchIndex};
 use crate::pb::cluster_server::ClusterServer;
 use crate::pb::discovery_server::DiscoveryServer;
 use crate::pb::federation_server::FederationServer;
+use crate::pb::gateway_server::GatewayServer;
 use crate::pb::peering_server::PeeringServer;
 use crate::pb::raft_transport_server::RaftTransportServer;
 use crate::pb::registry_server::RegistryServer;
@@ -341,6 +343,18 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
         tokio::spawn(crate::demo::load(service.clone()));
     }
     let service_handle = service.clone();
+    // Bound before the gateway is built: the WoA document names it.
+    let http_listener = bind(config.http_addr).await?;
+    let http_addr = http_listener.local_addr()?;
+    let gateway = gateway(&config, service.clone(), http_addr)?;
+    for source in &config.gateway.woa_sources {
+        tokio::spawn(crate::service::crawl(
+            gateway.clone(),
+            source.clone(),
+            shutdown_rx.clone(),
+        ));
+    }
+    let invocation = InvocationApi::new(gateway);
     let api = RegistryApi::new(service);
     let cluster = ClusterApi::new(ClusterService::new(
         node.clone(),
@@ -358,6 +372,7 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
     health
         .set_serving::<FederationServer<FederationApi>>()
         .await;
+    health.set_serving::<GatewayServer<InvocationApi>>().await;
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(crate::pb::FILE_DESCRIPTOR_SET)
         .build_v1()
@@ -418,6 +433,10 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
         FederationServer::new(federation.clone()),
         authenticate.clone(),
     );
+    let invocation_service = InterceptedService::new(
+        GatewayServer::new(invocation.clone()).max_decoding_message_size(max_message),
+        authenticate.clone(),
+    );
     let cluster_service =
         InterceptedService::new(ClusterServer::new(cluster.clone()), authenticate);
     let grpc = tonic::transport::Server::builder()
@@ -428,6 +447,7 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
         .add_service(discovery)
         .add_service(cluster_service)
         .add_service(federation_service)
+        .add_service(invocation_service)
         .serve_with_incoming_shutdown(incoming(grpc_listener), stopped(shutdown_rx.clone()));
     let grpc_task = tokio::spawn(async move {
         if let Err(e) = grpc.await {
@@ -435,12 +455,11 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
         }
     });
 
-    let http_listener = bind(config.http_addr).await?;
-    let http_addr = http_listener.local_addr()?;
     let state = HttpState {
         api,
         cluster,
         federation,
+        invocation,
         auth,
         max_body: config.max_record_bytes + 64 * 1024,
     };
@@ -477,6 +496,28 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
         service: service_handle,
         db: db_weak,
     })
+}
+
+/// The invocation gateway: its outbound guard, the WoA host served at
+/// `base` (the public URL, else the HTTP listener), and its use cases.
+fn gateway(
+    config: &Config,
+    registry: RegistryService,
+    http_addr: SocketAddr,
+) -> Result<crate::service::InvocationService, ServerError> {
+    let g = &config.gateway;
+    let outbound = crate::gateway::transport::Outbound::new(
+        g.outbound_policy()?,
+        crate::gateway::outbound::system_lookup(),
+    )
+    .map_err(|e| crate::config::ConfigError::Invalid(format!("gateway.outbound: {e}")))?;
+    let base = g
+        .public_url
+        .clone()
+        .unwrap_or_else(|| format!("http://{http_addr}"));
+    let woa = crate::service::WoaHost::new(base, Duration::from_secs(g.woa_max_age_secs));
+    crate::service::InvocationService::new(registry, g, outbound, woa)
+        .map_err(|e| crate::config::ConfigError::Invalid(e).into())
 }
 
 /// Runs until SIGINT or SIGTERM, then shuts down gracefully.

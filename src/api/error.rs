@@ -26,6 +26,10 @@ fn classify(e: &ServiceError) -> (&'static str, Code, u16) {
         ServiceError::RevisionCompacted { .. } => ("not_found", Code::OutOfRange, 410),
         ServiceError::Unavailable { .. } => ("unavailable", Code::Unavailable, 503),
         ServiceError::Timeout(_) => ("timeout", Code::DeadlineExceeded, 504),
+        // An upstream answer from another address space: grpc's Unknown.
+        ServiceError::BadUpstream(_) => ("bad_gateway", Code::Unknown, 502),
+        ServiceError::Overloaded { .. } => ("unavailable", Code::Unavailable, 503),
+        ServiceError::Unsupported(_) => ("unsupported", Code::Unimplemented, 501),
         ServiceError::Internal(_) => ("internal", Code::Internal, 500),
     }
 }
@@ -38,7 +42,11 @@ pub fn to_status(e: &ServiceError) -> Status {
         ServiceError::InvalidRequest { field, .. } => field.clone(),
         _ => None,
     };
-    let retry_after = matches!(e, ServiceError::Unavailable { .. }).then_some(1);
+    let retry_after = match e {
+        ServiceError::Unavailable { .. } => Some(1),
+        ServiceError::Overloaded { retry_after, .. } => Some(retry_after.map_or(1, u64::from)),
+        _ => None,
+    };
     if http_status >= 500 {
         tracing::warn!(%correlation_id, error = %e, "request failed");
     } else {

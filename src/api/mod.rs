@@ -8,4 +8,5 @@ pub mod error;
 pub mod federation;
 pub mod grpc;
 pub mod http;
+pub mod invocation;
 pub mod peering;

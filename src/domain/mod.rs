@@ -4,6 +4,7 @@
 
 pub mod discovery;
 pub mod federation;
+pub mod invoke;
 pub mod query;
 pub mod record;
 pub mod resolve;

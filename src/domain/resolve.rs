@@ -158,16 +158,23 @@ impl ResolvePolicy {
     /// The binding to use: acceptable protocol, lowest `priority` first
     /// (bindings without one after those with one), then declaration order.
     pub fn binding<'a>(&self, record: &'a AgentRecord) -> Option<&'a Binding> {
-        record
-            .metadata
-            .bindings
-            .iter()
-            .filter(|b| {
-                self.protocols.is_empty()
-                    || self.protocols.contains(&b.protocol.to_ascii_lowercase())
-            })
-            .min_by_key(|b| b.priority.unwrap_or(i64::MAX))
+        preferred_binding(&record.metadata.bindings, |p| {
+            self.protocols.is_empty() || self.protocols.iter().any(|a| a == p)
+        })
     }
+}
+
+/// The binding to call among those whose (lower-case) protocol passes
+/// `acceptable`: lowest `priority` first (bindings without one after those
+/// with one), then declaration order.
+pub fn preferred_binding(
+    bindings: &[Binding],
+    acceptable: impl Fn(&str) -> bool,
+) -> Option<&Binding> {
+    bindings
+        .iter()
+        .filter(|b| acceptable(&b.protocol.to_ascii_lowercase()))
+        .min_by_key(|b| b.priority.unwrap_or(i64::MAX))
 }
 
 /// The operation a client should call: the one named, else the only one.

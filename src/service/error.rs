@@ -38,9 +38,22 @@ pub enum ServiceError {
         message: String,
         leader: Option<String>,
     },
-    /// The request did not finish within its deadline.
+    /// The request did not finish within its deadline (or an agent did
+    /// not answer within the gateway's).
     #[error("{0}")]
     Timeout(String),
+    /// An agent's answer could not be used (AIDIP: 502).
+    #[error("{0}")]
+    BadUpstream(String),
+    /// An agent (or the gateway's limit for it) is overloaded (503).
+    #[error("{message}")]
+    Overloaded {
+        message: String,
+        retry_after: Option<u32>,
+    },
+    /// The agent can only be reached in a way the gateway does not speak.
+    #[error("{0}")]
+    Unsupported(String),
     #[error("internal error: {0}")]
     Internal(String),
 }

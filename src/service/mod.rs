@@ -1,18 +1,27 @@
 //! Use cases of the registry: register, update, delete, set status, get,
-//! list and watch, and cluster administration. Meaning-level validation and
+//! list and watch, cluster administration, and invocation through the
+//! gateway. Meaning-level validation and
 //! entitlement checks live here; the transport layers only translate.
 
 mod cluster;
+mod crawl;
 mod discovery;
 mod error;
 mod federated;
 mod identity;
+mod import;
+mod invocation;
 mod publishers;
 mod registry;
+mod woa_host;
 
 pub use cluster::{ClusterService, ClusterView, MemberView};
+pub use crawl::crawl;
 pub use discovery::{Candidate, DiscoveryResult, Resolution, Resolved, CONFORMANCE_LEVEL};
 pub use error::ServiceError;
 pub use federated::{FeedEvent, FeedStream, PeerAnswer};
 pub use identity::{IdentitySettings, KeyChange};
+pub use import::{document_url, ImportFormat, ImportReport};
+pub use invocation::{Invocation, InvocationService, InvokeRequest, Invoked, Outcome, OutputCheck};
 pub use registry::{Consistency, ListPage, ListQuery, RegistryService};
+pub use woa_host::{http_date, not_modified, WoaDocument, WoaHost};

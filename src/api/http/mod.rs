@@ -29,6 +29,7 @@ use crate::service::ServiceError;
 
 mod cluster;
 mod federation;
+mod invocation;
 mod metrics;
 mod openapi;
 
@@ -40,6 +41,7 @@ pub struct HttpState {
     pub api: RegistryApi,
     pub cluster: super::cluster::ClusterApi,
     pub federation: super::federation::FederationApi,
+    pub invocation: super::invocation::InvocationApi,
     pub auth: Arc<Authenticator>,
     /// Largest request body accepted, in bytes.
     pub max_body: usize,
@@ -163,6 +165,13 @@ fn etag(r: &pb::AgentRecord) -> String {
 /// Reads a JSON body: the media type must be JSON, the size within the
 /// limit, and the text well-formed.
 async fn json_body(state: &HttpState, headers: &HeaderMap, body: Body) -> Result<Value, ApiError> {
+    let bytes = json_bytes(state, headers, body).await?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| invalid(None, format!("request body is not valid JSON: {e}")))
+}
+
+/// Reads a body declared as JSON, within the size limit, unparsed.
+async fn json_bytes(state: &HttpState, headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
     let ctype = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -181,7 +190,7 @@ async fn json_body(state: &HttpState, headers: &HeaderMap, body: Body) -> Result
             format!("Content-Type must be application/json, not '{ctype}'"),
         )));
     }
-    let bytes: Bytes = axum::body::to_bytes(body, state.max_body)
+    axum::body::to_bytes(body, state.max_body)
         .await
         .map_err(|_| {
             ApiError(transport_refusal(
@@ -191,9 +200,7 @@ async fn json_body(state: &HttpState, headers: &HeaderMap, body: Body) -> Result
                     state.max_body
                 ),
             ))
-        })?;
-    serde_json::from_slice(&bytes)
-        .map_err(|e| invalid(None, format!("request body is not valid JSON: {e}")))
+        })
 }
 
 /// Parses agent metadata JSON, naming the member with the wrong type.
@@ -764,6 +771,21 @@ pub fn routes() -> Routes {
     .add("PUT", "/agents/{id}", routing::put(update_agent))
     .add("DELETE", "/agents/{id}", routing::delete(delete_agent))
     .add("POST", "/agents/{id}/status", routing::post(set_status))
+    .add(
+        "POST",
+        "/agents/{id}/invoke",
+        routing::post(invocation::invoke),
+    )
+    .add(
+        "GET",
+        "/.well-known/woa.json",
+        routing::get(invocation::woa_document),
+    )
+    .add(
+        "POST",
+        "/import/{format}",
+        routing::post(invocation::import),
+    )
     .add("GET", "/cluster", routing::get(cluster::status))
     .add("POST", "/cluster/init", routing::post(cluster::initialize))
     .add(

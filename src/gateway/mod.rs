@@ -1,0 +1,7 @@
+//! The invocation gateway: AIDIP REST invocation, the Web of Agents host and
+//! client, the Agent Protocol surface, and the outbound guard every call to
+//! an agent (or a crawl of a host) goes through.
+
+pub mod import;
+pub mod outbound;
+pub mod transport;

@@ -1,0 +1,695 @@
+//! Invocation use case (AIDIP 5, WoA 5): find the agent, read the body,
+//! choose the operation and the binding, validate the input against the
+//! operation's schema, apply the agent's authentication, call it through
+//! the outbound guard, and check its answer against the output schema.
+//!
+//! Nothing is sent to an agent before every check has passed. Per-node
+//! state (compiled schemas, in-flight limits, idempotency keys) lives here
+//! and is not replicated: a retried key reaches the same answer only on the
+//! node that gave it (docs/invocation.md).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use futures::stream::BoxStream;
+use futures::StreamExt;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use tokio::sync::{OnceCell, OwnedSemaphorePermit, Semaphore};
+use tracing::instrument;
+
+use super::error::ServiceError;
+use super::registry::{Consistency, RegistryService};
+use super::woa_host::WoaHost;
+use crate::config::{CredentialConfig, GatewayConfig};
+use crate::domain::invoke::{parse_body, select_operation, Body, Call, Target};
+use crate::domain::resolve::preferred_binding;
+use crate::domain::validate::{check_instance, compile_schema};
+use crate::domain::{AgentRecord, AgentStatus, FieldError, Principal};
+use crate::gateway::outbound::OutboundError;
+use crate::gateway::transport::{self, Answer, CallSpec, Event, GatewayError, Outbound, Started};
+
+type Result<T> = std::result::Result<T, ServiceError>;
+
+/// An invocation as the API layer hands it over.
+#[derive(Debug, Clone, Default)]
+pub struct InvokeRequest {
+    /// Registry id or WoA token.
+    pub agent_id: String,
+    /// JSON text.
+    pub body: Bytes,
+    pub operation: Option<String>,
+    pub protocols: Vec<String>,
+    pub idempotency_key: Option<String>,
+    pub agent_authorization: Option<String>,
+}
+
+/// How an answer compares with the output schema.
+#[derive(Debug, Clone, PartialEq)]
+pub enum OutputCheck {
+    Valid,
+    Invalid {
+        pointer: String,
+        message: String,
+    },
+    /// No schema, or not a success.
+    Unchecked,
+}
+
+/// One answer the gateway returns.
+#[derive(Debug, Clone)]
+pub struct Invoked {
+    pub status: u16,
+    pub body: Bytes,
+    pub content_type: String,
+    pub output_check: OutputCheck,
+    pub protocol: String,
+    pub endpoint: String,
+    pub retry_after: Option<u32>,
+}
+
+/// The answer to one request body.
+#[derive(Debug, Clone)]
+pub enum Outcome {
+    Single(Invoked),
+    /// In the order of the request's elements; each fails on its own.
+    Batch(Vec<std::result::Result<Invoked, Arc<ServiceError>>>),
+}
+
+/// An outcome, and whether it was replayed for a repeated key.
+#[derive(Debug, Clone)]
+pub struct Invocation {
+    pub outcome: Outcome,
+    pub replayed: bool,
+}
+
+/// Compiled schemas of one operation of one record revision.
+struct Schemas {
+    inputs: Option<jsonschema::Validator>,
+    outputs: Option<jsonschema::Validator>,
+}
+
+type SchemaKey = (String, u64, String);
+type IdempotencyKey = (String, String, String);
+
+struct Remembered {
+    fingerprint: [u8; 32],
+    answer: Arc<OnceCell<Outcome>>,
+}
+
+/// Keys seen within the window, oldest first.
+#[derive(Default)]
+struct Idempotency {
+    entries: HashMap<IdempotencyKey, Remembered>,
+    order: VecDeque<(Instant, IdempotencyKey)>,
+}
+
+/// Entries kept at most, whatever the window (each holds an answer).
+const MAX_REMEMBERED: usize = 10_000;
+/// Compiled operations kept; the cache starts over when it fills.
+const MAX_SCHEMAS: usize = 4_096;
+/// Batch elements called at the same time.
+const BATCH_PARALLELISM: usize = 4;
+
+/// A credential to inject, with its value read once at start.
+#[derive(Debug, Clone)]
+struct Credential {
+    agent: String,
+    header: String,
+    value: String,
+}
+
+impl Credential {
+    fn matches(&self, id: &str) -> bool {
+        match self.agent.strip_suffix('*') {
+            Some(prefix) => id.starts_with(prefix),
+            None => self.agent == id,
+        }
+    }
+}
+
+/// The invocation gateway's use cases.
+#[derive(Clone)]
+pub struct InvocationService {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    registry: RegistryService,
+    outbound: Outbound,
+    woa: WoaHost,
+    anonymous: bool,
+    max_concurrent: usize,
+    window: Duration,
+    credentials: Vec<Credential>,
+    schemas: Mutex<HashMap<SchemaKey, Arc<Schemas>>>,
+    inflight: Mutex<HashMap<String, Arc<Semaphore>>>,
+    idempotency: Mutex<Idempotency>,
+}
+
+/// A call that passed every check, ready to go out.
+struct Prepared {
+    record: Arc<AgentRecord>,
+    call: Call,
+    operation: Option<String>,
+    schemas: Arc<Schemas>,
+    binding: usize,
+    headers: Vec<(String, String)>,
+}
+
+fn invalid(e: FieldError, prefix: &str) -> ServiceError {
+    ServiceError::InvalidRequest {
+        field: Some(format!("{prefix}{}", e.pointer)),
+        message: if prefix.is_empty() {
+            e.to_string()
+        } else {
+            format!("{prefix}{}: {}", e.pointer, e.message)
+        },
+    }
+}
+
+impl From<GatewayError> for ServiceError {
+    fn from(e: GatewayError) -> Self {
+        let message = e.to_string();
+        match e {
+            GatewayError::Outbound(OutboundError::Refused { .. }) => Self::Forbidden(message),
+            GatewayError::Outbound(OutboundError::Timeout { .. }) | GatewayError::Timeout(_) => {
+                Self::Timeout(message)
+            }
+            GatewayError::Outbound(OutboundError::TooLarge { .. })
+            | GatewayError::Outbound(OutboundError::Unreachable { .. })
+            | GatewayError::BadAnswer(_) => Self::BadUpstream(message),
+            GatewayError::Overloaded { retry_after, .. } => Self::Overloaded {
+                message,
+                retry_after,
+            },
+            GatewayError::Unsupported(_) => Self::Unsupported(message),
+        }
+    }
+}
+
+impl InvocationService {
+    pub fn new(
+        registry: RegistryService,
+        config: &GatewayConfig,
+        outbound: Outbound,
+        woa: WoaHost,
+    ) -> std::result::Result<Self, String> {
+        let credentials = config
+            .credentials
+            .iter()
+            .map(credential)
+            .collect::<std::result::Result<_, _>>()?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                registry,
+                outbound,
+                woa,
+                anonymous: config.anonymous_invoke,
+                max_concurrent: config.max_concurrent_per_agent,
+                window: Duration::from_secs(config.idempotency_window_secs),
+                credentials,
+                schemas: Mutex::new(HashMap::new()),
+                inflight: Mutex::new(HashMap::new()),
+                idempotency: Mutex::new(Idempotency::default()),
+            }),
+        })
+    }
+
+    pub fn outbound(&self) -> &Outbound {
+        &self.inner.outbound
+    }
+
+    pub fn registry(&self) -> &RegistryService {
+        &self.inner.registry
+    }
+
+    pub fn woa(&self) -> &WoaHost {
+        &self.inner.woa
+    }
+
+    fn require_caller(&self, principal: Option<&Principal>) -> Result<()> {
+        if principal.is_none() && !self.inner.anonymous {
+            return Err(ServiceError::Unauthorized(
+                "invoking an agent needs an API key (Authorization: Bearer <key>)".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The record the path names: by id, else by its WoA token.
+    async fn agent(&self, principal: Option<&Principal>, id: &str) -> Result<AgentRecord> {
+        let registry = &self.inner.registry;
+        let record = match registry.get(principal, id, Consistency::Local).await {
+            Err(ServiceError::NotFound(m)) => {
+                match self.inner.woa.id_for_token(registry, id).await? {
+                    Some(real) => registry.get(principal, &real, Consistency::Local).await?.0,
+                    None => return Err(ServiceError::NotFound(m)),
+                }
+            }
+            other => other?.0,
+        };
+        if record.metadata.effective_status() == AgentStatus::Inactive {
+            return Err(ServiceError::Unavailable {
+                message: format!("agent '{}' is inactive", record.metadata.id),
+                leader: None,
+            });
+        }
+        Ok(record)
+    }
+
+    /// Calls an agent (or, for an array body, each element).
+    #[instrument(name = "gateway.invoke", skip_all, fields(agent_id = %req.agent_id))]
+    pub async fn invoke(
+        &self,
+        principal: Option<&Principal>,
+        req: InvokeRequest,
+    ) -> Result<Invocation> {
+        self.require_caller(principal)?;
+        let record = Arc::new(self.agent(principal, &req.agent_id).await?);
+        let body = self.parse(&record, &req)?;
+        let Some(key) = req.idempotency_key.clone().filter(|k| !k.is_empty()) else {
+            let outcome = Box::pin(self.run(&record, body, &req)).await?;
+            return Ok(Invocation {
+                outcome,
+                replayed: false,
+            });
+        };
+        let cell = self.remember(principal, &record.metadata.id, &key, &req)?;
+        let mut ran = false;
+        let outcome = cell
+            .get_or_try_init(|| {
+                ran = true;
+                Box::pin(self.run(&record, body, &req))
+            })
+            .await?
+            .clone();
+        Ok(Invocation {
+            outcome,
+            replayed: !ran,
+        })
+    }
+
+    /// Calls an agent and relays its events. Events after the first are
+    /// produced while the stream is read; dropping it cancels the call.
+    #[instrument(name = "gateway.invoke_stream", skip_all, fields(agent_id = %req.agent_id))]
+    pub async fn invoke_stream(
+        &self,
+        principal: Option<&Principal>,
+        req: InvokeRequest,
+    ) -> Result<BoxStream<'static, std::result::Result<Event, ServiceError>>> {
+        self.require_caller(principal)?;
+        let record = Arc::new(self.agent(principal, &req.agent_id).await?);
+        let call = match self.parse(&record, &req)? {
+            Body::Single(call) => call,
+            Body::Batch(_) => {
+                return Err(ServiceError::InvalidRequest {
+                    field: Some(String::new()),
+                    message: "a batch cannot be streamed; send one call".into(),
+                })
+            }
+        };
+        let prepared = self.prepare(&record, call, &req, "")?;
+        let permit = self.permit(&record.metadata.id)?;
+        let binding = &prepared.record.metadata.bindings[prepared.binding];
+        let spec = CallSpec {
+            binding,
+            operation: prepared.operation.as_deref(),
+            name_operation: prepared.record.metadata.operations.len() > 1,
+            input: &prepared.call.input,
+            stream: true,
+            headers: prepared.headers.clone(),
+        };
+        let started = transport::open_stream(&self.inner.outbound, &spec).await?;
+        Ok(match started {
+            Started::Whole(answer) => {
+                let invoked = finish(&prepared, answer);
+                let events = whole_events(invoked);
+                drop(permit);
+                futures::stream::iter(events.into_iter().map(Ok)).boxed()
+            }
+            Started::Events(events) => events
+                // The permit lives as long as the relay.
+                .map(move |e| {
+                    let _held: &OwnedSemaphorePermit = &permit;
+                    e.map_err(ServiceError::from)
+                })
+                .chain(futures::stream::once(async {
+                    Ok(Event {
+                        event: "end".into(),
+                        data: r#"{"status":200}"#.into(),
+                        id: None,
+                    })
+                }))
+                .boxed(),
+        })
+    }
+
+    fn parse(&self, record: &AgentRecord, req: &InvokeRequest) -> Result<Body> {
+        let value: Value =
+            serde_json::from_slice(&req.body).map_err(|e| ServiceError::InvalidRequest {
+                field: Some(String::new()),
+                message: format!("the invocation body is not valid JSON: {e}"),
+            })?;
+        let id = record.metadata.id.as_str();
+        let token = crate::gateway::import::woa_token(id);
+        parse_body(value, &[id, token.as_str()]).map_err(|e| invalid(e, ""))
+    }
+
+    /// Runs a parsed body: one call, or each element of a batch.
+    async fn run(
+        &self,
+        record: &Arc<AgentRecord>,
+        body: Body,
+        req: &InvokeRequest,
+    ) -> Result<Outcome> {
+        match body {
+            Body::Single(call) => {
+                let prepared = self.prepare(record, call, req, "")?;
+                Ok(Outcome::Single(self.send(&prepared).await?))
+            }
+            Body::Batch(items) => {
+                let results = futures::stream::iter(items.into_iter().enumerate().map(
+                    |(i, item)| async move {
+                        let at = format!("/{i}");
+                        let call = item.map_err(|e| invalid(e, ""))?;
+                        let prepared = self.prepare(record, call, req, &at)?;
+                        self.send(&prepared).await
+                    },
+                ))
+                .buffered(BATCH_PARALLELISM)
+                .map(|r| r.map_err(Arc::new))
+                .collect()
+                .await;
+                Ok(Outcome::Batch(results))
+            }
+        }
+    }
+
+    /// Every check before a call: operation, input schema, binding,
+    /// authentication. `at` prefixes pointers for a batch element.
+    fn prepare(
+        &self,
+        record: &Arc<AgentRecord>,
+        call: Call,
+        req: &InvokeRequest,
+        at: &str,
+    ) -> Result<Prepared> {
+        let meta = &record.metadata;
+        let requested = call.operation.as_deref().or(req.operation.as_deref());
+        let target = select_operation(meta, requested).map_err(|e| invalid(e, at))?;
+        let schemas = self.schemas(record, &target)?;
+        if let Some(v) = &schemas.inputs {
+            let prefix = if call.envelope {
+                format!("{at}/input")
+            } else {
+                at.to_string()
+            };
+            check_instance(v, &call.input, "").map_err(|e| invalid(e, &prefix))?;
+        }
+        let accepted: Vec<String> = req
+            .protocols
+            .iter()
+            .map(|p| p.to_ascii_lowercase())
+            .collect();
+        let binding = preferred_binding(&meta.bindings, |p| {
+            transport::speaks(p) && (accepted.is_empty() || accepted.iter().any(|a| a == p))
+        })
+        .ok_or_else(|| no_binding(record, &accepted))?;
+        let binding = meta
+            .bindings
+            .iter()
+            .position(|b| std::ptr::eq(b, binding))
+            .unwrap_or_default();
+        let mut headers = self.credentials_for(record, req)?;
+        if let Some(k) = &req.idempotency_key {
+            headers.push(("Idempotency-Key".into(), k.clone()));
+        }
+        Ok(Prepared {
+            record: record.clone(),
+            operation: target.name().map(String::from),
+            call,
+            schemas,
+            binding,
+            headers,
+        })
+    }
+
+    /// Sends a prepared call, holding one of the agent's in-flight permits.
+    async fn send(&self, p: &Prepared) -> Result<Invoked> {
+        let _permit = self.permit(&p.record.metadata.id)?;
+        let binding = &p.record.metadata.bindings[p.binding];
+        let spec = CallSpec {
+            binding,
+            operation: p.operation.as_deref(),
+            name_operation: p.record.metadata.operations.len() > 1,
+            input: &p.call.input,
+            stream: false,
+            headers: p.headers.clone(),
+        };
+        let answer = transport::call(&self.inner.outbound, &spec).await?;
+        Ok(finish(p, answer))
+    }
+
+    fn permit(&self, id: &str) -> Result<OwnedSemaphorePermit> {
+        let max = self.inner.max_concurrent;
+        let sem = {
+            let mut map = self
+                .inner
+                .inflight
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            map.entry(id.to_string())
+                .or_insert_with(|| Arc::new(Semaphore::new(max)))
+                .clone()
+        };
+        sem.try_acquire_owned().map_err(|_| ServiceError::Overloaded {
+            message: format!(
+                "agent '{id}' already has {max} calls in flight through this node (gateway.max_concurrent_per_agent)"
+            ),
+            retry_after: Some(1),
+        })
+    }
+
+    fn schemas(&self, record: &AgentRecord, target: &Target<'_>) -> Result<Arc<Schemas>> {
+        let key = (
+            record.metadata.id.clone(),
+            record.envelope.revision,
+            target.name().unwrap_or_default().to_string(),
+        );
+        if let Some(s) = self
+            .inner
+            .schemas
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+        {
+            return Ok(s.clone());
+        }
+        let compile = |s: Option<&Value>| {
+            s.map(|s| compile_schema(s, "")).transpose().map_err(|e| {
+                ServiceError::Internal(format!("a stored schema does not compile: {e}"))
+            })
+        };
+        let compiled = Arc::new(Schemas {
+            inputs: compile(target.inputs)?,
+            outputs: compile(target.outputs)?,
+        });
+        let mut cache = self.inner.schemas.lock().unwrap_or_else(|e| e.into_inner());
+        if cache.len() >= MAX_SCHEMAS {
+            cache.clear();
+        }
+        cache.insert(key, compiled.clone());
+        Ok(compiled)
+    }
+
+    /// The headers that carry the agent's credential: one configured for
+    /// it, else the caller's `Agent-Authorization`; an agent that requires
+    /// authentication gets neither → 401 before anything is sent.
+    fn credentials_for(
+        &self,
+        record: &AgentRecord,
+        req: &InvokeRequest,
+    ) -> Result<Vec<(String, String)>> {
+        let meta = &record.metadata;
+        if let Some(c) = self.inner.credentials.iter().find(|c| c.matches(&meta.id)) {
+            return Ok(vec![(c.header.clone(), c.value.clone())]);
+        }
+        let auth = meta.authentication.as_ref().or(meta.auth.as_ref());
+        let kind = auth
+            .and_then(|a| a.kind.as_deref())
+            .unwrap_or("none")
+            .to_ascii_lowercase();
+        let header = auth
+            .and_then(|a| a.extra.get("header"))
+            .and_then(Value::as_str)
+            .map(String::from)
+            .unwrap_or_else(|| {
+                if kind == "api_key" {
+                    "X-API-Key".into()
+                } else {
+                    "Authorization".into()
+                }
+            });
+        match (&req.agent_authorization, kind.as_str()) {
+            (Some(v), _) if !v.is_empty() => Ok(vec![(header, v.clone())]),
+            (_, "none") => Ok(Vec::new()),
+            (_, "mtls") => Err(ServiceError::Unsupported(format!(
+                "agent '{}' requires mutual TLS, which the gateway cannot present yet",
+                meta.id
+            ))),
+            (_, kind) => Err(ServiceError::Unauthorized(format!(
+                "agent '{}' requires {kind} authentication: pass its credential in the Agent-Authorization header (gRPC: agent_authorization), or configure gateway.credentials",
+                meta.id
+            ))),
+        }
+    }
+
+    /// The answer cell of an idempotency key: the first call with the key
+    /// fills it, and later ones (or concurrent ones, which wait) read it. A
+    /// call that fails leaves it empty, so a retry runs again.
+    fn remember(
+        &self,
+        principal: Option<&Principal>,
+        id: &str,
+        key: &str,
+        req: &InvokeRequest,
+    ) -> Result<Arc<OnceCell<Outcome>>> {
+        let mut h = Sha256::new();
+        h.update(&req.body);
+        h.update([0]);
+        h.update(req.operation.as_deref().unwrap_or_default());
+        for p in &req.protocols {
+            h.update([0]);
+            h.update(p);
+        }
+        let fingerprint: [u8; 32] = h.finalize().into();
+        let owner = principal.map(|p| p.name.clone()).unwrap_or_default();
+        let k = (owner, id.to_string(), key.to_string());
+        let now = Instant::now();
+        let mut memo = self
+            .inner
+            .idempotency
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        while let Some((at, old)) = memo.order.front() {
+            if now.duration_since(*at) < self.inner.window && memo.entries.len() < MAX_REMEMBERED {
+                break;
+            }
+            let old = old.clone();
+            memo.order.pop_front();
+            memo.entries.remove(&old);
+        }
+        if let Some(r) = memo.entries.get(&k) {
+            if r.fingerprint != fingerprint {
+                return Err(ServiceError::Conflict(format!(
+                    "Idempotency-Key '{key}' was used with a different request within the last {} s",
+                    self.inner.window.as_secs()
+                )));
+            }
+            return Ok(r.answer.clone());
+        }
+        let answer = Arc::new(OnceCell::new());
+        memo.entries.insert(
+            k.clone(),
+            Remembered {
+                fingerprint,
+                answer: answer.clone(),
+            },
+        );
+        memo.order.push_back((now, k));
+        Ok(answer)
+    }
+}
+
+fn credential(c: &CredentialConfig) -> std::result::Result<Credential, String> {
+    let value = match (&c.value, &c.value_env) {
+        (Some(v), _) => v.clone(),
+        (None, Some(var)) => std::env::var(var).map_err(|_| {
+            format!(
+                "gateway.credentials for '{}': environment variable {var} is not set",
+                c.agent
+            )
+        })?,
+        (None, None) => return Err(format!("gateway.credentials for '{}': no value", c.agent)),
+    };
+    Ok(Credential {
+        agent: c.agent.clone(),
+        header: c.header.clone().unwrap_or_else(|| "Authorization".into()),
+        value,
+    })
+}
+
+fn no_binding(record: &AgentRecord, accepted: &[String]) -> ServiceError {
+    let offered: Vec<&str> = record
+        .metadata
+        .bindings
+        .iter()
+        .map(|b| b.protocol.as_str())
+        .collect();
+    if !accepted.is_empty() && offered.iter().any(|p| transport::speaks(p)) {
+        return ServiceError::InvalidRequest {
+            field: Some("/protocols".into()),
+            message: format!(
+                "agent '{}' has no binding with an acceptable protocol ({}); it offers {}",
+                record.metadata.id,
+                accepted.join(", "),
+                offered.join(", ")
+            ),
+        };
+    }
+    ServiceError::Unsupported(format!(
+        "agent '{}' offers only bindings the gateway cannot call ({}); the gateway speaks {}",
+        record.metadata.id,
+        offered.join(", "),
+        transport::PROTOCOLS.join(", ")
+    ))
+}
+
+/// The gateway's answer from the agent's: checked against the output
+/// schema when it is a success.
+fn finish(p: &Prepared, answer: Answer) -> Invoked {
+    let output_check = match (&p.schemas.outputs, answer.status) {
+        (Some(v), 200..=299) => match check_instance(v, &answer.json, "") {
+            Ok(()) => OutputCheck::Valid,
+            Err(e) => OutputCheck::Invalid {
+                pointer: e.pointer,
+                message: e.message,
+            },
+        },
+        _ => OutputCheck::Unchecked,
+    };
+    if let OutputCheck::Invalid { pointer, message } = &output_check {
+        tracing::info!(agent_id = %p.record.metadata.id, %pointer, %message, "agent answer does not match its output schema");
+    }
+    let binding = &p.record.metadata.bindings[p.binding];
+    Invoked {
+        status: answer.status,
+        body: answer.body,
+        content_type: answer.content_type,
+        output_check,
+        protocol: binding.protocol.clone(),
+        endpoint: binding.endpoint.clone(),
+        retry_after: answer.retry_after,
+    }
+}
+
+/// A whole answer as a stream: `result` (or `error` for the agent's own
+/// refusal), then `end`.
+fn whole_events(i: Invoked) -> Vec<Event> {
+    let ok = (200..300).contains(&i.status);
+    vec![
+        Event {
+            event: if ok { "result" } else { "error" }.into(),
+            data: String::from_utf8_lossy(&i.body).into_owned(),
+            id: None,
+        },
+        Event {
+            event: "end".into(),
+            data: serde_json::json!({"status": i.status}).to_string(),
+            id: None,
+        },
+    ]
+}

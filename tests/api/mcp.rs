@@ -1,0 +1,167 @@
+//! The gateway's `mcp` transport against a real MCP server: the official
+//! Python SDK (`scripts/fetch-mcp.sh` installs it), imported from a WoA
+//! host document and invoked through `POST /agents/{id}/invoke`.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use super::agents::Agents;
+use super::harness::{Http, TestServer, ALICE};
+
+/// The Python of the MCP SDK's virtualenv.
+fn mcp_python() -> std::path::PathBuf {
+    let path = std::env::var_os("AGENTRY_MCP_PYTHON")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            let home = std::env::var_os("HOME").unwrap_or_default();
+            std::path::Path::new(&home).join(".cache/agentry/mcp-venv/bin/python")
+        });
+    assert!(
+        path.exists(),
+        "the MCP Python SDK is not installed at {}: run scripts/fetch-mcp.sh (scripts/test.sh does)",
+        path.display()
+    );
+    path
+}
+
+/// Starts the SDK's Streamable HTTP server on a free port; it stops when
+/// the child is dropped.
+async fn start_mcp_server() -> (tokio::process::Child, u16) {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/mcp_server.py");
+    let child = tokio::process::Command::new(mcp_python())
+        .arg(script)
+        .arg(port.to_string())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the MCP server starts");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the MCP server did not listen"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    (child, port)
+}
+
+fn mcp_agent(id: &str, inputs: Value, outputs: Value) -> Value {
+    json!({"id": id, "name": id, "description": format!("The {id} tool over MCP."),
+        "inputs": inputs, "outputs": outputs, "transports": ["mcp"]})
+}
+
+#[tokio::test]
+async fn woa_mcp_agents_are_called_over_streamable_http() {
+    let (_server, port) = start_mcp_server().await;
+    let agents = Agents::start().await;
+    let text =
+        json!({"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]});
+    *agents.seen.woa.lock().unwrap() = json!({
+        "woa_version": "1",
+        "agents": [
+            mcp_agent(
+                "translate",
+                json!({"type": "object",
+                    "properties": {"text": {"type": "string"}, "target_language": {"type": "string"}},
+                    "required": ["text", "target_language"]}),
+                json!({"type": "object", "properties": {"translated_text": {"type": "string"}}, "required": ["translated_text"]})
+            ),
+            mcp_agent("word_count", text.clone(), json!({"type": "object"})),
+            mcp_agent("explode", text, json!({"type": "object"})),
+        ],
+        "transports": {"mcp": {
+            "server": format!("http://127.0.0.1:{port}/mcp"),
+            "tool_namespace": "agentry-gateway-test",
+            "tool_field": "agent"
+        }}
+    });
+    let s = TestServer::start_with(|c| {
+        c.gateway.outbound.allow = vec!["127.0.0.1".into()];
+        c.gateway.outbound.allow_http = true;
+        c.gateway.outbound.timeout_ms = 10_000;
+    })
+    .await;
+    let http = Http::new(&s.http);
+    let (_, report) = http
+        .call(
+            reqwest::Method::POST,
+            "/import/woa",
+            Some(ALICE),
+            Some(json!({"url": agents.base})),
+        )
+        .await
+        .expect("the WoA document imports");
+    assert_eq!(report["agents"].as_array().unwrap().len(), 3, "{report}");
+    let id = |name: &str| format!("{}/.well-known/woa.json#{name}", agents.base);
+    let (_, rec) = http
+        .call(
+            reqwest::Method::GET,
+            &format!("/agents/{}", Http::url_id(&id("translate"))),
+            Some(ALICE),
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(rec["bindings"][0]["protocol"], "mcp", "{rec}");
+
+    let call = |name: &str, input: Value| {
+        let url = format!("{}/agents/{}/invoke", s.http, Http::url_id(&id(name)));
+        async move {
+            let resp = reqwest::Client::new()
+                .post(url)
+                .bearer_auth(ALICE)
+                .json(&input)
+                .send()
+                .await
+                .unwrap();
+            let status = resp.status().as_u16();
+            let check = resp
+                .headers()
+                .get("x-agentry-output-check")
+                .map(|v| v.to_str().unwrap().to_string());
+            (status, check, resp.json::<Value>().await.unwrap())
+        }
+    };
+    let (status, check, body) = call(
+        "translate",
+        json!({"text": "hello", "target_language": "fr"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body, json!({"translated_text": "[fr] olleh"}));
+    assert_eq!(check.as_deref(), Some("valid"));
+
+    let (status, _, body) = call("word_count", json!({"text": "two words"})).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.to_string().contains("2 words"), "{body}");
+
+    // A tool error is a bad answer from upstream, reported as such.
+    let (status, _, body) = call("explode", json!({"text": "boom"})).await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (502, Some("bad_gateway")),
+        "{body}"
+    );
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("reported an error"),
+        "{body}"
+    );
+
+    // The schema is checked before the MCP server is contacted.
+    let (status, _, body) = call("translate", json!({"text": "no language"})).await;
+    assert_eq!(status, 400, "{body}");
+    s.stop().await;
+}
