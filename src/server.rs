@@ -21,6 +21,7 @@ use crate::config::Config;
 use crate::consensus::{Bootstrap, Faults, NodeSettings, RaftNode, RaftService};
 use crate::domain::{Principal, Role};
 use crate::index::{Embedder, SearchIndex};
+use crate::pb::agent_protocol_server::AgentProtocolServer;
 use crate::pb::cluster_server::ClusterServer;
 use crate::pb::discovery_server::DiscoveryServer;
 use crate::pb::federation_server::FederationServer;
@@ -373,6 +374,9 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
         .set_serving::<FederationServer<FederationApi>>()
         .await;
     health.set_serving::<GatewayServer<InvocationApi>>().await;
+    health
+        .set_serving::<AgentProtocolServer<InvocationApi>>()
+        .await;
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(crate::pb::FILE_DESCRIPTOR_SET)
         .build_v1()
@@ -433,6 +437,10 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
         FederationServer::new(federation.clone()),
         authenticate.clone(),
     );
+    let agent_protocol_service = InterceptedService::new(
+        AgentProtocolServer::new(invocation.clone()).max_decoding_message_size(max_message),
+        authenticate.clone(),
+    );
     let invocation_service = InterceptedService::new(
         GatewayServer::new(invocation.clone()).max_decoding_message_size(max_message),
         authenticate.clone(),
@@ -448,6 +456,7 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
         .add_service(cluster_service)
         .add_service(federation_service)
         .add_service(invocation_service)
+        .add_service(agent_protocol_service)
         .serve_with_incoming_shutdown(incoming(grpc_listener), stopped(shutdown_rx.clone()));
     let grpc_task = tokio::spawn(async move {
         if let Err(e) = grpc.await {

@@ -1,6 +1,7 @@
 //! The transports: the gRPC core, the JSON/HTTP facade that calls the same
 //! gRPC handlers in-process, authentication, and the one error mapping.
 
+pub mod agent_protocol;
 pub mod auth;
 pub mod cluster;
 pub mod discovery;

@@ -74,6 +74,65 @@ pub enum Command {
     Keys(KeysArgs),
     /// Check a record's registry signature offline.
     Verify(VerifyArgs),
+    /// Import agents from a Web of Agents host, an A2A Agent Card or an
+    /// Agent Protocol agent's describe URL.
+    Import(ImportArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ImportArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+    /// woa, a2a or agent-protocol.
+    pub format: String,
+    /// The host (its well-known document is read), the document's URL, or
+    /// the AP agent's describe URL.
+    pub url: String,
+}
+
+/// Imports agents through the registry (which fetches the source through
+/// its outbound guard) and prints what happened to each.
+pub async fn run_import(args: ImportArgs) -> Result<(), CliError> {
+    let (_, channel) = args.client.connect(0).await?;
+    let mut client = crate::pb::gateway_client::GatewayClient::new(channel);
+    let r = client
+        .import(args.client.request(pb::ImportRequest {
+            format: args.format.clone(),
+            url: args.url.clone(),
+        })?)
+        .await?
+        .into_inner();
+    if args.client.json {
+        let problem = |p: &pb::ImportProblem| serde_json::json!({"agent_id": p.agent_id, "transport": p.transport, "reason": p.reason});
+        out!(
+            "{}",
+            serde_json::json!({
+                "url": r.url,
+                "not_modified": r.not_modified,
+                "agents": r.agents.iter().map(|a| serde_json::json!({"id": a.id, "outcome": a.outcome})).collect::<Vec<_>>(),
+                "skipped": r.skipped.iter().map(problem).collect::<Vec<_>>(),
+                "unsupported_transports": r.unsupported_transports.iter().map(problem).collect::<Vec<_>>(),
+            })
+        );
+        return Ok(());
+    }
+    out!("{}", r.url);
+    for a in &r.agents {
+        out!("  {:<10} {}", a.outcome, a.id);
+    }
+    for p in &r.skipped {
+        out!("  {:<10} {}: {}", "skipped", p.agent_id, p.reason);
+    }
+    for p in &r.unsupported_transports {
+        out!(
+            "  {:<10} {} {}: {}",
+            "unsupported",
+            p.agent_id,
+            p.transport,
+            p.reason
+        );
+    }
+    Ok(())
 }
 
 #[derive(Debug, Args)]
@@ -139,6 +198,16 @@ pub enum BenchCommand {
         #[arg(long, value_delimiter = ',', default_values_t = [1usize, 8])]
         clients: Vec<usize>,
     },
+    /// What the invocation gateway adds: a local echo agent called directly
+    /// and through `POST /agents/{id}/invoke`, side by side.
+    Gateway {
+        /// Calls per measured run.
+        #[arg(long, default_value_t = 5000)]
+        calls: usize,
+        /// Client concurrencies, comma-separated.
+        #[arg(long, value_delimiter = ',', default_values_t = [1usize, 64])]
+        clients: Vec<usize>,
+    },
     /// Record signing and verification throughput, one at a time and in
     /// Ed25519 batches.
     Signatures {
@@ -197,6 +266,14 @@ pub async fn run_bench(args: BenchArgs) -> Result<(), CliError> {
                     .await
                     .map_err(local)?;
             out!("{}", crate::bench::federation::report(&r));
+            return Ok(());
+        }
+        BenchCommand::Gateway { calls, clients } => {
+            let temp = tempfile_dir(None)?;
+            let r = crate::bench::gateway::run(temp.path(), calls.max(1), &clients)
+                .await
+                .map_err(local)?;
+            out!("{}", crate::bench::gateway::report(&r));
             return Ok(());
         }
         BenchCommand::Signatures { records } => {

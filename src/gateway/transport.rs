@@ -1,7 +1,9 @@
 //! The wire protocols the gateway calls agents with, one per binding
 //! protocol: AIDIP REST (`https`, `http`: the plain input is the body), WoA
-//! REST (`woa-rest`: the invocation envelope) and MCP (`mcp`: the envelope
-//! becomes a `tools/call` over Streamable HTTP, WoA 5.3).
+//! REST (`woa-rest`: the invocation envelope), MCP (`mcp`: the envelope
+//! becomes a `tools/call` over Streamable HTTP, WoA 5.3) and the Agent
+//! Protocol (`agent-protocol`: a ChatRequest on `stream_request`, its events
+//! collected until RunCompleted).
 //!
 //! Answers are classified here once: a 2xx JSON body is the agent's output,
 //! a 4xx JSON body is passed through as the agent's own refusal, 503 is
@@ -20,7 +22,7 @@ use super::outbound::{classify, read_limited, redacted, Lookup, OutboundError, O
 use crate::domain::Binding;
 
 /// Binding protocols the gateway can call.
-pub const PROTOCOLS: &[&str] = &["https", "http", "woa-rest", "mcp"];
+pub const PROTOCOLS: &[&str] = &["https", "http", "woa-rest", "mcp", "agent-protocol"];
 
 pub fn speaks(protocol: &str) -> bool {
     PROTOCOLS.contains(&protocol)
@@ -243,28 +245,75 @@ async fn send_rest(
     accept: &str,
 ) -> Result<(reqwest::Response, Url), GatewayError> {
     let url = endpoint(spec.binding)?;
-    out.policy.check_url(&url)?;
-    let mut req = out
-        .client
-        .post(url.clone())
-        .header(reqwest::header::ACCEPT, accept)
-        .json(&rest_body(spec)?);
-    for (name, value) in &spec.headers {
-        req = req.header(name.as_str(), value.as_str());
-    }
-    let timeout = out.policy.timeout;
-    let resp = tokio::time::timeout(timeout, req.send())
-        .await
-        .map_err(|_| OutboundError::Timeout {
-            target: redacted(&url),
-            ms: timeout.as_millis(),
-        })?
-        .map_err(|e| classify(&e, &url, timeout))?;
+    let body = rest_body(spec)?;
+    let resp = exchange(
+        out,
+        reqwest::Method::POST,
+        &url,
+        Some(&body),
+        &spec.headers,
+        accept,
+    )
+    .await?;
     Ok((resp, url))
 }
 
+/// One request to an agent's HTTP surface through the guard, up to the
+/// response head (within the gateway's deadline).
+pub async fn exchange(
+    out: &Outbound,
+    method: reqwest::Method,
+    url: &Url,
+    body: Option<&Value>,
+    headers: &[(String, String)],
+    accept: &str,
+) -> Result<reqwest::Response, GatewayError> {
+    out.policy.check_url(url)?;
+    let mut req = out
+        .client
+        .request(method, url.clone())
+        .header(reqwest::header::ACCEPT, accept);
+    if let Some(b) = body {
+        req = req.json(b);
+    }
+    for (name, value) in headers {
+        req = req.header(name.as_str(), value.as_str());
+    }
+    let timeout = out.policy.timeout;
+    Ok(tokio::time::timeout(timeout, req.send())
+        .await
+        .map_err(|_| OutboundError::Timeout {
+            target: redacted(url),
+            ms: timeout.as_millis(),
+        })?
+        .map_err(|e| classify(&e, url, timeout))?)
+}
+
+/// The events of an SSE answer, or the whole answer when the agent sent
+/// something else (a refusal, or JSON).
+pub async fn events_or_answer(
+    out: &Outbound,
+    resp: reqwest::Response,
+    url: &Url,
+) -> Result<Started, GatewayError> {
+    let is_sse = resp
+        .headers()
+        .get(reqwest::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
+    if !(is_sse && resp.status().is_success()) {
+        return whole_answer(out, resp, url).await.map(Started::Whole);
+    }
+    Ok(Started::Events(relay(
+        resp,
+        redacted(url),
+        out.policy.timeout,
+        out.policy.max_response_bytes,
+    )))
+}
+
 /// Reads and classifies a whole REST answer.
-async fn whole_answer(
+pub async fn whole_answer(
     out: &Outbound,
     resp: reqwest::Response,
     url: &Url,
@@ -314,6 +363,15 @@ fn classify_answer(
         }
         _ => {}
     }
+    if matches!(status, 202 | 204) && body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Answer {
+            status,
+            body,
+            json: Value::Null,
+            content_type: String::new(),
+            retry_after,
+        });
+    }
     let json: Value = serde_json::from_slice(&body).map_err(|e| {
         GatewayError::BadAnswer(format!(
             "the agent at {target} answered {status} with a body that is not JSON ({e})"
@@ -339,6 +397,7 @@ pub async fn call(out: &Outbound, spec: &CallSpec<'_>) -> Result<Answer, Gateway
     match spec.binding.protocol.as_str() {
         // Boxed: rmcp's session future is large and deeply nested.
         "mcp" => Box::pin(call_mcp(out, spec)).await,
+        "agent-protocol" => call_ap(out, spec).await,
         "https" | "http" | "woa-rest" => {
             let (resp, url) = send_rest(out, spec, "application/json").await?;
             whole_answer(out, resp, &url).await
@@ -355,6 +414,10 @@ pub async fn open_stream(out: &Outbound, spec: &CallSpec<'_>) -> Result<Started,
     if spec.binding.protocol == "mcp" {
         return Box::pin(call_mcp(out, spec)).await.map(Started::Whole);
     }
+    if spec.binding.protocol == "agent-protocol" {
+        let (resp, url) = ap_stream_request(out, spec).await?;
+        return events_or_answer(out, resp, &url).await;
+    }
     if !matches!(
         spec.binding.protocol.as_str(),
         "https" | "http" | "woa-rest"
@@ -362,20 +425,7 @@ pub async fn open_stream(out: &Outbound, spec: &CallSpec<'_>) -> Result<Started,
         return call(out, spec).await.map(Started::Whole);
     }
     let (resp, url) = send_rest(out, spec, "text/event-stream, application/json").await?;
-    let is_sse = resp
-        .headers()
-        .get(reqwest::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
-    if !(is_sse && resp.status().is_success()) {
-        return whole_answer(out, resp, &url).await.map(Started::Whole);
-    }
-    Ok(Started::Events(relay(
-        resp,
-        redacted(&url),
-        out.policy.timeout,
-        out.policy.max_response_bytes,
-    )))
+    events_or_answer(out, resp, &url).await
 }
 
 /// The agent's server-sent events, one at a time, each within `idle` of
@@ -432,6 +482,94 @@ fn relay(
         },
     )
     .boxed()
+}
+
+/// An AP agent's route (`base` + `/` + `route`).
+pub fn ap_url(base: &str, route: &str) -> Result<Url, GatewayError> {
+    Url::parse(&format!("{}/{route}", base.trim_end_matches('/'))).map_err(|e| {
+        GatewayError::Unsupported(format!("the AP agent URL {base} is not a URL: {e}"))
+    })
+}
+
+/// Starts an AP run for an invocation: a ChatRequest whose `input` is the
+/// caller's `input` text, else the whole input as JSON text.
+async fn ap_stream_request(
+    out: &Outbound,
+    spec: &CallSpec<'_>,
+) -> Result<(reqwest::Response, Url), GatewayError> {
+    let url = ap_url(&spec.binding.endpoint, "stream_request")?;
+    let text = match spec.input.get("input") {
+        Some(Value::String(s)) => s.clone(),
+        _ => spec.input.to_string(),
+    };
+    let request = json!({"type": "ChatRequest", "input": text});
+    let resp = exchange(
+        out,
+        reqwest::Method::POST,
+        &url,
+        Some(&request),
+        &spec.headers,
+        "text/event-stream, application/json",
+    )
+    .await?;
+    Ok((resp, url))
+}
+
+/// An AP run as one answer: `{output, finish_reason, run_id, thread_id}`
+/// from its events (RunCompleted's `result`, else the TextOutputs).
+async fn call_ap(out: &Outbound, spec: &CallSpec<'_>) -> Result<Answer, GatewayError> {
+    let (resp, url) = ap_stream_request(out, spec).await?;
+    let mut events = match events_or_answer(out, resp, &url).await? {
+        Started::Whole(a) if a.status >= 400 => return Ok(a),
+        Started::Whole(_) => {
+            return Err(GatewayError::BadAnswer(format!(
+                "the AP agent at {} did not stream its run",
+                redacted(&url)
+            )))
+        }
+        Started::Events(e) => e,
+    };
+    let mut text = Vec::new();
+    let mut ids = (Value::Null, Value::Null);
+    while let Some(e) = events.next().await {
+        let event: Value = serde_json::from_str(&e?.data).unwrap_or(Value::Null);
+        if ids.0.is_null() {
+            ids = (event["run_id"].clone(), event["thread_id"].clone());
+        }
+        match event["type"].as_str().unwrap_or_default() {
+            "TextOutput" => text.push(event["content"].as_str().unwrap_or_default().to_string()),
+            "WaitForInput" => {
+                return Err(GatewayError::BadAnswer(
+                    "the AP agent asked for input (WaitForInput); run it through the Agent Protocol routes to answer".into(),
+                ))
+            }
+            "RunCompleted" => {
+                let reason = event["finish_reason"].as_str().unwrap_or("success");
+                if reason != "success" {
+                    return Err(GatewayError::BadAnswer(format!(
+                        "the AP agent's run ended with finish_reason '{reason}'"
+                    )));
+                }
+                let output = match &event["result"] {
+                    Value::Null => json!(text.join("")),
+                    r => r.clone(),
+                };
+                let json = json!({"output": output, "finish_reason": reason, "run_id": ids.0, "thread_id": ids.1});
+                return Ok(Answer {
+                    status: 200,
+                    body: Bytes::from(json.to_string()),
+                    json,
+                    content_type: "application/json".into(),
+                    retry_after: None,
+                });
+            }
+            _ => {}
+        }
+    }
+    Err(GatewayError::BadAnswer(format!(
+        "the AP agent at {} ended its stream without RunCompleted",
+        redacted(&url)
+    )))
 }
 
 /// The MCP tool a WoA envelope maps to (WoA 4.3.2): the envelope member

@@ -147,6 +147,7 @@ struct Inner {
     schemas: Mutex<HashMap<SchemaKey, Arc<Schemas>>>,
     inflight: Mutex<HashMap<String, Arc<Semaphore>>>,
     idempotency: Mutex<Idempotency>,
+    ap_runs: super::agent_protocol::ApRuns,
 }
 
 /// A call that passed every check, ready to go out.
@@ -214,6 +215,7 @@ impl InvocationService {
                 schemas: Mutex::new(HashMap::new()),
                 inflight: Mutex::new(HashMap::new()),
                 idempotency: Mutex::new(Idempotency::default()),
+                ap_runs: Default::default(),
             }),
         })
     }
@@ -230,7 +232,11 @@ impl InvocationService {
         &self.inner.woa
     }
 
-    fn require_caller(&self, principal: Option<&Principal>) -> Result<()> {
+    pub(super) fn ap_runs(&self) -> &super::agent_protocol::ApRuns {
+        &self.inner.ap_runs
+    }
+
+    pub(super) fn require_caller(&self, principal: Option<&Principal>) -> Result<()> {
         if principal.is_none() && !self.inner.anonymous {
             return Err(ServiceError::Unauthorized(
                 "invoking an agent needs an API key (Authorization: Bearer <key>)".into(),
@@ -240,7 +246,11 @@ impl InvocationService {
     }
 
     /// The record the path names: by id, else by its WoA token.
-    async fn agent(&self, principal: Option<&Principal>, id: &str) -> Result<AgentRecord> {
+    pub(super) async fn agent(
+        &self,
+        principal: Option<&Principal>,
+        id: &str,
+    ) -> Result<AgentRecord> {
         let registry = &self.inner.registry;
         let record = match registry.get(principal, id, Consistency::Local).await {
             Err(ServiceError::NotFound(m)) => {
@@ -453,7 +463,7 @@ impl InvocationService {
         Ok(finish(p, answer))
     }
 
-    fn permit(&self, id: &str) -> Result<OwnedSemaphorePermit> {
+    pub(super) fn permit(&self, id: &str) -> Result<OwnedSemaphorePermit> {
         let max = self.inner.max_concurrent;
         let sem = {
             let mut map = self
@@ -508,7 +518,7 @@ impl InvocationService {
     /// The headers that carry the agent's credential: one configured for
     /// it, else the caller's `Agent-Authorization`; an agent that requires
     /// authentication gets neither → 401 before anything is sent.
-    fn credentials_for(
+    pub(super) fn credentials_for(
         &self,
         record: &AgentRecord,
         req: &InvokeRequest,

@@ -3,6 +3,7 @@
 //! gateway. Meaning-level validation and
 //! entitlement checks live here; the transport layers only translate.
 
+mod agent_protocol;
 mod cluster;
 mod crawl;
 mod discovery;
@@ -15,6 +16,7 @@ mod publishers;
 mod registry;
 mod woa_host;
 
+pub use agent_protocol::{ApAnswer, ApEvents};
 pub use cluster::{ClusterService, ClusterView, MemberView};
 pub use crawl::crawl;
 pub use discovery::{Candidate, DiscoveryResult, Resolution, Resolved, CONFORMANCE_LEVEL};

@@ -38,6 +38,8 @@ pub struct WoaDocument {
     pub last_modified: OffsetDateTime,
     /// WoA token → registry id, for tokens that differ from the id.
     tokens: HashMap<String, String>,
+    /// (registry id, name) of each agent listed, in id order.
+    pub agents: Vec<(String, String)>,
     built: Instant,
 }
 
@@ -240,6 +242,10 @@ fn build(base: &str, revision: u64, records: &[AgentRecord]) -> WoaDocument {
         etag,
         last_modified: last_modified.replace_nanosecond(0).unwrap_or(last_modified),
         tokens,
+        agents: records
+            .iter()
+            .map(|r| (r.metadata.id.clone(), r.metadata.name.clone()))
+            .collect(),
         built: Instant::now(),
     }
 }

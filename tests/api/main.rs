@@ -1,7 +1,9 @@
 //! Integration tests: real servers (RocksDB, Raft, gRPC and HTTP listeners)
 //! on loopback ports they pick themselves.
 
+mod agent_protocol;
 mod agents;
+mod ap_agent;
 mod bad_input;
 mod discovery;
 mod embedders;

@@ -27,6 +27,7 @@ use crate::domain::{AgentStatus, Visibility};
 use crate::pb::{self, registry_server::Registry};
 use crate::service::ServiceError;
 
+mod agent_protocol;
 mod cluster;
 mod federation;
 mod invocation;
@@ -785,6 +786,37 @@ pub fn routes() -> Routes {
         "POST",
         "/import/{format}",
         routing::post(invocation::import),
+    )
+    .add("GET", "/ap", routing::get(agent_protocol::list))
+    .add(
+        "GET",
+        "/agents/{id}/describe",
+        routing::get(agent_protocol::describe),
+    )
+    .add(
+        "POST",
+        "/agents/{id}/run",
+        routing::post(agent_protocol::run),
+    )
+    .add(
+        "GET",
+        "/agents/{id}/get_events/{run_id}",
+        routing::get(agent_protocol::get_events),
+    )
+    .add(
+        "POST",
+        "/agents/{id}/stream_request",
+        routing::post(agent_protocol::stream_request),
+    )
+    .add(
+        "GET",
+        "/agents/{id}/runs/{run_id}",
+        routing::get(agent_protocol::run_status),
+    )
+    .add(
+        "GET",
+        "/agents/{id}/threads",
+        routing::get(agent_protocol::threads),
     )
     .add("GET", "/cluster", routing::get(cluster::status))
     .add("POST", "/cluster/init", routing::post(cluster::initialize))
