@@ -422,6 +422,33 @@ impl InvocationService {
             return Ok(None);
         };
         let url = ap_url(&base, route)?;
+        let resp = self
+            .ap_send(
+                record,
+                reqwest::Method::GET,
+                &url,
+                None,
+                auth,
+                "application/json",
+            )
+            .await?;
+        let a = transport::whole_answer(self.outbound(), resp, &url).await?;
+        Ok(Some(ApAnswer {
+            status: a.status,
+            json: a.json,
+        }))
+    }
+
+    /// One request to a proxied AP agent, with the agent's credentials.
+    async fn ap_send(
+        &self,
+        record: &AgentRecord,
+        method: reqwest::Method,
+        url: &url::Url,
+        body: Option<&Value>,
+        auth: Option<String>,
+        accept: &str,
+    ) -> Result<reqwest::Response> {
         let headers = self.credentials_for(
             record,
             &InvokeRequest {
@@ -429,20 +456,7 @@ impl InvocationService {
                 ..Default::default()
             },
         )?;
-        let resp = transport::exchange(
-            self.outbound(),
-            reqwest::Method::GET,
-            &url,
-            None,
-            &headers,
-            "application/json",
-        )
-        .await?;
-        let a = transport::whole_answer(self.outbound(), resp, &url).await?;
-        Ok(Some(ApAnswer {
-            status: a.status,
-            json: a.json,
-        }))
+        Ok(transport::exchange(self.outbound(), method, url, body, &headers, accept).await?)
     }
 
     /// `describe`: the AgentDescriptor.
@@ -477,22 +491,16 @@ impl InvocationService {
             let mut url = ap_url(&base, "run")?;
             url.query_pairs_mut()
                 .append_pair("wait", if wait { "true" } else { "false" });
-            let headers = self.credentials_for(
-                &record,
-                &InvokeRequest {
-                    agent_authorization: auth,
-                    ..Default::default()
-                },
-            )?;
-            let resp = transport::exchange(
-                self.outbound(),
-                reqwest::Method::POST,
-                &url,
-                Some(&request),
-                &headers,
-                "application/json",
-            )
-            .await?;
+            let resp = self
+                .ap_send(
+                    &record,
+                    reqwest::Method::POST,
+                    &url,
+                    Some(&request),
+                    auth,
+                    "application/json",
+                )
+                .await?;
             let a = transport::whole_answer(self.outbound(), resp, &url).await?;
             return Ok(ApAnswer {
                 status: a.status,
@@ -782,16 +790,16 @@ impl InvocationService {
             if let Some(s) = since {
                 url.query_pairs_mut().append_pair("since", &s.to_string());
             }
-            let headers = self.credentials_for(&record, &InvokeRequest::default())?;
-            let resp = transport::exchange(
-                self.outbound(),
-                reqwest::Method::GET,
-                &url,
-                None,
-                &headers,
-                "text/event-stream",
-            )
-            .await?;
+            let resp = self
+                .ap_send(
+                    &record,
+                    reqwest::Method::GET,
+                    &url,
+                    None,
+                    None,
+                    "text/event-stream",
+                )
+                .await?;
             return started_events(transport::events_or_answer(self.outbound(), resp, &url).await?);
         }
         let run = self.own_run(principal, &record, run_id)?;
@@ -811,22 +819,16 @@ impl InvocationService {
         if let Some(base) = ap_endpoint(&record) {
             let permit = self.permit(&record.metadata.id)?;
             let url = ap_url(&base, "stream_request")?;
-            let headers = self.credentials_for(
-                &record,
-                &InvokeRequest {
-                    agent_authorization: auth,
-                    ..Default::default()
-                },
-            )?;
-            let resp = transport::exchange(
-                self.outbound(),
-                reqwest::Method::POST,
-                &url,
-                Some(&request),
-                &headers,
-                "text/event-stream",
-            )
-            .await?;
+            let resp = self
+                .ap_send(
+                    &record,
+                    reqwest::Method::POST,
+                    &url,
+                    Some(&request),
+                    auth,
+                    "text/event-stream",
+                )
+                .await?;
             let events =
                 started_events(transport::events_or_answer(self.outbound(), resp, &url).await?)?;
             return Ok(events

@@ -13,9 +13,9 @@ use super::agents::Agents;
 use super::ap_agent::ApAgent;
 use super::harness::{Http, TestServer, ALICE, BOB};
 
+/// Loopback agents, with time for the slow one to be cancelled.
 fn local_agents(c: &mut agentry::config::Config) {
-    c.gateway.outbound.allow = vec!["127.0.0.1".into()];
-    c.gateway.outbound.allow_http = true;
+    super::invocation::local_agents(c);
     c.gateway.outbound.timeout_ms = 3_000;
 }
 

@@ -16,7 +16,7 @@ use super::agents::Agents;
 use super::harness::{Http, TestServer, ADMIN, ALICE, CAROL_READER};
 
 /// Gateway settings for agents on loopback over plain HTTP.
-fn local_agents(c: &mut Config) {
+pub fn local_agents(c: &mut Config) {
     c.gateway.outbound.allow = vec!["127.0.0.1".into()];
     c.gateway.outbound.allow_http = true;
     c.gateway.outbound.timeout_ms = 1_000;

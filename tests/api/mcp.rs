@@ -86,8 +86,8 @@ async fn woa_mcp_agents_are_called_over_streamable_http() {
         }}
     });
     let s = TestServer::start_with(|c| {
-        c.gateway.outbound.allow = vec!["127.0.0.1".into()];
-        c.gateway.outbound.allow_http = true;
+        super::invocation::local_agents(c);
+        // A Python server's first answer can take a moment.
         c.gateway.outbound.timeout_ms = 10_000;
     })
     .await;
