@@ -21,7 +21,8 @@ pub const DEFAULT_DATA_DIR: &str = "agentry-data";
 #[serde(deny_unknown_fields)]
 pub struct ApiKeyConfig {
     pub name: String,
-    pub role: String,
+    /// `admin`, `publisher` or `reader`.
+    pub role: Role,
     #[serde(default)]
     pub key_sha256: Option<String>,
     #[serde(default)]
@@ -264,16 +265,8 @@ impl GatewayConfig {
     }
 }
 
-/// A listener's certificate, and the CA whose client certificates it
-/// requires (mutual TLS) if any. PEM files.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TlsConfig {
-    pub cert_file: PathBuf,
-    pub key_file: PathBuf,
-    #[serde(default)]
-    pub client_ca_file: Option<PathBuf>,
-}
+pub use crate::consensus::cluster_auth::{ClusterAuthConfig, ClusterTlsConfig};
+pub use crate::listener::{ConnectionLimits, TlsConfig};
 
 /// One peer registry and how far it is trusted.
 #[derive(Debug, Clone, Deserialize)]
@@ -590,6 +583,21 @@ pub struct Config {
     pub request_timeout_secs: u64,
     /// API keys besides the bootstrap admin key.
     pub api_keys: Vec<ApiKeyConfig>,
+    /// TLS on the public listeners (gRPC and HTTP); `client_ca_file` lets
+    /// clients present certificates. Without it they speak plain text (for
+    /// development and loopback only).
+    pub tls: Option<TlsConfig>,
+    /// How nodes prove to each other that they belong to this cluster.
+    pub cluster: ClusterAuthConfig,
+    /// Connection limits of every listener.
+    pub connections: ConnectionLimits,
+    /// Token buckets per principal and per client address.
+    pub rate_limits: crate::api::gate::RateLimitConfig,
+    /// OIDC / JWT bearer tokens of one issuer.
+    pub jwt: Option<crate::api::jwt::JwtConfig>,
+    /// Client certificates (public listeners' mutual TLS) that name
+    /// principals.
+    pub client_certificates: Vec<crate::api::auth::CertPrincipal>,
     /// Discovery: embedder and ranking weights.
     pub discovery: DiscoveryConfig,
     /// Signing identity: authority and key file.
@@ -631,6 +639,12 @@ impl Default for Config {
             snapshot_logs: 10_000,
             request_timeout_secs: 30,
             api_keys: Vec::new(),
+            tls: None,
+            cluster: ClusterAuthConfig::default(),
+            connections: ConnectionLimits::default(),
+            rate_limits: Default::default(),
+            jwt: None,
+            client_certificates: Vec::new(),
             discovery: DiscoveryConfig::default(),
             identity: IdentityConfig::default(),
             federation: FederationConfig::default(),
@@ -747,6 +761,18 @@ impl Config {
                 "raft_max_message_bytes must be at least 4 × max_record_bytes".into(),
             ));
         }
+        self.connections.validate().map_err(ConfigError::Invalid)?;
+        self.rate_limits.validate().map_err(ConfigError::Invalid)?;
+        if let Some(j) = &self.jwt {
+            j.validate().map_err(ConfigError::Invalid)?;
+        }
+        if !self.client_certificates.is_empty()
+            && self.tls.as_ref().is_none_or(|t| t.client_ca_file.is_none())
+        {
+            return Err(ConfigError::Invalid(
+                "client_certificates need [tls] with client_ca_file".into(),
+            ));
+        }
         self.discovery.validate()?;
         self.federation.validate()?;
         self.gateway.validate()?;
@@ -755,9 +781,6 @@ impl Config {
                 name: k.name.clone(),
                 message: m.into(),
             };
-            if Role::parse(&k.role).is_none() {
-                return Err(err("role must be admin, publisher or reader"));
-            }
             match (&k.key_sha256, &k.key) {
                 (Some(d), None) if d.len() == 64 && d.chars().all(|c| c.is_ascii_hexdigit()) => {}
                 (Some(_), None) => return Err(err("key_sha256 must be 64 hex digits")),

@@ -20,6 +20,7 @@ pub mod domain;
 pub mod federation;
 pub mod gateway;
 pub mod index;
+pub mod listener;
 pub mod server;
 pub mod service;
 pub mod storage;

@@ -8,19 +8,21 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tonic::service::interceptor::InterceptedService;
 use tracing::info;
 
 use crate::api::auth::{key_digest, Authenticator};
 use crate::api::cluster::ClusterApi;
 use crate::api::federation::FederationApi;
+use crate::api::gate::{Gate, GateLayer};
 use crate::api::grpc::RegistryApi;
 use crate::api::http::{router, HttpState};
 use crate::api::invocation::InvocationApi;
 use crate::config::Config;
-use crate::consensus::{Bootstrap, Faults, NodeSettings, RaftNode, RaftService};
+use crate::consensus::cluster_auth::SecretSource;
+use crate::consensus::{Bootstrap, ClusterAuth, Faults, NodeSettings, RaftNode, RaftService};
 use crate::domain::{Principal, Role};
 use crate::index::{Embedder, SearchIndex};
+use crate::listener::{accept, serve_http, ClientAuth, ReloadingTls};
 use crate::pb::agent_protocol_server::AgentProtocolServer;
 use crate::pb::cluster_server::ClusterServer;
 use crate::pb::discovery_server::DiscoveryServer;
@@ -50,6 +52,10 @@ pub enum ServerError {
     Io(#[from] std::io::Error),
     #[error("gRPC: {0}")]
     Grpc(String),
+    #[error("TLS: {0}")]
+    Tls(String),
+    #[error(transparent)]
+    ClusterAuth(#[from] crate::consensus::cluster_auth::ClusterAuthError),
 }
 
 /// A started server.
@@ -134,7 +140,7 @@ fn hostname() -> String {
 fn authenticator(config: &Config) -> Result<(Authenticator, Option<String>), ServerError> {
     let mut auth = Authenticator::default();
     for k in &config.api_keys {
-        let role = Role::parse(&k.role).unwrap_or(Role::Reader);
+        let role = k.role;
         let digest = match (&k.key_sha256, &k.key) {
             (Some(d), _) => d.clone(),
             (None, Some(key)) => key_digest(key),
@@ -163,10 +169,7 @@ fn authenticator(config: &Config) -> Result<(Authenticator, Option<String>), Ser
     }
     let mut bytes = [0u8; 24];
     getrandom::fill(&mut bytes).map_err(|e| std::io::Error::other(e.to_string()))?;
-    let key = format!(
-        "agk_{}",
-        bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()
-    );
+    let key = format!("agk_{}", crate::crypto::hex(&bytes));
     std::fs::write(&path, key_digest(&key))?;
     #[cfg(unix)]
     {
@@ -177,35 +180,40 @@ fn authenticator(config: &Config) -> Result<(Authenticator, Option<String>), Ser
     Ok((auth, Some(key)))
 }
 
-/// Accepted connections with TCP_NODELAY: the builder's own setting only
-/// applies to listeners tonic binds itself, and without it small responses
-/// wait out the peer's delayed ACK (40 ms on Linux).
-fn incoming(listener: TcpListener) -> tonic::transport::server::TcpIncoming {
-    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true))
+/// A listener's TLS, re-read from its files when they change.
+fn listener_tls(
+    what: &str,
+    tls: Option<&crate::config::TlsConfig>,
+    client_auth: ClientAuth,
+) -> Result<Option<Arc<ReloadingTls>>, ServerError> {
+    tls.map(|t| ReloadingTls::load(t.clone(), client_auth))
+        .transpose()
+        .map_err(|e| ServerError::Tls(format!("{what}: {e}")))
 }
 
-/// The peer listener's TLS: its certificate, and client certificates
-/// required when a client CA is configured (mutual TLS).
-fn server_tls(
-    tls: &crate::config::TlsConfig,
-) -> Result<tonic::transport::ServerTlsConfig, ServerError> {
-    use tonic::transport::{Certificate, Identity, ServerTlsConfig};
-    let read = |p: &std::path::Path| {
-        std::fs::read(p).map_err(|e| {
-            crate::config::ConfigError::Invalid(format!(
-                "federation.tls: cannot read {}: {e}",
-                p.display()
-            ))
-        })
-    };
-    let mut config = ServerTlsConfig::new().identity(Identity::from_pem(
-        read(&tls.cert_file)?,
-        read(&tls.key_file)?,
-    ));
-    if let Some(ca) = &tls.client_ca_file {
-        config = config.client_ca_root(Certificate::from_pem(read(ca)?));
+/// A gRPC server with the limits every listener shares: the request
+/// deadline, the header size limit and the HTTP/2 stream cap.
+fn grpc_builder(config: &Config) -> tonic::transport::Server {
+    let c = &config.connections;
+    tonic::transport::Server::builder()
+        .timeout(Duration::from_secs(config.request_timeout_secs))
+        .http2_max_header_list_size(u32::try_from(c.max_header_bytes).unwrap_or(u32::MAX))
+        .max_concurrent_streams(c.max_streams_per_connection)
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+}
+
+/// The descriptors reflection serves: the public services only. The Raft
+/// transport and the peer service live on other listeners, and listing
+/// them here would invite callers to the wrong door.
+fn public_descriptor_set() -> Result<Vec<u8>, ServerError> {
+    use prost::Message;
+    let mut set = prost_types::FileDescriptorSet::decode(crate::pb::FILE_DESCRIPTOR_SET)
+        .map_err(|e| ServerError::Grpc(e.to_string()))?;
+    for file in &mut set.file {
+        file.service
+            .retain(|s| !matches!(s.name(), "RaftTransport" | "Peering"));
     }
-    Ok(config)
+    Ok(set.encode_to_vec())
 }
 
 async fn bind(addr: SocketAddr) -> Result<TcpListener, ServerError> {
@@ -220,8 +228,20 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
     config.resolve_node_id(&hostname())?;
     config.validate()?;
     std::fs::create_dir_all(&config.data_dir)?;
-    let (auth, generated_admin_key) = authenticator(&config)?;
-    let auth = Arc::new(auth);
+    let (mut auth, generated_admin_key) = authenticator(&config)?;
+    if let Some(jwt) = &config.jwt {
+        // The issuer's keys are fetched under the gateway's outbound guard.
+        let outbound = crate::gateway::transport::Outbound::new(
+            config.gateway.outbound_policy()?,
+            crate::gateway::outbound::system_lookup(),
+        )
+        .map_err(|e| crate::config::ConfigError::Invalid(format!("gateway.outbound: {e}")))?;
+        let verifier = crate::api::jwt::JwtVerifier::new(jwt.clone(), Some(outbound))
+            .map_err(crate::config::ConfigError::Invalid)?;
+        auth = auth.with_jwt(verifier);
+    }
+    let auth = auth.with_client_certificates(config.client_certificates.clone());
+    let gate = Gate::new(Arc::new(auth), &config.rate_limits);
 
     // Bind the Raft listener first: with port 0 its real port is the one to
     // advertise.
@@ -245,6 +265,16 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
         Bootstrap::Members(members)
     };
 
+    // Nobody but a member of this cluster is served on the Raft listener.
+    // A node founding a cluster alone may create its secret; members of a
+    // static multi-node list must be given the same one.
+    let may_generate = !matches!(&bootstrap, Bootstrap::Members(m) if m.len() > 1);
+    let (cluster_auth, secret_source) =
+        ClusterAuth::resolve(&config.cluster, &config.data_dir, may_generate)?;
+    if let SecretSource::Generated(path) = &secret_source {
+        info!(path = %path.display(), "generated the cluster secret; nodes that join this cluster need it (AGENTRY_CLUSTER_SECRET_FILE)");
+    }
+
     let db = storage::open(&config.data_dir)?;
     let db_weak = Arc::downgrade(&db);
     let state_machine = StateMachine::open(
@@ -264,6 +294,7 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
             snapshot_keep_logs: config.snapshot_keep_logs,
             max_message_bytes: config.raft_max_message_bytes,
             request_timeout: Duration::from_secs(config.request_timeout_secs),
+            auth: cluster_auth.clone(),
         },
         bootstrap,
         LogStore::new(db)?,
@@ -282,14 +313,22 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
         node.clone(),
         faults.clone(),
         MAX_SNAPSHOT_BYTES,
+        cluster_auth.clone(),
     ))
     .max_decoding_message_size(config.raft_max_message_bytes)
     .max_encoding_message_size(config.raft_max_message_bytes);
+    let raft_incoming = accept(
+        "raft",
+        raft_listener,
+        cluster_auth.server_tls(),
+        config.connections,
+        shutdown_rx.clone(),
+    );
     let raft_server = tonic::transport::Server::builder()
         .initial_connection_window_size(crate::consensus::WINDOW * 4)
         .initial_stream_window_size(crate::consensus::WINDOW)
         .add_service(raft_service)
-        .serve_with_incoming_shutdown(incoming(raft_listener), stopped(shutdown_rx.clone()));
+        .serve_with_incoming_shutdown(raft_incoming, stopped(shutdown_rx.clone()));
     let raft_task = tokio::spawn(async move {
         if let Err(e) = raft_server.await {
             tracing::error!(error = %e, "Raft listener failed");
@@ -347,7 +386,12 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
     // Bound before the gateway is built: the WoA document names it.
     let http_listener = bind(config.http_addr).await?;
     let http_addr = http_listener.local_addr()?;
-    let gateway = gateway(&config, service.clone(), http_addr)?;
+    let scheme = if config.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    let gateway = gateway(&config, service.clone(), &format!("{scheme}://{http_addr}"))?;
     for source in &config.gateway.woa_sources {
         tokio::spawn(crate::service::crawl(
             gateway.clone(),
@@ -377,34 +421,28 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
     health
         .set_serving::<AgentProtocolServer<InvocationApi>>()
         .await;
+    let public_descriptors = public_descriptor_set()?;
     let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(crate::pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(&public_descriptors)
         .build_v1()
         .map_err(|e| ServerError::Grpc(e.to_string()))?;
+    let reflection_alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(&public_descriptors)
+        .build_v1alpha()
+        .map_err(|e| ServerError::Grpc(e.to_string()))?;
     let max_message = config.max_record_bytes * 2 + 64 * 1024;
-    let interceptor_auth = auth.clone();
-    let authenticate = move |mut req: tonic::Request<()>| {
-        let identity = interceptor_auth.identify(req.metadata())?;
-        req.extensions_mut().insert(identity);
-        Ok(req)
-    };
-    let registry = InterceptedService::new(
-        RegistryServer::new(api.clone()).max_decoding_message_size(max_message),
-        authenticate.clone(),
-    );
-    let discovery = InterceptedService::new(
-        DiscoveryServer::new(api.clone()).max_decoding_message_size(max_message),
-        authenticate.clone(),
-    );
+    let registry = RegistryServer::new(api.clone()).max_decoding_message_size(max_message);
+    let discovery = DiscoveryServer::new(api.clone()).max_decoding_message_size(max_message);
     // Peers get their own listener: never the Raft one, which must not be
     // reachable from another organisation.
     let peer_listener = bind(config.peer_addr).await?;
     let peer_addr = peer_listener.local_addr()?;
-    let scheme = if config.federation.tls.is_some() {
-        "https"
-    } else {
-        "http"
-    };
+    let peer_tls = listener_tls(
+        "federation.tls",
+        config.federation.tls.as_ref(),
+        ClientAuth::Required,
+    )?;
+    let scheme = if peer_tls.is_some() { "https" } else { "http" };
     let federation = FederationApi::new(
         service_handle.clone(),
         config
@@ -413,51 +451,56 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
             .clone()
             .unwrap_or_else(|| format!("{scheme}://{peer_addr}")),
     );
-    let mut peer_server = tonic::transport::Server::builder()
-        .timeout(Duration::from_secs(config.request_timeout_secs));
-    if let Some(tls) = &config.federation.tls {
-        peer_server = peer_server
-            .tls_config(server_tls(tls)?)
-            .map_err(|e| ServerError::Grpc(format!("peer listener TLS: {e}")))?;
-    }
-    let peer_router = peer_server.add_service(
-        PeeringServer::new(federation.clone())
-            .max_encoding_message_size(crate::federation::MAX_PEER_MESSAGE),
+    let peer_incoming = accept(
+        "peer",
+        peer_listener,
+        peer_tls,
+        config.connections,
+        shutdown_rx.clone(),
     );
+    let peer_router = grpc_builder(&config)
+        .layer(GateLayer(gate.clone()))
+        .add_service(
+            PeeringServer::new(federation.clone())
+                .max_encoding_message_size(crate::federation::MAX_PEER_MESSAGE),
+        );
     let peer_rx = shutdown_rx.clone();
     let peer_task = tokio::spawn(async move {
         if let Err(e) = peer_router
-            .serve_with_incoming_shutdown(incoming(peer_listener), stopped(peer_rx))
+            .serve_with_incoming_shutdown(peer_incoming, stopped(peer_rx))
             .await
         {
             tracing::error!(error = %e, "peer listener failed");
         }
     });
-    let federation_service = InterceptedService::new(
-        FederationServer::new(federation.clone()),
-        authenticate.clone(),
+    let federation_service = FederationServer::new(federation.clone());
+    let agent_protocol_service =
+        AgentProtocolServer::new(invocation.clone()).max_decoding_message_size(max_message);
+    let invocation_service =
+        GatewayServer::new(invocation.clone()).max_decoding_message_size(max_message);
+    let cluster_service = ClusterServer::new(cluster.clone());
+    let public_tls = listener_tls("tls", config.tls.as_ref(), ClientAuth::Optional)?;
+    let grpc_incoming = accept(
+        "grpc",
+        grpc_listener,
+        public_tls.clone(),
+        config.connections,
+        shutdown_rx.clone(),
     );
-    let agent_protocol_service = InterceptedService::new(
-        AgentProtocolServer::new(invocation.clone()).max_decoding_message_size(max_message),
-        authenticate.clone(),
-    );
-    let invocation_service = InterceptedService::new(
-        GatewayServer::new(invocation.clone()).max_decoding_message_size(max_message),
-        authenticate.clone(),
-    );
-    let cluster_service =
-        InterceptedService::new(ClusterServer::new(cluster.clone()), authenticate);
-    let grpc = tonic::transport::Server::builder()
-        .timeout(Duration::from_secs(config.request_timeout_secs))
+    // Every service behind one gate: a service added here is gated (and
+    // a method the gate cannot classify is refused) without more code.
+    let grpc = grpc_builder(&config)
+        .layer(GateLayer(gate.clone()))
         .add_service(health_service)
         .add_service(reflection)
+        .add_service(reflection_alpha)
         .add_service(registry)
         .add_service(discovery)
         .add_service(cluster_service)
         .add_service(federation_service)
         .add_service(invocation_service)
         .add_service(agent_protocol_service)
-        .serve_with_incoming_shutdown(incoming(grpc_listener), stopped(shutdown_rx.clone()));
+        .serve_with_incoming_shutdown(grpc_incoming, stopped(shutdown_rx.clone()));
     let grpc_task = tokio::spawn(async move {
         if let Err(e) = grpc.await {
             tracing::error!(error = %e, "gRPC listener failed");
@@ -469,27 +512,23 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
         cluster,
         federation,
         invocation,
-        auth,
+        gate,
         max_body: config.max_record_bytes + 64 * 1024,
     };
     let app = router(state, Duration::from_secs(config.request_timeout_secs));
-    let http_rx = shutdown_rx.clone();
-    let http_task = tokio::spawn(async move {
-        if let Err(e) = axum::serve(
-            axum::serve::ListenerExt::tap_io(http_listener, |tcp| {
-                // As for gRPC: small answers must not wait for delayed ACKs.
-                if let Err(e) = tcp.set_nodelay(true) {
-                    tracing::debug!(error = %e, "cannot set TCP_NODELAY");
-                }
-            }),
-            app,
-        )
-        .with_graceful_shutdown(stopped(http_rx))
-        .await
-        {
-            tracing::error!(error = %e, "HTTP listener failed");
-        }
-    });
+    let http_incoming = accept(
+        "http",
+        http_listener,
+        public_tls,
+        config.connections,
+        shutdown_rx.clone(),
+    );
+    let http_task = tokio::spawn(serve_http(
+        app,
+        http_incoming,
+        config.connections,
+        shutdown_rx.clone(),
+    ));
 
     info!(%grpc_addr, %http_addr, %raft_addr, %peer_addr, data_dir = %config.data_dir.display(), node_id = config.node_id, "agentry is serving");
     Ok(RunningServer {
@@ -512,7 +551,7 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
 fn gateway(
     config: &Config,
     registry: RegistryService,
-    http_addr: SocketAddr,
+    http_base: &str,
 ) -> Result<crate::service::InvocationService, ServerError> {
     let g = &config.gateway;
     let outbound = crate::gateway::transport::Outbound::new(
@@ -523,7 +562,7 @@ fn gateway(
     let base = g
         .public_url
         .clone()
-        .unwrap_or_else(|| format!("http://{http_addr}"));
+        .unwrap_or_else(|| http_base.to_string());
     let woa = crate::service::WoaHost::new(base, Duration::from_secs(g.woa_max_age_secs));
     crate::service::InvocationService::new(registry, g, outbound, woa)
         .map_err(|e| crate::config::ConfigError::Invalid(e).into())

@@ -1,13 +1,20 @@
 //! Credentials to a typed identity; nothing else. Bearer API keys map to a
-//! principal with a role. Keys are kept as SHA-256 digests, so neither the
-//! config file nor memory dumps need to hold the secrets themselves.
+//! principal with a role; bearer JWTs are checked against their issuer's
+//! keys (`jwt`); client certificates (mutual TLS on the public listeners)
+//! map to principals by the DNS names they are valid for. Keys are kept as
+//! SHA-256 digests, so neither the config file nor memory dumps need to
+//! hold the secrets themselves.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
+use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use tonic::metadata::MetadataMap;
 
-use crate::domain::Principal;
+use super::jwt::JwtVerifier;
+use crate::domain::{Principal, Role};
+use crate::listener::Peer;
 use crate::service::ServiceError;
 
 /// Who made a request, as found in request extensions. `None` is anonymous.
@@ -16,16 +23,25 @@ pub struct Identity(pub Option<Principal>);
 
 /// Hex SHA-256 of an API key.
 pub fn key_digest(key: &str) -> String {
-    Sha256::digest(key.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    crate::crypto::hex(&Sha256::digest(key.as_bytes()))
 }
 
-/// Maps API keys to principals.
-#[derive(Debug, Clone, Default)]
+/// `[[client_certificates]]`: a client certificate valid for `dns_name`
+/// (a DNS subject alternative name) is this principal.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct CertPrincipal {
+    pub dns_name: String,
+    pub name: String,
+    pub role: Role,
+}
+
+/// Maps credentials to principals.
+#[derive(Clone, Default)]
 pub struct Authenticator {
     by_digest: HashMap<String, Principal>,
+    jwt: Option<Arc<JwtVerifier>>,
+    certs: Vec<CertPrincipal>,
 }
 
 impl Authenticator {
@@ -35,28 +51,69 @@ impl Authenticator {
             .insert(digest.to_ascii_lowercase(), principal);
     }
 
-    /// Identifies the caller from `authorization: Bearer <key>`. No header is
-    /// anonymous; a wrong or malformed one is refused rather than downgraded.
-    pub fn identify(&self, metadata: &MetadataMap) -> Result<Identity, ServiceError> {
+    /// Accepts bearer JWTs checked by `verifier`.
+    pub fn with_jwt(mut self, verifier: Arc<JwtVerifier>) -> Self {
+        self.jwt = Some(verifier);
+        self
+    }
+
+    /// Maps client certificates to principals.
+    pub fn with_client_certificates(mut self, certs: Vec<CertPrincipal>) -> Self {
+        self.certs = certs;
+        self
+    }
+
+    /// Identifies the caller from `authorization: Bearer <key or JWT>`,
+    /// else from its client certificate. No credential is anonymous; a
+    /// wrong or malformed one is refused rather than downgraded.
+    pub async fn identify(
+        &self,
+        metadata: &MetadataMap,
+        peer: Option<&Peer>,
+    ) -> Result<Identity, ServiceError> {
         let Some(value) = metadata.get("authorization") else {
-            return Ok(Identity(None));
+            return Ok(Identity(peer.and_then(|p| self.by_certificate(p))));
         };
         let value = value.to_str().map_err(|_| {
             ServiceError::Unauthorized("the authorization header is not valid text".into())
         })?;
-        let key = value
+        let credential = value
             .strip_prefix("Bearer ")
             .or_else(|| value.strip_prefix("bearer "))
             .map(str::trim)
             .filter(|k| !k.is_empty())
             .ok_or_else(|| {
-                ServiceError::Unauthorized("use 'Authorization: Bearer <api key>'".into())
+                ServiceError::Unauthorized("use 'Authorization: Bearer <api key or token>'".into())
             })?;
+        if let Some(jwt) = &self.jwt {
+            if JwtVerifier::looks_like_jwt(credential) {
+                return jwt
+                    .verify(credential)
+                    .await
+                    .map(|p| Identity(Some(p)))
+                    .map_err(|e| ServiceError::Unauthorized(e.to_string()));
+            }
+        }
         self.by_digest
-            .get(&key_digest(key))
+            .get(&key_digest(credential))
             .cloned()
             .map(|p| Identity(Some(p)))
             .ok_or_else(|| ServiceError::Unauthorized("unknown API key".into()))
+    }
+
+    /// The principal a verified client certificate maps to, if any.
+    fn by_certificate(&self, peer: &Peer) -> Option<Principal> {
+        let cert = peer.client_cert.as_ref()?;
+        let parsed = rustls::server::ParsedCertificate::try_from(cert).ok()?;
+        self.certs.iter().find_map(|m| {
+            let name = rustls::pki_types::ServerName::try_from(m.dns_name.clone()).ok()?;
+            rustls::client::verify_server_name(&parsed, &name)
+                .ok()
+                .map(|_| Principal {
+                    name: m.name.clone(),
+                    role: m.role,
+                })
+        })
     }
 }
 
@@ -73,8 +130,8 @@ mod tests {
         m
     }
 
-    #[test]
-    fn bearer_keys_map_to_principals() {
+    #[tokio::test]
+    async fn bearer_keys_map_to_principals() {
         let mut a = Authenticator::default();
         a.add_digest(
             &key_digest("s3cret"),
@@ -84,15 +141,16 @@ mod tests {
             },
         );
         assert_eq!(
-            a.identify(&md(Some("Bearer s3cret")))
+            a.identify(&md(Some("Bearer s3cret")), None)
+                .await
                 .unwrap()
                 .0
                 .unwrap()
                 .name,
             "ci"
         );
-        assert!(a.identify(&md(None)).unwrap().0.is_none());
-        assert!(a.identify(&md(Some("Bearer nope"))).is_err());
-        assert!(a.identify(&md(Some("Basic abc"))).is_err());
+        assert!(a.identify(&md(None), None).await.unwrap().0.is_none());
+        assert!(a.identify(&md(Some("Bearer nope")), None).await.is_err());
+        assert!(a.identify(&md(Some("Basic abc")), None).await.is_err());
     }
 }

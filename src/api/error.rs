@@ -29,6 +29,7 @@ fn classify(e: &ServiceError) -> (&'static str, Code, u16) {
         // An upstream answer from another address space: grpc's Unknown.
         ServiceError::BadUpstream(_) => ("bad_gateway", Code::Unknown, 502),
         ServiceError::Overloaded { .. } => ("unavailable", Code::Unavailable, 503),
+        ServiceError::RateLimited { .. } => ("rate_limited", Code::ResourceExhausted, 429),
         ServiceError::Unsupported(_) => ("unsupported", Code::Unimplemented, 501),
         ServiceError::Internal(_) => ("internal", Code::Internal, 500),
     }
@@ -45,6 +46,7 @@ pub fn to_status(e: &ServiceError) -> Status {
     let retry_after = match e {
         ServiceError::Unavailable { .. } => Some(1),
         ServiceError::Overloaded { retry_after, .. } => Some(retry_after.map_or(1, u64::from)),
+        ServiceError::RateLimited { retry_after, .. } => Some(u64::from(*retry_after)),
         _ => None,
     };
     if http_status >= 500 {

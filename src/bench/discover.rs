@@ -247,6 +247,11 @@ pub(crate) fn config(dir: &Path) -> Config {
         raft_addr: "127.0.0.1:0".parse().expect("loopback parses"),
         peer_addr: "127.0.0.1:0".parse().expect("loopback parses"),
         admin_key: Some("bench-admin-key-0000001".into()),
+        // Benchmarks measure the engine at full load, not the limiter.
+        rate_limits: crate::api::gate::RateLimitConfig {
+            enabled: false,
+            ..Default::default()
+        },
         ..Config::default()
     }
 }

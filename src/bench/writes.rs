@@ -231,6 +231,10 @@ impl WriteBench {
             .map(|(i, p)| format!("{}=127.0.0.1:{}", i + 1, p.2))
             .collect::<Vec<_>>()
             .join(",");
+        // The benchmark measures the write path at full load, not the
+        // limiter.
+        let config = dir.join("bench.toml");
+        std::fs::write(&config, "rate_limits = { enabled = false }\n")?;
         let mut procs = Procs(Vec::new());
         for (i, (grpc, http, raft)) in ports.iter().enumerate() {
             let id = i + 1;
@@ -246,6 +250,9 @@ impl WriteBench {
                     .arg("--data-dir")
                     .arg(dir.join(format!("node-{id}")))
                     .env("AGENTRY_ADMIN_KEY", key)
+                    .env("AGENTRY_CLUSTER_SECRET", "bench-cluster-secret-0123456789")
+                    .arg("--config")
+                    .arg(&config)
                     .env(
                         "AGENTRY_LOG",
                         std::env::var("AGENTRY_BENCH_LOG").unwrap_or_else(|_| "warn".into()),

@@ -150,6 +150,9 @@ pub async fn run_cluster(all: ClusterArgs) -> Result<(), CliError> {
                 server: vec![node.clone()],
                 api_key: args.api_key.clone(),
                 json: args.json,
+                ca_file: args.ca_file.clone(),
+                client_cert: args.client_cert.clone(),
+                client_key: args.client_key.clone(),
             };
             let mut new_node = client(&node_args).await?;
             let info = new_node

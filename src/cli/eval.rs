@@ -138,6 +138,24 @@ async fn wait_until_indexed(
     }
 }
 
+/// Runs a call, waiting out the registry's rate limit (429 /
+/// RESOURCE_EXHAUSTED) as often as it asks: an evaluation measures the
+/// ranker, and a registry that limits its clients must not fail it.
+async fn patiently<T, F, Fut>(mut call: F) -> Result<T, CliError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, CliError>>,
+{
+    loop {
+        match call().await {
+            Err(CliError::Server { code, .. }) if code == "rate_limited" => {
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
 pub async fn run_eval(args: EvalArgs) -> Result<(), CliError> {
     let c = &args.client;
     let (_, channel) = c.connect(0).await?;
@@ -148,13 +166,18 @@ pub async fn run_eval(args: EvalArgs) -> Result<(), CliError> {
         let registry = RegistryClient::new(channel.clone());
         let results: Vec<Result<(), CliError>> = stream::iter(agents)
             .map(|a| {
-                let mut registry = registry.clone();
+                let registry = registry.clone();
                 async move {
                     let req = pb::RegisterRequest {
                         metadata: Some(agent_metadata(a)?),
                         visibility: 0,
                     };
-                    registry.register(c.request(req)?).await?;
+                    patiently(|| {
+                        let mut registry = registry.clone();
+                        let req = c.request(req.clone());
+                        async move { registry.register(req?).await.map_err(CliError::from) }
+                    })
+                    .await?;
                     Ok(())
                 }
             })
@@ -175,7 +198,7 @@ pub async fn run_eval(args: EvalArgs) -> Result<(), CliError> {
     let answers: Vec<Result<(HashSet<String>, pb::DiscoverResponse), CliError>> =
         stream::iter(queries)
             .map(|q| {
-                let mut discovery = discovery.clone();
+                let discovery = discovery.clone();
                 async move {
                     let text = q
                         .get("query")
@@ -197,7 +220,13 @@ pub async fn run_eval(args: EvalArgs) -> Result<(), CliError> {
                         detail: "minimal".into(),
                         ..Default::default()
                     };
-                    let resp = discovery.discover(c.request(req)?).await?.into_inner();
+                    let resp = patiently(|| {
+                        let mut discovery = discovery.clone();
+                        let req = c.request(req.clone());
+                        async move { discovery.discover(req?).await.map_err(CliError::from) }
+                    })
+                    .await?
+                    .into_inner();
                     Ok((relevant, resp))
                 }
             })

@@ -208,6 +208,16 @@ pub enum BenchCommand {
         #[arg(long, value_delimiter = ',', default_values_t = [1usize, 64])]
         clients: Vec<usize>,
     },
+    /// What TLS and token checks cost: discover and register over plain
+    /// text and TLS, with an API key and with a JWT, side by side.
+    Trust {
+        /// Requests per figure.
+        #[arg(long, default_value_t = 5000)]
+        requests: usize,
+        /// Concurrent keep-alive clients.
+        #[arg(long, default_value_t = 16)]
+        clients: usize,
+    },
     /// Record signing and verification throughput, one at a time and in
     /// Ed25519 batches.
     Signatures {
@@ -274,6 +284,14 @@ pub async fn run_bench(args: BenchArgs) -> Result<(), CliError> {
                 .await
                 .map_err(local)?;
             out!("{}", crate::bench::gateway::report(&r));
+            return Ok(());
+        }
+        BenchCommand::Trust { requests, clients } => {
+            let temp = tempfile_dir(None)?;
+            let r = crate::bench::trust::run(temp.path(), requests.max(1), clients)
+                .await
+                .map_err(local)?;
+            out!("{}", crate::bench::trust::report(&r));
             return Ok(());
         }
         BenchCommand::Signatures { records } => {
@@ -411,6 +429,29 @@ pub struct ServeArgs {
     pub demo: bool,
     #[arg(long = "admin-key", env = "AGENTRY_ADMIN_KEY", hide_env_values = true)]
     pub admin_key: Option<String>,
+    /// PEM certificate of the public gRPC and HTTP listeners (TLS); re-read
+    /// when it changes on disk.
+    #[arg(long, env = "AGENTRY_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of `--tls-cert`.
+    #[arg(long, env = "AGENTRY_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA whose client certificates the public listeners accept (mutual
+    /// TLS; clients without one still use keys or tokens).
+    #[arg(long, env = "AGENTRY_TLS_CLIENT_CA", requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
+    /// File holding the cluster secret every Raft RPC proves (the same on
+    /// every node; `AGENTRY_CLUSTER_SECRET` gives the secret itself).
+    #[arg(long, env = "AGENTRY_CLUSTER_SECRET_FILE")]
+    pub cluster_secret_file: Option<PathBuf>,
+    /// Mutual TLS on the Raft listener instead of the secret: this node's
+    /// certificate, its key, and the cluster CA.
+    #[arg(long, env = "AGENTRY_CLUSTER_TLS_CERT", requires_all = ["cluster_tls_key", "cluster_tls_ca"])]
+    pub cluster_tls_cert: Option<PathBuf>,
+    #[arg(long, env = "AGENTRY_CLUSTER_TLS_KEY", requires = "cluster_tls_cert")]
+    pub cluster_tls_key: Option<PathBuf>,
+    #[arg(long, env = "AGENTRY_CLUSTER_TLS_CA", requires = "cluster_tls_cert")]
+    pub cluster_tls_ca: Option<PathBuf>,
 }
 
 impl ServeArgs {
@@ -478,6 +519,32 @@ impl ServeArgs {
             c.demo = true;
         }
         c.admin_key = self.admin_key.clone().filter(|k| !k.is_empty());
+        if let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) {
+            c.tls = Some(crate::config::TlsConfig {
+                cert_file: cert.clone(),
+                key_file: key.clone(),
+                client_ca_file: self.tls_client_ca.clone(),
+            });
+        }
+        if let Some(f) = &self.cluster_secret_file {
+            c.cluster.secret_file = Some(f.clone());
+        }
+        // The secret itself only from the environment: a flag would show
+        // in the process list.
+        c.cluster.secret = std::env::var("AGENTRY_CLUSTER_SECRET")
+            .ok()
+            .filter(|s| !s.trim().is_empty());
+        if let (Some(cert), Some(key), Some(ca)) = (
+            &self.cluster_tls_cert,
+            &self.cluster_tls_key,
+            &self.cluster_tls_ca,
+        ) {
+            c.cluster.tls = Some(crate::config::ClusterTlsConfig {
+                cert_file: cert.clone(),
+                key_file: key.clone(),
+                ca_file: ca.clone(),
+            });
+        }
         Ok(c)
     }
 }
@@ -501,9 +568,45 @@ pub struct ClientArgs {
     /// Print JSON instead of tables.
     #[arg(long, global = true)]
     pub json: bool,
+    /// PEM CA certificate that signed an https server's certificate
+    /// (default: the bundled web PKI roots).
+    #[arg(long, env = "AGENTRY_CA_FILE", global = true)]
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate and key, for servers that ask for one.
+    #[arg(
+        long,
+        env = "AGENTRY_CLIENT_CERT",
+        global = true,
+        requires = "client_key"
+    )]
+    pub client_cert: Option<PathBuf>,
+    #[arg(
+        long,
+        env = "AGENTRY_CLIENT_KEY",
+        global = true,
+        requires = "client_cert"
+    )]
+    pub client_key: Option<PathBuf>,
 }
 
 impl ClientArgs {
+    /// TLS settings for `https://` servers.
+    fn tls(&self) -> Result<tonic::transport::ClientTlsConfig, CliError> {
+        use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+        let read = |p: &PathBuf| {
+            std::fs::read(p).map_err(|e| local(format!("cannot read {}: {e}", p.display())))
+        };
+        let mut tls = ClientTlsConfig::new();
+        tls = match &self.ca_file {
+            Some(ca) => tls.ca_certificate(Certificate::from_pem(read(ca)?)),
+            None => tls.with_webpki_roots(),
+        };
+        if let (Some(c), Some(k)) = (&self.client_cert, &self.client_key) {
+            tls = tls.identity(Identity::from_pem(read(c)?, read(k)?));
+        }
+        Ok(tls)
+    }
+
     /// Connects to the first server that answers, starting at `start`.
     pub async fn connect(&self, start: usize) -> Result<(usize, Channel), CliError> {
         let mut last = String::from("no --server given");
@@ -515,11 +618,11 @@ impl ClientArgs {
             } else {
                 format!("http://{addr}")
             };
-            match Channel::from_shared(addr.clone())
-                .map_err(local)?
-                .connect()
-                .await
-            {
+            let mut endpoint = Channel::from_shared(addr.clone()).map_err(local)?;
+            if addr.starts_with("https://") {
+                endpoint = endpoint.tls_config(self.tls()?).map_err(local)?;
+            }
+            match endpoint.connect().await {
                 Ok(c) => return Ok((k, c)),
                 Err(e) => last = format!("cannot reach {addr}: {e}"),
             }

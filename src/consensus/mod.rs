@@ -3,6 +3,7 @@
 //! nodes. A write is only acknowledged once openraft has committed its log
 //! entry and the state machine has applied it.
 
+pub mod cluster_auth;
 mod command;
 mod faults;
 mod forward;
@@ -10,8 +11,10 @@ mod network;
 mod node;
 mod transport;
 
+pub use cluster_auth::{ClusterAuth, ClusterAuthConfig};
 pub use command::{Command, CommandResult, PublisherKeyChange};
 pub use faults::{Faults, LinkFault};
+pub use forward::Forwarded;
 pub use network::{Network, WINDOW};
 pub use node::{Bootstrap, NodeSettings, NodeStatus, RaftNode, Role, WriteError};
 pub use transport::RaftService;

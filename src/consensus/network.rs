@@ -26,6 +26,7 @@ use serde::Serialize;
 use tonic::transport::{Channel, Endpoint};
 use tracing::{instrument, Instrument};
 
+use super::cluster_auth::ClusterAuth;
 use super::faults::{Faults, Verdict};
 use super::forward::{ForwardReply, Forwarded};
 use super::{NodeId, TypeConfig, WriteError};
@@ -79,24 +80,40 @@ impl TransportError {
 #[derive(Clone)]
 pub struct Network {
     me: NodeId,
-    channels: Arc<Mutex<HashMap<NodeId, (String, Channel)>>>,
+    /// Per peer: its address, the TLS generation the channel was made
+    /// with, and the channel.
+    channels: Arc<Mutex<HashMap<NodeId, (String, u64, Channel)>>>,
     faults: Faults,
     max_message: usize,
+    auth: ClusterAuth,
 }
 
+#[derive(Clone, Copy)]
 enum Rpc {
     AppendEntries,
     Vote,
     Forward,
 }
 
+impl Rpc {
+    /// The name a cluster proof is bound to (the server checks the same).
+    fn name(self) -> &'static str {
+        match self {
+            Rpc::AppendEntries => super::transport::APPEND_ENTRIES,
+            Rpc::Vote => super::transport::VOTE,
+            Rpc::Forward => super::transport::FORWARD,
+        }
+    }
+}
+
 impl Network {
-    pub fn new(me: NodeId, faults: Faults, max_message: usize) -> Self {
+    pub fn new(me: NodeId, faults: Faults, max_message: usize, auth: ClusterAuth) -> Self {
         Self {
             me,
             channels: Arc::default(),
             faults,
             max_message,
+            auth,
         }
     }
 
@@ -105,15 +122,26 @@ impl Network {
         target: NodeId,
         addr: &str,
     ) -> Result<RaftTransportClient<Channel>, TransportError> {
+        let tls = match &self.auth {
+            ClusterAuth::Tls(t) => Some(t.client()),
+            ClusterAuth::Secret(_) => None,
+        };
+        let generation = tls.as_ref().map(|t| t.1).unwrap_or(0);
         let mut cache = self.channels.lock().unwrap_or_else(|p| p.into_inner());
         let channel = match cache.get(&target) {
-            Some((a, c)) if a == addr => c.clone(),
+            Some((a, g, c)) if a == addr && *g == generation => c.clone(),
             _ => {
-                let endpoint = Endpoint::from_shared(format!("http://{addr}"))
-                    .map_err(|e| TransportError::NotSent {
-                        target,
-                        reason: format!("bad address {addr}: {e}"),
-                    })?
+                let not_sent = |e: &dyn std::fmt::Display| TransportError::NotSent {
+                    target,
+                    reason: format!("bad address {addr}: {e}"),
+                };
+                let scheme = if tls.is_some() { "https" } else { "http" };
+                let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))
+                    .map_err(|e| not_sent(&e))?;
+                if let Some((config, _)) = tls {
+                    endpoint = endpoint.tls_config(config).map_err(|e| not_sent(&e))?;
+                }
+                let endpoint = endpoint
                     .connect_timeout(CONNECT_TIMEOUT)
                     .tcp_nodelay(true)
                     .initial_connection_window_size(WINDOW * 4)
@@ -121,7 +149,7 @@ impl Network {
                     .http2_keep_alive_interval(Duration::from_secs(10))
                     .keep_alive_timeout(Duration::from_secs(5));
                 let channel = endpoint.connect_lazy();
-                cache.insert(target, (addr.to_string(), channel.clone()));
+                cache.insert(target, (addr.to_string(), generation, channel.clone()));
                 channel
             }
         };
@@ -169,8 +197,11 @@ impl Network {
         let mut client = self.client(target, addr)?;
         let mut req = tonic::Request::new(RaftMessage {
             from: self.me,
-            json,
+            json: Vec::new(),
         });
+        self.auth
+            .prove(req.metadata_mut(), rpc.name(), self.me, &json);
+        req.get_mut().json = json;
         req.set_timeout(timeout);
         let answer = match rpc {
             Rpc::AppendEntries => client.append_entries(req).await,
@@ -337,6 +368,7 @@ impl RaftNetwork<TypeConfig> for Connection {
         let data = snapshot.snapshot.into_inner();
         let bytes = data.len();
         let me = net.me;
+        let header_proof = header.clone();
         let mut chunks = vec![SnapshotChunk {
             from: me,
             header,
@@ -349,6 +381,14 @@ impl RaftNetwork<TypeConfig> for Connection {
         }));
         let mut client = net.client(target, &self.addr).map_err(not_sent)?;
         let mut req = tonic::Request::new(tokio_stream::iter(chunks));
+        // The proof covers the vote and metadata; the data follows on the
+        // same authenticated stream.
+        net.auth.prove(
+            req.metadata_mut(),
+            super::transport::INSTALL_SNAPSHOT,
+            me,
+            &header_proof,
+        );
         req.set_timeout(SNAPSHOT_DEADLINE);
         let send = async move { client.install_snapshot(req).await }
             .instrument(tracing::info_span!("snapshot_stream", bytes));

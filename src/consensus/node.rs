@@ -143,6 +143,8 @@ pub struct NodeSettings {
     pub max_message_bytes: usize,
     /// How long a request may wait for a leader and its answer.
     pub request_timeout: Duration,
+    /// How this node proves cluster membership to its peers.
+    pub auth: super::ClusterAuth,
 }
 
 /// A running Raft node. Cheap to clone.
@@ -187,7 +189,12 @@ impl RaftNode {
         let config = Arc::new(config.validate().map_err(fatal)?);
         let committed = log_store.committed_index();
         let snapshots = state_machine.snapshot_stats();
-        let network = Network::new(settings.id, faults, settings.max_message_bytes);
+        let network = Network::new(
+            settings.id,
+            faults,
+            settings.max_message_bytes,
+            settings.auth.clone(),
+        );
         let raft = Raft::new(
             settings.id,
             config,
@@ -281,6 +288,17 @@ impl RaftNode {
             ))),
             Err(e) => Err(fatal(e)),
         }
+    }
+
+    /// The Raft address this node knows for member `id`.
+    pub fn member_addr(&self, id: NodeId) -> Option<String> {
+        self.raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .get_node(&id)
+            .map(|n| n.addr.clone())
     }
 
     /// This node's Raft state as openraft last reported it.

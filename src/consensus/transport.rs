@@ -12,26 +12,79 @@ use serde::Serialize;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::instrument;
 
+use super::cluster_auth::ClusterAuth;
 use super::faults::Faults;
 use super::forward::Forwarded;
 use super::{NodeId, RaftNode, TypeConfig};
+use crate::listener::Peer;
 use crate::pb::raft_transport_server::RaftTransport;
 use crate::pb::{RaftMessage, SnapshotChunk};
+
+/// The RPC names cluster proofs are bound to.
+pub const APPEND_ENTRIES: &str = "append_entries";
+pub const VOTE: &str = "vote";
+pub const INSTALL_SNAPSHOT: &str = "install_snapshot";
+pub const FORWARD: &str = "forward";
 
 /// gRPC service of the internal listener.
 pub struct RaftService {
     node: RaftNode,
     faults: Faults,
     max_snapshot_bytes: usize,
+    auth: ClusterAuth,
 }
 
 impl RaftService {
-    pub fn new(node: RaftNode, faults: Faults, max_snapshot_bytes: usize) -> Self {
+    pub fn new(
+        node: RaftNode,
+        faults: Faults,
+        max_snapshot_bytes: usize,
+        auth: ClusterAuth,
+    ) -> Self {
         Self {
             node,
             faults,
             max_snapshot_bytes,
+            auth,
         }
+    }
+
+    /// Refuses a caller that has not proven it belongs to this cluster,
+    /// before anything of its message is acted on.
+    fn authenticate(
+        &self,
+        metadata: &tonic::metadata::MetadataMap,
+        extensions: &tonic::Extensions,
+        method: &str,
+        from: NodeId,
+        payload: &[u8],
+    ) -> Result<(), Status> {
+        let peer = extensions.get::<Peer>();
+        let member = self.node.member_addr(from);
+        self.auth
+            .check(metadata, peer, method, from, payload, member.as_deref())
+            .inspect_err(|e| {
+                tracing::warn!(
+                    node_id = self.node.id,
+                    method,
+                    claimed_from = from,
+                    remote = ?peer.map(|p| p.remote),
+                    reason = e.message(),
+                    "refused a Raft RPC without cluster proof"
+                )
+            })
+    }
+
+    /// Checks a unary message's proof and returns it.
+    fn admit_message(
+        &self,
+        request: Request<RaftMessage>,
+        method: &str,
+    ) -> Result<RaftMessage, Status> {
+        let (metadata, extensions, msg) = request.into_parts();
+        self.authenticate(&metadata, &extensions, method, msg.from, &msg.json)?;
+        self.admit(msg.from)?;
+        Ok(msg)
     }
 
     /// Refuses messages from a peer cut off by fault rules. FAILED_PRECONDITION
@@ -63,16 +116,14 @@ impl RaftTransport for RaftService {
         &self,
         request: Request<RaftMessage>,
     ) -> Result<Response<RaftMessage>, Status> {
-        let msg = request.into_inner();
-        self.admit(msg.from)?;
+        let msg = self.admit_message(request, APPEND_ENTRIES)?;
         let rpc: AppendEntriesRequest<TypeConfig> = decode(&msg.json)?;
         encode(&self.node.raft.append_entries(rpc).await)
     }
 
     #[instrument(level = "debug", skip_all, fields(node_id = self.node.id, from = request.get_ref().from))]
     async fn vote(&self, request: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
-        let msg = request.into_inner();
-        self.admit(msg.from)?;
+        let msg = self.admit_message(request, VOTE)?;
         let rpc: VoteRequest<NodeId> = decode(&msg.json)?;
         encode(&self.node.raft.vote(rpc).await)
     }
@@ -82,11 +133,18 @@ impl RaftTransport for RaftService {
         &self,
         request: Request<Streaming<SnapshotChunk>>,
     ) -> Result<Response<RaftMessage>, Status> {
-        let mut chunks = request.into_inner();
+        let (metadata, extensions, mut chunks) = request.into_parts();
         let first = chunks
             .next()
             .await
             .ok_or_else(|| Status::invalid_argument("empty snapshot stream"))??;
+        self.authenticate(
+            &metadata,
+            &extensions,
+            INSTALL_SNAPSHOT,
+            first.from,
+            &first.header,
+        )?;
         self.admit(first.from)?;
         let (vote, meta): (Vote<NodeId>, SnapshotMeta<NodeId, BasicNode>) = decode(&first.header)?;
         let mut data = first.data;
@@ -113,8 +171,7 @@ impl RaftTransport for RaftService {
         &self,
         request: Request<RaftMessage>,
     ) -> Result<Response<RaftMessage>, Status> {
-        let msg = request.into_inner();
-        self.admit(msg.from)?;
+        let msg = self.admit_message(request, FORWARD)?;
         let forwarded: Forwarded = decode(&msg.json)?;
         tracing::debug!(request = forwarded.name(), "executing a forwarded request");
         encode(&self.node.execute(forwarded).await)

@@ -452,6 +452,18 @@ pub fn metadata_from_json(v: Value) -> Result<pb::AgentMetadata, FieldError> {
             "the agent metadata must be a JSON object",
         ));
     }
+    // An id that is present must be one: an empty string would otherwise
+    // read as "assign one", and a client that retries would register
+    // duplicates. Leaving `id` out still asks the registry for one (AIDIP).
+    if v.get("id")
+        .and_then(Value::as_str)
+        .is_some_and(|id| id.trim().is_empty())
+    {
+        return Err(FieldError::new(
+            "/id",
+            "must not be empty; leave it out to have the registry assign one",
+        ));
+    }
     let meta: domain::AgentMetadata = from_json(v)?;
     Ok(pb::AgentMetadata::from(&meta))
 }

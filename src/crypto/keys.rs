@@ -171,8 +171,7 @@ fn seed(secret: &str) -> Result<SigningKey, IdentityRefusal> {
 /// SHA-256, in hex. Stable, short, and the same wherever it is computed.
 pub fn key_id(public: &VerifyingKey) -> String {
     let digest = Sha256::digest(public.as_bytes());
-    let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
-    format!("ed25519-{hex}")
+    format!("ed25519-{}", super::hex(&digest[..8]))
 }
 
 /// The public key (base64url) a seed makes.

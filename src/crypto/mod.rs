@@ -36,3 +36,37 @@ pub enum CryptoError {
     #[error("no random source: {0}")]
     Random(String),
 }
+
+/// Lower-case hex of bytes (digests, MACs, page tokens): the one hex
+/// encoder of the crate.
+pub fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        let _ = write!(out, "{b:02x}");
+    }
+    out
+}
+
+/// Bytes of a hex string (either case); `None` when it is not hex.
+pub fn unhex(text: &str) -> Option<Vec<u8>> {
+    if text.len() % 2 != 0 {
+        return None;
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+#[cfg(test)]
+mod hex_tests {
+    #[test]
+    fn hex_round_trips() {
+        let bytes = [0u8, 1, 0xab, 0xff];
+        assert_eq!(super::hex(&bytes), "0001abff");
+        assert_eq!(super::unhex("0001ABff").as_deref(), Some(&bytes[..]));
+        assert_eq!(super::unhex("abc"), None);
+        assert_eq!(super::unhex("zz"), None);
+    }
+}

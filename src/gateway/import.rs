@@ -23,7 +23,6 @@
 //! could collide with the record's own); they stay in `source.document`.
 
 use std::collections::{HashMap, HashSet};
-use std::fmt::Write as _;
 
 use serde::Serialize;
 use serde_json::{json, Map, Value};
@@ -146,10 +145,7 @@ pub fn woa_token(id: &str) -> String {
     // Only ASCII is left, so every byte index is a character boundary.
     let readable = readable.trim_matches('-');
     let readable = readable[..readable.len().min(WOA_TOKEN_PREFIX_LEN)].trim_end_matches('-');
-    let mut hash = String::with_capacity(12);
-    for b in &Sha256::digest(id.as_bytes())[..6] {
-        let _ = write!(hash, "{b:02x}");
-    }
+    let hash = crate::crypto::hex(&Sha256::digest(id.as_bytes())[..6]);
     if readable.is_empty() {
         hash
     } else {

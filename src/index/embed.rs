@@ -236,10 +236,7 @@ fn verify_manifest(dir: &Path, manifest: &Path) -> Result<(), EmbedError> {
             path: path.clone(),
             source,
         })?;
-        let actual: String = Sha256::digest(&bytes)
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        let actual = crate::crypto::hex(&Sha256::digest(&bytes));
         if !actual.eq_ignore_ascii_case(expected) {
             return Err(EmbedError::Digest {
                 file: path,

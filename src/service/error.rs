@@ -51,6 +51,9 @@ pub enum ServiceError {
         message: String,
         retry_after: Option<u32>,
     },
+    /// The caller's token bucket for this kind of request is empty (429).
+    #[error("{message}")]
+    RateLimited { message: String, retry_after: u32 },
     /// The agent can only be reached in a way the gateway does not speak.
     #[error("{0}")]
     Unsupported(String),

@@ -84,7 +84,7 @@ pub(super) fn require_writer(principal: Option<&Principal>) -> Result<&Principal
 }
 
 fn encode_token(id: &str) -> String {
-    id.bytes().map(|b| format!("{b:02x}")).collect()
+    crate::crypto::hex(id.as_bytes())
 }
 
 fn decode_token(token: &str) -> Result<String> {
@@ -92,13 +92,7 @@ fn decode_token(token: &str) -> Result<String> {
         field: Some("/page_token".into()),
         message: "page_token is not a token this registry issued".into(),
     };
-    if !token.len().is_multiple_of(2) {
-        return Err(bad());
-    }
-    let bytes = (0..token.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(token.get(i..i + 2).ok_or_else(bad)?, 16).map_err(|_| bad()))
-        .collect::<Result<Vec<u8>>>()?;
+    let bytes = crate::crypto::unhex(token).ok_or_else(bad)?;
     String::from_utf8(bytes).map_err(|_| bad())
 }
 

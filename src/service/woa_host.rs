@@ -229,13 +229,7 @@ fn build(base: &str, revision: u64, records: &[AgentRecord]) -> WoaDocument {
     });
     let body = Bytes::from(doc.to_string());
     let digest = Sha256::digest(&body);
-    let etag = format!(
-        "\"{}\"",
-        digest[..12]
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect::<String>()
-    );
+    let etag = format!("\"{}\"", crate::crypto::hex(&digest[..12]));
     WoaDocument {
         revision,
         body,

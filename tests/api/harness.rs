@@ -25,7 +25,7 @@ pub struct TestServer {
 pub fn test_config(dir: &std::path::Path) -> Config {
     let key = |name: &str, role: &str, key: &str| ApiKeyConfig {
         name: name.into(),
-        role: role.into(),
+        role: agentry::domain::Role::parse(role).expect("role"),
         key: Some(key.into()),
         key_sha256: None,
     };
@@ -36,6 +36,12 @@ pub fn test_config(dir: &std::path::Path) -> Config {
         raft_addr: "127.0.0.1:0".parse().unwrap(),
         peer_addr: "127.0.0.1:0".parse().unwrap(),
         admin_key: Some(ADMIN.into()),
+        // Scenarios send bursts no client should; the limits have tests of
+        // their own (trust.rs).
+        rate_limits: agentry::api::gate::RateLimitConfig {
+            enabled: false,
+            ..Default::default()
+        },
         api_keys: vec![
             key("alice", "publisher", ALICE),
             key("bob", "publisher", BOB),
@@ -61,6 +67,10 @@ impl TestServer {
             server: Some(server),
             _dir: dir,
         }
+    }
+
+    pub fn data_dir(&self) -> &std::path::Path {
+        self._dir.path()
     }
 
     pub async fn stop(mut self) {

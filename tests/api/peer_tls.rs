@@ -13,80 +13,11 @@ use serde_json::{json, Value};
 
 use crate::harness::*;
 
-async fn openssl(dir: &Path, args: &[&str]) {
-    let out = tokio::process::Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .await
-        .expect("openssl runs (scripts/setup.sh installs it)");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// A CA and a leaf certificate for 127.0.0.1 signed by it (server and
-/// client use), in `dir`.
+/// client use), in `dir`: ca.pem, leaf.pem, leaf.key.
 async fn certificates(dir: &Path) {
-    let ec = [
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-    ];
-    let mut ca = vec!["req", "-x509"];
-    ca.extend(ec);
-    ca.extend([
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.pem",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=agentry-test-ca",
-    ]);
-    openssl(dir, &ca).await;
-    let mut csr = vec!["req"];
-    csr.extend(ec);
-    csr.extend([
-        "-keyout",
-        "leaf.key",
-        "-out",
-        "leaf.csr",
-        "-subj",
-        "/CN=127.0.0.1",
-    ]);
-    openssl(dir, &csr).await;
-    std::fs::write(
-        dir.join("leaf.ext"),
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=serverAuth,clientAuth\n",
-    )
-    .expect("ext file");
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "leaf.csr",
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            "leaf.pem",
-            "-days",
-            "1",
-            "-extfile",
-            "leaf.ext",
-        ],
-    )
-    .await;
+    crate::certs::ca(dir, "ca").await;
+    crate::certs::leaf(dir, "ca", "leaf", "IP:127.0.0.1,DNS:localhost").await;
 }
 
 async fn signing_key(h: &Http) -> String {

@@ -13,6 +13,8 @@ use agentry::pb::{self, cluster_client::ClusterClient};
 use serde_json::{json, Value};
 
 pub const ADMIN: &str = "cluster-test-admin-key";
+/// Every node of a test cluster proves membership with this secret.
+pub const CLUSTER_SECRET: &str = "cluster-test-secret-0123456789";
 
 /// Extra `serve` flags for every node.
 #[derive(Clone, Default)]
@@ -168,6 +170,7 @@ impl Cluster {
             .arg("--fault-injection")
             .args(&node.extra)
             .env("AGENTRY_ADMIN_KEY", ADMIN)
+            .env("AGENTRY_CLUSTER_SECRET", CLUSTER_SECRET)
             .env("AGENTRY_LOG", "warn")
             .env_remove("AGENTRY_CONFIG")
             .stdout(Stdio::piped())
@@ -175,7 +178,10 @@ impl Cluster {
         if let Some(s) = self.options.snapshot_logs {
             cmd.args(["--snapshot-logs", &s.to_string()]);
         }
-        let mut config = String::from("snapshot_keep_logs = 20\n");
+        // Tests drive nodes far harder than a client should; limits have
+        // tests of their own.
+        let mut config =
+            String::from("snapshot_keep_logs = 20\nrate_limits = { enabled = false }\n");
         if let Some(t) = self.options.request_timeout_secs {
             config.push_str(&format!("request_timeout_secs = {t}\n"));
         }

@@ -71,6 +71,14 @@ ServiceAccount name.
 {{/*
 Name of the Secret holding the admin key (the chart's own or an existing one).
 */}}
+{{- define "agentry.clusterSecretName" -}}
+{{- if .Values.clusterAuth.existingSecret }}
+{{- .Values.clusterAuth.existingSecret }}
+{{- else }}
+{{- printf "%s-cluster-secret" (include "agentry.fullname" .) }}
+{{- end }}
+{{- end }}
+
 {{- define "agentry.secretName" -}}
 {{- if .Values.auth.existingSecret }}
 {{- .Values.auth.existingSecret }}
@@ -135,6 +143,9 @@ Checks values that would otherwise produce a broken cluster.
 {{- end }}
 {{- if not (has .Values.podAntiAffinityPreset (list "soft" "hard" "")) }}
 {{- fail (printf "podAntiAffinityPreset must be \"soft\", \"hard\" or \"\", not %q" (toString .Values.podAntiAffinityPreset)) }}
+{{- end }}
+{{- if and .Values.clusterAuth.tls.enabled (not (or .Values.clusterAuth.tls.secretName .Values.clusterAuth.tls.certManagerCsi.issuerName)) }}
+{{- fail "clusterAuth.tls.enabled needs clusterAuth.tls.secretName or clusterAuth.tls.certManagerCsi.issuerName" }}
 {{- end }}
 {{- if not .Values.auth.secretKey }}
 {{- fail "auth.secretKey must name the key of the admin key in the Secret" }}

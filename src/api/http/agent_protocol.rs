@@ -16,7 +16,8 @@ use serde_json::Value;
 
 use super::invocation::AGENT_AUTHORIZATION;
 use super::{
-    grpc_request, invalid, json_body, parse_bool, query_params, single, ApiResult, HttpState,
+    grpc_request, invalid, json_body, parse_bool, query_params, single, ApiResult, Caller,
+    HttpState,
 };
 use crate::pb::{self, agent_protocol_server::AgentProtocol};
 
@@ -81,22 +82,23 @@ fn agent_auth(headers: &HeaderMap) -> String {
         .to_string()
 }
 
-pub(super) async fn list(State(s): State<HttpState>, headers: HeaderMap) -> ApiResult {
-    let req = grpc_request(&s, &headers, pb::ApListRequest {})?;
+pub(super) async fn list(State(s): State<HttpState>, caller: Caller) -> ApiResult {
+    let req = grpc_request(&caller, pb::ApListRequest {})?;
     Ok(document(s.invocation.list_agents(req).await?.into_inner()))
 }
 
 pub(super) async fn describe(
     State(s): State<HttpState>,
+    caller: Caller,
     Path(agent_id): Path<String>,
-    headers: HeaderMap,
 ) -> ApiResult {
-    let req = grpc_request(&s, &headers, pb::ApAgentRef { agent_id })?;
+    let req = grpc_request(&caller, pb::ApAgentRef { agent_id })?;
     Ok(document(s.invocation.describe(req).await?.into_inner()))
 }
 
 pub(super) async fn run(
     State(s): State<HttpState>,
+    caller: Caller,
     Path(agent_id): Path<String>,
     RawQuery(q): RawQuery,
     headers: HeaderMap,
@@ -113,7 +115,7 @@ pub(super) async fn run(
     };
     let r = s
         .invocation
-        .run(grpc_request(&s, &headers, msg)?)
+        .run(grpc_request(&caller, msg)?)
         .await?
         .into_inner();
     if r.json.is_empty() {
@@ -127,9 +129,9 @@ pub(super) async fn run(
 
 pub(super) async fn get_events(
     State(s): State<HttpState>,
+    caller: Caller,
     Path((agent_id, run_id)): Path<(String, String)>,
     RawQuery(q): RawQuery,
-    headers: HeaderMap,
 ) -> ApiResult {
     let pairs = query_params(q.as_deref(), &["stream", "since"])?;
     let msg = pb::ApEventsRequest {
@@ -137,7 +139,7 @@ pub(super) async fn get_events(
         run_id,
         since: since(&pairs)?,
     };
-    let req = grpc_request(&s, &headers, msg)?;
+    let req = grpc_request(&caller, msg)?;
     if parse_bool(single(&pairs, "stream"), "/stream")? {
         return Ok(events(s.invocation.stream_events(req).await?.into_inner()));
     }
@@ -146,6 +148,7 @@ pub(super) async fn get_events(
 
 pub(super) async fn stream_request(
     State(s): State<HttpState>,
+    caller: Caller,
     Path(agent_id): Path<String>,
     headers: HeaderMap,
     body: Body,
@@ -157,24 +160,24 @@ pub(super) async fn stream_request(
         wait: false,
         agent_authorization: agent_auth(&headers),
     };
-    let req = grpc_request(&s, &headers, msg)?;
+    let req = grpc_request(&caller, msg)?;
     Ok(events(s.invocation.stream_request(req).await?.into_inner()))
 }
 
 pub(super) async fn run_status(
     State(s): State<HttpState>,
+    caller: Caller,
     Path((agent_id, run_id)): Path<(String, String)>,
-    headers: HeaderMap,
 ) -> ApiResult {
-    let req = grpc_request(&s, &headers, pb::ApRunRef { agent_id, run_id })?;
+    let req = grpc_request(&caller, pb::ApRunRef { agent_id, run_id })?;
     Ok(document(s.invocation.get_run(req).await?.into_inner()))
 }
 
 pub(super) async fn threads(
     State(s): State<HttpState>,
+    caller: Caller,
     Path(agent_id): Path<String>,
-    headers: HeaderMap,
 ) -> ApiResult {
-    let req = grpc_request(&s, &headers, pb::ApAgentRef { agent_id })?;
+    let req = grpc_request(&caller, pb::ApAgentRef { agent_id })?;
     Ok(document(s.invocation.list_threads(req).await?.into_inner()))
 }

@@ -7,7 +7,9 @@ use axum::http::{HeaderMap, StatusCode};
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{grpc_request, invalid, json_body, json_response, ApiError, ApiResult, HttpState};
+use super::{
+    grpc_request, invalid, json_body, json_response, ApiError, ApiResult, Caller, HttpState,
+};
 use crate::convert::cluster_status_to_json;
 use crate::pb::{self, cluster_server::Cluster};
 
@@ -28,8 +30,8 @@ fn node_id(raw: &str) -> Result<u64, ApiError> {
         .map_err(|_| invalid(Some("/id"), format!("'{raw}' is not a node id")))
 }
 
-pub(super) async fn status(State(s): State<HttpState>, headers: HeaderMap) -> ApiResult {
-    let req = grpc_request(&s, &headers, pb::ClusterStatusRequest {})?;
+pub(super) async fn status(State(s): State<HttpState>, caller: Caller) -> ApiResult {
+    let req = grpc_request(&caller, pb::ClusterStatusRequest {})?;
     ok(s.cluster.status(req).await?)
 }
 
@@ -49,6 +51,7 @@ struct InitBody {
 
 pub(super) async fn initialize(
     State(s): State<HttpState>,
+    caller: Caller,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult {
@@ -68,9 +71,7 @@ pub(super) async fn initialize(
             })
             .collect(),
     };
-    ok(s.cluster
-        .initialize(grpc_request(&s, &headers, msg)?)
-        .await?)
+    ok(s.cluster.initialize(grpc_request(&caller, msg)?).await?)
 }
 
 #[derive(Deserialize)]
@@ -84,6 +85,7 @@ struct LearnerBody {
 
 pub(super) async fn add_learner(
     State(s): State<HttpState>,
+    caller: Caller,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult {
@@ -93,25 +95,23 @@ pub(super) async fn add_learner(
         raft_addr: b.raft_addr,
         wait_caught_up: b.wait_caught_up,
     };
-    ok(s.cluster
-        .add_learner(grpc_request(&s, &headers, msg)?)
-        .await?)
+    ok(s.cluster.add_learner(grpc_request(&caller, msg)?).await?)
 }
 
 pub(super) async fn promote(
     State(s): State<HttpState>,
+    caller: Caller,
     Path(id): Path<String>,
-    headers: HeaderMap,
 ) -> ApiResult {
     let msg = pb::PromoteRequest { id: node_id(&id)? };
-    ok(s.cluster.promote(grpc_request(&s, &headers, msg)?).await?)
+    ok(s.cluster.promote(grpc_request(&caller, msg)?).await?)
 }
 
 pub(super) async fn remove(
     State(s): State<HttpState>,
+    caller: Caller,
     Path(id): Path<String>,
-    headers: HeaderMap,
 ) -> ApiResult {
     let msg = pb::RemoveRequest { id: node_id(&id)? };
-    ok(s.cluster.remove(grpc_request(&s, &headers, msg)?).await?)
+    ok(s.cluster.remove(grpc_request(&caller, msg)?).await?)
 }

@@ -7,7 +7,7 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use serde::Deserialize;
 
-use super::{grpc_request, invalid, json_body, json_response, ApiResult, HttpState};
+use super::{grpc_request, invalid, json_body, json_response, ApiResult, Caller, HttpState};
 use crate::api::federation::{publisher_key_to_json, registry_info_to_json};
 use crate::pb::{self, federation_server::Federation};
 
@@ -20,8 +20,8 @@ fn changed(resp: tonic::Response<pb::KeyChangeResponse>) -> ApiResult {
     ))
 }
 
-pub(super) async fn registry_info(State(s): State<HttpState>, headers: HeaderMap) -> ApiResult {
-    let req = grpc_request(&s, &headers, pb::GetRegistryInfoRequest {})?;
+pub(super) async fn registry_info(State(s): State<HttpState>, caller: Caller) -> ApiResult {
+    let req = grpc_request(&caller, pb::GetRegistryInfoRequest {})?;
     let info = s.federation.get_registry_info(req).await?.into_inner();
     Ok(json_response(StatusCode::OK, &registry_info_to_json(&info)))
 }
@@ -35,6 +35,7 @@ struct RotateBody {
 
 pub(super) async fn rotate_key(
     State(s): State<HttpState>,
+    caller: Caller,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult {
@@ -48,15 +49,11 @@ pub(super) async fn rotate_key(
     let msg = pb::RotateKeyRequest {
         not_after: body.not_after,
     };
-    changed(
-        s.federation
-            .rotate_key(grpc_request(&s, &headers, msg)?)
-            .await?,
-    )
+    changed(s.federation.rotate_key(grpc_request(&caller, msg)?).await?)
 }
 
-async fn end_key(s: HttpState, key_id: String, headers: HeaderMap, revoke: bool) -> ApiResult {
-    let req = grpc_request(&s, &headers, pb::EndKeyRequest { key_id })?;
+async fn end_key(s: HttpState, key_id: String, caller: Caller, revoke: bool) -> ApiResult {
+    let req = grpc_request(&caller, pb::EndKeyRequest { key_id })?;
     changed(if revoke {
         s.federation.revoke_key(req).await?
     } else {
@@ -67,17 +64,17 @@ async fn end_key(s: HttpState, key_id: String, headers: HeaderMap, revoke: bool)
 pub(super) async fn retire_key(
     State(s): State<HttpState>,
     Path(key_id): Path<String>,
-    headers: HeaderMap,
+    caller: Caller,
 ) -> ApiResult {
-    end_key(s, key_id, headers, false).await
+    end_key(s, key_id, caller, false).await
 }
 
 pub(super) async fn revoke_key(
     State(s): State<HttpState>,
     Path(key_id): Path<String>,
-    headers: HeaderMap,
+    caller: Caller,
 ) -> ApiResult {
-    end_key(s, key_id, headers, true).await
+    end_key(s, key_id, caller, true).await
 }
 
 #[derive(Deserialize)]
@@ -92,6 +89,7 @@ struct PublisherKeyBody {
 
 pub(super) async fn add_publisher_key(
     State(s): State<HttpState>,
+    caller: Caller,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult {
@@ -104,7 +102,7 @@ pub(super) async fn add_publisher_key(
     };
     let key = s
         .federation
-        .add_publisher_key(grpc_request(&s, &headers, msg)?)
+        .add_publisher_key(grpc_request(&caller, msg)?)
         .await?
         .into_inner();
     Ok(json_response(
@@ -113,11 +111,8 @@ pub(super) async fn add_publisher_key(
     ))
 }
 
-pub(super) async fn list_publisher_keys(
-    State(s): State<HttpState>,
-    headers: HeaderMap,
-) -> ApiResult {
-    let req = grpc_request(&s, &headers, pb::ListPublisherKeysRequest {})?;
+pub(super) async fn list_publisher_keys(State(s): State<HttpState>, caller: Caller) -> ApiResult {
+    let req = grpc_request(&caller, pb::ListPublisherKeysRequest {})?;
     let keys = s
         .federation
         .list_publisher_keys(req)
@@ -133,13 +128,13 @@ pub(super) async fn list_publisher_keys(
 
 pub(super) async fn remove_publisher_key(
     State(s): State<HttpState>,
+    caller: Caller,
     Path(key_id): Path<String>,
-    headers: HeaderMap,
 ) -> ApiResult {
     let msg = pb::RemovePublisherKeyRequest { key_id };
     let r = s
         .federation
-        .remove_publisher_key(grpc_request(&s, &headers, msg)?)
+        .remove_publisher_key(grpc_request(&caller, msg)?)
         .await?
         .into_inner();
     Ok(json_response(

@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 
 use super::{
     grpc_request, invalid, json_body, json_bytes, json_response, parse_bool, query_params, single,
-    values, ApiError, ApiResult, HttpState,
+    values, ApiError, ApiResult, Caller, HttpState,
 };
 use crate::pb::{self, gateway_server::Gateway};
 use crate::service::{http_date, not_modified};
@@ -148,6 +148,7 @@ fn sse_event(e: pb::InvokeEvent) -> Event {
 
 pub(super) async fn invoke(
     State(s): State<HttpState>,
+    caller: Caller,
     Path(id): Path<String>,
     RawQuery(q): RawQuery,
     headers: HeaderMap,
@@ -166,7 +167,7 @@ pub(super) async fn invoke(
         idempotency_key: header_text(&headers, "idempotency-key"),
         agent_authorization: header_text(&headers, AGENT_AUTHORIZATION),
     };
-    let req = grpc_request(&s, &headers, msg)?;
+    let req = grpc_request(&caller, msg)?;
     if stream {
         let events = s.invocation.invoke_stream(req).await?.into_inner();
         let sse = events.map(|e| {
@@ -194,8 +195,12 @@ pub(super) async fn invoke(
     Ok(single_response(&r, resp.replayed, resp.retry_after))
 }
 
-pub(super) async fn woa_document(State(s): State<HttpState>, headers: HeaderMap) -> ApiResult {
-    let req = grpc_request(&s, &headers, ())?;
+pub(super) async fn woa_document(
+    State(s): State<HttpState>,
+    caller: Caller,
+    headers: HeaderMap,
+) -> ApiResult {
+    let req = grpc_request(&caller, ())?;
     let who = crate::api::grpc::principal(&req);
     let service = s.invocation.service();
     service.registry().require_reader(who.as_ref())?;
@@ -236,6 +241,7 @@ pub(super) async fn woa_document(State(s): State<HttpState>, headers: HeaderMap)
 
 pub(super) async fn import(
     State(s): State<HttpState>,
+    caller: Caller,
     Path(format): Path<String>,
     headers: HeaderMap,
     body: Body,
@@ -256,7 +262,7 @@ pub(super) async fn import(
             format!("/{k}: unknown member"),
         ));
     }
-    let req = grpc_request(&s, &headers, pb::ImportRequest { format, url })?;
+    let req = grpc_request(&caller, pb::ImportRequest { format, url })?;
     let r = s.invocation.import(req).await?.into_inner();
     let problem = |p: &pb::ImportProblem| {
         let mut v = json!({"agent_id": p.agent_id, "reason": p.reason});

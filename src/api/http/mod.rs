@@ -15,8 +15,9 @@ use serde_json::{json, Value};
 use tonic::metadata::MetadataMap;
 use tonic::Status;
 
-use super::auth::Authenticator;
+use super::auth::Identity;
 use super::error::{detail_of, problem_body, transport_refusal};
+use super::gate::OpClass;
 use super::grpc::RegistryApi;
 use crate::convert::discovery::{
     discover_request_from_json, discover_response_to_json, resolve_request_from_json,
@@ -24,8 +25,10 @@ use crate::convert::discovery::{
 };
 use crate::convert::{record_pb_to_json, status_to_pb};
 use crate::domain::{AgentStatus, Visibility};
+use crate::listener::Peer;
 use crate::pb::{self, registry_server::Registry};
 use crate::service::ServiceError;
+use std::collections::HashMap;
 
 mod agent_protocol;
 mod cluster;
@@ -43,7 +46,7 @@ pub struct HttpState {
     pub cluster: super::cluster::ClusterApi,
     pub federation: super::federation::FederationApi,
     pub invocation: super::invocation::InvocationApi,
-    pub auth: Arc<Authenticator>,
+    pub gate: Arc<super::gate::Gate>,
     /// Largest request body accepted, in bytes.
     pub max_body: usize,
 }
@@ -128,17 +131,10 @@ async fn set_problem_instance(
 }
 
 /// Builds a tonic request carrying the caller's identity, as the gRPC
-/// interceptor would.
-fn grpc_request<T>(
-    state: &HttpState,
-    headers: &HeaderMap,
-    msg: T,
-) -> Result<tonic::Request<T>, ApiError> {
-    let identity = state
-        .auth
-        .identify(&MetadataMap::from_headers(headers.clone()))?;
+/// gate layer would.
+fn grpc_request<T>(caller: &Caller, msg: T) -> Result<tonic::Request<T>, ApiError> {
     let mut req = tonic::Request::new(msg);
-    req.extensions_mut().insert(identity);
+    req.extensions_mut().insert(caller.0.clone());
     Ok(req)
 }
 
@@ -323,6 +319,7 @@ fn parse_bool(v: Option<String>, pointer: &str) -> Result<bool, ApiError> {
 
 async fn register(
     State(s): State<HttpState>,
+    caller: Caller,
     RawQuery(q): RawQuery,
     headers: HeaderMap,
     body: Body,
@@ -330,8 +327,7 @@ async fn register(
     let pairs = query_params(q.as_deref(), &["visibility"])?;
     let metadata = parse_metadata(json_body(&s, &headers, body).await?)?;
     let req = grpc_request(
-        &s,
-        &headers,
+        &caller,
         pb::RegisterRequest {
             metadata: Some(metadata),
             visibility: visibility_param(&pairs)?,
@@ -372,14 +368,13 @@ async fn register(
 
 async fn get_agent(
     State(s): State<HttpState>,
+    caller: Caller,
     Path(id): Path<String>,
     RawQuery(q): RawQuery,
-    headers: HeaderMap,
 ) -> ApiResult {
     let pairs = query_params(q.as_deref(), &["consistency"])?;
     let req = grpc_request(
-        &s,
-        &headers,
+        &caller,
         pb::GetRequest {
             id,
             consistency: consistency_param(&pairs)?,
@@ -399,6 +394,7 @@ async fn get_agent(
 
 async fn update_agent(
     State(s): State<HttpState>,
+    caller: Caller,
     Path(id): Path<String>,
     RawQuery(q): RawQuery,
     headers: HeaderMap,
@@ -407,8 +403,7 @@ async fn update_agent(
     let pairs = query_params(q.as_deref(), &["visibility"])?;
     let metadata = parse_metadata(json_body(&s, &headers, body).await?)?;
     let req = grpc_request(
-        &s,
-        &headers,
+        &caller,
         pb::UpdateRequest {
             id,
             metadata: Some(metadata),
@@ -424,12 +419,12 @@ async fn update_agent(
 
 async fn delete_agent(
     State(s): State<HttpState>,
+    caller: Caller,
     Path(id): Path<String>,
     RawQuery(q): RawQuery,
-    headers: HeaderMap,
 ) -> ApiResult {
     query_params(q.as_deref(), &[])?;
-    let req = grpc_request(&s, &headers, pb::DeleteRequest { id })?;
+    let req = grpc_request(&caller, pb::DeleteRequest { id })?;
     let resp = s.api.delete(req).await?.into_inner();
     Ok(json_response(
         StatusCode::OK,
@@ -439,6 +434,7 @@ async fn delete_agent(
 
 async fn set_status(
     State(s): State<HttpState>,
+    caller: Caller,
     Path(id): Path<String>,
     headers: HeaderMap,
     body: Body,
@@ -459,7 +455,7 @@ async fn set_status(
         Some(Value::String(r)) => Some(r.clone()),
         Some(_) => return Err(invalid(Some("/reason"), "/reason: must be a string")),
     };
-    let req = grpc_request(&s, &headers, pb::SetStatusRequest { id, status, reason })?;
+    let req = grpc_request(&caller, pb::SetStatusRequest { id, status, reason })?;
     let resp = s.api.set_status(req).await?.into_inner();
     Ok(json_response(
         StatusCode::OK,
@@ -469,8 +465,8 @@ async fn set_status(
 
 async fn list_agents(
     State(s): State<HttpState>,
+    caller: Caller,
     RawQuery(q): RawQuery,
-    headers: HeaderMap,
 ) -> ApiResult {
     let pairs = query_params(
         q.as_deref(),
@@ -500,11 +496,7 @@ async fn list_agents(
         consistency: consistency_param(&pairs)?,
         query: String::new(),
     };
-    let resp = s
-        .api
-        .list(grpc_request(&s, &headers, req)?)
-        .await?
-        .into_inner();
+    let resp = s.api.list(grpc_request(&caller, req)?).await?.into_inner();
     let agents = resp
         .records
         .iter()
@@ -569,7 +561,12 @@ fn summary(r: &Value) -> Value {
 /// `POST /agents/search`, AIDIP shape. With a natural-language `query`
 /// the matching agents come ranked, best first, each with its `score`;
 /// without one it is the plain filter search.
-async fn search_agents(State(s): State<HttpState>, headers: HeaderMap, body: Body) -> ApiResult {
+async fn search_agents(
+    State(s): State<HttpState>,
+    caller: Caller,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult {
     let v = json_body(&s, &headers, body).await?;
     let Value::Object(obj) = &v else {
         return Err(invalid(
@@ -648,11 +645,7 @@ async fn search_agents(State(s): State<HttpState>, headers: HeaderMap, body: Bod
         query,
         ..Default::default()
     };
-    let resp = s
-        .api
-        .list(grpc_request(&s, &headers, req)?)
-        .await?
-        .into_inner();
+    let resp = s.api.list(grpc_request(&caller, req)?).await?.into_inner();
     let out = resp
         .records
         .iter()
@@ -672,10 +665,15 @@ async fn search_agents(State(s): State<HttpState>, headers: HeaderMap, body: Bod
 
 /// `POST /discover`: an ADP Discovery Request in, an ADP Discovery Response
 /// out, through the gRPC `Discovery.Discover` handler.
-async fn discover(State(s): State<HttpState>, headers: HeaderMap, body: Body) -> ApiResult {
+async fn discover(
+    State(s): State<HttpState>,
+    caller: Caller,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult {
     let v = json_body(&s, &headers, body).await?;
     let req = discover_request_from_json(v).map_err(ServiceError::from)?;
-    let resp = pb::discovery_server::Discovery::discover(&s.api, grpc_request(&s, &headers, req)?)
+    let resp = pb::discovery_server::Discovery::discover(&s.api, grpc_request(&caller, req)?)
         .await?
         .into_inner();
     let body = discover_response_to_json(&resp).map_err(ServiceError::from)?;
@@ -684,10 +682,15 @@ async fn discover(State(s): State<HttpState>, headers: HeaderMap, body: Body) ->
 
 /// `POST /resolve`: AIDIP Agent Semantic Resolution, through the gRPC
 /// `Discovery.Resolve` handler.
-async fn resolve(State(s): State<HttpState>, headers: HeaderMap, body: Body) -> ApiResult {
+async fn resolve(
+    State(s): State<HttpState>,
+    caller: Caller,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult {
     let v = json_body(&s, &headers, body).await?;
     let req = resolve_request_from_json(v).map_err(ServiceError::from)?;
-    let resp = pb::discovery_server::Discovery::resolve(&s.api, grpc_request(&s, &headers, req)?)
+    let resp = pb::discovery_server::Discovery::resolve(&s.api, grpc_request(&caller, req)?)
         .await?
         .into_inner();
     let body = resolve_response_to_json(&resp).map_err(ServiceError::from)?;
@@ -737,22 +740,26 @@ async fn wrong_method(method: Method, uri: Uri) -> Response {
     ApiError(transport_refusal(405, message)).into_response()
 }
 
-/// The facade's routes, collected as (method, path) while the router is
-/// built, so the OpenAPI document can be checked against exactly these.
+/// The facade's routes, collected as (class, method, path) while the
+/// router is built, so the OpenAPI document can be checked against exactly
+/// these and the gate knows what each one costs.
 pub struct Routes {
     router: Router<HttpState>,
     pub table: Vec<(&'static str, &'static str)>,
+    classes: RouteClasses,
 }
 
 impl Routes {
     fn add(
         mut self,
+        class: OpClass,
         method: &'static str,
         path: &'static str,
         handler: MethodRouter<HttpState>,
     ) -> Self {
         self.router = self.router.route(path, handler);
         self.table.push((method, path));
+        self.classes.insert(format!("{method} {path}"), class);
         self
     }
 }
@@ -762,114 +769,188 @@ pub fn routes() -> Routes {
     Routes {
         router: Router::new(),
         table: Vec::new(),
+        classes: HashMap::new(),
     }
-    .add("POST", "/agents", routing::post(register))
-    .add("GET", "/agents", routing::get(list_agents))
-    .add("POST", "/agents/search", routing::post(search_agents))
-    .add("POST", "/discover", routing::post(discover))
-    .add("POST", "/resolve", routing::post(resolve))
-    .add("GET", "/agents/{id}", routing::get(get_agent))
-    .add("PUT", "/agents/{id}", routing::put(update_agent))
-    .add("DELETE", "/agents/{id}", routing::delete(delete_agent))
-    .add("POST", "/agents/{id}/status", routing::post(set_status))
+    .add(OpClass::Write, "POST", "/agents", routing::post(register))
+    .add(OpClass::Read, "GET", "/agents", routing::get(list_agents))
     .add(
+        OpClass::Discover,
+        "POST",
+        "/agents/search",
+        routing::post(search_agents),
+    )
+    .add(
+        OpClass::Discover,
+        "POST",
+        "/discover",
+        routing::post(discover),
+    )
+    .add(
+        OpClass::Discover,
+        "POST",
+        "/resolve",
+        routing::post(resolve),
+    )
+    .add(
+        OpClass::Read,
+        "GET",
+        "/agents/{id}",
+        routing::get(get_agent),
+    )
+    .add(
+        OpClass::Write,
+        "PUT",
+        "/agents/{id}",
+        routing::put(update_agent),
+    )
+    .add(
+        OpClass::Write,
+        "DELETE",
+        "/agents/{id}",
+        routing::delete(delete_agent),
+    )
+    .add(
+        OpClass::Write,
+        "POST",
+        "/agents/{id}/status",
+        routing::post(set_status),
+    )
+    .add(
+        OpClass::Invoke,
         "POST",
         "/agents/{id}/invoke",
         routing::post(invocation::invoke),
     )
     .add(
+        OpClass::Read,
         "GET",
         "/.well-known/woa.json",
         routing::get(invocation::woa_document),
     )
     .add(
+        OpClass::Invoke,
         "POST",
         "/import/{format}",
         routing::post(invocation::import),
     )
-    .add("GET", "/ap", routing::get(agent_protocol::list))
     .add(
+        OpClass::Read,
+        "GET",
+        "/ap",
+        routing::get(agent_protocol::list),
+    )
+    .add(
+        OpClass::Read,
         "GET",
         "/agents/{id}/describe",
         routing::get(agent_protocol::describe),
     )
     .add(
+        OpClass::Invoke,
         "POST",
         "/agents/{id}/run",
         routing::post(agent_protocol::run),
     )
     .add(
+        OpClass::Invoke,
         "GET",
         "/agents/{id}/get_events/{run_id}",
         routing::get(agent_protocol::get_events),
     )
     .add(
+        OpClass::Invoke,
         "POST",
         "/agents/{id}/stream_request",
         routing::post(agent_protocol::stream_request),
     )
     .add(
+        OpClass::Read,
         "GET",
         "/agents/{id}/runs/{run_id}",
         routing::get(agent_protocol::run_status),
     )
     .add(
+        OpClass::Read,
         "GET",
         "/agents/{id}/threads",
         routing::get(agent_protocol::threads),
     )
-    .add("GET", "/cluster", routing::get(cluster::status))
-    .add("POST", "/cluster/init", routing::post(cluster::initialize))
     .add(
+        OpClass::Read,
+        "GET",
+        "/cluster",
+        routing::get(cluster::status),
+    )
+    .add(
+        OpClass::Admin,
+        "POST",
+        "/cluster/init",
+        routing::post(cluster::initialize),
+    )
+    .add(
+        OpClass::Admin,
         "POST",
         "/cluster/learners",
         routing::post(cluster::add_learner),
     )
     .add(
+        OpClass::Admin,
         "POST",
         "/cluster/members/{id}/promote",
         routing::post(cluster::promote),
     )
     .add(
+        OpClass::Admin,
         "DELETE",
         "/cluster/members/{id}",
         routing::delete(cluster::remove),
     )
     .add(
+        OpClass::Read,
         "GET",
         "/.well-known/agentry.json",
         routing::get(federation::registry_info),
     )
-    .add("POST", "/admin/keys", routing::post(federation::rotate_key))
     .add(
+        OpClass::Admin,
+        "POST",
+        "/admin/keys",
+        routing::post(federation::rotate_key),
+    )
+    .add(
+        OpClass::Admin,
         "POST",
         "/admin/keys/{key_id}/retire",
         routing::post(federation::retire_key),
     )
     .add(
+        OpClass::Admin,
         "POST",
         "/admin/keys/{key_id}/revoke",
         routing::post(federation::revoke_key),
     )
     .add(
+        OpClass::Write,
         "POST",
         "/publisher-keys",
         routing::post(federation::add_publisher_key),
     )
     .add(
+        OpClass::Read,
         "GET",
         "/publisher-keys",
         routing::get(federation::list_publisher_keys),
     )
     .add(
+        OpClass::Write,
         "DELETE",
         "/publisher-keys/{key_id}",
         routing::delete(federation::remove_publisher_key),
     )
-    .add("GET", "/healthz", routing::get(healthz))
-    .add("GET", "/readyz", routing::get(readyz))
-    .add("GET", "/metrics", routing::get(metrics_page))
-    .add("GET", "/openapi.json", routing::get(openapi))
+    .add(OpClass::Read, "GET", "/healthz", routing::get(healthz))
+    .add(OpClass::Read, "GET", "/readyz", routing::get(readyz))
+    .add(OpClass::Read, "GET", "/metrics", routing::get(metrics_page))
+    .add(OpClass::Read, "GET", "/openapi.json", routing::get(openapi))
 }
 
 /// Fails a request that runs past the deadline with a problem body.
@@ -887,10 +968,70 @@ async fn enforce_timeout(
     }
 }
 
+/// Passes every routed request through the gate (the same `Gate::admit`
+/// the gRPC layer calls) with its route's class, and hands the identity on
+/// in the request's extensions.
+async fn gate_http(
+    State((state, classes)): State<(HttpState, Arc<RouteClasses>)>,
+    matched: Option<axum::extract::MatchedPath>,
+    mut req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let method = req.method().as_str();
+    let class = matched.and_then(|m| classes.get(&format!("{method} {}", m.as_str())).copied());
+    let Some(class) = class else {
+        return ApiError::from(ServiceError::Internal(format!(
+            "route {method} {} has no gate class",
+            req.uri().path()
+        )))
+        .into_response();
+    };
+    let metadata = MetadataMap::from_headers(req.headers().clone());
+    let peer = req.extensions().get::<Peer>().cloned();
+    match state.gate.admit(&metadata, peer.as_ref(), class).await {
+        Ok(identity) => {
+            req.extensions_mut().insert(identity);
+            next.run(req).await
+        }
+        Err(e) => ApiError::from(e).into_response(),
+    }
+}
+
+/// Gate class by "METHOD /route/{param}".
+type RouteClasses = HashMap<String, OpClass>;
+
+/// The caller as the gate identified it. A handler reached without passing
+/// the gate fails here instead of running as anonymous.
+struct Caller(Identity);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _state: &S,
+    ) -> Result<Self, ApiError> {
+        parts
+            .extensions
+            .get::<Identity>()
+            .cloned()
+            .map(Caller)
+            .ok_or_else(|| {
+                ServiceError::Internal("the request did not pass the gate".into()).into()
+            })
+    }
+}
+
 /// The facade as a ready router; requests fail after `request_timeout`.
 pub fn router(state: HttpState, request_timeout: std::time::Duration) -> Router {
-    routes()
+    let routes = routes();
+    let classes = Arc::new(routes.classes);
+    routes
         .router
+        .route_layer(axum::middleware::from_fn_with_state(
+            (state.clone(), classes),
+            gate_http,
+        ))
         .fallback(no_route)
         .method_not_allowed_fallback(wrong_method)
         .layer(axum::middleware::from_fn_with_state(

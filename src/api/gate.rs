@@ -1,0 +1,533 @@
+//! The one gate every public request passes, on both transports: the
+//! caller is identified (`auth`), its operation classified, and its token
+//! bucket charged, before any handler runs. gRPC services get it as a tower
+//! layer over the whole server (a service added later is gated without
+//! anyone remembering to), the HTTP facade as a route layer; both call
+//! `Gate::admit`. Deadlines and size limits are the listeners' and the
+//! servers' (`listener`, `server`); entitlements on records are the
+//! service layer's, decided with the identity found here.
+
+use std::net::IpAddr;
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use governor::clock::{Clock, DefaultClock};
+use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+use serde::Deserialize;
+use tonic::metadata::MetadataMap;
+
+use super::auth::{Authenticator, Identity};
+use crate::listener::Peer;
+use crate::service::ServiceError;
+
+/// What an operation costs, for rate limiting. Every gRPC method and every
+/// HTTP route has exactly one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OpClass {
+    /// Get, list, watch, registry info, health, metadata documents.
+    Read,
+    /// Ranked search, discovery and resolution (they cost an embedding).
+    Discover,
+    /// Register, update, delete, status, publisher keys.
+    Write,
+    /// Calls through the gateway to agents, and imports.
+    Invoke,
+    /// Cluster membership and the registry's signing keys.
+    Admin,
+}
+
+impl OpClass {
+    pub const ALL: [OpClass; 5] = [
+        OpClass::Read,
+        OpClass::Discover,
+        OpClass::Write,
+        OpClass::Invoke,
+        OpClass::Admin,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OpClass::Read => "read",
+            OpClass::Discover => "discover",
+            OpClass::Write => "write",
+            OpClass::Invoke => "invoke",
+            OpClass::Admin => "admin",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// The class of a gRPC method, by its path (`/package.Service/Method`).
+/// `None` for a method this table does not know: the gate refuses it, and
+/// a test walks every method of every service served so none is missed.
+pub fn grpc_class(path: &str) -> Option<OpClass> {
+    let (service, method) = path.trim_start_matches('/').split_once('/')?;
+    use OpClass::*;
+    Some(match (service, method) {
+        ("grpc.health.v1.Health", _) => Read,
+        ("grpc.reflection.v1.ServerReflection", _)
+        | ("grpc.reflection.v1alpha.ServerReflection", _) => Read,
+        ("agentry.v1.Registry", "Register" | "Update" | "Delete" | "SetStatus") => Write,
+        ("agentry.v1.Registry", "Get" | "List" | "Watch") => Read,
+        ("agentry.v1.Discovery", "Discover" | "Resolve") => Discover,
+        ("agentry.v1.Cluster", "Status") => Read,
+        (
+            "agentry.v1.Cluster",
+            "Initialize" | "AddLearner" | "Promote" | "Remove" | "SetFaults",
+        ) => Admin,
+        ("agentry.v1.Federation", "GetRegistryInfo" | "ListPublisherKeys") => Read,
+        ("agentry.v1.Federation", "RotateKey" | "RetireKey" | "RevokeKey") => Admin,
+        ("agentry.v1.Federation", "AddPublisherKey" | "RemovePublisherKey") => Write,
+        ("agentry.v1.Gateway", "Invoke" | "InvokeStream" | "Import") => Invoke,
+        ("agentry.v1.AgentProtocol", "ListAgents" | "Describe" | "GetRun" | "ListThreads") => Read,
+        ("agentry.v1.AgentProtocol", "Run" | "GetEvents" | "StreamEvents" | "StreamRequest") => {
+            Invoke
+        }
+        ("agentry.v1.Peering", "GetRegistryInfo" | "Follow") => Read,
+        ("agentry.v1.Peering", "Discover") => Discover,
+        _ => return None,
+    })
+}
+
+/// A token bucket: sustained requests per second and the burst allowed
+/// above it.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Rate {
+    pub per_second: u32,
+    pub burst: u32,
+}
+
+const fn rate(per_second: u32, burst: u32) -> Rate {
+    Rate { per_second, burst }
+}
+
+/// One bucket per class of operation.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ClassRates {
+    pub read: Rate,
+    pub discover: Rate,
+    pub write: Rate,
+    pub invoke: Rate,
+    pub admin: Rate,
+}
+
+impl ClassRates {
+    fn get(&self, class: OpClass) -> Rate {
+        match class {
+            OpClass::Read => self.read,
+            OpClass::Discover => self.discover,
+            OpClass::Write => self.write,
+            OpClass::Invoke => self.invoke,
+            OpClass::Admin => self.admin,
+        }
+    }
+}
+
+/// Rate limits (`[rate_limits]`): on by default, with figures a normal
+/// client never meets and a flood does.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RateLimitConfig {
+    pub enabled: bool,
+    /// Per client address (IPv6 by /64), for callers without credentials
+    /// and for failed authentication attempts.
+    pub anonymous: ClassRates,
+    /// Per principal, for authenticated callers.
+    pub authenticated: ClassRates,
+    /// Distinct addresses and principals tracked per class; past it, new
+    /// ones share one bucket, so memory stays bounded under a flood from
+    /// many addresses.
+    pub max_tracked_keys: usize,
+}
+
+impl Default for RateLimitConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            anonymous: ClassRates {
+                read: rate(200, 400),
+                discover: rate(100, 200),
+                write: rate(10, 20),
+                invoke: rate(20, 40),
+                admin: rate(5, 10),
+            },
+            authenticated: ClassRates {
+                read: rate(2000, 4000),
+                discover: rate(500, 1000),
+                write: rate(500, 1000),
+                invoke: rate(200, 400),
+                admin: rate(50, 100),
+            },
+            max_tracked_keys: 100_000,
+        }
+    }
+}
+
+impl RateLimitConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        for (who, rates) in [
+            ("anonymous", &self.anonymous),
+            ("authenticated", &self.authenticated),
+        ] {
+            for class in OpClass::ALL {
+                let r = rates.get(class);
+                if r.per_second == 0 || r.burst == 0 {
+                    return Err(format!(
+                        "rate_limits.{who}.{}: per_second and burst must be positive",
+                        class.as_str()
+                    ));
+                }
+            }
+        }
+        if self.max_tracked_keys < 16 {
+            return Err("rate_limits.max_tracked_keys must be at least 16".into());
+        }
+        Ok(())
+    }
+}
+
+fn quota(r: Rate) -> Quota {
+    let per_second = NonZeroU32::new(r.per_second).unwrap_or(NonZeroU32::MIN);
+    let burst = NonZeroU32::new(r.burst).unwrap_or(NonZeroU32::MIN);
+    Quota::per_second(per_second).allow_burst(burst)
+}
+
+/// The bucket key of an anonymous caller: its address, IPv6 by /64 (one
+/// host usually holds a whole /64).
+fn address_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let s = v6.segments();
+                IpAddr::V6(std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+            }
+        },
+    }
+}
+
+/// Where new keys go once `max_tracked_keys` is reached.
+const OVERFLOW_ADDR: IpAddr = IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED);
+const OVERFLOW_PRINCIPAL: &str = "\u{0}overflow";
+
+struct Limiter {
+    by_address: Vec<DefaultKeyedRateLimiter<IpAddr>>,
+    by_principal: Vec<DefaultKeyedRateLimiter<String>>,
+    max_keys: usize,
+    clock: DefaultClock,
+}
+
+impl Limiter {
+    fn new(config: &RateLimitConfig) -> Self {
+        Self {
+            by_address: OpClass::ALL
+                .iter()
+                .map(|c| RateLimiter::keyed(quota(config.anonymous.get(*c))))
+                .collect(),
+            by_principal: OpClass::ALL
+                .iter()
+                .map(|c| RateLimiter::keyed(quota(config.authenticated.get(*c))))
+                .collect(),
+            max_keys: config.max_tracked_keys,
+            clock: DefaultClock::default(),
+        }
+    }
+
+    fn wait(&self, not_until: governor::NotUntil<governor::clock::QuantaInstant>) -> Duration {
+        not_until.wait_time_from(self.clock.now())
+    }
+
+    /// Charges an anonymous caller's address. Past the key cap every
+    /// address shares one bucket until idle ones are forgotten: a flood
+    /// from many addresses degrades anonymous service, never memory.
+    fn charge_address(&self, class: OpClass, ip: IpAddr) -> Result<(), Duration> {
+        let l = &self.by_address[class.index()];
+        let key = if l.len() >= self.max_keys {
+            OVERFLOW_ADDR
+        } else {
+            address_key(ip)
+        };
+        l.check_key(&key).map_err(|n| self.wait(n))
+    }
+
+    fn charge_principal(&self, class: OpClass, name: &str) -> Result<(), Duration> {
+        let l = &self.by_principal[class.index()];
+        let key = if l.len() >= self.max_keys {
+            OVERFLOW_PRINCIPAL
+        } else {
+            name
+        };
+        l.check_key(&key.to_string()).map_err(|n| self.wait(n))
+    }
+
+    /// Forgets buckets that are full again (indistinguishable from new).
+    fn forget_idle(&self) {
+        for l in &self.by_address {
+            l.retain_recent();
+            l.shrink_to_fit();
+        }
+        for l in &self.by_principal {
+            l.retain_recent();
+            l.shrink_to_fit();
+        }
+    }
+}
+
+/// Authentication and limits, shared by every listener of a node.
+pub struct Gate {
+    auth: Arc<Authenticator>,
+    limiter: Option<Limiter>,
+}
+
+impl Gate {
+    pub fn new(auth: Arc<Authenticator>, limits: &RateLimitConfig) -> Arc<Self> {
+        let gate = Arc::new(Self {
+            auth,
+            limiter: limits.enabled.then(|| Limiter::new(limits)),
+        });
+        if gate.limiter.is_some() {
+            let weak = Arc::downgrade(&gate);
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(Duration::from_secs(10));
+                loop {
+                    tick.tick().await;
+                    let Some(gate) = weak.upgrade() else { break };
+                    if let Some(l) = &gate.limiter {
+                        l.forget_idle();
+                    }
+                }
+            });
+        }
+        gate
+    }
+
+    /// Identifies the caller and charges its bucket for `class`. A caller
+    /// whose credentials fail is charged as anonymous first, so guessing
+    /// keys is limited like any other flood.
+    pub async fn admit(
+        &self,
+        metadata: &MetadataMap,
+        peer: Option<&Peer>,
+        class: OpClass,
+    ) -> Result<Identity, ServiceError> {
+        let identity = self.auth.identify(metadata, peer).await;
+        let Some(limiter) = &self.limiter else {
+            return identity;
+        };
+        let charged = match (&identity, peer) {
+            (Ok(Identity(Some(p))), _) => limiter.charge_principal(class, &p.name),
+            (_, Some(peer)) => limiter.charge_address(class, peer.remote.ip()),
+            // In-process callers have no connection; nothing to charge.
+            (_, None) => Ok(()),
+        };
+        if let Err(wait) = charged {
+            let retry_after = u32::try_from(wait.as_secs_f64().ceil() as u64)
+                .unwrap_or(u32::MAX)
+                .max(1);
+            let who = match &identity {
+                Ok(Identity(Some(p))) => format!("principal '{}'", p.name),
+                _ => peer
+                    .map(|p| format!("address {}", address_key(p.remote.ip())))
+                    .unwrap_or_default(),
+            };
+            return Err(ServiceError::RateLimited {
+                message: format!(
+                    "rate limit for {} requests of {who} exceeded; retry in {retry_after} s",
+                    class.as_str()
+                ),
+                retry_after,
+            });
+        }
+        identity
+    }
+}
+
+/// The gate as a tower layer over a whole gRPC server.
+#[derive(Clone)]
+pub struct GateLayer(pub Arc<Gate>);
+
+impl<S> tower::Layer<S> for GateLayer {
+    type Service = GateService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        GateService {
+            gate: self.0.clone(),
+            inner,
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct GateService<S> {
+    gate: Arc<Gate>,
+    inner: S,
+}
+
+impl<S, B> tower::Service<http::Request<B>> for GateService<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<tonic::body::Body>>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = futures::future::BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
+        // The clone is the one that was not made ready; keep the ready one.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let gate = self.gate.clone();
+        Box::pin(async move {
+            let Some(class) = grpc_class(req.uri().path()) else {
+                let status =
+                    tonic::Status::unimplemented(format!("unknown method {}", req.uri().path()));
+                return Ok(status.into_http());
+            };
+            let metadata = MetadataMap::from_headers(req.headers().clone());
+            let peer = req.extensions().get::<Peer>().cloned();
+            match gate.admit(&metadata, peer.as_ref(), class).await {
+                Ok(identity) => {
+                    req.extensions_mut().insert(identity);
+                    inner.call(req).await
+                }
+                Err(e) => Ok(tonic::Status::from(e).into_http()),
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{Principal, Role};
+
+    fn peer(ip: &str) -> Peer {
+        Peer {
+            remote: format!("{ip}:1234").parse().unwrap(),
+            client_cert: None,
+        }
+    }
+
+    #[test]
+    fn every_method_of_every_served_service_has_a_class() {
+        use prost::Message;
+        let set = prost_types::FileDescriptorSet::decode(crate::pb::FILE_DESCRIPTOR_SET).unwrap();
+        let mut seen = 0;
+        for file in &set.file {
+            for service in &file.service {
+                let name = format!("{}.{}", file.package(), service.name());
+                if name == "agentry.v1.RaftTransport" {
+                    // Served only on the Raft listener, behind cluster proof.
+                    continue;
+                }
+                for m in &service.method {
+                    let path = format!("/{name}/{}", m.name());
+                    assert!(grpc_class(&path).is_some(), "{path} has no class");
+                    seen += 1;
+                }
+            }
+        }
+        assert!(seen > 30, "only {seen} methods");
+        assert_eq!(grpc_class("/agentry.v1.RaftTransport/Forward"), None);
+        assert_eq!(grpc_class("/agentry.v1.Registry/Nope"), None);
+    }
+
+    #[tokio::test]
+    async fn buckets_per_address_and_principal() {
+        let mut auth = Authenticator::default();
+        auth.add_digest(
+            &super::super::auth::key_digest("key-of-alice-000001"),
+            Principal {
+                name: "alice".into(),
+                role: Role::Publisher,
+            },
+        );
+        let mut limits = RateLimitConfig::default();
+        limits.anonymous.discover = rate(1, 3);
+        limits.authenticated.discover = rate(1, 5);
+        let gate = Gate::new(Arc::new(auth), &limits);
+        let anon = MetadataMap::new();
+        let a = peer("192.0.2.1");
+        for _ in 0..3 {
+            gate.admit(&anon, Some(&a), OpClass::Discover)
+                .await
+                .unwrap();
+        }
+        let e = gate
+            .admit(&anon, Some(&a), OpClass::Discover)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(e, ServiceError::RateLimited { retry_after: 1, .. }),
+            "{e:?}"
+        );
+        // Another address, another class, and a principal have their own.
+        gate.admit(&anon, Some(&peer("192.0.2.2")), OpClass::Discover)
+            .await
+            .unwrap();
+        gate.admit(&anon, Some(&a), OpClass::Read).await.unwrap();
+        let mut md = MetadataMap::new();
+        md.insert(
+            "authorization",
+            "Bearer key-of-alice-000001".parse().unwrap(),
+        );
+        for _ in 0..5 {
+            gate.admit(&md, Some(&a), OpClass::Discover).await.unwrap();
+        }
+        assert!(gate.admit(&md, Some(&a), OpClass::Discover).await.is_err());
+        // A bad key is charged to the address, then refused as 401.
+        let mut bad = MetadataMap::new();
+        bad.insert("authorization", "Bearer wrong".parse().unwrap());
+        let e = gate
+            .admit(&bad, Some(&peer("192.0.2.9")), OpClass::Read)
+            .await
+            .unwrap_err();
+        assert!(matches!(e, ServiceError::Unauthorized(_)));
+    }
+
+    #[tokio::test]
+    async fn many_addresses_share_one_bucket_past_the_cap() {
+        let mut limits = RateLimitConfig {
+            max_tracked_keys: 16,
+            ..Default::default()
+        };
+        limits.anonymous.read = rate(1, 1);
+        let gate = Gate::new(Arc::new(Authenticator::default()), &limits);
+        let anon = MetadataMap::new();
+        let mut refused = 0;
+        for i in 0..200u32 {
+            let ip = std::net::Ipv4Addr::from(0x0a00_0000 + i);
+            if gate
+                .admit(&anon, Some(&peer(&ip.to_string())), OpClass::Read)
+                .await
+                .is_err()
+            {
+                refused += 1;
+            }
+        }
+        let tracked = gate.limiter.as_ref().unwrap().by_address[0].len();
+        assert!(tracked <= 17, "{tracked} keys tracked");
+        assert!(refused > 150, "{refused}");
+        // IPv6 addresses of one /64 share a bucket.
+        assert_eq!(
+            address_key("2001:db8:1:2:3:4:5:6".parse().unwrap()),
+            address_key("2001:db8:1:2:ffff::1".parse().unwrap())
+        );
+    }
+}

@@ -1,0 +1,537 @@
+//! Accepting connections, the same way on every listener (public gRPC, the
+//! HTTP facade, the internal Raft listener, the peer listener): TLS with
+//! certificates re-read from disk when they change (cert-manager rotates
+//! them), a cap on open connections, and a deadline by which a new
+//! connection must have finished its TLS handshake and sent its first bytes,
+//! so half-open and slow clients cannot pin sockets. What a request may do
+//! once it arrives is `api::gate`'s business, not this module's.
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant, SystemTime};
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::WebPkiClientVerifier;
+use rustls::ServerConfig;
+use serde::Deserialize;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
+use tokio_rustls::server::TlsStream;
+use tokio_stream::wrappers::ReceiverStream;
+
+/// A listener's certificate, and the CA whose client certificates it checks
+/// (mutual TLS) if any. PEM files, re-read when they change.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+    #[serde(default)]
+    pub client_ca_file: Option<PathBuf>,
+}
+
+/// Per-listener connection limits. The defaults are far above what a normal
+/// client needs and far below what exhausts a node.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ConnectionLimits {
+    /// A connection that has not finished its TLS handshake and sent a
+    /// complete request header (HTTP/1.1) or its preface (HTTP/2) by then
+    /// is closed.
+    pub header_timeout_ms: u64,
+    /// Largest request header block; larger ones get 431.
+    pub max_header_bytes: usize,
+    /// Open connections per listener; more are closed as they arrive.
+    pub max_connections: usize,
+    /// Concurrent HTTP/2 streams per connection.
+    pub max_streams_per_connection: u32,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        Self {
+            header_timeout_ms: 10_000,
+            max_header_bytes: 64 * 1024,
+            max_connections: 4096,
+            max_streams_per_connection: 256,
+        }
+    }
+}
+
+impl ConnectionLimits {
+    pub fn header_timeout(&self) -> Duration {
+        Duration::from_millis(self.header_timeout_ms)
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        if !(100..=120_000).contains(&self.header_timeout_ms) {
+            return Err("limits.connections.header_timeout_ms must be 100..=120000".into());
+        }
+        if !(8 * 1024..=1024 * 1024).contains(&self.max_header_bytes) {
+            return Err("limits.connections.max_header_bytes must be 8 KiB..=1 MiB".into());
+        }
+        if self.max_connections == 0 || self.max_streams_per_connection == 0 {
+            return Err(
+                "limits.connections: max_connections and max_streams_per_connection must be positive"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Whether a TLS listener asks clients for certificates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientAuth {
+    /// Ask, and check any certificate sent against the client CA; clients
+    /// without one still connect (they authenticate otherwise).
+    Optional,
+    /// Refuse the handshake without a certificate from the client CA.
+    Required,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("cannot read {path}: {source}")]
+    Read { path: PathBuf, source: io::Error },
+    #[error("{path}: {message}")]
+    Pem { path: PathBuf, message: String },
+    #[error("TLS configuration: {0}")]
+    Config(String),
+}
+
+fn modified(path: &Path) -> Option<SystemTime> {
+    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+}
+
+/// Reads every certificate of a PEM file.
+pub fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let bytes = std::fs::read(path).map_err(|source| TlsError::Read {
+        path: path.into(),
+        source,
+    })?;
+    let certs = CertificateDer::pem_slice_iter(&bytes)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| TlsError::Pem {
+            path: path.into(),
+            message: e.to_string(),
+        })?;
+    if certs.is_empty() {
+        return Err(TlsError::Pem {
+            path: path.into(),
+            message: "no certificate in the file".into(),
+        });
+    }
+    Ok(certs)
+}
+
+fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
+    let bytes = std::fs::read(path).map_err(|source| TlsError::Read {
+        path: path.into(),
+        source,
+    })?;
+    PrivateKeyDer::from_pem_slice(&bytes).map_err(|e| TlsError::Pem {
+        path: path.into(),
+        message: e.to_string(),
+    })
+}
+
+/// The crypto provider every TLS endpoint of Agentry uses.
+pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// Trust anchors from a PEM CA file.
+pub fn roots(path: &Path) -> Result<rustls::RootCertStore, TlsError> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in read_certs(path)? {
+        roots
+            .add(cert)
+            .map_err(|e| TlsError::Config(format!("{}: {e}", path.display())))?;
+    }
+    Ok(roots)
+}
+
+fn server_config(files: &TlsConfig, client_auth: ClientAuth) -> Result<ServerConfig, TlsError> {
+    let certs = read_certs(&files.cert_file)?;
+    let key = read_key(&files.key_file)?;
+    let builder = ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsError::Config(e.to_string()))?;
+    let builder = match &files.client_ca_file {
+        Some(ca) => {
+            let verifier =
+                WebPkiClientVerifier::builder_with_provider(Arc::new(roots(ca)?), provider());
+            let verifier = match client_auth {
+                ClientAuth::Optional => verifier.allow_unauthenticated(),
+                ClientAuth::Required => verifier,
+            };
+            builder.with_client_cert_verifier(
+                verifier
+                    .build()
+                    .map_err(|e| TlsError::Config(e.to_string()))?,
+            )
+        }
+        None if client_auth == ClientAuth::Required => {
+            return Err(TlsError::Config("mutual TLS needs a client CA file".into()))
+        }
+        None => builder.with_no_client_auth(),
+    };
+    let mut config = builder
+        .with_single_cert(certs, key)
+        .map_err(|e| TlsError::Config(format!("{}: {e}", files.cert_file.display())))?;
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(config)
+}
+
+/// How often the certificate files' modification times are looked at.
+const RELOAD_CHECK: Duration = Duration::from_secs(1);
+
+struct Loaded {
+    config: Arc<ServerConfig>,
+    stamps: Vec<Option<SystemTime>>,
+    checked: Instant,
+}
+
+/// A listener's TLS configuration, rebuilt from its files when any of them
+/// changes. A broken rotation (a key that does not match, a half-written
+/// file) keeps the previous certificate and logs why.
+pub struct ReloadingTls {
+    files: TlsConfig,
+    client_auth: ClientAuth,
+    loaded: Mutex<Loaded>,
+}
+
+impl ReloadingTls {
+    pub fn load(files: TlsConfig, client_auth: ClientAuth) -> Result<Arc<Self>, TlsError> {
+        let config = Arc::new(server_config(&files, client_auth)?);
+        let stamps = Self::stamps(&files);
+        Ok(Arc::new(Self {
+            files,
+            client_auth,
+            loaded: Mutex::new(Loaded {
+                config,
+                stamps,
+                checked: Instant::now(),
+            }),
+        }))
+    }
+
+    fn stamps(files: &TlsConfig) -> Vec<Option<SystemTime>> {
+        [
+            Some(&files.cert_file),
+            Some(&files.key_file),
+            files.client_ca_file.as_ref(),
+        ]
+        .into_iter()
+        .flatten()
+        .map(|p| modified(p))
+        .collect()
+    }
+
+    /// The configuration for the next handshake.
+    pub fn current(&self) -> Arc<ServerConfig> {
+        let mut loaded = self.loaded.lock().unwrap_or_else(|p| p.into_inner());
+        if loaded.checked.elapsed() >= RELOAD_CHECK {
+            loaded.checked = Instant::now();
+            let stamps = Self::stamps(&self.files);
+            if stamps != loaded.stamps {
+                match server_config(&self.files, self.client_auth) {
+                    Ok(c) => {
+                        tracing::info!(cert = %self.files.cert_file.display(), "TLS certificate files changed; reloaded");
+                        loaded.config = Arc::new(c);
+                        loaded.stamps = stamps;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "TLS certificate files changed but cannot be loaded; keeping the previous certificate");
+                    }
+                }
+            }
+        }
+        loaded.config.clone()
+    }
+}
+
+/// Who is at the other end of a connection, as every request on it sees it
+/// (in its extensions, on both transports).
+#[derive(Debug, Clone)]
+pub struct Peer {
+    pub remote: SocketAddr,
+    /// The client's end-entity certificate, already verified against the
+    /// listener's client CA.
+    pub client_cert: Option<CertificateDer<'static>>,
+}
+
+enum Io {
+    Plain(TcpStream),
+    Tls(Box<TlsStream<TcpStream>>),
+}
+
+/// An accepted connection. Until it has sent its first bytes it must do so
+/// by its deadline; it holds its slot of the listener's connection cap
+/// until dropped.
+pub struct Conn {
+    io: Io,
+    peer: Peer,
+    /// Bytes a client must send before the deadline stops applying: the
+    /// HTTP/2 preface is 24 bytes; HTTP/1.1 headers are then covered by
+    /// hyper's own header timeout.
+    pending: Option<(usize, Pin<Box<tokio::time::Sleep>>)>,
+    _permit: OwnedSemaphorePermit,
+}
+
+const FIRST_BYTES: usize = 24;
+
+impl Conn {
+    pub fn peer(&self) -> &Peer {
+        &self.peer
+    }
+}
+
+impl AsyncRead for Conn {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let this = &mut *self;
+        let result = match &mut this.io {
+            Io::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        };
+        if let Some((missing, deadline)) = &mut this.pending {
+            let got = buf.filled().len() - before;
+            if got >= *missing {
+                this.pending = None;
+            } else {
+                *missing -= got;
+                if result.is_pending() && deadline.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "the client sent no complete request in time",
+                    )));
+                }
+            }
+        }
+        result
+    }
+}
+
+impl AsyncWrite for Conn {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match &mut self.io {
+            Io::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match &mut self.io {
+            Io::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match &self.io {
+            Io::Plain(s) => s.is_write_vectored(),
+            Io::Tls(s) => s.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match &mut self.io {
+            Io::Plain(s) => Pin::new(s).poll_flush(cx),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match &mut self.io {
+            Io::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
+impl tonic::transport::server::Connected for Conn {
+    type ConnectInfo = Peer;
+
+    fn connect_info(&self) -> Peer {
+        self.peer.clone()
+    }
+}
+
+/// One listener's accepted connections, ready to serve.
+pub type Incoming = ReceiverStream<Result<Conn, io::Error>>;
+
+/// Accepts connections until shutdown: TLS handshakes run concurrently
+/// (a slow one holds up nobody else) under the header deadline, and
+/// connections over the cap are closed at once.
+pub fn accept(
+    name: &'static str,
+    listener: TcpListener,
+    tls: Option<Arc<ReloadingTls>>,
+    limits: ConnectionLimits,
+    mut shutdown: watch::Receiver<bool>,
+) -> Incoming {
+    let (tx, rx) = mpsc::channel(64);
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    tokio::spawn(async move {
+        let stop = async move {
+            let _ = shutdown.wait_for(|s| *s).await;
+        };
+        tokio::pin!(stop);
+        let mut last_full_warning: Option<Instant> = None;
+        loop {
+            let (tcp, remote) = tokio::select! {
+                _ = &mut stop => break,
+                accepted = listener.accept() => match accepted {
+                    Ok(a) => a,
+                    Err(e) => {
+                        // Out of file descriptors and the like: back off
+                        // rather than spin.
+                        tracing::warn!(listener = name, error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
+            };
+            let Ok(permit) = slots.clone().try_acquire_owned() else {
+                if last_full_warning.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
+                    tracing::warn!(
+                        listener = name,
+                        max = limits.max_connections,
+                        "connection cap reached; closing new connections"
+                    );
+                    last_full_warning = Some(Instant::now());
+                }
+                drop(tcp);
+                continue;
+            };
+            // Small answers must not wait for the client's delayed ACK.
+            if let Err(e) = tcp.set_nodelay(true) {
+                tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+            }
+            let deadline = tokio::time::Instant::now() + limits.header_timeout();
+            let tx = tx.clone();
+            let tls = tls.clone();
+            tokio::spawn(async move {
+                let (io, client_cert) = match tls {
+                    None => (Io::Plain(tcp), None),
+                    Some(tls) => {
+                        let acceptor = tokio_rustls::TlsAcceptor::from(tls.current());
+                        match tokio::time::timeout_at(deadline, acceptor.accept(tcp)).await {
+                            Ok(Ok(stream)) => {
+                                let cert = stream
+                                    .get_ref()
+                                    .1
+                                    .peer_certificates()
+                                    .and_then(|c| c.first())
+                                    .map(|c| c.clone().into_owned());
+                                (Io::Tls(Box::new(stream)), cert)
+                            }
+                            Ok(Err(e)) => {
+                                tracing::debug!(listener = name, %remote, error = %e, "TLS handshake failed");
+                                return;
+                            }
+                            Err(_) => {
+                                tracing::debug!(listener = name, %remote, "TLS handshake timed out");
+                                return;
+                            }
+                        }
+                    }
+                };
+                let conn = Conn {
+                    io,
+                    peer: Peer {
+                        remote,
+                        client_cert,
+                    },
+                    pending: Some((FIRST_BYTES, Box::pin(tokio::time::sleep_until(deadline)))),
+                    _permit: permit,
+                };
+                let _ = tx.send(Ok(conn)).await;
+            });
+        }
+    });
+    ReceiverStream::new(rx)
+}
+
+/// Serves an axum app on accepted connections: HTTP/1.1 and HTTP/2, with
+/// the header deadline and size limit (431), the HTTP/2 stream cap, and the
+/// connection's `Peer` in every request's extensions. Stops accepting at
+/// shutdown and lets open requests finish.
+pub async fn serve_http(
+    app: axum::Router,
+    incoming: Incoming,
+    limits: ConnectionLimits,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+    use hyper_util::server::conn::auto::Builder;
+    use tokio_stream::StreamExt;
+    use tower::ServiceExt;
+
+    let mut builder = Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout())
+        .max_buf_size(limits.max_header_bytes.max(8192));
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(limits.max_streams_per_connection)
+        .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX))
+        .keep_alive_interval(Some(Duration::from_secs(30)));
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut incoming = incoming;
+    let stop = async move {
+        let _ = shutdown.wait_for(|s| *s).await;
+    };
+    tokio::pin!(stop);
+    loop {
+        let conn = tokio::select! {
+            _ = &mut stop => break,
+            next = incoming.next() => match next {
+                Some(Ok(c)) => c,
+                Some(Err(_)) => continue,
+                None => break,
+            },
+        };
+        let peer = conn.peer.clone();
+        let app = app.clone();
+        let service =
+            hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+                req.extensions_mut().insert(peer.clone());
+                app.clone().oneshot(req.map(axum::body::Body::new))
+            });
+        let connection = builder
+            .serve_connection_with_upgrades(TokioIo::new(conn), service)
+            .into_owned();
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "HTTP connection ended with an error");
+            }
+        });
+    }
+    graceful.shutdown().await;
+}

@@ -1,0 +1,590 @@
+//! The trust boundary, tried as a hostile client would: Raft RPCs without
+//! cluster proof, nodes with the wrong certificate, TLS on the public
+//! listeners (with rotation and client certificates), slow and oversized
+//! requests, floods, and the empty id. Every refusal is checked to have
+//! changed nothing.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use agentry::config::{ClusterTlsConfig, ConnectionLimits, TlsConfig};
+use agentry::consensus::cluster_auth::{ClusterAuth, SECRET_FILE};
+use agentry::consensus::{Command, Forwarded};
+use agentry::domain::write::WriteMode;
+use agentry::domain::{AgentMetadata, Principal, Role};
+use agentry::pb::{self, raft_transport_client::RaftTransportClient};
+use reqwest::Method;
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+
+use crate::certs;
+use crate::harness::*;
+
+fn forwarded(f: &Forwarded) -> Vec<u8> {
+    serde_json::to_vec(f).unwrap()
+}
+
+/// A Raft message from `from`, with a cluster proof made with `auth` when
+/// given.
+fn raft_message(
+    auth: Option<&ClusterAuth>,
+    method: &str,
+    from: u64,
+    json: Vec<u8>,
+) -> tonic::Request<pb::RaftMessage> {
+    let mut req = tonic::Request::new(pb::RaftMessage {
+        from,
+        json: json.clone(),
+    });
+    if let Some(a) = auth {
+        a.prove(req.metadata_mut(), method, from, &json);
+    }
+    req.set_timeout(Duration::from_secs(5));
+    req
+}
+
+async fn raft_client(
+    url: String,
+    tls: Option<ClientTlsConfig>,
+) -> Result<RaftTransportClient<Channel>, String> {
+    let mut e = Endpoint::from_shared(url).map_err(|e| e.to_string())?;
+    if let Some(t) = tls {
+        e = e.tls_config(t).map_err(|e| e.to_string())?;
+    }
+    let channel = e
+        .connect_timeout(Duration::from_secs(3))
+        .connect()
+        .await
+        .map_err(|e| format!("{e:?}"))?;
+    Ok(RaftTransportClient::new(channel))
+}
+
+async fn cluster_status(s: &TestServer) -> pb::ClusterStatus {
+    let mut c = pb::cluster_client::ClusterClient::connect(s.grpc.clone())
+        .await
+        .unwrap();
+    let mut req = tonic::Request::new(pb::ClusterStatusRequest {});
+    req.metadata_mut()
+        .insert("authorization", format!("Bearer {ADMIN}").parse().unwrap());
+    c.status(req).await.unwrap().into_inner()
+}
+
+async fn agent_count(h: &Http) -> u64 {
+    let (status, body) = h
+        .call(Method::GET, "/agents?page_size=1", Some(ADMIN), None)
+        .await
+        .expect("list");
+    assert_eq!(status, 200, "{body}");
+    body["total_count"]
+        .as_u64()
+        .or_else(|| body["total"].as_u64())
+        .unwrap_or_else(|| panic!("no count in {body}"))
+}
+
+#[tokio::test]
+async fn raft_rpcs_without_cluster_proof_are_refused_and_change_nothing() {
+    let s = TestServer::start().await;
+    let h = Http::new(&s.http);
+    let raft_addr = s.server.as_ref().unwrap().raft_addr;
+    let before = cluster_status(&s).await;
+    let count_before = agent_count(&h).await;
+
+    let secret = std::fs::read_to_string(s.data_dir().join(SECRET_FILE))
+        .expect("a single node generates its cluster secret");
+    let right = ClusterAuth::from_secret(secret.trim()).unwrap();
+    let wrong = ClusterAuth::from_secret("somebody-elses-cluster-secret").unwrap();
+
+    let write = Forwarded::Write(Command::Put {
+        metadata: Box::new(AgentMetadata {
+            id: "written-by-an-intruder".into(),
+            name: "Intruder".into(),
+            description: "should never be stored".into(),
+            ..Default::default()
+        }),
+        visibility: None,
+        principal: Principal {
+            name: "admin".into(),
+            role: Role::Admin,
+        },
+        mode: WriteMode::Register,
+        now: "2026-11-24T00:00:00Z".into(),
+        publisher: None,
+    });
+    let learner = Forwarded::AddLearner {
+        id: 99,
+        addr: "127.0.0.1:9".into(),
+        wait: false,
+    };
+    // A vote for a far higher term would depose the leader if it counted.
+    let vote = serde_json::to_vec(&json!({
+        "vote": {"leader_id": {"term": 1000, "node_id": 99}, "committed": false},
+        "last_log_id": null
+    }))
+    .unwrap();
+
+    let mut client = raft_client(format!("http://{raft_addr}"), None)
+        .await
+        .unwrap();
+    for proof in [None, Some(&wrong)] {
+        let refused = |r: Result<tonic::Response<pb::RaftMessage>, tonic::Status>, what: &str| {
+            let e = r.expect_err(what);
+            assert_eq!(e.code(), tonic::Code::Unauthenticated, "{what}: {e:?}");
+        };
+        for (what, body) in [
+            ("forward write", forwarded(&write)),
+            ("forward add learner", forwarded(&learner)),
+            ("forward status", forwarded(&Forwarded::Status)),
+        ] {
+            refused(
+                client
+                    .forward(raft_message(proof, "forward", 1, body))
+                    .await,
+                what,
+            );
+        }
+        refused(
+            client
+                .vote(raft_message(proof, "vote", 99, vote.clone()))
+                .await,
+            "vote",
+        );
+        refused(
+            client
+                .append_entries(raft_message(proof, "append_entries", 99, b"{}".to_vec()))
+                .await,
+            "append entries",
+        );
+        let mut snapshot = tonic::Request::new(tokio_stream::iter(vec![pb::SnapshotChunk {
+            from: 99,
+            header: b"{}".to_vec(),
+            data: vec![0; 1024],
+        }]));
+        if let Some(a) = proof {
+            a.prove(snapshot.metadata_mut(), "install_snapshot", 99, b"{}");
+        }
+        refused(client.install_snapshot(snapshot).await, "install snapshot");
+    }
+    // A real proof for one message does not carry another.
+    let mut replayed = raft_message(Some(&right), "forward", 1, forwarded(&Forwarded::Status));
+    replayed.get_mut().json = forwarded(&learner);
+    let e = client.forward(replayed).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unauthenticated);
+
+    // Nothing changed: no learner, no record, same term.
+    let after = cluster_status(&s).await;
+    let ids = |st: &pb::ClusterStatus| st.members.iter().map(|m| m.id).collect::<Vec<_>>();
+    assert_eq!(ids(&after), ids(&before));
+    assert!(!ids(&after).contains(&99));
+    let term = |st: &pb::ClusterStatus| st.node.as_ref().map(|n| n.term);
+    assert_eq!(term(&after), term(&before));
+    assert_eq!(agent_count(&h).await, count_before);
+    let e = h
+        .call(
+            Method::GET,
+            "/agents/written-by-an-intruder",
+            Some(ADMIN),
+            None,
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.http, 404);
+
+    // The same call with the cluster's own proof is served: the refusals
+    // above were the proof's doing.
+    let ok = client
+        .forward(raft_message(
+            Some(&right),
+            "forward",
+            1,
+            forwarded(&Forwarded::Status),
+        ))
+        .await;
+    assert!(ok.is_ok(), "{ok:?}");
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn cluster_tls_refuses_other_cas_and_checks_the_node_identity() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    certs::ca(d, "cluster-ca").await;
+    certs::ca(d, "other-ca").await;
+    let (node_cert, node_key) = certs::leaf(d, "cluster-ca", "node1", "IP:127.0.0.1").await;
+    let (elsewhere_cert, elsewhere_key) =
+        certs::leaf(d, "cluster-ca", "elsewhere", "IP:127.0.0.2").await;
+    let (intruder_cert, intruder_key) =
+        certs::leaf(d, "other-ca", "intruder", "IP:127.0.0.1").await;
+    let s = TestServer::start_with(|c| {
+        c.cluster.tls = Some(ClusterTlsConfig {
+            cert_file: node_cert.clone(),
+            key_file: node_key.clone(),
+            ca_file: d.join("cluster-ca.pem"),
+        });
+    })
+    .await;
+    assert!(
+        !s.data_dir().join(SECRET_FILE).exists(),
+        "with cluster TLS no secret is made"
+    );
+    let raft = s.server.as_ref().unwrap().raft_addr;
+    let url = format!("https://{raft}");
+    let tls = |cert: Option<(&Path, &Path)>| {
+        let mut t = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(
+            std::fs::read(d.join("cluster-ca.pem")).unwrap(),
+        ));
+        if let Some((c, k)) = cert {
+            t = t.identity(Identity::from_pem(
+                std::fs::read(c).unwrap(),
+                std::fs::read(k).unwrap(),
+            ));
+        }
+        t
+    };
+    let status = || raft_message(None, "forward", 1, forwarded(&Forwarded::Status));
+
+    // No client certificate, or one from another CA: no connection at all.
+    for cert in [
+        None,
+        Some((intruder_cert.as_path(), intruder_key.as_path())),
+    ] {
+        let outcome = match raft_client(url.clone(), Some(tls(cert))).await {
+            Err(e) => Err(e),
+            Ok(mut c) => c.forward(status()).await.map_err(|e| format!("{e:?}")),
+        };
+        assert!(outcome.is_err(), "served without a cluster certificate");
+    }
+    // Plain text to the TLS listener fails cleanly.
+    let plain = match raft_client(format!("http://{raft}"), None).await {
+        Err(e) => Err(e),
+        Ok(mut c) => c.forward(status()).await.map_err(|e| format!("{e:?}")),
+    };
+    assert!(plain.is_err());
+    // A cluster certificate for another host cannot speak as node 1.
+    let mut c = raft_client(
+        url.clone(),
+        Some(tls(Some((&elsewhere_cert, &elsewhere_key)))),
+    )
+    .await
+    .unwrap();
+    let e = c.forward(status()).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e:?}");
+    assert!(e.message().contains("127.0.0.1"), "{}", e.message());
+    // Node 1's own certificate is served.
+    let mut c = raft_client(url, Some(tls(Some((&node_cert, &node_key)))))
+        .await
+        .unwrap();
+    c.forward(status()).await.expect("a member is served");
+    s.stop().await;
+}
+
+fn https_client(ca: &Path, identity: Option<(&Path, &Path)>) -> reqwest::Client {
+    let mut b = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(reqwest::Certificate::from_pem(&std::fs::read(ca).unwrap()).unwrap());
+    if let Some((c, k)) = identity {
+        let mut pem = std::fs::read(c).unwrap();
+        pem.extend(std::fs::read(k).unwrap());
+        b = b.identity(reqwest::Identity::from_pem(&pem).unwrap());
+    }
+    b.build().unwrap()
+}
+
+#[tokio::test]
+async fn public_listeners_speak_tls_rotate_certificates_and_accept_client_certificates() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    certs::ca(d, "public-ca").await;
+    certs::ca(d, "rotated-ca").await;
+    certs::ca(d, "client-ca").await;
+    certs::ca(d, "stranger-ca").await;
+    let (cert, key) = certs::leaf(d, "public-ca", "server", "IP:127.0.0.1,DNS:localhost").await;
+    let (client_cert, client_key) =
+        certs::leaf(d, "client-ca", "client", "DNS:client.example").await;
+    let (stranger_cert, stranger_key) =
+        certs::leaf(d, "stranger-ca", "stranger", "DNS:stranger.example").await;
+    let s = TestServer::start_with(|c| {
+        c.tls = Some(TlsConfig {
+            cert_file: cert.clone(),
+            key_file: key.clone(),
+            client_ca_file: Some(d.join("client-ca.pem")),
+        });
+    })
+    .await;
+    let http_addr = s.server.as_ref().unwrap().http_addr;
+    let grpc_addr = s.server.as_ref().unwrap().grpc_addr;
+    let base = format!("https://{http_addr}");
+    let public_ca = d.join("public-ca.pem");
+
+    // HTTPS with and without a client certificate from the client CA.
+    for identity in [None, Some((client_cert.as_path(), client_key.as_path()))] {
+        let r = https_client(&public_ca, identity)
+            .get(format!("{base}/healthz"))
+            .send()
+            .await
+            .expect("https works");
+        assert_eq!(r.status(), 200);
+    }
+    let r = https_client(&public_ca, None)
+        .post(format!("{base}/agents"))
+        .bearer_auth(ADMIN)
+        .json(&minimal("https-registered"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    // A certificate from a CA the listener does not trust ends the
+    // handshake.
+    let stranger = https_client(&public_ca, Some((&stranger_cert, &stranger_key)))
+        .get(format!("{base}/healthz"))
+        .send()
+        .await;
+    assert!(stranger.is_err(), "{stranger:?}");
+    // Plain text to a TLS listener fails cleanly and quickly.
+    let started = Instant::now();
+    let plain = reqwest::Client::new()
+        .get(format!("http://{http_addr}/healthz"))
+        .timeout(Duration::from_secs(5))
+        .send()
+        .await;
+    assert!(plain.is_err() || plain.is_ok_and(|r| r.status() == 400));
+    assert!(started.elapsed() < Duration::from_secs(4));
+
+    // gRPC over TLS, and the CLI with https:// and --ca-file.
+    let channel = Endpoint::from_shared(format!("https://{grpc_addr}"))
+        .unwrap()
+        .tls_config(
+            ClientTlsConfig::new()
+                .ca_certificate(Certificate::from_pem(std::fs::read(&public_ca).unwrap())),
+        )
+        .unwrap()
+        .connect()
+        .await
+        .expect("gRPC over TLS");
+    let got = pb::registry_client::RegistryClient::new(channel)
+        .get(pb::GetRequest {
+            id: "https-registered".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("get over TLS");
+    assert_eq!(
+        got.into_inner()
+            .record
+            .and_then(|r| r.metadata)
+            .map(|m| m.id),
+        Some("https-registered".into())
+    );
+    let cli = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
+        .args(["agents", "get", "https-registered", "--json", "--server"])
+        .arg(format!("https://{grpc_addr}"))
+        .arg("--ca-file")
+        .arg(&public_ca)
+        .env_remove("AGENTRY_API_KEY")
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        cli.status.success() && String::from_utf8_lossy(&cli.stdout).contains("https-registered"),
+        "{}",
+        String::from_utf8_lossy(&cli.stderr)
+    );
+
+    // Rotation: new files on disk are served without a restart.
+    let (new_cert, new_key) =
+        certs::leaf(d, "rotated-ca", "server2", "IP:127.0.0.1,DNS:localhost").await;
+    std::fs::copy(&new_key, &key).unwrap();
+    std::fs::copy(&new_cert, &cert).unwrap();
+    let rotated_ca = d.join("rotated-ca.pem");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let fresh = https_client(&rotated_ca, None)
+            .get(format!("{base}/healthz"))
+            .send()
+            .await;
+        if fresh.is_ok() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "rotated certificate never served: {fresh:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let old = https_client(&public_ca, None)
+        .get(format!("{base}/healthz"))
+        .send()
+        .await;
+    assert!(old.is_err(), "the old certificate is still served");
+    s.stop().await;
+}
+
+/// Reads until the server closes the connection; how long that took.
+async fn closed_within(stream: &mut tokio::net::TcpStream, limit: Duration) -> Option<Duration> {
+    let started = Instant::now();
+    let mut buf = [0u8; 1024];
+    loop {
+        match tokio::time::timeout(
+            limit.saturating_sub(started.elapsed()),
+            stream.read(&mut buf),
+        )
+        .await
+        {
+            Err(_) => return None,
+            Ok(Ok(0)) | Ok(Err(_)) => return Some(started.elapsed()),
+            Ok(Ok(_)) => continue,
+        }
+    }
+}
+
+#[tokio::test]
+async fn slow_oversized_and_excess_connections_are_cut_off() {
+    let s = TestServer::start_with(|c| {
+        c.connections = ConnectionLimits {
+            header_timeout_ms: 600,
+            max_connections: 8,
+            ..Default::default()
+        };
+    })
+    .await;
+    let server = s.server.as_ref().unwrap();
+    let (http_addr, grpc_addr) = (server.http_addr, server.grpc_addr);
+
+    // Half a request header (HTTP) and half a preface (gRPC): closed.
+    for (addr, partial) in [
+        (http_addr, &b"GET /healthz HTTP/1.1\r\nHost: x\r\n"[..]),
+        (grpc_addr, &b"PRI * HTTP/2.0\r\n"[..]),
+    ] {
+        let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        tcp.write_all(partial).await.unwrap();
+        let took = closed_within(&mut tcp, Duration::from_secs(5))
+            .await
+            .unwrap_or_else(|| panic!("{addr}: a slow client kept its connection"));
+        assert!(
+            took >= Duration::from_millis(400),
+            "{addr}: closed after {took:?}"
+        );
+    }
+
+    // A 100 KiB header: 431, and the server carries on.
+    let h = Http::new(&s.http);
+    let big = "x".repeat(100 * 1024);
+    let r = h
+        .client
+        .get(format!("{}/healthz", s.http))
+        .header("x-big", big)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 431);
+
+    // Past the connection cap, new connections are closed at once.
+    let mut held = Vec::new();
+    for _ in 0..8 {
+        held.push(tokio::net::TcpStream::connect(http_addr).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let mut extra = tokio::net::TcpStream::connect(http_addr).await.unwrap();
+    let took = closed_within(&mut extra, Duration::from_millis(400)).await;
+    assert!(took.is_some(), "the ninth connection was kept");
+    drop(held);
+    // Slots come back once those connections are gone.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (status, _) = h.call(Method::GET, "/healthz", None, None).await.unwrap();
+    assert_eq!(status, 200);
+
+    // The empty id is refused, and nothing is stored.
+    let before = agent_count(&h).await;
+    let mut meta = minimal("x");
+    meta["id"] = json!("");
+    let e = h
+        .call(Method::POST, "/agents", Some(ALICE), Some(meta))
+        .await
+        .unwrap_err();
+    assert_eq!((e.http, e.field.as_deref()), (400, Some("/id")));
+    assert_eq!(agent_count(&h).await, before);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn floods_get_429_and_resource_exhausted_with_retry_after() {
+    let s = TestServer::start_with(|c| {
+        c.rate_limits.enabled = true;
+        c.rate_limits.anonymous.discover = agentry::api::gate::Rate {
+            per_second: 1,
+            burst: 3,
+        };
+        c.rate_limits.authenticated.write = agentry::api::gate::Rate {
+            per_second: 1,
+            burst: 2,
+        };
+    })
+    .await;
+    let h = Http::new(&s.http);
+    let mut statuses = Vec::new();
+    let mut limited = None;
+    for _ in 0..6 {
+        let r = h
+            .client
+            .post(format!("{}/discover", s.http))
+            .json(&json!({"query": "weather in Paris"}))
+            .send()
+            .await
+            .unwrap();
+        statuses.push(r.status().as_u16());
+        if r.status() == 429 {
+            let retry: u64 = r.headers()["retry-after"]
+                .to_str()
+                .unwrap()
+                .parse()
+                .unwrap();
+            let body: serde_json::Value = r.json().await.unwrap();
+            limited = Some((retry, body));
+        }
+    }
+    assert_eq!(&statuses[..3], &[200, 200, 200], "{statuses:?}");
+    let (retry, body) = limited.expect("a flood is limited");
+    assert!(retry >= 1);
+    assert_eq!(body["code"], "rate_limited");
+    assert_eq!(body["retry_after"].as_u64(), Some(retry));
+
+    // The same bucket over gRPC.
+    let mut d = pb::discovery_client::DiscoveryClient::connect(s.grpc.clone())
+        .await
+        .unwrap();
+    let e = d
+        .discover(pb::DiscoverRequest {
+            query: "weather in Paris".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::ResourceExhausted);
+    let detail = agentry::api::error::detail_of(&e);
+    assert_eq!(detail.code, "rate_limited");
+    assert!(detail.retry_after.is_some_and(|r| r >= 1));
+
+    // Writes past the publisher's burst are refused and not stored.
+    let before = agent_count(&h).await;
+    let mut accepted = 0;
+    let mut refused = 0;
+    for i in 0..4 {
+        match h
+            .call(
+                Method::POST,
+                "/agents",
+                Some(ALICE),
+                Some(minimal(&format!("flood-{i}"))),
+            )
+            .await
+        {
+            Ok((201, _)) => accepted += 1,
+            Err(f) if f.http == 429 && f.code == "rate_limited" => refused += 1,
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!((accepted, refused), (2, 2));
+    assert_eq!(agent_count(&h).await, before + 2);
+    s.stop().await;
+}
