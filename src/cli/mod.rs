@@ -60,7 +60,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run a registry node.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Manage agent records on a running registry.
     Agents(AgentsArgs),
     /// Cluster status, bootstrap and membership.

@@ -80,13 +80,15 @@ impl TransportError {
 #[derive(Clone)]
 pub struct Network {
     me: NodeId,
-    /// Per peer: its address, the TLS generation the channel was made
-    /// with, and the channel.
-    channels: Arc<Mutex<HashMap<NodeId, (String, u64, Channel)>>>,
+    channels: Arc<Mutex<ChannelCache>>,
     faults: Faults,
     max_message: usize,
     auth: ClusterAuth,
 }
+
+/// Per peer: its address, the cluster-TLS generation the channel was made
+/// with, and the channel.
+type ChannelCache = HashMap<NodeId, (String, u64, Channel)>;
 
 #[derive(Clone, Copy)]
 enum Rpc {

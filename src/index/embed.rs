@@ -12,8 +12,8 @@ use std::sync::Arc;
 use model2vec_rs::model::StaticModel;
 use sha2::{Digest, Sha256};
 
+use super::config::DiscoveryConfig;
 use super::endpoint::Endpoint;
-use crate::config::DiscoveryConfig;
 
 pub const MANIFEST: &str = "MODEL-MANIFEST.json";
 

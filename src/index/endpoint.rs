@@ -13,9 +13,9 @@ use futures::{stream, StreamExt, TryStreamExt};
 use serde::Deserialize;
 use serde_json::json;
 
+use super::config::EndpointConfig;
 use super::embed::EmbedError;
 use super::search::normalise;
-use crate::config::EndpointConfig;
 
 /// Requests in flight at once while a batch larger than `batch` is sent.
 const IN_FLIGHT: usize = 4;

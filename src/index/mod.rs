@@ -5,6 +5,7 @@
 //! the feed no longer reaches back far enough (after a snapshot install
 //! that outran the history). The read path never writes them.
 
+pub mod config;
 pub mod embed;
 mod endpoint;
 pub mod lexical;

@@ -310,6 +310,11 @@ async fn public_listeners_speak_tls_rotate_certificates_and_accept_client_certif
             key_file: key.clone(),
             client_ca_file: Some(d.join("client-ca.pem")),
         });
+        c.client_certificates = vec![agentry::api::auth::CertPrincipal {
+            dns_name: "client.example".into(),
+            name: "cert-client".into(),
+            role: agentry::domain::Role::Publisher,
+        }];
     })
     .await;
     let http_addr = s.server.as_ref().unwrap().http_addr;
@@ -334,6 +339,24 @@ async fn public_listeners_speak_tls_rotate_certificates_and_accept_client_certif
         .await
         .unwrap();
     assert_eq!(r.status(), 201);
+    // A client certificate for a configured name is that principal.
+    let r = https_client(&public_ca, Some((&client_cert, &client_key)))
+        .post(format!("{base}/agents"))
+        .json(&minimal("by-certificate"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(body["registry"]["owner"], "cert-client", "{body}");
+    // Without a certificate (or a key) the same write is anonymous: 401.
+    let r = https_client(&public_ca, None)
+        .post(format!("{base}/agents"))
+        .json(&minimal("by-nobody"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
     // A certificate from a CA the listener does not trust ends the
     // handshake.
     let stranger = https_client(&public_ca, Some((&stranger_cert, &stranger_key)))
