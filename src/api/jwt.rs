@@ -14,6 +14,7 @@ use jsonwebtoken::jwk::JwkSet;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
 use serde_json::Value;
+use sha2::Digest;
 
 use crate::domain::{Principal, Role};
 use crate::gateway::transport::Outbound;
@@ -108,11 +109,25 @@ struct Keys {
     file_stamp: Option<std::time::SystemTime>,
 }
 
+/// A token already verified: its principal and validity window. Clients
+/// send the same token until it expires, so the signature is checked once.
+struct Verified {
+    principal: Principal,
+    not_before: i64,
+    expires: i64,
+}
+
+/// Tokens remembered as verified; past this, the memory starts afresh.
+const VERIFIED_CAPACITY: usize = 10_000;
+
 /// Checks tokens of one issuer.
 pub struct JwtVerifier {
     config: JwtConfig,
     outbound: Option<Outbound>,
     keys: RwLock<Keys>,
+    /// By SHA-256 of the token; emptied whenever the key set changes, so a
+    /// key taken out of the set stops its tokens at once.
+    verified: std::sync::Mutex<std::collections::HashMap<[u8; 32], Verified>>,
     /// One refresh at a time.
     refreshing: tokio::sync::Mutex<()>,
 }
@@ -138,6 +153,7 @@ impl JwtVerifier {
             config,
             outbound,
             keys: RwLock::new(keys),
+            verified: std::sync::Mutex::default(),
             refreshing: tokio::sync::Mutex::new(()),
         }))
     }
@@ -150,6 +166,33 @@ impl JwtVerifier {
 
     /// The principal a valid token names.
     pub async fn verify(&self, token: &str) -> Result<Principal, JwtError> {
+        self.reload_file();
+        let digest: [u8; 32] = sha2::Sha256::digest(token.as_bytes()).into();
+        let now = unix_now();
+        let leeway = i64::try_from(self.config.leeway_secs).unwrap_or(i64::MAX);
+        if let Some(v) = self.lock_verified().get(&digest) {
+            if now + leeway >= v.not_before && now - leeway < v.expires {
+                return Ok(v.principal.clone());
+            }
+        }
+        let verified = self.verify_signed(token).await?;
+        let principal = verified.principal.clone();
+        let mut cache = self.lock_verified();
+        if cache.len() >= VERIFIED_CAPACITY {
+            cache.clear();
+        }
+        cache.insert(digest, verified);
+        Ok(principal)
+    }
+
+    fn lock_verified(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<[u8; 32], Verified>> {
+        self.verified.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Checks the signature and claims of a token not seen before.
+    async fn verify_signed(&self, token: &str) -> Result<Verified, JwtError> {
         let header = jsonwebtoken::decode_header(token)
             .map_err(|e| refused(format!("malformed token: {e}")))?;
         if !ALLOWED.contains(&header.alg) {
@@ -176,13 +219,17 @@ impl JwtVerifier {
         v.leeway = self.config.leeway_secs;
         let data = jsonwebtoken::decode::<Value>(token, &key, &v)
             .map_err(|e| refused(format!("invalid token: {e}")))?;
-        self.principal(&data.claims)
+        let claim = |name: &str| data.claims.get(name).and_then(Value::as_i64);
+        Ok(Verified {
+            principal: self.principal(&data.claims)?,
+            not_before: claim("nbf").unwrap_or(i64::MIN),
+            expires: claim("exp").unwrap_or(i64::MIN),
+        })
     }
 
     /// The key for `kid` and `alg`, if the cached set has one whose type
     /// fits the algorithm.
     fn key(&self, kid: &str, alg: Algorithm) -> Option<Result<DecodingKey, JwtError>> {
-        self.reload_file();
         let keys = self.keys.read().unwrap_or_else(|p| p.into_inner());
         let jwk = if kid.is_empty() && keys.set.keys.len() == 1 {
             keys.set.keys.first()
@@ -218,6 +265,7 @@ impl JwtVerifier {
                 let mut keys = self.keys.write().unwrap_or_else(|p| p.into_inner());
                 keys.set = set;
                 keys.file_stamp = stamp;
+                self.lock_verified().clear();
             }
             Err(e) => {
                 tracing::warn!(error = %e, "the JWKS file changed but cannot be read; keeping the previous keys")
@@ -249,7 +297,10 @@ impl JwtVerifier {
         keys.fetched = Some(Instant::now());
         match fetched {
             Ok(f) if f.status == 200 => match serde_json::from_slice::<JwkSet>(&f.body) {
-                Ok(set) => keys.set = set,
+                Ok(set) => {
+                    keys.set = set;
+                    self.lock_verified().clear();
+                }
                 Err(e) => tracing::warn!(%url, error = %e, "the issuer's JWKS is not a JWK set"),
             },
             Ok(f) => {
@@ -280,6 +331,13 @@ impl JwtVerifier {
             role,
         })
     }
+}
+
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
 }
 
 /// The strongest role a claim names (a string or an array of strings).

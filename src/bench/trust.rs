@@ -177,17 +177,23 @@ pub async fn run(dir: &Path, requests: usize, clients: usize) -> Result<TrustRep
             &std::fs::read(dir.join("ca.pem")).map_err(|e| e.to_string())?,
         )
         .map_err(|e| e.to_string())?;
-        for (i, (credential, secret)) in [("API key", ADMIN), ("JWT (EdDSA)", token.as_str())]
-            .into_iter()
-            .enumerate()
-        {
-            // One keep-alive client per pair: connections are set up once.
-            let client = reqwest::Client::builder()
-                .tcp_nodelay(true)
-                .pool_max_idle_per_host(1024)
-                .add_root_certificate(ca.clone())
-                .build()
-                .map_err(|e| e.to_string())?;
+        // One keep-alive client per credential: connections are set up
+        // once. Every discover run comes before any register run, so all
+        // search the same corpus.
+        let credentials = [("API key", ADMIN), ("JWT (EdDSA)", token.as_str())];
+        let clients_for = credentials
+            .iter()
+            .map(|_| {
+                reqwest::Client::builder()
+                    .tcp_nodelay(true)
+                    .pool_max_idle_per_host(1024)
+                    .add_root_certificate(ca.clone())
+                    .build()
+                    .map_err(|e| e.to_string())
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut discovers = Vec::new();
+        for ((credential, secret), client) in credentials.iter().zip(&clients_for) {
             let discover = |k: usize| {
                 let req = client
                     .post(format!("{base}/discover"))
@@ -195,6 +201,25 @@ pub async fn run(dir: &Path, requests: usize, clients: usize) -> Result<TrustRep
                     .json(&json!({"query": format!("find the weather forecast for city {}", k % 50), "limit": 5}));
                 timed(req)
             };
+            for k in 0..100 {
+                discover(k).await?;
+            }
+            discovers.push(
+                measure(
+                    format!("discover {scheme} {credential}"),
+                    requests,
+                    clients,
+                    discover,
+                )
+                .await?,
+            );
+        }
+        for (i, (((credential, secret), client), d)) in credentials
+            .iter()
+            .zip(&clients_for)
+            .zip(discovers)
+            .enumerate()
+        {
             let register = |k: usize| {
                 let req = client.post(format!("{base}/agents")).bearer_auth(secret).json(&json!({
                     "id": format!("bench-{scheme}-{i}-{k}"),
@@ -204,16 +229,6 @@ pub async fn run(dir: &Path, requests: usize, clients: usize) -> Result<TrustRep
                 }));
                 timed(req)
             };
-            for k in 0..100 {
-                discover(k).await?;
-            }
-            let d = measure(
-                format!("discover {scheme} {credential}"),
-                requests,
-                clients,
-                discover,
-            )
-            .await?;
             let r = measure(
                 format!("register {scheme} {credential}"),
                 requests,
