@@ -87,7 +87,7 @@ impl ConnectionLimits {
     }
 }
 
-/// Whether a TLS listener asks clients for certificates.
+/// Whether a TLS listener with a client CA asks for certificates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ClientAuth {
     /// Ask, and check any certificate sent against the client CA; clients
@@ -179,9 +179,7 @@ fn server_config(files: &TlsConfig, client_auth: ClientAuth) -> Result<ServerCon
                     .map_err(|e| TlsError::Config(e.to_string()))?,
             )
         }
-        None if client_auth == ClientAuth::Required => {
-            return Err(TlsError::Config("mutual TLS needs a client CA file".into()))
-        }
+        // Without a client CA nobody can be checked: plain server TLS.
         None => builder.with_no_client_auth(),
     };
     let mut config = builder

@@ -194,3 +194,36 @@ async fn keys_from_a_well_known_url_are_fetched_once_and_pinned() {
     a.stop().await;
     b.stop().await;
 }
+
+#[tokio::test]
+async fn a_peer_listener_with_tls_but_no_client_ca_serves_without_client_certificates() {
+    let certs = tempfile::tempdir().expect("tempdir");
+    let d = certs.path();
+    certificates(d).await;
+    let b = TestServer::start_with(|c| {
+        c.identity.authority = Some("b.example".into());
+        c.federation.tls = Some(TlsConfig {
+            cert_file: d.join("leaf.pem"),
+            key_file: d.join("leaf.key"),
+            client_ca_file: None,
+        });
+    })
+    .await;
+    let b_http = Http::new(&b.http);
+    let key = signing_key(&b_http).await;
+    register_translator(&b_http).await;
+    let port = b.server.as_ref().expect("running").peer_addr.port();
+    let a = TestServer::start_with(|c| {
+        c.identity.authority = Some("a.example".into());
+        c.federation.peers = vec![PeerConfig {
+            keys: vec![key.clone()],
+            ca_file: Some(d.join("ca.pem")),
+            ..PeerConfig::new("b.example", &format!("https://127.0.0.1:{port}"))
+        }];
+    })
+    .await;
+    let body = federated(&Http::new(&a.http)).await;
+    assert!(found(&body, "urn:b:translator"), "{body:#}");
+    a.stop().await;
+    b.stop().await;
+}
