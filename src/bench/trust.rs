@@ -15,12 +15,38 @@ use super::discover::{config, measured, Measured};
 const ADMIN: &str = "bench-admin-key-0000001";
 const ISSUER: &str = "https://id.bench.test";
 
-/// One (transport, credential) pair's figures.
+/// One (transport, credential) pair's figures, with the CPU time this
+/// process (server and clients together) spent per request: unlike
+/// throughput on a shared 2-core machine, it does not depend on how the
+/// scheduler interleaved them.
 pub struct TrustRow {
     pub transport: &'static str,
     pub credential: &'static str,
     pub discover: Measured,
+    pub discover_cpu_us: f64,
     pub register: Measured,
+    pub register_cpu_us: f64,
+}
+
+/// This process's user + system CPU time, in microseconds (Linux).
+fn cpu_us() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0.0;
+    };
+    // The fields after the command name (which may hold spaces).
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    // utime and stime: fields 14 and 15 of the line, 12 and 13 here.
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // 100 clock ticks per second on Linux.
+    (ticks(11) + ticks(12)) * 10_000.0
 }
 
 pub struct TrustReport {
@@ -204,17 +230,17 @@ pub async fn run(dir: &Path, requests: usize, clients: usize) -> Result<TrustRep
             for k in 0..100 {
                 discover(k).await?;
             }
-            discovers.push(
-                measure(
-                    format!("discover {scheme} {credential}"),
-                    requests,
-                    clients,
-                    discover,
-                )
-                .await?,
-            );
+            let cpu = cpu_us();
+            let d = measure(
+                format!("discover {scheme} {credential}"),
+                requests,
+                clients,
+                discover,
+            )
+            .await?;
+            discovers.push((d, (cpu_us() - cpu) / requests as f64));
         }
-        for (i, (((credential, secret), client), d)) in credentials
+        for (i, (((credential, secret), client), (d, d_cpu))) in credentials
             .iter()
             .zip(&clients_for)
             .zip(discovers)
@@ -229,6 +255,7 @@ pub async fn run(dir: &Path, requests: usize, clients: usize) -> Result<TrustRep
                 }));
                 timed(req)
             };
+            let cpu = cpu_us();
             let r = measure(
                 format!("register {scheme} {credential}"),
                 requests,
@@ -240,7 +267,9 @@ pub async fn run(dir: &Path, requests: usize, clients: usize) -> Result<TrustRep
                 transport: if tls { "TLS 1.3" } else { "plain" },
                 credential,
                 discover: d,
+                discover_cpu_us: d_cpu,
                 register: r,
+                register_cpu_us: (cpu_us() - cpu) / requests as f64,
             });
         }
         server.shutdown().await;
@@ -288,29 +317,29 @@ pub fn report(r: &TrustReport) -> String {
         "Cost of TLS and token checks: {} requests per figure, {} concurrent keep-alive clients, HTTP facade on loopback\n\n",
         r.requests, r.clients
     );
-    out.push_str("| transport | credential | discover p50 | discover p99 | discover/s | register p50 | register p99 | register/s | discover/s vs plain+key | register/s vs plain+key |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    out.push_str("| transport | credential | discover p50 | discover p99 | discover/s | discover CPU/req | register p50 | register p99 | register/s | register CPU/req | discover CPU vs plain+key | register CPU vs plain+key |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     let ms = |us: f64| format!("{:.3} ms", us / 1000.0);
     let base = r.rows.first();
+    let rel = |x: f64, b: f64| format!("{:+.1} %", (x / b.max(1e-9) - 1.0) * 100.0);
     for row in &r.rows {
-        let rel = |x: f64, b: f64| format!("{:+.1} %", (x / b.max(1e-9) - 1.0) * 100.0);
+        let (d_rel, r_rel) = base.map_or((String::new(), String::new()), |b| {
+            (
+                rel(row.discover_cpu_us, b.discover_cpu_us),
+                rel(row.register_cpu_us, b.register_cpu_us),
+            )
+        });
         out.push_str(&format!(
-            "| {} | {} | {} | {} | {:.0} | {} | {} | {:.0} | {} | {} |\n",
+            "| {} | {} | {} | {} | {:.0} | {:.0} µs | {} | {} | {:.0} | {:.0} µs | {d_rel} | {r_rel} |\n",
             row.transport,
             row.credential,
             ms(row.discover.p50_us),
             ms(row.discover.p99_us),
             row.discover.per_second,
+            row.discover_cpu_us,
             ms(row.register.p50_us),
             ms(row.register.p99_us),
             row.register.per_second,
-            base.map_or(String::new(), |b| rel(
-                row.discover.per_second,
-                b.discover.per_second
-            )),
-            base.map_or(String::new(), |b| rel(
-                row.register.per_second,
-                b.register.per_second
-            )),
+            row.register_cpu_us,
         ));
     }
     out
