@@ -107,8 +107,51 @@ pub enum TlsError {
     Config(String),
 }
 
-fn modified(path: &Path) -> Option<SystemTime> {
-    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+/// How often reloaders look at their files' modification times.
+const RELOAD_CHECK: Duration = Duration::from_secs(1);
+
+/// The modification times of the files a reloader depends on (TLS
+/// certificates, a JWKS file), looked at no more than once a second, so a
+/// per-request check costs no system call. `changed` answers the new times
+/// when any file changed; `settle` records them once the reload worked, so
+/// a broken rotation is tried again a second later until it loads.
+pub struct FileStamps {
+    paths: Vec<PathBuf>,
+    seen: Vec<Option<SystemTime>>,
+    checked: Instant,
+}
+
+impl FileStamps {
+    pub fn new(paths: Vec<PathBuf>) -> Self {
+        let seen = Self::read(&paths);
+        Self {
+            paths,
+            seen,
+            checked: Instant::now(),
+        }
+    }
+
+    fn read(paths: &[PathBuf]) -> Vec<Option<SystemTime>> {
+        paths
+            .iter()
+            .map(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
+            .collect()
+    }
+
+    /// The files' new modification times, when a check is due and any of
+    /// them changed since the last `settle`.
+    pub fn changed(&mut self) -> Option<Vec<Option<SystemTime>>> {
+        if self.checked.elapsed() < RELOAD_CHECK {
+            return None;
+        }
+        self.checked = Instant::now();
+        let now = Self::read(&self.paths);
+        (now != self.seen).then_some(now)
+    }
+
+    pub fn settle(&mut self, stamps: Vec<Option<SystemTime>>) {
+        self.seen = stamps;
+    }
 }
 
 /// Reads every certificate of a PEM file.
@@ -189,13 +232,9 @@ fn server_config(files: &TlsConfig, client_auth: ClientAuth) -> Result<ServerCon
     Ok(config)
 }
 
-/// How often the certificate files' modification times are looked at.
-const RELOAD_CHECK: Duration = Duration::from_secs(1);
-
 struct Loaded {
     config: Arc<ServerConfig>,
-    stamps: Vec<Option<SystemTime>>,
-    checked: Instant,
+    stamps: FileStamps,
 }
 
 /// A listener's TLS configuration, rebuilt from its files when any of them
@@ -210,46 +249,37 @@ pub struct ReloadingTls {
 impl ReloadingTls {
     pub fn load(files: TlsConfig, client_auth: ClientAuth) -> Result<Arc<Self>, TlsError> {
         let config = Arc::new(server_config(&files, client_auth)?);
-        let stamps = Self::stamps(&files);
-        Ok(Arc::new(Self {
-            files,
-            client_auth,
-            loaded: Mutex::new(Loaded {
-                config,
-                stamps,
-                checked: Instant::now(),
-            }),
-        }))
-    }
-
-    fn stamps(files: &TlsConfig) -> Vec<Option<SystemTime>> {
-        [
+        let paths = [
             Some(&files.cert_file),
             Some(&files.key_file),
             files.client_ca_file.as_ref(),
         ]
         .into_iter()
         .flatten()
-        .map(|p| modified(p))
-        .collect()
+        .cloned()
+        .collect();
+        Ok(Arc::new(Self {
+            files,
+            client_auth,
+            loaded: Mutex::new(Loaded {
+                config,
+                stamps: FileStamps::new(paths),
+            }),
+        }))
     }
 
     /// The configuration for the next handshake.
     pub fn current(&self) -> Arc<ServerConfig> {
         let mut loaded = self.loaded.lock().unwrap_or_else(|p| p.into_inner());
-        if loaded.checked.elapsed() >= RELOAD_CHECK {
-            loaded.checked = Instant::now();
-            let stamps = Self::stamps(&self.files);
-            if stamps != loaded.stamps {
-                match server_config(&self.files, self.client_auth) {
-                    Ok(c) => {
-                        tracing::info!(cert = %self.files.cert_file.display(), "TLS certificate files changed; reloaded");
-                        loaded.config = Arc::new(c);
-                        loaded.stamps = stamps;
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "TLS certificate files changed but cannot be loaded; keeping the previous certificate");
-                    }
+        if let Some(stamps) = loaded.stamps.changed() {
+            match server_config(&self.files, self.client_auth) {
+                Ok(c) => {
+                    tracing::info!(cert = %self.files.cert_file.display(), "TLS certificate files changed; reloaded");
+                    loaded.config = Arc::new(c);
+                    loaded.stamps.settle(stamps);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "TLS certificate files changed but cannot be loaded; keeping the previous certificate");
                 }
             }
         }

@@ -10,7 +10,6 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
-use tonic::metadata::MetadataMap;
 
 use super::jwt::JwtVerifier;
 use crate::domain::{Principal, Role};
@@ -68,10 +67,10 @@ impl Authenticator {
     /// wrong or malformed one is refused rather than downgraded.
     pub async fn identify(
         &self,
-        metadata: &MetadataMap,
+        headers: &http::HeaderMap,
         peer: Option<&Peer>,
     ) -> Result<Identity, ServiceError> {
-        let Some(value) = metadata.get("authorization") else {
+        let Some(value) = headers.get(http::header::AUTHORIZATION) else {
             return Ok(Identity(peer.and_then(|p| self.by_certificate(p))));
         };
         let value = value.to_str().map_err(|_| {
@@ -122,8 +121,8 @@ mod tests {
     use super::*;
     use crate::domain::Role;
 
-    fn md(auth: Option<&str>) -> MetadataMap {
-        let mut m = MetadataMap::new();
+    fn md(auth: Option<&str>) -> http::HeaderMap {
+        let mut m = http::HeaderMap::new();
         if let Some(a) = auth {
             m.insert("authorization", a.parse().unwrap());
         }

@@ -16,7 +16,6 @@ use std::time::Duration;
 use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use serde::Deserialize;
-use tonic::metadata::MetadataMap;
 
 use super::auth::{Authenticator, Identity};
 use crate::listener::Peer;
@@ -314,11 +313,11 @@ impl Gate {
     /// keys is limited like any other flood.
     pub async fn admit(
         &self,
-        metadata: &MetadataMap,
+        headers: &http::HeaderMap,
         peer: Option<&Peer>,
         class: OpClass,
     ) -> Result<Identity, ServiceError> {
-        let identity = self.auth.identify(metadata, peer).await;
+        let identity = self.auth.identify(headers, peer).await;
         let Some(limiter) = &self.limiter else {
             return identity;
         };
@@ -399,9 +398,8 @@ where
                     tonic::Status::unimplemented(format!("unknown method {}", req.uri().path()));
                 return Ok(status.into_http());
             };
-            let metadata = MetadataMap::from_headers(req.headers().clone());
             let peer = req.extensions().get::<Peer>().cloned();
-            match gate.admit(&metadata, peer.as_ref(), class).await {
+            match gate.admit(req.headers(), peer.as_ref(), class).await {
                 Ok(identity) => {
                     req.extensions_mut().insert(identity);
                     inner.call(req).await
@@ -462,7 +460,7 @@ mod tests {
         limits.anonymous.discover = rate(1, 3);
         limits.authenticated.discover = rate(1, 5);
         let gate = Gate::new(Arc::new(auth), &limits);
-        let anon = MetadataMap::new();
+        let anon = http::HeaderMap::new();
         let a = peer("192.0.2.1");
         for _ in 0..3 {
             gate.admit(&anon, Some(&a), OpClass::Discover)
@@ -482,7 +480,7 @@ mod tests {
             .await
             .unwrap();
         gate.admit(&anon, Some(&a), OpClass::Read).await.unwrap();
-        let mut md = MetadataMap::new();
+        let mut md = http::HeaderMap::new();
         md.insert(
             "authorization",
             "Bearer key-of-alice-000001".parse().unwrap(),
@@ -492,7 +490,7 @@ mod tests {
         }
         assert!(gate.admit(&md, Some(&a), OpClass::Discover).await.is_err());
         // A bad key is charged to the address, then refused as 401.
-        let mut bad = MetadataMap::new();
+        let mut bad = http::HeaderMap::new();
         bad.insert("authorization", "Bearer wrong".parse().unwrap());
         let e = gate
             .admit(&bad, Some(&peer("192.0.2.9")), OpClass::Read)
@@ -509,7 +507,7 @@ mod tests {
         };
         limits.anonymous.read = rate(1, 1);
         let gate = Gate::new(Arc::new(Authenticator::default()), &limits);
-        let anon = MetadataMap::new();
+        let anon = http::HeaderMap::new();
         let mut refused = 0;
         for i in 0..200u32 {
             let ip = std::net::Ipv4Addr::from(0x0a00_0000 + i);

@@ -18,6 +18,7 @@ use sha2::Digest;
 
 use crate::domain::{Principal, Role};
 use crate::gateway::transport::Outbound;
+use crate::listener::FileStamps;
 
 /// `[jwt]`: one token issuer.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -106,7 +107,6 @@ fn refused(m: impl Into<String>) -> JwtError {
 struct Keys {
     set: JwkSet,
     fetched: Option<Instant>,
-    file_stamp: Option<std::time::SystemTime>,
 }
 
 /// A token already verified: its principal and validity window. Clients
@@ -125,6 +125,8 @@ pub struct JwtVerifier {
     config: JwtConfig,
     outbound: Option<Outbound>,
     keys: RwLock<Keys>,
+    /// The JWKS file's modification time, when keys come from a file.
+    file: Option<std::sync::Mutex<FileStamps>>,
     /// By SHA-256 of the token; emptied whenever the key set changes, so a
     /// key taken out of the set stops its tokens at once.
     verified: std::sync::Mutex<std::collections::HashMap<[u8; 32], Verified>>,
@@ -140,11 +142,11 @@ impl JwtVerifier {
         let mut keys = Keys {
             set: JwkSet { keys: Vec::new() },
             fetched: None,
-            file_stamp: None,
         };
+        let mut file = None;
         if let Some(path) = &config.jwks_file {
             keys.set = read_jwks(path)?;
-            keys.file_stamp = std::fs::metadata(path).and_then(|m| m.modified()).ok();
+            file = Some(std::sync::Mutex::new(FileStamps::new(vec![path.clone()])));
         }
         if config.jwks_url.is_some() && outbound.is_none() {
             return Err("jwt.jwks_url needs the gateway's outbound client".into());
@@ -153,6 +155,7 @@ impl JwtVerifier {
             config,
             outbound,
             keys: RwLock::new(keys),
+            file,
             verified: std::sync::Mutex::default(),
             refreshing: tokio::sync::Mutex::new(()),
         }))
@@ -246,25 +249,19 @@ impl JwtVerifier {
         Some(DecodingKey::from_jwk(jwk).map_err(|e| refused(format!("unusable key '{kid}': {e}"))))
     }
 
+    /// Re-reads the JWKS file when it changed (looked at once a second).
     fn reload_file(&self) {
-        let Some(path) = &self.config.jwks_file else {
+        let (Some(path), Some(file)) = (&self.config.jwks_file, &self.file) else {
             return;
         };
-        let stamp = std::fs::metadata(path).and_then(|m| m.modified()).ok();
-        if stamp
-            == self
-                .keys
-                .read()
-                .unwrap_or_else(|p| p.into_inner())
-                .file_stamp
-        {
+        let mut file = file.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(stamps) = file.changed() else {
             return;
-        }
+        };
         match read_jwks(path) {
             Ok(set) => {
-                let mut keys = self.keys.write().unwrap_or_else(|p| p.into_inner());
-                keys.set = set;
-                keys.file_stamp = stamp;
+                self.keys.write().unwrap_or_else(|p| p.into_inner()).set = set;
+                file.settle(stamps);
                 self.lock_verified().clear();
             }
             Err(e) => {

@@ -19,7 +19,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use hmac::{Hmac, Mac};
 use serde::Deserialize;
@@ -28,7 +28,7 @@ use tonic::metadata::MetadataMap;
 use tonic::Status;
 
 use super::NodeId;
-use crate::listener::{ClientAuth, Peer, ReloadingTls, TlsConfig};
+use crate::listener::{ClientAuth, FileStamps, Peer, ReloadingTls, TlsConfig};
 
 /// The metadata key carrying a secret-mode proof.
 pub const PROOF_METADATA: &str = "x-agentry-cluster-proof";
@@ -107,19 +107,13 @@ pub struct ClusterSecret {
 pub struct ClusterTls {
     files: ClusterTlsConfig,
     server: Arc<ReloadingTls>,
-    client: Mutex<(
-        tonic::transport::ClientTlsConfig,
-        Vec<Option<SystemTime>>,
-        Instant,
-        u64,
-    )>,
+    client: Mutex<ClientSide>,
 }
 
-fn stamps(files: &ClusterTlsConfig) -> Vec<Option<SystemTime>> {
-    [&files.cert_file, &files.key_file, &files.ca_file]
-        .iter()
-        .map(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
-        .collect()
+struct ClientSide {
+    config: tonic::transport::ClientTlsConfig,
+    stamps: FileStamps,
+    generation: u64,
 }
 
 fn client_tls(
@@ -152,12 +146,19 @@ impl ClusterTls {
             },
             ClientAuth::Required,
         )?;
-        let client = client_tls(&files)?;
-        let s = stamps(&files);
+        let client = ClientSide {
+            config: client_tls(&files)?,
+            stamps: FileStamps::new(vec![
+                files.cert_file.clone(),
+                files.key_file.clone(),
+                files.ca_file.clone(),
+            ]),
+            generation: 0,
+        };
         Ok(Self {
             files,
             server,
-            client: Mutex::new((client, s, Instant::now(), 0)),
+            client: Mutex::new(client),
         })
     }
 
@@ -165,26 +166,22 @@ impl ClusterTls {
     /// changed (looked at no more than once a second).
     pub fn client(&self) -> (tonic::transport::ClientTlsConfig, u64) {
         let mut c = self.client.lock().unwrap_or_else(|p| p.into_inner());
-        if c.2.elapsed() >= Duration::from_secs(1) {
-            c.2 = Instant::now();
-            let now = stamps(&self.files);
-            if now != c.1 {
-                match client_tls(&self.files) {
-                    Ok(config) => {
-                        tracing::info!(
-                            "cluster TLS files changed; reconnecting with the new certificate"
-                        );
-                        c.0 = config;
-                        c.1 = now;
-                        c.3 += 1;
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "cluster TLS files changed but cannot be loaded; keeping the previous ones")
-                    }
+        if let Some(stamps) = c.stamps.changed() {
+            match client_tls(&self.files) {
+                Ok(config) => {
+                    tracing::info!(
+                        "cluster TLS files changed; reconnecting with the new certificate"
+                    );
+                    c.config = config;
+                    c.stamps.settle(stamps);
+                    c.generation += 1;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cluster TLS files changed but cannot be loaded; keeping the previous ones")
                 }
             }
         }
-        (c.0.clone(), c.3)
+        (c.config.clone(), c.generation)
     }
 }
 

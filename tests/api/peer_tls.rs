@@ -68,6 +68,26 @@ async fn register_translator(b: &Http) {
     assert_eq!(status, 201);
 }
 
+/// b.example with its peer listener on TLS (requiring client certificates
+/// from the test CA when `client_ca`), its translator registered: the
+/// server, its HTTP client, its signing key and its peer port.
+async fn start_b(d: &Path, client_ca: bool) -> (TestServer, Http, String, u16) {
+    let b = TestServer::start_with(|c| {
+        c.identity.authority = Some("b.example".into());
+        c.federation.tls = Some(TlsConfig {
+            cert_file: d.join("leaf.pem"),
+            key_file: d.join("leaf.key"),
+            client_ca_file: client_ca.then(|| d.join("ca.pem")),
+        });
+    })
+    .await;
+    let b_http = Http::new(&b.http);
+    let key = signing_key(&b_http).await;
+    register_translator(&b_http).await;
+    let port = b.server.as_ref().expect("running").peer_addr.port();
+    (b, b_http, key, port)
+}
+
 fn found(body: &Value, id: &str) -> bool {
     body["candidates"]
         .as_array()
@@ -79,19 +99,7 @@ async fn peers_reach_a_tls_listener_only_with_the_right_ca_and_client_certificat
     let certs = tempfile::tempdir().expect("tempdir");
     let d = certs.path();
     certificates(d).await;
-    let b = TestServer::start_with(|c| {
-        c.identity.authority = Some("b.example".into());
-        c.federation.tls = Some(TlsConfig {
-            cert_file: d.join("leaf.pem"),
-            key_file: d.join("leaf.key"),
-            client_ca_file: Some(d.join("ca.pem")),
-        });
-    })
-    .await;
-    let b_http = Http::new(&b.http);
-    let key = signing_key(&b_http).await;
-    register_translator(&b_http).await;
-    let port = b.server.as_ref().expect("running").peer_addr.port();
+    let (b, b_http, key, port) = start_b(d, true).await;
     let (_, info) = b_http
         .call(Method::GET, "/.well-known/agentry.json", None, None)
         .await
@@ -200,19 +208,7 @@ async fn a_peer_listener_with_tls_but_no_client_ca_serves_without_client_certifi
     let certs = tempfile::tempdir().expect("tempdir");
     let d = certs.path();
     certificates(d).await;
-    let b = TestServer::start_with(|c| {
-        c.identity.authority = Some("b.example".into());
-        c.federation.tls = Some(TlsConfig {
-            cert_file: d.join("leaf.pem"),
-            key_file: d.join("leaf.key"),
-            client_ca_file: None,
-        });
-    })
-    .await;
-    let b_http = Http::new(&b.http);
-    let key = signing_key(&b_http).await;
-    register_translator(&b_http).await;
-    let port = b.server.as_ref().expect("running").peer_addr.port();
+    let (b, _, key, port) = start_b(d, false).await;
     let a = TestServer::start_with(|c| {
         c.identity.authority = Some("a.example".into());
         c.federation.peers = vec![PeerConfig {

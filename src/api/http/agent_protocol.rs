@@ -83,7 +83,7 @@ fn agent_auth(headers: &HeaderMap) -> String {
 }
 
 pub(super) async fn list(State(s): State<HttpState>, caller: Caller) -> ApiResult {
-    let req = grpc_request(&caller, pb::ApListRequest {})?;
+    let req = grpc_request(&caller, pb::ApListRequest {});
     Ok(document(s.invocation.list_agents(req).await?.into_inner()))
 }
 
@@ -92,7 +92,7 @@ pub(super) async fn describe(
     caller: Caller,
     Path(agent_id): Path<String>,
 ) -> ApiResult {
-    let req = grpc_request(&caller, pb::ApAgentRef { agent_id })?;
+    let req = grpc_request(&caller, pb::ApAgentRef { agent_id });
     Ok(document(s.invocation.describe(req).await?.into_inner()))
 }
 
@@ -115,7 +115,7 @@ pub(super) async fn run(
     };
     let r = s
         .invocation
-        .run(grpc_request(&caller, msg)?)
+        .run(grpc_request(&caller, msg))
         .await?
         .into_inner();
     if r.json.is_empty() {
@@ -139,7 +139,7 @@ pub(super) async fn get_events(
         run_id,
         since: since(&pairs)?,
     };
-    let req = grpc_request(&caller, msg)?;
+    let req = grpc_request(&caller, msg);
     if parse_bool(single(&pairs, "stream"), "/stream")? {
         return Ok(events(s.invocation.stream_events(req).await?.into_inner()));
     }
@@ -160,7 +160,7 @@ pub(super) async fn stream_request(
         wait: false,
         agent_authorization: agent_auth(&headers),
     };
-    let req = grpc_request(&caller, msg)?;
+    let req = grpc_request(&caller, msg);
     Ok(events(s.invocation.stream_request(req).await?.into_inner()))
 }
 
@@ -169,7 +169,7 @@ pub(super) async fn run_status(
     caller: Caller,
     Path((agent_id, run_id)): Path<(String, String)>,
 ) -> ApiResult {
-    let req = grpc_request(&caller, pb::ApRunRef { agent_id, run_id })?;
+    let req = grpc_request(&caller, pb::ApRunRef { agent_id, run_id });
     Ok(document(s.invocation.get_run(req).await?.into_inner()))
 }
 
@@ -178,6 +178,6 @@ pub(super) async fn threads(
     caller: Caller,
     Path(agent_id): Path<String>,
 ) -> ApiResult {
-    let req = grpc_request(&caller, pb::ApAgentRef { agent_id })?;
+    let req = grpc_request(&caller, pb::ApAgentRef { agent_id });
     Ok(document(s.invocation.list_threads(req).await?.into_inner()))
 }

@@ -31,7 +31,7 @@ fn node_id(raw: &str) -> Result<u64, ApiError> {
 }
 
 pub(super) async fn status(State(s): State<HttpState>, caller: Caller) -> ApiResult {
-    let req = grpc_request(&caller, pb::ClusterStatusRequest {})?;
+    let req = grpc_request(&caller, pb::ClusterStatusRequest {});
     ok(s.cluster.status(req).await?)
 }
 
@@ -71,7 +71,7 @@ pub(super) async fn initialize(
             })
             .collect(),
     };
-    ok(s.cluster.initialize(grpc_request(&caller, msg)?).await?)
+    ok(s.cluster.initialize(grpc_request(&caller, msg)).await?)
 }
 
 #[derive(Deserialize)]
@@ -95,7 +95,7 @@ pub(super) async fn add_learner(
         raft_addr: b.raft_addr,
         wait_caught_up: b.wait_caught_up,
     };
-    ok(s.cluster.add_learner(grpc_request(&caller, msg)?).await?)
+    ok(s.cluster.add_learner(grpc_request(&caller, msg)).await?)
 }
 
 pub(super) async fn promote(
@@ -104,7 +104,7 @@ pub(super) async fn promote(
     Path(id): Path<String>,
 ) -> ApiResult {
     let msg = pb::PromoteRequest { id: node_id(&id)? };
-    ok(s.cluster.promote(grpc_request(&caller, msg)?).await?)
+    ok(s.cluster.promote(grpc_request(&caller, msg)).await?)
 }
 
 pub(super) async fn remove(
@@ -113,5 +113,5 @@ pub(super) async fn remove(
     Path(id): Path<String>,
 ) -> ApiResult {
     let msg = pb::RemoveRequest { id: node_id(&id)? };
-    ok(s.cluster.remove(grpc_request(&caller, msg)?).await?)
+    ok(s.cluster.remove(grpc_request(&caller, msg)).await?)
 }

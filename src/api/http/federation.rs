@@ -21,7 +21,7 @@ fn changed(resp: tonic::Response<pb::KeyChangeResponse>) -> ApiResult {
 }
 
 pub(super) async fn registry_info(State(s): State<HttpState>, caller: Caller) -> ApiResult {
-    let req = grpc_request(&caller, pb::GetRegistryInfoRequest {})?;
+    let req = grpc_request(&caller, pb::GetRegistryInfoRequest {});
     let info = s.federation.get_registry_info(req).await?.into_inner();
     Ok(json_response(StatusCode::OK, &registry_info_to_json(&info)))
 }
@@ -49,11 +49,11 @@ pub(super) async fn rotate_key(
     let msg = pb::RotateKeyRequest {
         not_after: body.not_after,
     };
-    changed(s.federation.rotate_key(grpc_request(&caller, msg)?).await?)
+    changed(s.federation.rotate_key(grpc_request(&caller, msg)).await?)
 }
 
 async fn end_key(s: HttpState, key_id: String, caller: Caller, revoke: bool) -> ApiResult {
-    let req = grpc_request(&caller, pb::EndKeyRequest { key_id })?;
+    let req = grpc_request(&caller, pb::EndKeyRequest { key_id });
     changed(if revoke {
         s.federation.revoke_key(req).await?
     } else {
@@ -102,7 +102,7 @@ pub(super) async fn add_publisher_key(
     };
     let key = s
         .federation
-        .add_publisher_key(grpc_request(&caller, msg)?)
+        .add_publisher_key(grpc_request(&caller, msg))
         .await?
         .into_inner();
     Ok(json_response(
@@ -112,7 +112,7 @@ pub(super) async fn add_publisher_key(
 }
 
 pub(super) async fn list_publisher_keys(State(s): State<HttpState>, caller: Caller) -> ApiResult {
-    let req = grpc_request(&caller, pb::ListPublisherKeysRequest {})?;
+    let req = grpc_request(&caller, pb::ListPublisherKeysRequest {});
     let keys = s
         .federation
         .list_publisher_keys(req)
@@ -134,7 +134,7 @@ pub(super) async fn remove_publisher_key(
     let msg = pb::RemovePublisherKeyRequest { key_id };
     let r = s
         .federation
-        .remove_publisher_key(grpc_request(&caller, msg)?)
+        .remove_publisher_key(grpc_request(&caller, msg))
         .await?
         .into_inner();
     Ok(json_response(

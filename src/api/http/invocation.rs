@@ -167,7 +167,7 @@ pub(super) async fn invoke(
         idempotency_key: header_text(&headers, "idempotency-key"),
         agent_authorization: header_text(&headers, AGENT_AUTHORIZATION),
     };
-    let req = grpc_request(&caller, msg)?;
+    let req = grpc_request(&caller, msg);
     if stream {
         let events = s.invocation.invoke_stream(req).await?.into_inner();
         let sse = events.map(|e| {
@@ -200,7 +200,7 @@ pub(super) async fn woa_document(
     caller: Caller,
     headers: HeaderMap,
 ) -> ApiResult {
-    let req = grpc_request(&caller, ())?;
+    let req = grpc_request(&caller, ());
     let who = crate::api::grpc::principal(&req);
     let service = s.invocation.service();
     service.registry().require_reader(who.as_ref())?;
@@ -262,7 +262,7 @@ pub(super) async fn import(
             format!("/{k}: unknown member"),
         ));
     }
-    let req = grpc_request(&caller, pb::ImportRequest { format, url })?;
+    let req = grpc_request(&caller, pb::ImportRequest { format, url });
     let r = s.invocation.import(req).await?.into_inner();
     let problem = |p: &pb::ImportProblem| {
         let mut v = json!({"agent_id": p.agent_id, "reason": p.reason});

@@ -12,7 +12,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{self, MethodRouter};
 use axum::Router;
 use serde_json::{json, Value};
-use tonic::metadata::MetadataMap;
 use tonic::Status;
 
 use super::auth::Identity;
@@ -132,10 +131,10 @@ async fn set_problem_instance(
 
 /// Builds a tonic request carrying the caller's identity, as the gRPC
 /// gate layer would.
-fn grpc_request<T>(caller: &Caller, msg: T) -> Result<tonic::Request<T>, ApiError> {
+fn grpc_request<T>(caller: &Caller, msg: T) -> tonic::Request<T> {
     let mut req = tonic::Request::new(msg);
     req.extensions_mut().insert(caller.0.clone());
-    Ok(req)
+    req
 }
 
 fn json_response(status: StatusCode, body: &Value) -> Response {
@@ -332,7 +331,7 @@ async fn register(
             metadata: Some(metadata),
             visibility: visibility_param(&pairs)?,
         },
-    )?;
+    );
     let resp = s.api.register(req).await?.into_inner();
     let record = resp.record.as_ref();
     let body = record_json(record)?;
@@ -379,7 +378,7 @@ async fn get_agent(
             id,
             consistency: consistency_param(&pairs)?,
         },
-    )?;
+    );
     let resp = s.api.get(req).await?.into_inner();
     let mut out = json_response(StatusCode::OK, &record_json(resp.record.as_ref())?);
     if let Some(r) = &resp.record {
@@ -409,7 +408,7 @@ async fn update_agent(
             metadata: Some(metadata),
             visibility: visibility_param(&pairs)?,
         },
-    )?;
+    );
     let resp = s.api.update(req).await?.into_inner();
     Ok(json_response(
         StatusCode::OK,
@@ -424,7 +423,7 @@ async fn delete_agent(
     RawQuery(q): RawQuery,
 ) -> ApiResult {
     query_params(q.as_deref(), &[])?;
-    let req = grpc_request(&caller, pb::DeleteRequest { id })?;
+    let req = grpc_request(&caller, pb::DeleteRequest { id });
     let resp = s.api.delete(req).await?.into_inner();
     Ok(json_response(
         StatusCode::OK,
@@ -455,7 +454,7 @@ async fn set_status(
         Some(Value::String(r)) => Some(r.clone()),
         Some(_) => return Err(invalid(Some("/reason"), "/reason: must be a string")),
     };
-    let req = grpc_request(&caller, pb::SetStatusRequest { id, status, reason })?;
+    let req = grpc_request(&caller, pb::SetStatusRequest { id, status, reason });
     let resp = s.api.set_status(req).await?.into_inner();
     Ok(json_response(
         StatusCode::OK,
@@ -496,7 +495,7 @@ async fn list_agents(
         consistency: consistency_param(&pairs)?,
         query: String::new(),
     };
-    let resp = s.api.list(grpc_request(&caller, req)?).await?.into_inner();
+    let resp = s.api.list(grpc_request(&caller, req)).await?.into_inner();
     let agents = resp
         .records
         .iter()
@@ -645,7 +644,7 @@ async fn search_agents(
         query,
         ..Default::default()
     };
-    let resp = s.api.list(grpc_request(&caller, req)?).await?.into_inner();
+    let resp = s.api.list(grpc_request(&caller, req)).await?.into_inner();
     let out = resp
         .records
         .iter()
@@ -673,7 +672,7 @@ async fn discover(
 ) -> ApiResult {
     let v = json_body(&s, &headers, body).await?;
     let req = discover_request_from_json(v).map_err(ServiceError::from)?;
-    let resp = pb::discovery_server::Discovery::discover(&s.api, grpc_request(&caller, req)?)
+    let resp = pb::discovery_server::Discovery::discover(&s.api, grpc_request(&caller, req))
         .await?
         .into_inner();
     let body = discover_response_to_json(&resp).map_err(ServiceError::from)?;
@@ -690,7 +689,7 @@ async fn resolve(
 ) -> ApiResult {
     let v = json_body(&s, &headers, body).await?;
     let req = resolve_request_from_json(v).map_err(ServiceError::from)?;
-    let resp = pb::discovery_server::Discovery::resolve(&s.api, grpc_request(&caller, req)?)
+    let resp = pb::discovery_server::Discovery::resolve(&s.api, grpc_request(&caller, req))
         .await?
         .into_inner();
     let body = resolve_response_to_json(&resp).map_err(ServiceError::from)?;
@@ -986,9 +985,8 @@ async fn gate_http(
         )))
         .into_response();
     };
-    let metadata = MetadataMap::from_headers(req.headers().clone());
     let peer = req.extensions().get::<Peer>().cloned();
-    match state.gate.admit(&metadata, peer.as_ref(), class).await {
+    match state.gate.admit(req.headers(), peer.as_ref(), class).await {
         Ok(identity) => {
             req.extensions_mut().insert(identity);
             next.run(req).await
