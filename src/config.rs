@@ -27,6 +27,9 @@ pub struct ApiKeyConfig {
     pub key_sha256: Option<String>,
     #[serde(default)]
     pub key: Option<String>,
+    /// The tenant the key's principal belongs to.
+    #[serde(default)]
+    pub tenant: Option<String>,
 }
 
 /// The registry's signing identity (docs/federation.md).
@@ -451,6 +454,10 @@ pub struct Config {
     /// Client certificates (public listeners' mutual TLS) that name
     /// principals.
     pub client_certificates: Vec<crate::api::auth::CertPrincipal>,
+    /// Tenants: the id namespaces their publishers may register.
+    pub tenants: Vec<crate::service::TenantConfig>,
+    /// Record quotas per owner, per tenant and per record.
+    pub quotas: crate::service::QuotaConfig,
     /// Discovery: embedder and ranking weights.
     pub discovery: DiscoveryConfig,
     /// Signing identity: authority and key file.
@@ -498,6 +505,8 @@ impl Default for Config {
             rate_limits: Default::default(),
             jwt: None,
             client_certificates: Vec::new(),
+            tenants: Vec::new(),
+            quotas: Default::default(),
             discovery: DiscoveryConfig::default(),
             identity: IdentityConfig::default(),
             federation: FederationConfig::default(),
@@ -583,6 +592,7 @@ impl Config {
         Limits {
             max_record_bytes: self.max_record_bytes,
             allowed_schemes: self.allowed_schemes.clone(),
+            max_examples: self.quotas.max_examples_per_record,
         }
     }
 
@@ -626,6 +636,8 @@ impl Config {
                 "client_certificates need [tls] with client_ca_file".into(),
             ));
         }
+        crate::service::Tenancy::validate(&self.tenants, &self.quotas)
+            .map_err(ConfigError::Invalid)?;
         self.discovery.validate().map_err(ConfigError::Invalid)?;
         self.federation.validate()?;
         self.gateway.validate()?;

@@ -13,10 +13,7 @@ pub const AGENTS: &str = include_str!("../demo/metatool/agents.jsonl");
 
 /// Registers every demo agent that is not stored yet, as principal `demo`.
 pub async fn load(service: RegistryService) {
-    let demo = Principal {
-        name: "demo".into(),
-        role: Role::Publisher,
-    };
+    let demo = Principal::new("demo", Role::Publisher);
     let (mut added, mut present) = (0usize, 0usize);
     for (i, line) in AGENTS.lines().filter(|l| !l.trim().is_empty()).enumerate() {
         let parsed = serde_json::from_str(line)

@@ -148,16 +148,10 @@ fn authenticator(config: &Config) -> Result<(Authenticator, Option<String>), Ser
         };
         auth.add_digest(
             &digest,
-            Principal {
-                name: k.name.clone(),
-                role,
-            },
+            Principal::new(k.name.clone(), role).in_tenant(k.tenant.clone()),
         );
     }
-    let admin = Principal {
-        name: "admin".into(),
-        role: Role::Admin,
-    };
+    let admin = Principal::new("admin", Role::Admin);
     if let Some(key) = &config.admin_key {
         auth.add_digest(&key_digest(key), admin);
         return Ok((auth, None));
@@ -358,7 +352,11 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
         config.anonymous_reads,
         shutdown_rx.clone(),
     )
-    .with_peers(peers.clone());
+    .with_peers(peers.clone())
+    .with_tenancy(crate::service::Tenancy::new(
+        &config.tenants,
+        config.quotas.clone(),
+    ));
     tokio::spawn(crate::federation::pin_keys(
         peers.clone(),
         config.data_dir.clone(),

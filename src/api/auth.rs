@@ -33,6 +33,8 @@ pub struct CertPrincipal {
     pub dns_name: String,
     pub name: String,
     pub role: Role,
+    #[serde(default)]
+    pub tenant: Option<String>,
 }
 
 /// Maps credentials to principals.
@@ -108,10 +110,7 @@ impl Authenticator {
             let name = rustls::pki_types::ServerName::try_from(m.dns_name.clone()).ok()?;
             rustls::client::verify_server_name(&parsed, &name)
                 .ok()
-                .map(|_| Principal {
-                    name: m.name.clone(),
-                    role: m.role,
-                })
+                .map(|_| Principal::new(m.name.clone(), m.role).in_tenant(m.tenant.clone()))
         })
     }
 }
@@ -132,13 +131,7 @@ mod tests {
     #[tokio::test]
     async fn bearer_keys_map_to_principals() {
         let mut a = Authenticator::default();
-        a.add_digest(
-            &key_digest("s3cret"),
-            Principal {
-                name: "ci".into(),
-                role: Role::Publisher,
-            },
-        );
+        a.add_digest(&key_digest("s3cret"), Principal::new("ci", Role::Publisher));
         assert_eq!(
             a.identify(&md(Some("Bearer s3cret")), None)
                 .await

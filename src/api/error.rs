@@ -18,7 +18,9 @@ fn classify(e: &ServiceError) -> (&'static str, Code, u16) {
     match e {
         ServiceError::InvalidRequest { .. } => ("invalid_request", Code::InvalidArgument, 400),
         ServiceError::Unauthorized(_) => ("unauthorized", Code::Unauthenticated, 401),
-        ServiceError::Forbidden(_) => ("forbidden", Code::PermissionDenied, 403),
+        ServiceError::Forbidden(_) | ServiceError::Denied { .. } => {
+            ("forbidden", Code::PermissionDenied, 403)
+        }
         ServiceError::NotFound(_) => ("not_found", Code::NotFound, 404),
         ServiceError::Gone(_) => ("not_found", Code::NotFound, 410),
         ServiceError::Conflict(_) => ("conflict", Code::AlreadyExists, 409),
@@ -40,7 +42,9 @@ pub fn to_status(e: &ServiceError) -> Status {
     let (code, grpc, http_status) = classify(e);
     let correlation_id = uuid::Uuid::new_v4().to_string();
     let field = match e {
-        ServiceError::InvalidRequest { field, .. } => field.clone(),
+        ServiceError::InvalidRequest { field, .. } | ServiceError::Denied { field, .. } => {
+            field.clone()
+        }
         _ => None,
     };
     let retry_after = match e {

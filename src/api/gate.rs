@@ -451,10 +451,7 @@ mod tests {
         let mut auth = Authenticator::default();
         auth.add_digest(
             &super::super::auth::key_digest("key-of-alice-000001"),
-            Principal {
-                name: "alice".into(),
-                role: Role::Publisher,
-            },
+            Principal::new("alice", Role::Publisher),
         );
         let mut limits = RateLimitConfig::default();
         limits.anonymous.discover = rate(1, 3);

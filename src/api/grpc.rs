@@ -7,7 +7,7 @@ use futures::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
 
 use super::auth::Identity;
-use crate::convert::{change_kind_to_pb, record_to_pb, status_from_pb, visibility_from_pb};
+use crate::convert::{change_kind_to_pb, record_to_pb, sharing_from_pb, status_from_pb};
 use crate::domain::{query::Filter, AgentMetadata, Principal};
 use crate::pb::{self, registry_server::Registry};
 use crate::service::{Consistency, ListQuery, RegistryService, ServiceError};
@@ -67,10 +67,10 @@ impl Registry for RegistryApi {
         let who = principal(&req);
         let req = req.into_inner();
         let metadata = required_metadata(req.metadata)?;
-        let visibility = visibility_from_pb(req.visibility).map_err(ServiceError::from)?;
+        let sharing = sharing_from_pb(req.visibility, &req.readers).map_err(ServiceError::from)?;
         let (record, created) = self
             .service
-            .register(who.as_ref(), metadata, visibility)
+            .register(who.as_ref(), metadata, sharing)
             .await?;
         Ok(Response::new(pb::RegisterResponse {
             record: Some(record_to_pb(&record, now())),
@@ -100,10 +100,10 @@ impl Registry for RegistryApi {
         let who = principal(&req);
         let req = req.into_inner();
         let metadata = required_metadata(req.metadata)?;
-        let visibility = visibility_from_pb(req.visibility).map_err(ServiceError::from)?;
+        let sharing = sharing_from_pb(req.visibility, &req.readers).map_err(ServiceError::from)?;
         let record = self
             .service
-            .update(who.as_ref(), &req.id, metadata, visibility)
+            .update(who.as_ref(), &req.id, metadata, sharing)
             .await?;
         Ok(Response::new(pb::UpdateResponse {
             record: Some(record_to_pb(&record, now())),

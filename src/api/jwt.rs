@@ -44,6 +44,10 @@ pub struct JwtConfig {
     pub role_claim: Option<String>,
     #[serde(default = "default_role")]
     pub default_role: Role,
+    /// A claim naming the principal's tenant (e.g. `org_id`); absent or
+    /// unset: the principal belongs to no tenant.
+    #[serde(default)]
+    pub tenant_claim: Option<String>,
     /// Clock skew allowed on `exp` and `nbf`.
     #[serde(default = "default_leeway")]
     pub leeway_secs: u64,
@@ -323,10 +327,21 @@ impl JwtVerifier {
             Some(v) => strongest_role(v)
                 .ok_or_else(|| refused(format!("the token's role claim {v} names no role")))?,
         };
-        Ok(Principal {
-            name: name.to_string(),
-            role,
-        })
+        let tenant = match self
+            .config
+            .tenant_claim
+            .as_ref()
+            .and_then(|c| claims.get(c))
+        {
+            None | Some(Value::Null) => None,
+            Some(Value::String(t)) if !t.is_empty() && !t.contains(['/', ':']) => Some(t.clone()),
+            Some(v) => {
+                return Err(refused(format!(
+                    "the token's tenant claim {v} is not a tenant name"
+                )))
+            }
+        };
+        Ok(Principal::new(name, role).in_tenant(tenant))
     }
 }
 

@@ -282,6 +282,7 @@ pub(crate) async fn register_corpus(
                     .register(request(pb::RegisterRequest {
                         metadata: Some(metadata),
                         visibility: 0,
+                        readers: Vec::new(),
                     }))
                     .await
                     .map_err(|e| e.message().to_string())?;

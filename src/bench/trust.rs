@@ -185,6 +185,7 @@ pub async fn run(dir: &Path, requests: usize, clients: usize) -> Result<TrustRep
             principal_claim: "sub".into(),
             role_claim: Some("role".into()),
             default_role: crate::domain::Role::Reader,
+            tenant_claim: None,
             leeway_secs: 30,
             jwks_min_refresh_secs: 30,
         });

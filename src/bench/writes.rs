@@ -304,6 +304,7 @@ impl WriteBench {
                     let mut req = tonic::Request::new(RegisterRequest {
                         metadata: Some(metadata),
                         visibility: 0,
+                        readers: Vec::new(),
                     });
                     req.metadata_mut().insert("authorization", auth);
                     RegistryClient::new(channel)

@@ -171,6 +171,7 @@ pub async fn run_eval(args: EvalArgs) -> Result<(), CliError> {
                     let req = pb::RegisterRequest {
                         metadata: Some(agent_metadata(a)?),
                         visibility: 0,
+                        readers: Vec::new(),
                     };
                     patiently(|| {
                         let mut registry = registry.clone();

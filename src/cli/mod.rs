@@ -659,6 +659,10 @@ pub enum AgentsCommand {
         /// Only the owner and admins may read it.
         #[arg(long)]
         private: bool,
+        /// Also readable by (implies --private): principal:NAME,
+        /// tenant:NAME or role:ROLE; repeatable.
+        #[arg(long = "reader")]
+        readers: Vec<String>,
     },
     /// Show one agent.
     Get { id: String },
@@ -842,7 +846,11 @@ pub async fn run_agents(all: AgentsArgs) -> Result<(), CliError> {
     let (_, channel) = args.connect(0).await?;
     let mut client = RegistryClient::new(channel);
     match &all.command {
-        AgentsCommand::Register { file, private } => {
+        AgentsCommand::Register {
+            file,
+            private,
+            readers,
+        } => {
             let mut text = String::new();
             if file == "-" {
                 std::io::stdin().read_to_string(&mut text).map_err(local)?;
@@ -855,7 +863,7 @@ pub async fn run_agents(all: AgentsArgs) -> Result<(), CliError> {
                 code: "invalid_request".into(),
                 message: e.to_string(),
             })?;
-            let visibility = if *private {
+            let visibility = if *private || !readers.is_empty() {
                 pb::Visibility::Private
             } else {
                 pb::Visibility::Unspecified
@@ -864,6 +872,7 @@ pub async fn run_agents(all: AgentsArgs) -> Result<(), CliError> {
                 .register(args.request(pb::RegisterRequest {
                     metadata: Some(metadata),
                     visibility,
+                    readers: readers.clone(),
                 })?)
                 .await?
                 .into_inner();

@@ -6,9 +6,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::crypto::{IdentityChange, IdentityRefusal};
 use crate::domain::federation::FederatedChange;
-use crate::domain::write::{Rejection, WriteMode};
+use crate::domain::write::{Quota, Rejection, WriteMode};
 use crate::domain::{
-    AgentMetadata, AgentStatus, Change, Principal, PublisherKey, PublisherVerification, Visibility,
+    AgentMetadata, AgentStatus, Change, Principal, PublisherKey, PublisherVerification, ReadGrant,
+    Visibility,
 };
 
 /// One replicated write.
@@ -19,6 +20,10 @@ pub enum Command {
         /// Boxed: records are large next to the other commands.
         metadata: Box<AgentMetadata>,
         visibility: Option<Visibility>,
+        /// Readers of a private record; replaces the stored list whenever
+        /// `visibility` is set (absent in entries from older versions).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        readers: Vec<ReadGrant>,
         principal: Principal,
         mode: WriteMode,
         now: String,
@@ -26,6 +31,10 @@ pub enum Command {
         /// that took the request (absent in entries from older versions).
         #[serde(default)]
         publisher: Option<PublisherVerification>,
+        /// Record quota a new record is held to (none: admins, and entries
+        /// from older versions).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        quota: Option<Quota>,
     },
     /// Delete, leaving a tombstone.
     Delete {
@@ -101,6 +110,9 @@ pub enum PublisherKeyChange {
         namespaces: Vec<String>,
         /// The principal the key belongs to.
         owner: String,
+        /// That principal's tenant.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        owner_tenant: Option<String>,
     },
     Remove {
         key_id: String,

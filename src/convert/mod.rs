@@ -101,6 +101,33 @@ pub fn visibility_to_pb(v: domain::Visibility) -> pb::Visibility {
     }
 }
 
+/// Who may read a record, from a write request: `readers` imply private;
+/// None when neither is given (an update keeps what is stored).
+pub fn sharing_from_pb(
+    visibility: i32,
+    readers: &[String],
+) -> Result<Option<domain::Sharing>, FieldError> {
+    let readers = readers
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            domain::ReadGrant::try_from(r.trim().to_string())
+                .map_err(|e| FieldError::new(format!("/readers/{i}"), e))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    match (visibility_from_pb(visibility)?, readers.is_empty()) {
+        (None, true) => Ok(None),
+        (Some(domain::Visibility::Public), false) => Err(FieldError::new(
+            "/readers",
+            "a public record is readable by everyone; readers apply to private records",
+        )),
+        (v, _) => Ok(Some(domain::Sharing {
+            visibility: v.unwrap_or(domain::Visibility::Private),
+            readers,
+        })),
+    }
+}
+
 pub fn visibility_from_pb(v: i32) -> Result<Option<domain::Visibility>, FieldError> {
     match pb::Visibility::try_from(v) {
         Ok(pb::Visibility::Unspecified) => Ok(None),
@@ -299,6 +326,8 @@ pub fn record_to_pb(r: &domain::AgentRecord, now: time::OffsetDateTime) -> pb::A
             }),
             signature: e.signature.as_ref().map(signature_to_pb),
             provenance: e.provenance.as_ref().map(provenance_to_pb),
+            owner_tenant: e.owner_tenant.clone().unwrap_or_default(),
+            readers: e.readers.iter().cloned().map(String::from).collect(),
         }),
     }
 }
@@ -395,6 +424,12 @@ pub fn record_pb_to_json(r: &pb::AgentRecord) -> Result<Value, FieldError> {
         });
         if let Some(reason) = &e.status_reason {
             env["status_reason"] = Value::String(reason.clone());
+        }
+        if !e.owner_tenant.is_empty() {
+            env["owner_tenant"] = Value::String(e.owner_tenant.clone());
+        }
+        if !e.readers.is_empty() {
+            env["readers"] = serde_json::json!(e.readers);
         }
         if let Some(p) = &e.publisher {
             let mut v = serde_json::json!({"state": p.state});
@@ -573,12 +608,14 @@ mod tests {
             metadata,
             envelope: domain::Envelope {
                 owner: "alice".into(),
+                owner_tenant: Some("acme".into()),
                 revision: 7,
                 created_revision: 5,
                 registered_at: "2026-01-01T00:00:00Z".into(),
                 modified_at: "2026-01-02T00:00:00Z".into(),
                 status_reason: Some("why".into()),
                 visibility: domain::Visibility::Private,
+                readers: vec![domain::ReadGrant::Tenant("globex".into())],
                 deleted: false,
                 publisher: Some(domain::PublisherVerification::self_asserted("unsigned")),
                 signature: Some(domain::RegistrySignature {

@@ -62,6 +62,7 @@ pub fn sign_metadata(
 pub fn verify_publisher(
     metadata: &AgentMetadata,
     owner: &str,
+    owner_tenant: Option<&str>,
     keys: &[PublisherKey],
 ) -> Result<PublisherVerification, FieldError> {
     let Some(sig) = &metadata.signature else {
@@ -88,7 +89,7 @@ pub fn verify_publisher(
             "key {key_id} is not registered here"
         )));
     };
-    if key.principal != owner {
+    if !key.belongs_to(owner, owner_tenant) {
         return Ok(PublisherVerification::self_asserted(format!(
             "key {key_id} belongs to another publisher"
         )));
@@ -134,6 +135,7 @@ mod tests {
             principal: principal.into(),
             namespaces: namespaces.iter().map(|n| n.to_string()).collect(),
             added_at: "2026-01-01T00:00:00Z".into(),
+            tenant: None,
         }
     }
 
@@ -153,7 +155,7 @@ mod tests {
         let mut m = metadata();
         sign_metadata(&mut m, &URL_SAFE_NO_PAD.encode(SEED)).unwrap();
         let keys = [key("acme", &["urn:acme:"])];
-        let v = verify_publisher(&m, "acme", &keys).unwrap();
+        let v = verify_publisher(&m, "acme", None, &keys).unwrap();
         assert_eq!(v.state, VerificationState::Verified);
         assert_eq!(v.key_id.as_deref(), Some(keys[0].key_id.as_str()));
 
@@ -170,11 +172,11 @@ mod tests {
                 "outside the namespaces",
             ),
         ] {
-            let v = verify_publisher(&m, owner, &keys).unwrap();
+            let v = verify_publisher(&m, owner, None, &keys).unwrap();
             assert_eq!(v.state, VerificationState::SelfAsserted);
             assert!(v.reason.as_deref().unwrap().contains(why), "{v:?}");
         }
-        let unsigned = verify_publisher(&metadata(), "acme", &keys).unwrap();
+        let unsigned = verify_publisher(&metadata(), "acme", None, &keys).unwrap();
         assert_eq!(unsigned.state, VerificationState::SelfAsserted);
     }
 
@@ -185,18 +187,18 @@ mod tests {
         sign_metadata(&mut m, &URL_SAFE_NO_PAD.encode(SEED)).unwrap();
         let mut altered = m.clone();
         altered.description = "Translates, and keeps a copy.".into();
-        assert!(verify_publisher(&altered, "acme", &keys).is_err());
+        assert!(verify_publisher(&altered, "acme", None, &keys).is_err());
         let mut broken = m.clone();
         if let Some(sig) = broken.signature.as_mut() {
             sig.insert("value".into(), "AAAA".into());
         }
-        assert!(verify_publisher(&broken, "acme", &keys).is_err());
+        assert!(verify_publisher(&broken, "acme", None, &keys).is_err());
         // Another kind of signature object is kept, not judged.
         let mut other = metadata();
         other.signature =
             Some(serde_json::from_value(serde_json::json!({"jws": "eyJ..."})).unwrap());
         assert_eq!(
-            verify_publisher(&other, "acme", &keys).unwrap().state,
+            verify_publisher(&other, "acme", None, &keys).unwrap().state,
             VerificationState::SelfAsserted
         );
     }

@@ -344,7 +344,7 @@ impl HardFilters {
     /// Whether an agent passes every hard filter. `facts` are the indexed
     /// properties of the agent.
     pub fn admit(&self, facts: &AgentFacts, principal: Option<&Principal>, now_unix: i64) -> bool {
-        if facts.private && !principal.is_some_and(|p| p.may_manage(&facts.owner)) {
+        if !facts.access.admits(principal) {
             return false;
         }
         if !self.statuses().contains(&facts.status) || (self.verified_only && !facts.verified) {
@@ -376,7 +376,7 @@ impl HardFilters {
                 .publisher
                 .as_ref()
                 .is_none_or(|p| facts.publisher.as_ref() == Some(p))
-            && self.owner.as_ref().is_none_or(|o| &facts.owner == o)
+            && self.owner.as_ref().is_none_or(|o| &facts.access.owner == o)
     }
 }
 
@@ -384,8 +384,8 @@ impl HardFilters {
 /// filtering never reads storage.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct AgentFacts {
-    pub owner: String,
-    pub private: bool,
+    /// Who may read the agent (owner, visibility, readers).
+    pub access: super::record::Access,
     pub status: AgentStatus,
     /// Tags and capabilities together, sorted (ADP tags; AIDIP capabilities
     /// are capability tags too).
@@ -421,8 +421,7 @@ impl AgentFacts {
             .and_then(super::time::parse)
             .or_else(|| super::time::parse(&record.envelope.modified_at));
         Self {
-            owner: record.envelope.owner.clone(),
-            private: record.envelope.visibility == super::record::Visibility::Private,
+            access: super::record::Access::of(&record.envelope),
             status: m.effective_status(),
             tags,
             capabilities: m.capabilities.clone(),
@@ -480,7 +479,7 @@ pub fn visible_metadata(
     principal: Option<&Principal>,
 ) -> (AgentMetadata, bool) {
     let m = &record.metadata;
-    let trusted = principal.is_some_and(|p| p.may_manage(&record.envelope.owner));
+    let trusted = principal.is_some_and(|p| record.managed_by(p));
     let mut redacted = false;
     let bindings: Vec<Binding> = m
         .bindings
@@ -692,10 +691,7 @@ mod tests {
         assert_eq!(m.bindings[0].endpoint, "https://a.example/x");
         assert!(m.auth.as_ref().unwrap().instructions.is_none());
         assert!(!m.constraints.as_ref().unwrap().contains_key("cost"));
-        let alice = Principal {
-            name: "alice".into(),
-            role: Role::Publisher,
-        };
+        let alice = Principal::new("alice", Role::Publisher);
         let (m, redacted) = visible_metadata(&r, Detail::Full, Some(&alice));
         assert!(!redacted);
         assert_eq!(m, r.metadata);

@@ -105,6 +105,7 @@ pub fn decide_federated(
             };
             let envelope = Envelope {
                 owner: peer_owner(peer),
+                owner_tenant: None,
                 revision,
                 created_revision: kept.map_or(revision, |r| r.envelope.created_revision),
                 registered_at: kept
@@ -112,6 +113,7 @@ pub fn decide_federated(
                 modified_at: now.to_string(),
                 status_reason: origin.status_reason,
                 visibility: Visibility::Public,
+                readers: Vec::new(),
                 deleted: origin.deleted,
                 publisher: origin.publisher,
                 signature: None,

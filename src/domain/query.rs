@@ -104,14 +104,8 @@ mod tests {
         assert!(f.matches(&rec(&[], &[], Some(AgentStatus::Deleted)), None, now()));
         let mut private = rec(&[], &[], None);
         private.envelope.visibility = Visibility::Private;
-        let bob = Principal {
-            name: "bob".into(),
-            role: Role::Reader,
-        };
-        let alice = Principal {
-            name: "alice".into(),
-            role: Role::Publisher,
-        };
+        let bob = Principal::new("bob", Role::Reader);
+        let alice = Principal::new("alice", Role::Publisher);
         assert!(!Filter::default().matches(&private, Some(&bob), now()));
         assert!(Filter::default().matches(&private, Some(&alice), now()));
     }

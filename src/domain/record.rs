@@ -65,6 +65,118 @@ impl Visibility {
     }
 }
 
+/// One entry of a non-public record's reader list: a principal, every
+/// principal of a tenant, or every principal with a role. Written
+/// `principal:NAME`, `tenant:NAME` or `role:ROLE` on the wire; a principal
+/// of a tenant is named `TENANT/NAME` (see `Principal::qualified_name`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum ReadGrant {
+    Principal(String),
+    Tenant(String),
+    Role(Role),
+}
+
+impl ReadGrant {
+    /// Whether `principal` is one of the readers this entry names.
+    pub fn admits(&self, principal: &Principal) -> bool {
+        match self {
+            Self::Principal(name) => principal.qualified_name() == *name,
+            Self::Tenant(t) => principal.tenant.as_ref() == Some(t),
+            Self::Role(r) => principal.role == *r,
+        }
+    }
+}
+
+impl TryFrom<String> for ReadGrant {
+    type Error = String;
+
+    fn try_from(s: String) -> Result<Self, String> {
+        let (kind, value) = s.split_once(':').unwrap_or(("", ""));
+        let value = value.trim();
+        if value.is_empty() || value.len() > 256 || value.chars().any(char::is_control) {
+            return Err(format!(
+                "reader '{s}' must be principal:NAME, tenant:NAME or role:ROLE"
+            ));
+        }
+        match kind {
+            "principal" => Ok(Self::Principal(value.to_string())),
+            "tenant" => Ok(Self::Tenant(value.to_string())),
+            "role" => Role::parse(value)
+                .map(Self::Role)
+                .ok_or_else(|| format!("reader '{s}': role must be admin, publisher or reader")),
+            _ => Err(format!(
+                "reader '{s}' must be principal:NAME, tenant:NAME or role:ROLE"
+            )),
+        }
+    }
+}
+
+impl From<ReadGrant> for String {
+    fn from(r: ReadGrant) -> String {
+        match r {
+            ReadGrant::Principal(n) => format!("principal:{n}"),
+            ReadGrant::Tenant(t) => format!("tenant:{t}"),
+            ReadGrant::Role(r) => format!("role:{}", r.as_str()),
+        }
+    }
+}
+
+/// Who may read a record, as a writer sets it: a new visibility replaces
+/// the reader list too (public records have none).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Sharing {
+    pub visibility: Visibility,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub readers: Vec<ReadGrant>,
+}
+
+/// Who may read a record, as the index and every read path judge it: the
+/// public; else its owner, admins and the listed readers.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Access {
+    pub public: bool,
+    pub owner: String,
+    pub owner_tenant: Option<String>,
+    pub readers: Vec<ReadGrant>,
+}
+
+impl Access {
+    pub fn of(envelope: &Envelope) -> Self {
+        Self {
+            public: envelope.visibility == Visibility::Public,
+            owner: envelope.owner.clone(),
+            owner_tenant: envelope.owner_tenant.clone(),
+            readers: envelope.readers.clone(),
+        }
+    }
+
+    pub fn admits(&self, principal: Option<&Principal>) -> bool {
+        may_read(
+            principal,
+            self.public,
+            &self.owner,
+            self.owner_tenant.as_deref(),
+            &self.readers,
+        )
+    }
+}
+
+/// The one rule every read path applies (through `AgentRecord::readable_by`
+/// or `Access::admits`).
+fn may_read(
+    principal: Option<&Principal>,
+    public: bool,
+    owner: &str,
+    owner_tenant: Option<&str>,
+    readers: &[ReadGrant],
+) -> bool {
+    public
+        || principal.is_some_and(|p| {
+            p.may_manage(owner, owner_tenant) || readers.iter().any(|r| r.admits(p))
+        })
+}
+
 /// AIDIP `authentication` / ADP `auth`.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct AuthRequirement {
@@ -213,6 +325,9 @@ impl AgentMetadata {
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct Envelope {
     pub owner: String,
+    /// The owner's tenant (absent: the owner belongs to none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner_tenant: Option<String>,
     pub revision: u64,
     pub created_revision: u64,
     pub registered_at: String,
@@ -221,6 +336,9 @@ pub struct Envelope {
     pub status_reason: Option<String>,
     #[serde(default)]
     pub visibility: Visibility,
+    /// Who besides the owner and admins may read a private record.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub readers: Vec<ReadGrant>,
     #[serde(default)]
     pub deleted: bool,
     /// How the registry judged the publisher's ADP `signature` when it
@@ -308,9 +426,17 @@ pub struct PublisherKey {
     /// Agent id prefixes the key vouches for.
     pub namespaces: Vec<String>,
     pub added_at: String,
+    /// The owning principal's tenant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
 }
 
 impl PublisherKey {
+    /// Whether the key belongs to the owner `owner` of tenant `tenant`.
+    pub fn belongs_to(&self, owner: &str, tenant: Option<&str>) -> bool {
+        self.principal == owner && self.tenant.as_deref() == tenant
+    }
+
     pub fn covers(&self, id: &str) -> bool {
         self.namespaces.iter().any(|n| id.starts_with(n.as_str()))
     }
@@ -361,10 +487,19 @@ pub struct AgentRecord {
 impl AgentRecord {
     /// Whether `principal` may read this record.
     pub fn readable_by(&self, principal: Option<&Principal>) -> bool {
-        match self.envelope.visibility {
-            Visibility::Public => true,
-            Visibility::Private => principal.is_some_and(|p| p.may_manage(&self.envelope.owner)),
-        }
+        let e = &self.envelope;
+        may_read(
+            principal,
+            e.visibility == Visibility::Public,
+            &e.owner,
+            e.owner_tenant.as_deref(),
+            &e.readers,
+        )
+    }
+
+    /// Whether `principal` may change this record.
+    pub fn managed_by(&self, principal: &Principal) -> bool {
+        principal.may_manage(&self.envelope.owner, self.envelope.owner_tenant.as_deref())
     }
 }
 
@@ -386,19 +521,54 @@ impl Role {
             _ => None,
         }
     }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Admin => "admin",
+            Self::Publisher => "publisher",
+            Self::Reader => "reader",
+        }
+    }
 }
 
-/// An authenticated caller.
+/// An authenticated caller. A name is unique within its tenant: `alice`
+/// of tenant `a` and `alice` of tenant `b` are two principals.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Principal {
     pub name: String,
     pub role: Role,
+    /// The tenant (organisation) the principal belongs to, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
 }
 
 impl Principal {
-    /// Owners manage their own records; admins manage every record.
-    pub fn may_manage(&self, owner: &str) -> bool {
-        self.role == Role::Admin || self.name == owner
+    pub fn new(name: impl Into<String>, role: Role) -> Self {
+        Self {
+            name: name.into(),
+            role,
+            tenant: None,
+        }
+    }
+
+    /// The name that tells this principal apart across tenants:
+    /// `TENANT/NAME`, or the bare name of a principal of no tenant.
+    pub fn qualified_name(&self) -> std::borrow::Cow<'_, str> {
+        match &self.tenant {
+            Some(t) => format!("{t}/{}", self.name).into(),
+            None => self.name.as_str().into(),
+        }
+    }
+
+    pub fn in_tenant(mut self, tenant: Option<String>) -> Self {
+        self.tenant = tenant;
+        self
+    }
+
+    /// Owners manage their own records (the same name in the same
+    /// tenant); admins manage every record.
+    pub fn may_manage(&self, owner: &str, owner_tenant: Option<&str>) -> bool {
+        self.role == Role::Admin || (self.name == owner && self.tenant.as_deref() == owner_tenant)
     }
 
     pub fn may_write(&self) -> bool {

@@ -45,6 +45,8 @@ pub struct Limits {
     pub max_record_bytes: usize,
     /// URL schemes accepted for endpoints.
     pub allowed_schemes: Vec<String>,
+    /// ADP examples one record may hold (at most `MAX_EXAMPLES`).
+    pub max_examples: usize,
 }
 
 impl Default for Limits {
@@ -54,6 +56,7 @@ impl Default for Limits {
             allowed_schemes: ["https", "http", "grpc", "grpcs", "wss", "ws"]
                 .map(String::from)
                 .to_vec(),
+            max_examples: MAX_EXAMPLES,
         }
     }
 }
@@ -411,10 +414,11 @@ pub fn normalise_and_validate(meta: &mut AgentMetadata, limits: &Limits) -> Resu
         }
     }
 
-    if meta.examples.len() > MAX_EXAMPLES {
+    let max_examples = limits.max_examples.min(MAX_EXAMPLES);
+    if meta.examples.len() > max_examples {
         return Err(FieldError::new(
             "/examples",
-            format!("must hold at most {MAX_EXAMPLES} entries"),
+            format!("must hold at most {max_examples} entries"),
         ));
     }
     for (i, ex) in meta.examples.iter_mut().enumerate() {

@@ -4,7 +4,7 @@
 
 use super::record::{
     AgentMetadata, AgentRecord, AgentStatus, ChangeKind, Envelope, Principal, PublisherKey,
-    PublisherVerification, VerificationState, Visibility,
+    PublisherVerification, Sharing, VerificationState,
 };
 
 /// Why a write was refused. These are values, not storage errors: a refused
@@ -33,6 +33,40 @@ pub enum Rejection {
     Unchanged { id: String },
     #[error("agent '{id}' is a read-only record federated from '{authority}'; it changes only at its origin")]
     Federated { id: String, authority: String },
+    #[error("agent '{id}' would exceed the quota of {limit} live records per {scope}")]
+    QuotaExceeded {
+        id: String,
+        scope: QuotaScope,
+        limit: u64,
+    },
+}
+
+/// What a record quota counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum QuotaScope {
+    Owner,
+    Tenant,
+}
+
+impl std::fmt::Display for QuotaScope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Owner => "owner",
+            Self::Tenant => "tenant",
+        })
+    }
+}
+
+/// The quota a registration is held to, decided by the node that took the
+/// request and checked in `apply` against the counts of that moment, so
+/// two writers racing for the last free place cannot both win.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Quota {
+    pub per_owner: u64,
+    /// Absent for principals of no tenant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per_tenant: Option<u64>,
 }
 
 /// Refuses a local change to a live federated record.
@@ -85,7 +119,7 @@ fn numeric_version(v: &str) -> Option<Vec<u64>> {
 pub fn decide_put(
     current: Option<&AgentRecord>,
     metadata: AgentMetadata,
-    visibility: Option<Visibility>,
+    sharing: Option<Sharing>,
     principal: &Principal,
     mode: WriteMode,
     revision: u64,
@@ -113,12 +147,14 @@ pub fn decide_put(
         }
         let envelope = Envelope {
             owner: principal.name.clone(),
+            owner_tenant: principal.tenant.clone(),
             revision,
             created_revision: revision,
             registered_at: now.to_string(),
             modified_at: now.to_string(),
             status_reason: None,
-            visibility: visibility.unwrap_or_default(),
+            visibility: sharing.as_ref().map(|s| s.visibility).unwrap_or_default(),
+            readers: sharing.map(|s| s.readers).unwrap_or_default(),
             deleted: false,
             publisher: None,
             signature: None,
@@ -127,7 +163,7 @@ pub fn decide_put(
         return Ok((AgentRecord { metadata, envelope }, ChangeKind::Created));
     };
 
-    if !principal.may_manage(&old.envelope.owner) {
+    if !old.managed_by(principal) {
         return Err(match mode {
             WriteMode::Register => Rejection::OwnedByOther { id },
             WriteMode::Update => Rejection::Forbidden {
@@ -159,8 +195,9 @@ pub fn decide_put(
     let mut envelope = old.envelope.clone();
     envelope.revision = revision;
     envelope.modified_at = now.to_string();
-    if let Some(v) = visibility {
-        envelope.visibility = v;
+    if let Some(s) = sharing {
+        envelope.visibility = s.visibility;
+        envelope.readers = s.readers;
     }
     Ok((AgentRecord { metadata, envelope }, ChangeKind::Updated))
 }
@@ -178,7 +215,7 @@ fn live_managed<'a>(
             revision: rec.envelope.revision,
         });
     }
-    if !principal.may_manage(&rec.envelope.owner) {
+    if !rec.managed_by(principal) {
         return Err(Rejection::Forbidden {
             id: id.to_string(),
             principal: principal.name.clone(),
@@ -233,7 +270,12 @@ pub fn settle_verdict(
     }
     let still = verdict.key_id.as_deref().is_some_and(|id| {
         keys.iter().any(|k| {
-            k.key_id == id && k.principal == record.envelope.owner && k.covers(&record.metadata.id)
+            k.key_id == id
+                && k.belongs_to(
+                    &record.envelope.owner,
+                    record.envelope.owner_tenant.as_deref(),
+                )
+                && k.covers(&record.metadata.id)
         })
     });
     if still {
@@ -288,12 +330,12 @@ pub fn decide_publisher_key(
     let existing = next.iter().position(|k| k.key_id == key_id);
     match (added, existing) {
         (Some(key), Some(at)) => {
-            if next[at].principal != key.principal {
+            if !next[at].belongs_to(&key.principal, key.tenant.as_deref()) {
                 return Err(Rejection::KeyConflict {
                     key_id: key_id.into(),
                 });
             }
-            if !principal.may_manage(&key.principal) {
+            if !principal.may_manage(&key.principal, key.tenant.as_deref()) {
                 return Err(Rejection::KeyForbidden {
                     key_id: key_id.into(),
                 });
@@ -302,7 +344,7 @@ pub fn decide_publisher_key(
             next[at].namespaces = key.namespaces;
         }
         (Some(key), None) => {
-            if !principal.may_manage(&key.principal) {
+            if !principal.may_manage(&key.principal, key.tenant.as_deref()) {
                 return Err(Rejection::KeyForbidden {
                     key_id: key_id.into(),
                 });
@@ -310,7 +352,7 @@ pub fn decide_publisher_key(
             next.push(key);
         }
         (None, Some(at)) => {
-            if !principal.may_manage(&next[at].principal) {
+            if !principal.may_manage(&next[at].principal, next[at].tenant.as_deref()) {
                 return Err(Rejection::KeyForbidden {
                     key_id: key_id.into(),
                 });
@@ -332,10 +374,7 @@ mod tests {
     use crate::domain::record::{Binding, Role};
 
     fn p(name: &str, role: Role) -> Principal {
-        Principal {
-            name: name.into(),
-            role,
-        }
+        Principal::new(name, role)
     }
 
     fn meta(endpoint: &str, updated_at: Option<&str>, version: Option<&str>) -> AgentMetadata {

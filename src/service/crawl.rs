@@ -40,10 +40,7 @@ pub async fn crawl(
         let Ok(url) = document_url(ImportFormat::Woa, &source.url) else {
             return;
         };
-        let principal = Principal {
-            name: source.owner.clone(),
-            role: Role::Publisher,
-        };
+        let principal = Principal::new(source.owner.clone(), Role::Publisher);
         let interval = Duration::from_secs(source.interval_secs);
         let mut validators: Vec<(&str, String)> = Vec::new();
         loop {

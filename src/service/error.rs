@@ -18,6 +18,13 @@ pub enum ServiceError {
     Unauthorized(String),
     #[error("{0}")]
     Forbidden(String),
+    /// Outside what the caller is entitled to (its tenant's namespaces, its
+    /// quota); `field` names the member when one is to blame.
+    #[error("{message}")]
+    Denied {
+        field: Option<String>,
+        message: String,
+    },
     #[error("{0}")]
     NotFound(String),
     /// The record existed and was deleted; its tombstone remains.
@@ -86,6 +93,10 @@ impl From<Rejection> for ServiceError {
             }
             Rejection::Stale { .. } => Self::Stale(message),
             Rejection::KeyNotFound { .. } => Self::NotFound(message),
+            Rejection::QuotaExceeded { .. } => Self::Denied {
+                field: None,
+                message,
+            },
             Rejection::KeyConflict { .. }
             | Rejection::Unchanged { .. }
             | Rejection::Federated { .. } => Self::Conflict(message),

@@ -14,6 +14,7 @@ mod import;
 mod invocation;
 mod publishers;
 mod registry;
+mod tenancy;
 mod woa_host;
 
 pub use agent_protocol::{ApAnswer, ApEvents};
@@ -26,4 +27,5 @@ pub use identity::{IdentitySettings, KeyChange};
 pub use import::{document_url, ImportFormat, ImportReport};
 pub use invocation::{Invocation, InvocationService, InvokeRequest, Invoked, Outcome, OutputCheck};
 pub use registry::{Consistency, ListPage, ListQuery, RegistryService};
+pub use tenancy::{QuotaConfig, Tenancy, TenantConfig};
 pub use woa_host::{http_date, not_modified, WoaDocument, WoaHost};

@@ -30,11 +30,12 @@ impl RegistryService {
             .reader()
             .get(&metadata.id)?
             .filter(|r| !r.envelope.deleted)
-            .map(|r| r.envelope.owner)
-            .unwrap_or_else(|| principal.name.clone());
+            .map(|r| (r.envelope.owner, r.envelope.owner_tenant))
+            .unwrap_or_else(|| (principal.name.clone(), principal.tenant.clone()));
         Ok(verify_publisher(
             metadata,
-            &owner,
+            &owner.0,
+            owner.1.as_deref(),
             &self.reader().publisher_keys(),
         )?)
     }
@@ -49,7 +50,7 @@ impl RegistryService {
             .reader()
             .publisher_keys()
             .iter()
-            .filter(|k| p.may_manage(&k.principal))
+            .filter(|k| p.may_manage(&k.principal, k.tenant.as_deref()))
             .cloned()
             .collect())
     }
@@ -104,6 +105,22 @@ impl RegistryService {
                 .into());
             }
         }
+        for n in &namespaces {
+            self.tenancy().check_namespace(principal, n).map_err(|_| {
+                ServiceError::Denied {
+                    field: Some("/namespaces".into()),
+                    message: format!(
+                        "/namespaces: '{n}' is outside the namespaces granted to the caller's tenant"
+                    ),
+                }
+            })?;
+        }
+        // A key registered for someone else (admins only, checked in apply)
+        // names that principal of no tenant unless it is the caller.
+        let owner_tenant = match &owner {
+            Some(o) if *o != principal.name => None,
+            _ => principal.tenant.clone(),
+        };
         let owner = owner.unwrap_or_else(|| principal.name.clone());
         let id = key_id(&public);
         let (keys, _) = self
@@ -113,6 +130,7 @@ impl RegistryService {
                     public_key: public_key.trim().trim_end_matches('=').to_string(),
                     namespaces,
                     owner,
+                    owner_tenant,
                 },
                 principal,
             )

@@ -14,7 +14,8 @@ use crate::domain::query::Filter;
 use crate::domain::validate::{normalise_and_validate, validate_id};
 use crate::domain::write::WriteMode;
 use crate::domain::{
-    AgentMetadata, AgentRecord, AgentStatus, Change, Limits, Principal, Visibility,
+    AgentMetadata, AgentRecord, AgentStatus, Change, Limits, Principal, ReadGrant, Sharing,
+    Visibility,
 };
 use crate::index::SearchIndex;
 use crate::storage::{Applied, FollowEnd, Reader};
@@ -68,6 +69,8 @@ pub struct RegistryService {
     shutdown: watch::Receiver<bool>,
     /// Peer registries (none unless configured).
     peers: crate::federation::Peers,
+    /// Tenants' namespaces and the record quotas.
+    tenancy: std::sync::Arc<super::tenancy::Tenancy>,
 }
 
 pub(super) fn require_writer(principal: Option<&Principal>) -> Result<&Principal> {
@@ -80,6 +83,13 @@ pub(super) fn require_writer(principal: Option<&Principal>) -> Result<&Principal
             p.name
         ))),
         Some(p) => Ok(p),
+    }
+}
+
+fn split_sharing(sharing: Option<Sharing>) -> (Option<Visibility>, Vec<ReadGrant>) {
+    match sharing {
+        Some(s) => (Some(s.visibility), s.readers),
+        None => (None, Vec::new()),
     }
 }
 
@@ -113,7 +123,18 @@ impl RegistryService {
             anonymous_reads,
             shutdown,
             peers: Default::default(),
+            tenancy: Default::default(),
         }
+    }
+
+    /// The same service, with tenants and quotas.
+    pub fn with_tenancy(mut self, tenancy: super::tenancy::Tenancy) -> Self {
+        self.tenancy = std::sync::Arc::new(tenancy);
+        self
+    }
+
+    pub fn tenancy(&self) -> &super::tenancy::Tenancy {
+        &self.tenancy
     }
 
     /// The same service, federating with `peers`.
@@ -197,12 +218,14 @@ impl RegistryService {
         &self,
         principal: Option<&Principal>,
         mut metadata: AgentMetadata,
-        visibility: Option<Visibility>,
+        sharing: Option<Sharing>,
     ) -> Result<(AgentRecord, bool)> {
         let principal = require_writer(principal)?;
         if metadata.id.is_empty() {
             metadata.id = format!("agent-{}", uuid::Uuid::new_v4());
         }
+        self.tenancy.check_namespace(principal, &metadata.id)?;
+        let (visibility, readers) = split_sharing(sharing);
         // Judged on the metadata as sent, before normalisation changes it.
         let verdict = self.judge_publisher(&metadata, principal)?;
         normalise_and_validate(&mut metadata, &self.limits)?;
@@ -210,10 +233,12 @@ impl RegistryService {
             .commit(Command::Put {
                 metadata: Box::new(metadata),
                 visibility,
+                readers,
                 principal: principal.clone(),
                 mode: WriteMode::Register,
                 now: crate::domain::time::now(),
                 publisher: Some(verdict),
+                quota: self.tenancy.quota_for(principal),
             })
             .await?;
         let created = change.kind == crate::domain::ChangeKind::Created;
@@ -228,10 +253,12 @@ impl RegistryService {
         principal: Option<&Principal>,
         id: &str,
         mut metadata: AgentMetadata,
-        visibility: Option<Visibility>,
+        sharing: Option<Sharing>,
     ) -> Result<AgentRecord> {
         let principal = require_writer(principal)?;
         validate_id(id, "/id")?;
+        self.tenancy.check_namespace(principal, id)?;
+        let (visibility, readers) = split_sharing(sharing);
         if metadata.id.is_empty() {
             metadata.id = id.to_string();
         } else if metadata.id != id {
@@ -249,10 +276,12 @@ impl RegistryService {
             .commit(Command::Put {
                 metadata: Box::new(metadata),
                 visibility,
+                readers,
                 principal: principal.clone(),
                 mode: WriteMode::Update,
                 now: crate::domain::time::now(),
                 publisher: Some(verdict),
+                quota: None,
             })
             .await?;
         Ok(change.record)

@@ -6,6 +6,7 @@
 //! Values are JSON, which keeps unknown metadata fields exactly as published.
 
 mod log_store;
+mod quota;
 mod reader;
 mod state_machine;
 

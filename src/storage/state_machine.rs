@@ -24,6 +24,7 @@ use rocksdb::{WriteBatch, DB};
 use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
 
+use super::quota::RecordCounts;
 use super::reader::{Applied, AppliedState};
 use super::{
     cf, get_json, u64_key, Reader, StorageError as LocalError, CF_AGENTS, CF_CHANGES, CF_SM,
@@ -39,7 +40,7 @@ use crate::domain::federation::decide_federated;
 use crate::domain::write::{
     decide_delete, decide_publisher_key, decide_put, decide_reverify, decide_status, settle_verdict,
 };
-use crate::domain::{AgentRecord, Change, ChangeKind, PublisherKey};
+use crate::domain::{AgentRecord, Change, ChangeKind, PublisherKey, Sharing};
 
 const KEY_APPLIED: &[u8] = b"last_applied";
 const KEY_MEMBERSHIP: &[u8] = b"membership";
@@ -130,6 +131,8 @@ pub struct StateMachine {
     snapshot_dir: PathBuf,
     history: u64,
     stats: Arc<SnapshotStats>,
+    /// Live records per owner and tenant; only `apply` and `install` change it.
+    counts: Arc<std::sync::Mutex<RecordCounts>>,
 }
 
 fn sm_read(e: impl Into<LocalError>) -> StorageError {
@@ -164,13 +167,24 @@ impl StateMachine {
             signer: std::sync::RwLock::new(signer),
             publisher_keys: std::sync::RwLock::new(Arc::new(publisher_keys)),
         });
-        Ok(Self {
+        let this = Self {
             db,
             applied,
             snapshot_dir,
             history: history.max(TRIM_STEP),
             stats: Arc::default(),
-        })
+            counts: Arc::default(),
+        };
+        this.recount()?;
+        Ok(this)
+    }
+
+    /// Counts the live records per owner and tenant from storage.
+    fn recount(&self) -> Result<(), LocalError> {
+        let mut counts = RecordCounts::default();
+        self.each_record(&HashMap::new(), |r| counts.add(r))?;
+        *self.counts.lock().unwrap_or_else(|e| e.into_inner()) = counts;
+        Ok(())
     }
 
     pub fn snapshot_stats(&self) -> Arc<SnapshotStats> {
@@ -192,7 +206,7 @@ impl StateMachine {
     fn decide(
         &self,
         cmd: Command,
-        current: Option<AgentRecord>,
+        current: Option<&AgentRecord>,
         revision: u64,
         signer: Option<&Signer>,
         keys: &[PublisherKey],
@@ -203,14 +217,19 @@ impl StateMachine {
             Command::Put {
                 metadata,
                 visibility,
+                readers,
                 principal,
                 mode,
                 now,
                 publisher,
+                ..
             } => decide_put(
-                current.as_ref(),
+                current,
                 *metadata,
-                visibility,
+                visibility.map(|visibility| Sharing {
+                    visibility,
+                    readers,
+                }),
                 &principal,
                 mode,
                 revision,
@@ -222,12 +241,10 @@ impl StateMachine {
                 }
                 (record, kind)
             }),
-            Command::Reverify { id, now } => {
-                decide_reverify(current.as_ref(), &id, keys, revision, &now)
-                    .map(|r| (r, ChangeKind::Updated))
-            }
+            Command::Reverify { id, now } => decide_reverify(current, &id, keys, revision, &now)
+                .map(|r| (r, ChangeKind::Updated)),
             Command::Delete { id, principal, now } => {
-                decide_delete(current.as_ref(), &id, &principal, revision, &now)
+                decide_delete(current, &id, &principal, revision, &now)
                     .map(|r| (r, ChangeKind::Deleted))
             }
             Command::SetStatus {
@@ -236,19 +253,11 @@ impl StateMachine {
                 reason,
                 principal,
                 now,
-            } => decide_status(
-                current.as_ref(),
-                &id,
-                status,
-                reason,
-                &principal,
-                revision,
-                &now,
-            )
-            .map(|r| (r, ChangeKind::StatusChanged)),
+            } => decide_status(current, &id, status, reason, &principal, revision, &now)
+                .map(|r| (r, ChangeKind::StatusChanged)),
             Command::Federate {
                 peer, change, now, ..
-            } => decide_federated(current.as_ref(), &peer, change, revision, &now),
+            } => decide_federated(current, &peer, change, revision, &now),
             Command::Identity { .. } | Command::PublisherKey { .. } => {
                 // Routed to their own appliers by `apply`; never here.
                 return CommandResult::Internal;
@@ -287,6 +296,7 @@ impl StateMachine {
                 public_key,
                 namespaces,
                 owner,
+                owner_tenant,
             } => (
                 key_id.clone(),
                 Some(PublisherKey {
@@ -295,6 +305,7 @@ impl StateMachine {
                     principal: owner,
                     namespaces,
                     added_at: now.to_string(),
+                    tenant: owner_tenant,
                 }),
             ),
             PublisherKeyChange::Remove { key_id } => (key_id, None),
@@ -582,6 +593,7 @@ impl StateMachine {
             serde_json::to_vec(&data.federation_cursors)?,
         );
         self.db.write(batch)?;
+        self.recount()?;
         self.applied.set_identity(data.identity);
         self.applied.set_publisher_keys(data.publisher_keys);
         self.write_snapshot_file(&StoredSnapshot {
@@ -713,9 +725,27 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                         Some(r) => Some(r.clone()),
                         None => get_json(&self.db, CF_AGENTS, id.as_bytes()).map_err(sm_read)?,
                     };
-                    let result =
-                        self.decide(cmd, current, revision, signer.as_deref(), &publisher_keys);
+                    let quota = match &cmd {
+                        Command::Put { quota, .. } => *quota,
+                        _ => None,
+                    };
+                    let mut result = self.decide(
+                        cmd,
+                        current.as_ref(),
+                        revision,
+                        signer.as_deref(),
+                        &publisher_keys,
+                    );
+                    let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+                    if let (Some(quota), CommandResult::Applied(change)) = (quota, &result) {
+                        if change.kind == ChangeKind::Created {
+                            if let Err(r) = counts.admit(&change.record, quota) {
+                                result = CommandResult::Rejected(r);
+                            }
+                        }
+                    }
                     if let CommandResult::Applied(change) = &result {
+                        counts.change(current.as_ref(), &change.record);
                         let (record, change_json) = encode_change(change).map_err(sm_write)?;
                         let id = &change.record.metadata.id;
                         batch.put_cf(agents, id.as_bytes(), record);
@@ -813,10 +843,7 @@ mod tests {
             "x-extra": {"n": 1}
         }))
         .unwrap();
-        let principal = Principal {
-            name: "alice".into(),
-            role: Role::Publisher,
-        };
+        let principal = Principal::new("alice", Role::Publisher);
         let (record, kind) = decide_put(
             None,
             metadata,

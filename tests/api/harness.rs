@@ -28,6 +28,7 @@ pub fn test_config(dir: &std::path::Path) -> Config {
         role: agentry::domain::Role::parse(role).expect("role"),
         key: Some(key.into()),
         key_sha256: None,
+        tenant: None,
     };
     Config {
         data_dir: dir.to_path_buf(),
@@ -356,6 +357,7 @@ impl Transport for Grpc {
                 pb::RegisterRequest {
                     metadata: Some(metadata),
                     visibility: 0,
+                    readers: Vec::new(),
                 },
             ))
             .await
@@ -390,6 +392,7 @@ impl Transport for Grpc {
                     id: id.into(),
                     metadata: Some(metadata),
                     visibility: 0,
+                    readers: Vec::new(),
                 },
             ))
             .await

@@ -15,6 +15,7 @@ mod peer_tls;
 mod restart;
 mod scenario;
 mod signatures;
+mod tenants;
 mod tokens;
 mod trust;
 mod watch;

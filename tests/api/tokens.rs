@@ -149,6 +149,7 @@ fn config(jwks_file: Option<&Path>, jwks_url: Option<String>) -> JwtConfig {
         principal_claim: "sub".into(),
         role_claim: Some("roles".into()),
         default_role: agentry::domain::Role::Reader,
+        tenant_claim: Some("org".into()),
         leeway_secs: 5,
         jwks_min_refresh_secs: 1,
     }

@@ -103,10 +103,9 @@ async fn raft_rpcs_without_cluster_proof_are_refused_and_change_nothing() {
             ..Default::default()
         }),
         visibility: None,
-        principal: Principal {
-            name: "admin".into(),
-            role: Role::Admin,
-        },
+        readers: Vec::new(),
+        quota: None,
+        principal: Principal::new("admin", Role::Admin),
         mode: WriteMode::Register,
         now: "2026-11-24T00:00:00Z".into(),
         publisher: None,
@@ -314,6 +313,7 @@ async fn public_listeners_speak_tls_rotate_certificates_and_accept_client_certif
             dns_name: "client.example".into(),
             name: "cert-client".into(),
             role: agentry::domain::Role::Publisher,
+            tenant: None,
         }];
     })
     .await;

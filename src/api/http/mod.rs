@@ -259,6 +259,15 @@ fn consistency_param(pairs: &[(String, String)]) -> Result<i32, ApiError> {
     })
 }
 
+/// Every value of a repeated query parameter.
+fn all(pairs: &[(String, String)], name: &str) -> Vec<String> {
+    pairs
+        .iter()
+        .filter(|(k, _)| k == name)
+        .map(|(_, v)| v.clone())
+        .collect()
+}
+
 fn visibility_param(pairs: &[(String, String)]) -> Result<i32, ApiError> {
     Ok(match single(pairs, "visibility").as_deref() {
         None => pb::Visibility::Unspecified as i32,
@@ -323,13 +332,14 @@ async fn register(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult {
-    let pairs = query_params(q.as_deref(), &["visibility"])?;
+    let pairs = query_params(q.as_deref(), &["visibility", "reader"])?;
     let metadata = parse_metadata(json_body(&s, &headers, body).await?)?;
     let req = grpc_request(
         &caller,
         pb::RegisterRequest {
             metadata: Some(metadata),
             visibility: visibility_param(&pairs)?,
+            readers: all(&pairs, "reader"),
         },
     );
     let resp = s.api.register(req).await?.into_inner();
@@ -399,7 +409,7 @@ async fn update_agent(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult {
-    let pairs = query_params(q.as_deref(), &["visibility"])?;
+    let pairs = query_params(q.as_deref(), &["visibility", "reader"])?;
     let metadata = parse_metadata(json_body(&s, &headers, body).await?)?;
     let req = grpc_request(
         &caller,
@@ -407,6 +417,7 @@ async fn update_agent(
             id,
             metadata: Some(metadata),
             visibility: visibility_param(&pairs)?,
+            readers: all(&pairs, "reader"),
         },
     );
     let resp = s.api.update(req).await?.into_inner();
