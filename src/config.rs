@@ -458,6 +458,8 @@ pub struct Config {
     pub tenants: Vec<crate::service::TenantConfig>,
     /// Record quotas per owner, per tenant and per record.
     pub quotas: crate::service::QuotaConfig,
+    /// The audit trail: retention and the JSON-lines copy.
+    pub audit: crate::service::AuditConfig,
     /// Discovery: embedder and ranking weights.
     pub discovery: DiscoveryConfig,
     /// Signing identity: authority and key file.
@@ -507,6 +509,7 @@ impl Default for Config {
             client_certificates: Vec::new(),
             tenants: Vec::new(),
             quotas: Default::default(),
+            audit: Default::default(),
             discovery: DiscoveryConfig::default(),
             identity: IdentityConfig::default(),
             federation: FederationConfig::default(),
@@ -638,6 +641,7 @@ impl Config {
         }
         crate::service::Tenancy::validate(&self.tenants, &self.quotas)
             .map_err(ConfigError::Invalid)?;
+        self.audit.validate().map_err(ConfigError::Invalid)?;
         self.discovery.validate().map_err(ConfigError::Invalid)?;
         self.federation.validate()?;
         self.gateway.validate()?;

@@ -235,7 +235,6 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
         auth = auth.with_jwt(verifier);
     }
     let auth = auth.with_client_certificates(config.client_certificates.clone());
-    let gate = Gate::new(Arc::new(auth), &config.rate_limits);
 
     // Bind the Raft listener first: with port 0 its real port is the one to
     // advertise.
@@ -271,11 +270,22 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
 
     let db = storage::open(&config.data_dir)?;
     let db_weak = Arc::downgrade(&db);
+    // Every node keeps the committed trail (written by apply) and its own
+    // refusals; the gate records through this log.
+    let audit_sink = config.audit.sink().await?;
+    let audit = Arc::new(crate::service::AuditLog::new(storage::AuditStore::open(
+        db.clone(),
+        config.node_id,
+        config.audit.retention(),
+        audit_sink.clone(),
+    )?));
+    let gate = Gate::with_audit(Arc::new(auth), &config.rate_limits, Some(audit.clone()));
     let state_machine = StateMachine::open(
         db.clone(),
         config.data_dir.join("snapshots"),
         config.watch_history,
-    )?;
+    )?
+    .with_audit(config.audit.retention(), audit_sink);
     let reader = state_machine.reader();
     let faults = Faults::default();
     let node = RaftNode::start(
@@ -399,12 +409,15 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
     }
     let invocation = InvocationApi::new(gateway);
     let api = RegistryApi::new(service);
-    let cluster = ClusterApi::new(ClusterService::new(
-        node.clone(),
-        faults,
-        config.fault_injection,
-        config.anonymous_reads,
-    ));
+    let cluster = ClusterApi::new(
+        ClusterService::new(
+            node.clone(),
+            faults,
+            config.fault_injection,
+            config.anonymous_reads,
+        ),
+        audit.clone(),
+    );
 
     // gRPC: health and reflection next to the registry, on one listener.
     let grpc_listener = bind(config.grpc_addr).await?;

@@ -1,24 +1,27 @@
 //! `agentry.v1.Cluster` handlers: convert, call the cluster service, convert
 //! back. The HTTP facade calls these same handlers.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tonic::{Request, Response, Status};
 
 use super::grpc::principal;
 use crate::consensus::LinkFault;
+use crate::convert::{audit_query_from_pb, audit_to_pb};
 use crate::pb::{self, cluster_server::Cluster};
-use crate::service::{ClusterService, ClusterView};
+use crate::service::{AuditLog, ClusterService, ClusterView, ServiceError};
 
 /// The `agentry.v1.Cluster` service.
 #[derive(Clone)]
 pub struct ClusterApi {
     service: ClusterService,
+    audit: Arc<AuditLog>,
 }
 
 impl ClusterApi {
-    pub fn new(service: ClusterService) -> Self {
-        Self { service }
+    pub fn new(service: ClusterService, audit: Arc<AuditLog>) -> Self {
+        Self { service, audit }
     }
 }
 
@@ -161,5 +164,26 @@ impl Cluster for ClusterApi {
             .collect();
         self.service.set_faults(principal(&req).as_ref(), rules)?;
         Ok(Response::new(pb::SetFaultsResponse {}))
+    }
+
+    #[tracing::instrument(name = "grpc.Cluster.ListAudit", skip_all)]
+    async fn list_audit(
+        &self,
+        req: Request<pb::ListAuditRequest>,
+    ) -> Result<Response<pb::ListAuditResponse>, Status> {
+        let who = principal(&req);
+        let r = req.into_inner();
+        let query = audit_query_from_pb(&r).map_err(ServiceError::from)?;
+        let size = if r.page_size == 0 {
+            100
+        } else {
+            r.page_size as usize
+        };
+        let (entries, next_page_token) =
+            self.audit.list(who.as_ref(), &query, &r.page_token, size)?;
+        Ok(Response::new(pb::ListAuditResponse {
+            entries: entries.iter().map(audit_to_pb).collect(),
+            next_page_token,
+        }))
     }
 }

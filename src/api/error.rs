@@ -37,10 +37,17 @@ fn classify(e: &ServiceError) -> (&'static str, Code, u16) {
     }
 }
 
+/// The ADP code a service error is answered with.
+pub(crate) fn code_of(e: &ServiceError) -> &'static str {
+    classify(e).0
+}
+
 /// Converts a service error to a gRPC status with its `ErrorDetail`.
 pub fn to_status(e: &ServiceError) -> Status {
     let (code, grpc, http_status) = classify(e);
-    let correlation_id = uuid::Uuid::new_v4().to_string();
+    let correlation_id =
+        crate::service::audit::correlation_id().unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+    crate::service::audit::note_error(code, &e.to_string());
     let field = match e {
         ServiceError::InvalidRequest { field, .. } | ServiceError::Denied { field, .. } => {
             field.clone()

@@ -18,8 +18,10 @@ use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use serde::Deserialize;
 
 use super::auth::{Authenticator, Identity};
+use crate::domain::Principal;
 use crate::listener::Peer;
-use crate::service::ServiceError;
+use crate::service::audit::Scope;
+use crate::service::{AuditLog, ServiceError};
 
 /// What an operation costs, for rate limiting. Every gRPC method and every
 /// HTTP route has exactly one.
@@ -74,7 +76,7 @@ pub fn grpc_class(path: &str) -> Option<OpClass> {
         ("agentry.v1.Registry", "Register" | "Update" | "Delete" | "SetStatus") => Write,
         ("agentry.v1.Registry", "Get" | "List" | "Watch") => Read,
         ("agentry.v1.Discovery", "Discover" | "Resolve") => Discover,
-        ("agentry.v1.Cluster", "Status") => Read,
+        ("agentry.v1.Cluster", "Status" | "ListAudit") => Read,
         (
             "agentry.v1.Cluster",
             "Initialize" | "AddLearner" | "Promote" | "Remove" | "SetFaults",
@@ -284,13 +286,24 @@ impl Limiter {
 pub struct Gate {
     auth: Arc<Authenticator>,
     limiter: Option<Limiter>,
+    audit: Option<Arc<AuditLog>>,
 }
 
 impl Gate {
     pub fn new(auth: Arc<Authenticator>, limits: &RateLimitConfig) -> Arc<Self> {
+        Self::with_audit(auth, limits, None)
+    }
+
+    /// A gate that also records every write and admin request in `audit`.
+    pub fn with_audit(
+        auth: Arc<Authenticator>,
+        limits: &RateLimitConfig,
+        audit: Option<Arc<AuditLog>>,
+    ) -> Arc<Self> {
         let gate = Arc::new(Self {
             auth,
             limiter: limits.enabled.then(|| Limiter::new(limits)),
+            audit,
         });
         if gate.limiter.is_some() {
             let weak = Arc::downgrade(&gate);
@@ -349,6 +362,47 @@ impl Gate {
     }
 }
 
+impl Gate {
+    /// The audit scope of a request the trail records (writes, admin
+    /// actions and imports); None for the rest, or without a trail.
+    pub fn audit_scope(
+        &self,
+        class: OpClass,
+        operation: &str,
+        principal: Option<&Principal>,
+        peer: Option<&Peer>,
+        headers: &http::HeaderMap,
+    ) -> Option<(Arc<AuditLog>, Scope)> {
+        let log = self.audit.as_ref()?;
+        let audited = matches!(class, OpClass::Write | OpClass::Admin)
+            || operation.ends_with("/Import")
+            || operation.starts_with("POST /import/");
+        audited.then(|| {
+            let scope = Scope::new(
+                principal.cloned(),
+                peer.map(|p| p.remote.ip().to_string()),
+                headers.get("x-request-id").and_then(|v| v.to_str().ok()),
+                operation.to_string(),
+            );
+            (log.clone(), scope)
+        })
+    }
+
+    /// Records a request of an audited class that the gate refused.
+    pub fn audit_refusal(
+        &self,
+        class: OpClass,
+        operation: &str,
+        peer: Option<&Peer>,
+        headers: &http::HeaderMap,
+        error: &ServiceError,
+    ) {
+        if let Some((log, scope)) = self.audit_scope(class, operation, None, peer, headers) {
+            log.refused(scope, error, super::error::code_of(error));
+        }
+    }
+}
+
 /// The gate as a tower layer over a whole gRPC server.
 #[derive(Clone)]
 pub struct GateLayer(pub Arc<Gate>);
@@ -399,12 +453,26 @@ where
                 return Ok(status.into_http());
             };
             let peer = req.extensions().get::<Peer>().cloned();
+            let operation = req.uri().path().trim_start_matches('/').to_string();
             match gate.admit(req.headers(), peer.as_ref(), class).await {
                 Ok(identity) => {
+                    let scope = gate.audit_scope(
+                        class,
+                        &operation,
+                        identity.0.as_ref(),
+                        peer.as_ref(),
+                        req.headers(),
+                    );
                     req.extensions_mut().insert(identity);
-                    inner.call(req).await
+                    match scope {
+                        Some((log, scope)) => log.run(scope, inner.call(req)).await,
+                        None => inner.call(req).await,
+                    }
                 }
-                Err(e) => Ok(tonic::Status::from(e).into_http()),
+                Err(e) => {
+                    gate.audit_refusal(class, &operation, peer.as_ref(), req.headers(), &e);
+                    Ok(tonic::Status::from(e).into_http())
+                }
             }
         })
     }

@@ -77,6 +77,89 @@ pub enum Command {
     /// Import agents from a Web of Agents host, an A2A Agent Card or an
     /// Agent Protocol agent's describe URL.
     Import(ImportArgs),
+    /// The audit trail: who tried which write or admin action (admins).
+    Audit(AuditArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct AuditArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+    /// Only this principal (NAME or TENANT/NAME).
+    #[arg(long)]
+    pub principal: Option<String>,
+    /// Only this agent id, key id or node id.
+    #[arg(long = "id")]
+    pub target: Option<String>,
+    /// Only this operation (register, delete, cluster.promote, ...).
+    #[arg(long)]
+    pub operation: Option<String>,
+    /// Only this outcome (ok, forbidden, unauthorized, ...).
+    #[arg(long)]
+    pub outcome: Option<String>,
+    /// RFC 3339: entries at or after this time.
+    #[arg(long)]
+    pub since: Option<String>,
+    /// RFC 3339: entries before this time.
+    #[arg(long)]
+    pub until: Option<String>,
+    /// Stop after this many entries (all pages are read up to it).
+    #[arg(long, default_value_t = 100)]
+    pub limit: usize,
+}
+
+/// Prints the audit trail, oldest first, one entry per line (`--json`:
+/// one JSON object per line).
+pub async fn run_audit(args: AuditArgs) -> Result<(), CliError> {
+    let (_, channel) = args.client.connect(0).await?;
+    let mut client = crate::pb::cluster_client::ClusterClient::new(channel);
+    let text = |o: &Option<String>| o.clone().unwrap_or_default();
+    let (mut token, mut printed) = (String::new(), 0usize);
+    loop {
+        let page = client
+            .list_audit(args.client.request(pb::ListAuditRequest {
+                principal: text(&args.principal),
+                target: text(&args.target),
+                operation: text(&args.operation),
+                outcome: text(&args.outcome),
+                since: text(&args.since),
+                until: text(&args.until),
+                page_size: u32::try_from(args.limit.min(1000)).unwrap_or(1000),
+                page_token: token.clone(),
+            })?)
+            .await?
+            .into_inner();
+        for e in &page.entries {
+            if printed >= args.limit {
+                return Ok(());
+            }
+            printed += 1;
+            if args.client.json {
+                out!("{}", crate::convert::audit_pb_to_json(e));
+            } else {
+                let who = if e.principal.is_empty() {
+                    "-"
+                } else {
+                    &e.principal
+                };
+                let revision = e.revision.map(|r| format!(" rev {r}")).unwrap_or_default();
+                let node = e.node.map(|n| format!(" (node {n})")).unwrap_or_default();
+                out!(
+                    "{} {who} {} {} {} {}{revision}{node} [{}]",
+                    e.at,
+                    e.address,
+                    e.operation,
+                    if e.target.is_empty() { "-" } else { &e.target },
+                    e.outcome,
+                    e.correlation_id
+                );
+            }
+        }
+        if page.next_page_token.is_empty() {
+            return Ok(());
+        }
+        token = page.next_page_token;
+    }
 }
 
 #[derive(Debug, Args)]

@@ -5,6 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::crypto::{IdentityChange, IdentityRefusal};
+use crate::domain::audit::AuditContext;
 use crate::domain::federation::FederatedChange;
 use crate::domain::write::{Quota, Rejection, WriteMode};
 use crate::domain::{
@@ -71,6 +72,15 @@ pub enum Command {
         cursor: Option<u64>,
         now: String,
     },
+    /// A client's command with who asked: applying it also appends the
+    /// audit entry of its outcome to the replicated trail.
+    Audited {
+        command: Box<Command>,
+        audit: AuditContext,
+    },
+    /// Changes nothing but the audit trail: records an admin action that
+    /// took effect outside the state machine (a membership change).
+    Note { now: String },
 }
 
 impl Command {
@@ -82,7 +92,8 @@ impl Command {
                 Some(id)
             }
             Self::Federate { change, .. } => change.id(),
-            Self::Identity { .. } | Self::PublisherKey { .. } => None,
+            Self::Audited { command, .. } => command.id(),
+            Self::Identity { .. } | Self::PublisherKey { .. } | Self::Note { .. } => None,
         }
     }
 
@@ -95,7 +106,9 @@ impl Command {
             | Self::PublisherKey { now, .. }
             | Self::Reverify { now, .. }
             | Self::Identity { now, .. }
-            | Self::Federate { now, .. } => now,
+            | Self::Federate { now, .. }
+            | Self::Note { now } => now,
+            Self::Audited { command, .. } => command.now(),
         }
     }
 }

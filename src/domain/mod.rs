@@ -2,6 +2,7 @@
 //! envelope, validation and normalisation. Nothing here knows about gRPC, HTTP,
 //! Raft or RocksDB, so every layer can share these rules.
 
+pub mod audit;
 pub mod discovery;
 pub mod federation;
 pub mod invoke;

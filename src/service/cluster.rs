@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::consensus::{Faults, LinkFault, NodeId, NodeStatus, RaftNode};
+use crate::consensus::{Command, Faults, LinkFault, NodeId, NodeStatus, RaftNode};
 use crate::domain::{Principal, Role};
 
 use super::ServiceError;
@@ -153,6 +153,7 @@ impl ClusterService {
         principal: Option<&Principal>,
         members: Vec<(NodeId, String)>,
     ) -> Result<()> {
+        super::audit::begin("cluster.initialize", None);
         require_admin(principal)?;
         let mut map = BTreeMap::new();
         for (i, (id, addr)) in members.into_iter().enumerate() {
@@ -171,6 +172,16 @@ impl ClusterService {
         self.node.initialize(map).await?;
         // Answer once this node knows the leader it just created.
         self.node.wait_for_leader(Duration::from_secs(10)).await?;
+        self.recorded().await
+    }
+
+    /// Records the admin action that just took effect in the replicated
+    /// audit trail (membership lives outside the state machine).
+    async fn recorded(&self) -> Result<()> {
+        let note = Command::Note {
+            now: crate::domain::time::now(),
+        };
+        self.node.write(super::audit::wrap(note)).await?;
         Ok(())
     }
 
@@ -181,22 +192,28 @@ impl ClusterService {
         raft_addr: String,
         wait: bool,
     ) -> Result<()> {
+        super::audit::begin("cluster.add_learner", Some(&id.to_string()));
         require_admin(principal)?;
         check_id(id, "/id")?;
         check_addr(&raft_addr, "/raft_addr")?;
-        Ok(self.node.add_learner(id, raft_addr, wait).await?)
+        self.node.add_learner(id, raft_addr, wait).await?;
+        self.recorded().await
     }
 
     pub async fn promote(&self, principal: Option<&Principal>, id: NodeId) -> Result<()> {
+        super::audit::begin("cluster.promote", Some(&id.to_string()));
         require_admin(principal)?;
         check_id(id, "/id")?;
-        Ok(self.node.promote(id).await?)
+        self.node.promote(id).await?;
+        self.recorded().await
     }
 
     pub async fn remove(&self, principal: Option<&Principal>, id: NodeId) -> Result<()> {
+        super::audit::begin("cluster.remove", Some(&id.to_string()));
         require_admin(principal)?;
         check_id(id, "/id")?;
-        Ok(self.node.remove(id).await?)
+        self.node.remove(id).await?;
+        self.recorded().await
     }
 
     /// Replaces this node's fault rules (testing only).
@@ -205,6 +222,7 @@ impl ClusterService {
         principal: Option<&Principal>,
         rules: Vec<(NodeId, LinkFault)>,
     ) -> Result<()> {
+        super::audit::begin("cluster.set_faults", None);
         require_admin(principal)?;
         if !self.fault_injection {
             return Err(ServiceError::Forbidden(

@@ -62,7 +62,7 @@ impl RegistryService {
             change,
             now: crate::domain::time::now(),
         };
-        match self.node().write(command).await? {
+        match self.node().write(super::audit::wrap(command)).await? {
             CommandResult::IdentityChanged { resigned, .. } => Ok(resigned),
             CommandResult::IdentityRefused(refusal) => Err(ServiceError::InvalidRequest {
                 field: None,
@@ -88,6 +88,7 @@ impl RegistryService {
         principal: Option<&Principal>,
         not_after: Option<String>,
     ) -> Result<KeyChange> {
+        super::audit::begin("rotate_key", None);
         require_admin(principal)?;
         if let Some(end) = &not_after {
             if crate::domain::time::parse(end).is_none() {
@@ -121,6 +122,10 @@ impl RegistryService {
         key_id: &str,
         revoke: bool,
     ) -> Result<KeyChange> {
+        super::audit::begin(
+            if revoke { "revoke_key" } else { "retire_key" },
+            Some(key_id),
+        );
         require_admin(principal)?;
         let identity = self.identity().ok_or_else(|| {
             ServiceError::NotFound(format!("no key {key_id}: the registry has no keys yet"))

@@ -120,6 +120,7 @@ impl InvocationService {
         format: ImportFormat,
         url: &str,
     ) -> Result<ImportReport> {
+        super::audit::begin("import", Some(url));
         let principal = require_writer(principal)?.clone();
         let url = document_url(format, url)?;
         let fetched = self.outbound().fetch(&url, format.accept(), &[]).await?;

@@ -4,6 +4,7 @@
 //! entitlement checks live here; the transport layers only translate.
 
 mod agent_protocol;
+pub mod audit;
 mod cluster;
 mod crawl;
 mod discovery;
@@ -18,6 +19,7 @@ mod tenancy;
 mod woa_host;
 
 pub use agent_protocol::{ApAnswer, ApEvents};
+pub use audit::{AuditConfig, AuditLog};
 pub use cluster::{ClusterService, ClusterView, MemberView};
 pub use crawl::crawl;
 pub use discovery::{Candidate, DiscoveryResult, Resolution, Resolved, CONFORMANCE_LEVEL};

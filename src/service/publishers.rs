@@ -65,7 +65,7 @@ impl RegistryService {
             principal: principal.clone(),
             now: crate::domain::time::now(),
         };
-        match self.node().write(command).await? {
+        match self.node().write(super::audit::wrap(command)).await? {
             CommandResult::PublisherKeys { keys, affected } => Ok((keys, affected)),
             CommandResult::Rejected(r) => Err(r.into()),
             other => Err(ServiceError::Internal(format!(
@@ -84,6 +84,7 @@ impl RegistryService {
         namespaces: Vec<String>,
         owner: Option<String>,
     ) -> Result<PublisherKey> {
+        super::audit::begin("add_publisher_key", None);
         let principal = super::registry::require_writer(principal)?;
         let public =
             decode_public(public_key).map_err(|e| FieldError::new("/public_key", e.to_string()))?;
@@ -123,6 +124,7 @@ impl RegistryService {
         };
         let owner = owner.unwrap_or_else(|| principal.name.clone());
         let id = key_id(&public);
+        super::audit::begin("add_publisher_key", Some(&id));
         let (keys, _) = self
             .propose_key(
                 PublisherKeyChange::Add {
@@ -149,6 +151,7 @@ impl RegistryService {
         principal: Option<&Principal>,
         key_id: &str,
     ) -> Result<usize> {
+        super::audit::begin("remove_publisher_key", Some(key_id));
         let principal = super::registry::require_writer(principal)?;
         let (_, affected) = self
             .propose_key(

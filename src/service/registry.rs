@@ -192,7 +192,7 @@ impl RegistryService {
     }
 
     pub(crate) async fn commit(&self, command: Command) -> Result<Change> {
-        match self.node.write(command).await? {
+        match self.node.write(super::audit::wrap(command)).await? {
             CommandResult::Applied(change) => Ok(*change),
             CommandResult::Rejected(r) => Err(r.into()),
             other => Err(ServiceError::Internal(format!(
@@ -220,9 +220,11 @@ impl RegistryService {
         mut metadata: AgentMetadata,
         sharing: Option<Sharing>,
     ) -> Result<(AgentRecord, bool)> {
+        super::audit::begin("register", Some(&metadata.id));
         let principal = require_writer(principal)?;
         if metadata.id.is_empty() {
             metadata.id = format!("agent-{}", uuid::Uuid::new_v4());
+            super::audit::begin("register", Some(&metadata.id));
         }
         self.tenancy.check_namespace(principal, &metadata.id)?;
         let (visibility, readers) = split_sharing(sharing);
@@ -255,6 +257,7 @@ impl RegistryService {
         mut metadata: AgentMetadata,
         sharing: Option<Sharing>,
     ) -> Result<AgentRecord> {
+        super::audit::begin("update", Some(id));
         let principal = require_writer(principal)?;
         validate_id(id, "/id")?;
         self.tenancy.check_namespace(principal, id)?;
@@ -290,6 +293,7 @@ impl RegistryService {
     /// Deletes an agent, leaving a tombstone; returns its revision.
     #[instrument(skip_all, fields(agent_id = %id, principal = principal.map(|p| p.name.as_str())))]
     pub async fn delete(&self, principal: Option<&Principal>, id: &str) -> Result<u64> {
+        super::audit::begin("delete", Some(id));
         let principal = require_writer(principal)?;
         validate_id(id, "/id")?;
         let change = self
@@ -311,6 +315,7 @@ impl RegistryService {
         status: AgentStatus,
         reason: Option<String>,
     ) -> Result<AgentRecord> {
+        super::audit::begin("set_status", Some(id));
         let principal = require_writer(principal)?;
         validate_id(id, "/id")?;
         if let Some(r) = &reason {

@@ -5,11 +5,13 @@
 //! RocksDB's byte order is numeric order; agents are keyed by id bytes.
 //! Values are JSON, which keeps unknown metadata fields exactly as published.
 
+mod audit;
 mod log_store;
 mod quota;
 mod reader;
 mod state_machine;
 
+pub use audit::{AuditCursor, AuditSink, AuditStore, Retention};
 pub use log_store::LogStore;
 pub use reader::{Applied, FollowEnd, Reader};
 pub use state_machine::{SnapshotStats, StateMachine};
@@ -24,6 +26,8 @@ pub(crate) const CF_RAFT: &str = "raft_meta";
 pub(crate) const CF_SM: &str = "sm_meta";
 pub(crate) const CF_AGENTS: &str = "agents";
 pub(crate) const CF_CHANGES: &str = "changes";
+pub(crate) const CF_AUDIT: &str = "audit";
+pub(crate) const CF_AUDIT_LOCAL: &str = "audit_local";
 
 /// Storage failures. They are fatal to Raft (openraft stops the node), so
 /// anything a client can cause is handled before it reaches storage.
@@ -57,13 +61,21 @@ pub fn open(dir: &Path) -> Result<Arc<DB>, StorageError> {
     let cache = rocksdb::Cache::new_lru_cache(BLOCK_CACHE_BYTES);
     let mut table = rocksdb::BlockBasedOptions::default();
     table.set_block_cache(&cache);
-    let cfs = [CF_LOG, CF_RAFT, CF_SM, CF_AGENTS, CF_CHANGES]
-        .into_iter()
-        .map(|name| {
-            let mut o = Options::default();
-            o.set_block_based_table_factory(&table);
-            ColumnFamilyDescriptor::new(name, o)
-        });
+    let cfs = [
+        CF_LOG,
+        CF_RAFT,
+        CF_SM,
+        CF_AGENTS,
+        CF_CHANGES,
+        CF_AUDIT,
+        CF_AUDIT_LOCAL,
+    ]
+    .into_iter()
+    .map(|name| {
+        let mut o = Options::default();
+        o.set_block_based_table_factory(&table);
+        ColumnFamilyDescriptor::new(name, o)
+    });
     Ok(Arc::new(DB::open_cf_descriptors(
         &opts,
         dir.join("db"),

@@ -24,10 +24,12 @@ use rocksdb::{WriteBatch, DB};
 use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
 
+use super::audit::{trim as trim_audit, AuditSink, Retention, TRIM_EVERY as AUDIT_TRIM_EVERY};
 use super::quota::RecordCounts;
 use super::reader::{Applied, AppliedState};
 use super::{
-    cf, get_json, u64_key, Reader, StorageError as LocalError, CF_AGENTS, CF_CHANGES, CF_SM,
+    cf, get_json, u64_key, Reader, StorageError as LocalError, CF_AGENTS, CF_AUDIT, CF_CHANGES,
+    CF_SM,
 };
 use crate::consensus::PublisherKeyChange;
 use crate::consensus::{
@@ -36,6 +38,7 @@ use crate::consensus::{
 use crate::crypto::keys::Signer;
 use crate::crypto::signature::{sign_record, still_valid};
 use crate::crypto::Identity;
+use crate::domain::audit::{AuditEntry, Outcome};
 use crate::domain::federation::decide_federated;
 use crate::domain::write::{
     decide_delete, decide_publisher_key, decide_put, decide_reverify, decide_status, settle_verdict,
@@ -47,6 +50,7 @@ const KEY_MEMBERSHIP: &[u8] = b"membership";
 const KEY_OLDEST: &[u8] = b"oldest_revision";
 const KEY_IDENTITY: &[u8] = b"identity";
 const KEY_PUBLISHER_KEYS: &[u8] = b"publisher_keys";
+const KEY_AUDIT_SEQ: &[u8] = b"audit_seq";
 pub(crate) const KEY_FEDERATION_CURSORS: &[u8] = b"federation_cursors";
 /// History is trimmed in steps of this many revisions, so trimming costs one
 /// range deletion per step rather than one per write.
@@ -70,6 +74,11 @@ struct SnapshotData {
     /// Peer revision each federation follower has consumed.
     #[serde(default)]
     federation_cursors: BTreeMap<String, u64>,
+    /// The committed audit trail and its last sequence.
+    #[serde(default)]
+    audit: Vec<AuditEntry>,
+    #[serde(default)]
+    audit_seq: u64,
 }
 
 /// Snapshot activity since the node started, for status and metrics.
@@ -133,6 +142,10 @@ pub struct StateMachine {
     stats: Arc<SnapshotStats>,
     /// Live records per owner and tenant; only `apply` and `install` change it.
     counts: Arc<std::sync::Mutex<RecordCounts>>,
+    /// The committed audit trail's last sequence.
+    audit_seq: Arc<AtomicU64>,
+    audit_retention: Retention,
+    audit_sink: Option<AuditSink>,
 }
 
 fn sm_read(e: impl Into<LocalError>) -> StorageError {
@@ -152,6 +165,7 @@ impl StateMachine {
     /// change feed, and snapshots under `snapshot_dir`.
     pub fn open(db: Arc<DB>, snapshot_dir: PathBuf, history: u64) -> Result<Self, LocalError> {
         std::fs::create_dir_all(&snapshot_dir)?;
+        let db_for_seq = db.clone();
         let applied: Option<LogId> = get_json(&db, CF_SM, KEY_APPLIED)?;
         let oldest: Option<u64> = get_json(&db, CF_SM, KEY_OLDEST)?;
         let identity: Option<Identity> = get_json(&db, CF_SM, KEY_IDENTITY)?;
@@ -174,6 +188,11 @@ impl StateMachine {
             history: history.max(TRIM_STEP),
             stats: Arc::default(),
             counts: Arc::default(),
+            audit_seq: Arc::new(AtomicU64::new(
+                get_json(&db_for_seq, CF_SM, KEY_AUDIT_SEQ)?.unwrap_or(0),
+            )),
+            audit_retention: Retention::default(),
+            audit_sink: None,
         };
         this.recount()?;
         Ok(this)
@@ -185,6 +204,14 @@ impl StateMachine {
         self.each_record(&HashMap::new(), |r| counts.add(r))?;
         *self.counts.lock().unwrap_or_else(|e| e.into_inner()) = counts;
         Ok(())
+    }
+
+    /// The same state machine, keeping the audit trail to `retention` and
+    /// copying committed entries to `sink`.
+    pub fn with_audit(mut self, retention: Retention, sink: Option<AuditSink>) -> Self {
+        self.audit_retention = retention;
+        self.audit_sink = sink;
+        self
     }
 
     pub fn snapshot_stats(&self) -> Arc<SnapshotStats> {
@@ -258,7 +285,10 @@ impl StateMachine {
             Command::Federate {
                 peer, change, now, ..
             } => decide_federated(current, &peer, change, revision, &now),
-            Command::Identity { .. } | Command::PublisherKey { .. } => {
+            Command::Identity { .. }
+            | Command::PublisherKey { .. }
+            | Command::Audited { .. }
+            | Command::Note { .. } => {
                 // Routed to their own appliers by `apply`; never here.
                 return CommandResult::Internal;
             }
@@ -511,6 +541,18 @@ impl StateMachine {
             .map(|b| serde_json::from_slice(&b))
             .transpose()?
             .unwrap_or_default();
+        let mut audit = Vec::new();
+        let mut it = snap.raw_iterator_cf(cf(&self.db, CF_AUDIT)?);
+        it.seek_to_first();
+        while let Some(v) = it.value() {
+            audit.push(serde_json::from_slice::<AuditEntry>(v)?);
+            it.next();
+        }
+        it.status()?;
+        let audit_seq: u64 = read(KEY_AUDIT_SEQ)?
+            .map(|b| serde_json::from_slice(&b))
+            .transpose()?
+            .unwrap_or(0);
         let data = serde_json::to_vec(&SnapshotData {
             last_applied,
             membership: membership.clone(),
@@ -520,6 +562,8 @@ impl StateMachine {
             identity,
             publisher_keys,
             federation_cursors,
+            audit,
+            audit_seq,
         })?;
         let snapshot_id = format!(
             "{}-{}",
@@ -565,6 +609,12 @@ impl StateMachine {
         for c in &data.changes {
             batch.put_cf(changes, u64_key(c.revision), serde_json::to_vec(c)?);
         }
+        let audit = cf(&self.db, CF_AUDIT)?;
+        batch.delete_range_cf(audit, u64_key(0), u64_key(u64::MAX));
+        for e in &data.audit {
+            batch.put_cf(audit, u64_key(e.seq), serde_json::to_vec(e)?);
+        }
+        batch.put_cf(sm, KEY_AUDIT_SEQ, serde_json::to_vec(&data.audit_seq)?);
         let last = meta.last_log_id;
         let oldest = if data.changes.is_empty() {
             last.map(|l| l.index + 1).unwrap_or(1)
@@ -593,6 +643,7 @@ impl StateMachine {
             serde_json::to_vec(&data.federation_cursors)?,
         );
         self.db.write(batch)?;
+        self.audit_seq.store(data.audit_seq, Ordering::Release);
         self.recount()?;
         self.applied.set_identity(data.identity);
         self.applied.set_publisher_keys(data.publisher_keys);
@@ -661,9 +712,26 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let mut trimmed_to = None;
         // Federation cursors, read at the first entry that moves one.
         let mut cursors: Option<BTreeMap<String, u64>> = None;
+        let audit_cf = cf(&self.db, CF_AUDIT).map_err(sm_write)?;
+        let first_audit_seq = self.audit_seq.load(Ordering::Acquire);
+        let mut audit_seq = first_audit_seq;
+        let mut audited: Vec<AuditEntry> = Vec::new();
+        let mut audit_now = None;
         for entry in entries {
             let revision = entry.log_id.index;
-            let result = match entry.payload {
+            // A client's command carries who asked; the entry of its
+            // outcome joins the trail in the same batch as the change.
+            let (payload, audit) = match entry.payload {
+                EntryPayload::Normal(Command::Audited { command, audit }) => {
+                    (EntryPayload::Normal(*command), Some(audit))
+                }
+                other => (other, None),
+            };
+            let at = match (&payload, &audit) {
+                (EntryPayload::Normal(c), Some(_)) => Some(c.now().to_string()),
+                _ => None,
+            };
+            let result = match payload {
                 EntryPayload::Blank => CommandResult::Internal,
                 EntryPayload::Membership(m) => {
                     let stored = StoredMembership::new(Some(entry.log_id), m);
@@ -674,6 +742,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     );
                     CommandResult::Internal
                 }
+                EntryPayload::Normal(Command::Note { .. }) => CommandResult::Internal,
                 EntryPayload::Normal(Command::Identity { change, now }) => {
                     let result = self
                         .apply_identity(&mut batch, &mut identity, &mut written, &change, &now)
@@ -755,6 +824,26 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     result
                 }
             };
+            if let (Some(audit), Some(at)) = (audit, at) {
+                let outcome = match &result {
+                    CommandResult::Applied(c) => Outcome::ok(Some(c.revision)),
+                    CommandResult::Rejected(r) => Outcome::refused(r.code(), r.to_string()),
+                    CommandResult::IdentityRefused(r) => {
+                        Outcome::refused("invalid_request", r.to_string())
+                    }
+                    _ => Outcome::ok(Some(revision)),
+                };
+                audit_seq += 1;
+                let mut e = audit.entry(&at, outcome);
+                e.seq = audit_seq;
+                batch.put_cf(
+                    audit_cf,
+                    u64_key(audit_seq),
+                    serde_json::to_vec(&e).map_err(sm_write)?,
+                );
+                audit_now = Some(at);
+                audited.push(e);
+            }
             trimmed_to = self
                 .trim_history(&mut batch, revision)
                 .map_err(sm_write)?
@@ -777,7 +866,39 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 serde_json::to_vec(cursors).map_err(sm_write)?,
             );
         }
+        if audit_seq != first_audit_seq {
+            batch.put_cf(
+                sm,
+                KEY_AUDIT_SEQ,
+                serde_json::to_vec(&audit_seq).map_err(sm_write)?,
+            );
+            // Retention by the leader's clock of the newest entry, so every
+            // node drops the same entries.
+            let crossed = audit_seq / AUDIT_TRIM_EVERY != first_audit_seq / AUDIT_TRIM_EVERY;
+            let now = audit_now
+                .as_deref()
+                .and_then(crate::domain::time::parse)
+                .map(|t| t.unix_timestamp());
+            if let (true, Some(now)) = (crossed, now) {
+                trim_audit(
+                    &self.db,
+                    &mut batch,
+                    CF_AUDIT,
+                    audit_seq,
+                    now,
+                    self.audit_retention,
+                )
+                .map_err(sm_write)?;
+            }
+        }
         self.db.write(batch).map_err(sm_write)?;
+        self.audit_seq.store(audit_seq, Ordering::Release);
+        if let Some(sink) = &self.audit_sink {
+            for e in audited {
+                // A full sink drops the line, never the write.
+                let _ = sink.try_send(e);
+            }
+        }
         if identity_changed {
             self.applied.set_identity(identity);
         }

@@ -1,6 +1,7 @@
 //! Cluster tests: real `agentry` processes on loopback, real RocksDB, real
 //! gRPC between nodes, with kill -9, restarts and injected network faults.
 
+mod audit;
 mod federation;
 mod harness;
 mod lincheck;

@@ -115,3 +115,51 @@ pub(super) async fn remove(
     let msg = pb::RemoveRequest { id: node_id(&id)? };
     ok(s.cluster.remove(grpc_request(&caller, msg)).await?)
 }
+
+/// `GET /audit`: one page of the audit trail (admins only).
+pub(super) async fn audit(
+    State(s): State<HttpState>,
+    caller: Caller,
+    axum::extract::RawQuery(q): axum::extract::RawQuery,
+) -> ApiResult {
+    let names = [
+        "principal",
+        "target",
+        "operation",
+        "outcome",
+        "since",
+        "until",
+        "page_size",
+        "page_token",
+    ];
+    let pairs = super::query_params(q.as_deref(), &names)?;
+    let get = |k: &str| super::single(&pairs, k).unwrap_or_default();
+    let page_size = match super::single(&pairs, "page_size") {
+        None => 0,
+        Some(v) => v.parse().map_err(|_| {
+            invalid(
+                Some("/page_size"),
+                format!("page_size must be a number, not '{v}'"),
+            )
+        })?,
+    };
+    let req = grpc_request(
+        &caller,
+        pb::ListAuditRequest {
+            principal: get("principal"),
+            target: get("target"),
+            operation: get("operation"),
+            outcome: get("outcome"),
+            since: get("since"),
+            until: get("until"),
+            page_size,
+            page_token: get("page_token"),
+        },
+    );
+    let resp = s.cluster.list_audit(req).await?.into_inner();
+    let body = serde_json::json!({
+        "entries": resp.entries.iter().map(crate::convert::audit_pb_to_json).collect::<Vec<_>>(),
+        "next_page_token": resp.next_page_token,
+    });
+    Ok(json_response(StatusCode::OK, &body))
+}

@@ -891,6 +891,7 @@ pub fn routes() -> Routes {
         "/cluster",
         routing::get(cluster::status),
     )
+    .add(OpClass::Read, "GET", "/audit", routing::get(cluster::audit))
     .add(
         OpClass::Admin,
         "POST",
@@ -988,7 +989,8 @@ async fn gate_http(
     next: axum::middleware::Next,
 ) -> Response {
     let method = req.method().as_str();
-    let class = matched.and_then(|m| classes.get(&format!("{method} {}", m.as_str())).copied());
+    let operation = format!("{method} {}", matched.as_ref().map_or("", |m| m.as_str()));
+    let class = classes.get(&operation).copied();
     let Some(class) = class else {
         return ApiError::from(ServiceError::Internal(format!(
             "route {method} {} has no gate class",
@@ -999,10 +1001,25 @@ async fn gate_http(
     let peer = req.extensions().get::<Peer>().cloned();
     match state.gate.admit(req.headers(), peer.as_ref(), class).await {
         Ok(identity) => {
+            let scope = state.gate.audit_scope(
+                class,
+                &operation,
+                identity.0.as_ref(),
+                peer.as_ref(),
+                req.headers(),
+            );
             req.extensions_mut().insert(identity);
-            next.run(req).await
+            match scope {
+                Some((log, scope)) => log.run(scope, next.run(req)).await,
+                None => next.run(req).await,
+            }
         }
-        Err(e) => ApiError::from(e).into_response(),
+        Err(e) => {
+            state
+                .gate
+                .audit_refusal(class, &operation, peer.as_ref(), req.headers(), &e);
+            ApiError::from(e).into_response()
+        }
     }
 }
 
