@@ -988,4 +988,107 @@ mod tests {
             serde_json::to_value(&change).unwrap()
         );
     }
+
+    #[tokio::test]
+    async fn snapshots_carry_the_audit_trail() {
+        let audited = Command::Audited {
+            command: Box::new(Command::Put {
+                metadata: Box::new(crate::domain::AgentMetadata {
+                    id: "audited".into(),
+                    name: "A".into(),
+                    description: "d".into(),
+                    ..Default::default()
+                }),
+                visibility: None,
+                readers: Vec::new(),
+                principal: Principal::new("alice", Role::Publisher),
+                mode: WriteMode::Register,
+                now: "2026-11-24T00:00:00Z".into(),
+                publisher: None,
+                quota: None,
+            }),
+            audit: crate::domain::audit::AuditContext {
+                principal: Some(Principal::new("alice", Role::Publisher)),
+                address: Some("192.0.2.7".into()),
+                operation: "register".into(),
+                target: Some("audited".into()),
+                correlation_id: "req-1".into(),
+            },
+        };
+        let leader = openraft::CommittedLeaderId::new(1, 1);
+        let dir = tempfile::tempdir().unwrap();
+        let mut sm = StateMachine::open(
+            crate::storage::open(&dir.path().join("a")).unwrap(),
+            dir.path().join("a-snap"),
+            1000,
+        )
+        .unwrap();
+        sm.apply([Entry {
+            log_id: openraft::LogId::new(leader, 1),
+            payload: EntryPayload::Normal(audited),
+        }])
+        .await
+        .unwrap();
+        let snap = sm
+            .get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .unwrap();
+
+        // A node brought up by the snapshot holds the same trail.
+        let db = crate::storage::open(&dir.path().join("b")).unwrap();
+        let mut fresh = StateMachine::open(db.clone(), dir.path().join("b-snap"), 1000).unwrap();
+        fresh
+            .install_snapshot(&snap.meta, snap.snapshot)
+            .await
+            .unwrap();
+        let store = crate::storage::AuditStore::open(db, 2, Retention::default(), None).unwrap();
+        let (entries, more) = store
+            .list(
+                &crate::domain::audit::AuditQuery::default(),
+                crate::storage::AuditCursor::default(),
+                10,
+            )
+            .unwrap();
+        assert!(more.is_none());
+        assert_eq!(entries.len(), 1);
+        let e = &entries[0];
+        assert_eq!(
+            (e.seq, e.outcome.as_str(), e.revision, e.node),
+            (1, "ok", Some(1), None)
+        );
+        assert_eq!(e.address.as_deref(), Some("192.0.2.7"));
+        // And appends after it.
+        fresh
+            .apply([Entry {
+                log_id: openraft::LogId::new(leader, 2),
+                payload: EntryPayload::Normal(Command::Audited {
+                    command: Box::new(Command::Note {
+                        now: "2026-11-24T00:00:01Z".into(),
+                    }),
+                    audit: e_context(),
+                }),
+            }])
+            .await
+            .unwrap();
+        let (entries, _) = store
+            .list(
+                &crate::domain::audit::AuditQuery::default(),
+                crate::storage::AuditCursor::default(),
+                10,
+            )
+            .unwrap();
+        assert_eq!(entries.iter().map(|e| e.seq).collect::<Vec<_>>(), [1, 2]);
+    }
+
+    fn e_context() -> crate::domain::audit::AuditContext {
+        crate::domain::audit::AuditContext {
+            principal: Some(Principal::new("root", Role::Admin)),
+            address: None,
+            operation: "cluster.promote".into(),
+            target: Some("3".into()),
+            correlation_id: "req-2".into(),
+        }
+    }
 }
