@@ -158,7 +158,7 @@ pub fn begin(operation: &str, target: Option<&str>) {
     let _ = SCOPE.try_with(|s| {
         let mut st = s.state();
         st.operation = operation.to_string();
-        st.target = target.map(String::from);
+        st.target = target.filter(|t| !t.is_empty()).map(String::from);
     });
 }
 

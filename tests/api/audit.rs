@@ -1,0 +1,110 @@
+//! The audit trail of a single node: `GET /audit` over HTTP and gRPC, and
+//! the JSON-lines copy an operator ships to a SIEM.
+
+use std::time::Duration;
+
+use agentry::pb::{self, cluster_client::ClusterClient};
+use serde_json::Value;
+
+use crate::harness::{minimal, Http, TestServer, Transport, ADMIN, ALICE, BOB, CAROL_READER};
+
+#[tokio::test]
+async fn attempts_are_listed_and_copied_to_the_audit_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("audit.jsonl");
+    let path = file.clone();
+    let s = TestServer::start_with(move |c| c.audit.file = Some(path)).await;
+    let h = Http::new(&s.http);
+    h.register(Some(ALICE), minimal("audit-a")).await.unwrap();
+    // Refused in apply (Alice's id), refused before proposing (a reader).
+    assert_eq!(h.delete(Some(BOB), "audit-a").await.unwrap_err().http, 403);
+    assert_eq!(
+        h.register(Some(CAROL_READER), minimal("audit-b"))
+            .await
+            .unwrap_err()
+            .http,
+        403
+    );
+    let outcomes = |v: &Value| -> Vec<(String, String, String)> {
+        v["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                (
+                    e["operation"].as_str().unwrap().into(),
+                    e["principal"].as_str().unwrap_or("").into(),
+                    e["outcome"].as_str().unwrap().into(),
+                )
+            })
+            .collect()
+    };
+    let expected = vec![
+        (
+            "register".to_string(),
+            "alice".to_string(),
+            "ok".to_string(),
+        ),
+        ("delete".into(), "bob".into(), "forbidden".into()),
+        ("register".into(), "carol".into(), "forbidden".into()),
+    ];
+    let (_, page) = h
+        .call(reqwest::Method::GET, "/audit", Some(ADMIN), None)
+        .await
+        .unwrap();
+    assert_eq!(outcomes(&page), expected);
+    let e = h
+        .call(
+            reqwest::Method::GET,
+            "/audit?since=yesterday",
+            Some(ADMIN),
+            None,
+        )
+        .await
+        .unwrap_err();
+    assert_eq!((e.http, e.field.as_deref()), (400, Some("/since")));
+    assert_eq!(
+        h.call(reqwest::Method::GET, "/audit", Some(ALICE), None)
+            .await
+            .unwrap_err()
+            .http,
+        403
+    );
+
+    // gRPC lists the same entries.
+    let mut req = tonic::Request::new(pb::ListAuditRequest {
+        outcome: "forbidden".into(),
+        ..Default::default()
+    });
+    req.metadata_mut()
+        .insert("authorization", format!("Bearer {ADMIN}").parse().unwrap());
+    let listed = ClusterClient::connect(s.grpc.clone())
+        .await
+        .unwrap()
+        .list_audit(req)
+        .await
+        .unwrap()
+        .into_inner();
+    let who: Vec<_> = listed
+        .entries
+        .iter()
+        .map(|e| e.principal.as_str())
+        .collect();
+    assert_eq!(who, ["bob", "carol"]);
+
+    // The file holds the same entries, one JSON object per line.
+    let mut lines = Vec::new();
+    for _ in 0..50 {
+        let text = std::fs::read_to_string(&file).unwrap_or_default();
+        lines = text
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .collect::<Vec<_>>();
+        if lines.len() >= 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(outcomes(&serde_json::json!({ "entries": lines })), expected);
+    s.stop().await;
+}
