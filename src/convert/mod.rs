@@ -588,6 +588,69 @@ pub fn cluster_status_to_json(s: &pb::ClusterStatus) -> Value {
     })
 }
 
+/// An audit entry for the wire.
+pub fn audit_to_pb(e: &crate::domain::audit::AuditEntry) -> pb::AuditEntry {
+    pb::AuditEntry {
+        seq: e.seq,
+        at: e.at.clone(),
+        principal: e.principal.clone().unwrap_or_default(),
+        role: e.role.map(|r| r.as_str().to_string()).unwrap_or_default(),
+        tenant: e.tenant.clone().unwrap_or_default(),
+        address: e.address.clone().unwrap_or_default(),
+        operation: e.operation.clone(),
+        target: e.target.clone().unwrap_or_default(),
+        outcome: e.outcome.clone(),
+        message: e.message.clone().unwrap_or_default(),
+        correlation_id: e.correlation_id.clone(),
+        revision: e.revision,
+        node: e.node,
+    }
+}
+
+/// The JSON form of an audit entry (the stored entry's).
+pub fn audit_pb_to_json(e: &pb::AuditEntry) -> Value {
+    let text = |s: &str| (!s.is_empty()).then(|| s.to_string());
+    let entry = crate::domain::audit::AuditEntry {
+        seq: e.seq,
+        at: e.at.clone(),
+        principal: text(&e.principal),
+        role: domain::Role::parse(&e.role),
+        tenant: text(&e.tenant),
+        address: text(&e.address),
+        operation: e.operation.clone(),
+        target: text(&e.target),
+        outcome: e.outcome.clone(),
+        message: text(&e.message),
+        correlation_id: e.correlation_id.clone(),
+        revision: e.revision,
+        node: e.node,
+    };
+    serde_json::to_value(entry).unwrap_or(Value::Null)
+}
+
+/// An audit listing's filters, checked.
+pub fn audit_query_from_pb(
+    r: &pb::ListAuditRequest,
+) -> Result<crate::domain::audit::AuditQuery, FieldError> {
+    let text = |s: &str| (!s.is_empty()).then(|| s.to_string());
+    let time = |s: &str, field: &str| -> Result<Option<time::OffsetDateTime>, FieldError> {
+        if s.is_empty() {
+            return Ok(None);
+        }
+        domain::time::parse(s)
+            .map(Some)
+            .ok_or_else(|| FieldError::new(field, format!("'{s}' is not an RFC 3339 time")))
+    };
+    Ok(crate::domain::audit::AuditQuery {
+        principal: text(&r.principal),
+        target: text(&r.target),
+        operation: text(&r.operation),
+        outcome: text(&r.outcome),
+        since: time(&r.since, "/since")?,
+        until: time(&r.until, "/until")?,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -700,67 +763,4 @@ mod tests {
         assert_eq!(pb_to_json(&json_to_pb(&json!(-3))), json!(-3));
         assert_eq!(pb_to_json(&json_to_pb(&json!(2.5))), json!(2.5));
     }
-}
-
-/// An audit entry for the wire.
-pub fn audit_to_pb(e: &crate::domain::audit::AuditEntry) -> pb::AuditEntry {
-    pb::AuditEntry {
-        seq: e.seq,
-        at: e.at.clone(),
-        principal: e.principal.clone().unwrap_or_default(),
-        role: e.role.map(|r| r.as_str().to_string()).unwrap_or_default(),
-        tenant: e.tenant.clone().unwrap_or_default(),
-        address: e.address.clone().unwrap_or_default(),
-        operation: e.operation.clone(),
-        target: e.target.clone().unwrap_or_default(),
-        outcome: e.outcome.clone(),
-        message: e.message.clone().unwrap_or_default(),
-        correlation_id: e.correlation_id.clone(),
-        revision: e.revision,
-        node: e.node,
-    }
-}
-
-/// The JSON form of an audit entry (the stored entry's).
-pub fn audit_pb_to_json(e: &pb::AuditEntry) -> Value {
-    let text = |s: &str| (!s.is_empty()).then(|| s.to_string());
-    let entry = crate::domain::audit::AuditEntry {
-        seq: e.seq,
-        at: e.at.clone(),
-        principal: text(&e.principal),
-        role: domain::Role::parse(&e.role),
-        tenant: text(&e.tenant),
-        address: text(&e.address),
-        operation: e.operation.clone(),
-        target: text(&e.target),
-        outcome: e.outcome.clone(),
-        message: text(&e.message),
-        correlation_id: e.correlation_id.clone(),
-        revision: e.revision,
-        node: e.node,
-    };
-    serde_json::to_value(entry).unwrap_or(Value::Null)
-}
-
-/// An audit listing's filters, checked.
-pub fn audit_query_from_pb(
-    r: &pb::ListAuditRequest,
-) -> Result<crate::domain::audit::AuditQuery, FieldError> {
-    let text = |s: &str| (!s.is_empty()).then(|| s.to_string());
-    let time = |s: &str, field: &str| -> Result<Option<time::OffsetDateTime>, FieldError> {
-        if s.is_empty() {
-            return Ok(None);
-        }
-        domain::time::parse(s)
-            .map(Some)
-            .ok_or_else(|| FieldError::new(field, format!("'{s}' is not an RFC 3339 time")))
-    };
-    Ok(crate::domain::audit::AuditQuery {
-        principal: text(&r.principal),
-        target: text(&r.target),
-        operation: text(&r.operation),
-        outcome: text(&r.outcome),
-        since: time(&r.since, "/since")?,
-        until: time(&r.until, "/until")?,
-    })
 }
