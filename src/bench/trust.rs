@@ -28,6 +28,23 @@ pub struct TrustRow {
     pub register_cpu_us: f64,
 }
 
+/// Waits until the node has indexed everything it applied, then returns
+/// the CPU the process burns idle (timers, Raft heartbeats), in µs per
+/// second of wall time, to subtract from each measured phase.
+async fn settle(server: &crate::server::RunningServer) -> f64 {
+    crate::bench::discover::wait_indexed(server.service()).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (start, cpu) = (std::time::Instant::now(), cpu_us());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    (cpu_us() - cpu) / start.elapsed().as_secs_f64()
+}
+
+/// CPU µs per request since (`start`, `cpu`), less the idle rate.
+fn per_request(start: std::time::Instant, cpu: f64, idle: f64, requests: usize) -> f64 {
+    let busy = cpu_us() - cpu - idle * start.elapsed().as_secs_f64();
+    busy.max(0.0) / requests as f64
+}
+
 /// This process's user + system CPU time, in microseconds (Linux).
 fn cpu_us() -> f64 {
     let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
@@ -231,7 +248,8 @@ pub async fn run(dir: &Path, requests: usize, clients: usize) -> Result<TrustRep
             for k in 0..100 {
                 discover(k).await?;
             }
-            let cpu = cpu_us();
+            let idle = settle(&server).await;
+            let (start, cpu) = (std::time::Instant::now(), cpu_us());
             let d = measure(
                 format!("discover {scheme} {credential}"),
                 requests,
@@ -239,7 +257,7 @@ pub async fn run(dir: &Path, requests: usize, clients: usize) -> Result<TrustRep
                 discover,
             )
             .await?;
-            discovers.push((d, (cpu_us() - cpu) / requests as f64));
+            discovers.push((d, per_request(start, cpu, idle, requests)));
         }
         for (i, (((credential, secret), client), (d, d_cpu))) in credentials
             .iter()
@@ -256,7 +274,8 @@ pub async fn run(dir: &Path, requests: usize, clients: usize) -> Result<TrustRep
                 }));
                 timed(req)
             };
-            let cpu = cpu_us();
+            let idle = settle(&server).await;
+            let (start, cpu) = (std::time::Instant::now(), cpu_us());
             let r = measure(
                 format!("register {scheme} {credential}"),
                 requests,
@@ -264,13 +283,17 @@ pub async fn run(dir: &Path, requests: usize, clients: usize) -> Result<TrustRep
                 register,
             )
             .await?;
+            // Indexing follows the writes asynchronously: its CPU is part
+            // of what a write costs.
+            crate::bench::discover::wait_indexed(server.service()).await;
+            let register_cpu_us = per_request(start, cpu, idle, requests);
             rows.push(TrustRow {
                 transport: if tls { "TLS 1.3" } else { "plain" },
                 credential,
                 discover: d,
                 discover_cpu_us: d_cpu,
                 register: r,
-                register_cpu_us: (cpu_us() - cpu) / requests as f64,
+                register_cpu_us,
             });
         }
         server.shutdown().await;
