@@ -1,6 +1,6 @@
 //! The audit trail's use cases: every write and admin request runs inside an
 //! audit scope (opened by the gate, on both transports). A command the
-//! request proposes carries the scope's context, and `apply` records its
+//! request proposes (`propose`) carries the scope's context, and `apply` records its
 //! outcome in the replicated trail; a request that ends without proposing
 //! anything (refused, or an admin action outside the state machine) is
 //! recorded here, on this node.
@@ -14,7 +14,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 
 use super::ServiceError;
-use crate::consensus::Command;
+use crate::consensus::{Command, CommandResult, RaftNode, WriteError};
 use crate::domain::audit::{AuditContext, AuditEntry, AuditQuery, Outcome};
 use crate::domain::{Principal, Role};
 use crate::storage::{AuditCursor, AuditSink, AuditStore, Retention};
@@ -162,19 +162,25 @@ pub fn begin(operation: &str, target: Option<&str>) {
     });
 }
 
-/// The command as proposed: inside an audited request it carries who asked,
-/// and the request counts as recorded by `apply`.
-pub fn wrap(command: Command) -> Command {
-    match SCOPE.try_with(|s| {
-        s.state().proposed = true;
-        s.context()
-    }) {
+/// Proposes `command`; inside an audited request it carries who asked, and
+/// once the cluster has answered the request counts as recorded by `apply`
+/// (a write that failed before that — no leader, say — is recorded here).
+pub async fn propose(
+    node: &RaftNode,
+    command: Command,
+) -> std::result::Result<CommandResult, WriteError> {
+    let command = match SCOPE.try_with(|s| s.context()) {
         Ok(audit) => Command::Audited {
             command: Box::new(command),
             audit,
         },
         Err(_) => command,
+    };
+    let result = node.write(command).await;
+    if result.is_ok() {
+        let _ = SCOPE.try_with(|s| s.state().proposed = true);
     }
+    result
 }
 
 /// Notes the error the caller is answered with.

@@ -176,12 +176,15 @@ impl ClusterService {
     }
 
     /// Records the admin action that just took effect in the replicated
-    /// audit trail (membership lives outside the state machine).
+    /// audit trail (membership lives outside the state machine). If that
+    /// fails the action still stands, and the gate records it on this node.
     async fn recorded(&self) -> Result<()> {
         let note = Command::Note {
             now: crate::domain::time::now(),
         };
-        self.node.write(super::audit::wrap(note)).await?;
+        if let Err(e) = super::audit::propose(&self.node, note).await {
+            tracing::warn!(error = %e, "a cluster change could not be added to the replicated audit trail");
+        }
         Ok(())
     }
 

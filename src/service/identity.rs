@@ -62,7 +62,7 @@ impl RegistryService {
             change,
             now: crate::domain::time::now(),
         };
-        match self.node().write(super::audit::wrap(command)).await? {
+        match super::audit::propose(self.node(), command).await? {
             CommandResult::IdentityChanged { resigned, .. } => Ok(resigned),
             CommandResult::IdentityRefused(refusal) => Err(ServiceError::InvalidRequest {
                 field: None,

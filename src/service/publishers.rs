@@ -65,7 +65,7 @@ impl RegistryService {
             principal: principal.clone(),
             now: crate::domain::time::now(),
         };
-        match self.node().write(super::audit::wrap(command)).await? {
+        match super::audit::propose(self.node(), command).await? {
             CommandResult::PublisherKeys { keys, affected } => Ok((keys, affected)),
             CommandResult::Rejected(r) => Err(r.into()),
             other => Err(ServiceError::Internal(format!(

@@ -192,7 +192,7 @@ impl RegistryService {
     }
 
     pub(crate) async fn commit(&self, command: Command) -> Result<Change> {
-        match self.node.write(super::audit::wrap(command)).await? {
+        match super::audit::propose(&self.node, command).await? {
             CommandResult::Applied(change) => Ok(*change),
             CommandResult::Rejected(r) => Err(r.into()),
             other => Err(ServiceError::Internal(format!(
