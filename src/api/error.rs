@@ -37,11 +37,6 @@ fn classify(e: &ServiceError) -> (&'static str, Code, u16) {
     }
 }
 
-/// The ADP code a service error is answered with.
-pub(crate) fn code_of(e: &ServiceError) -> &'static str {
-    classify(e).0
-}
-
 /// Converts a service error to a gRPC status with its `ErrorDetail`.
 pub fn to_status(e: &ServiceError) -> Status {
     let (code, grpc, http_status) = classify(e);

@@ -387,20 +387,6 @@ impl Gate {
             (log.clone(), scope)
         })
     }
-
-    /// Records a request of an audited class that the gate refused.
-    pub fn audit_refusal(
-        &self,
-        class: OpClass,
-        operation: &str,
-        peer: Option<&Peer>,
-        headers: &http::HeaderMap,
-        error: &ServiceError,
-    ) {
-        if let Some((log, scope)) = self.audit_scope(class, operation, None, peer, headers) {
-            log.refused(scope, error, super::error::code_of(error));
-        }
-    }
 }
 
 /// The gate as a tower layer over a whole gRPC server.
@@ -470,8 +456,13 @@ where
                     }
                 }
                 Err(e) => {
-                    gate.audit_refusal(class, &operation, peer.as_ref(), req.headers(), &e);
-                    Ok(tonic::Status::from(e).into_http())
+                    // Answered inside the scope, so the trail and the error
+                    // body share the correlation id.
+                    let refuse = async move { Ok(tonic::Status::from(e).into_http()) };
+                    match gate.audit_scope(class, &operation, None, peer.as_ref(), req.headers()) {
+                        Some((log, scope)) => log.run(scope, refuse).await,
+                        None => refuse.await,
+                    }
                 }
             }
         })

@@ -223,11 +223,6 @@ impl AuditLog {
         out
     }
 
-    /// Records a request the gate refused before any handler ran.
-    pub fn refused(&self, scope: Scope, error: &ServiceError, code: &str) {
-        self.record(&scope, Outcome::refused(code, error.to_string()));
-    }
-
     fn record(&self, scope: &Scope, outcome: Outcome) {
         let entry = scope.context().entry(&crate::domain::time::now(), outcome);
         if let Err(e) = self.store.record_local(entry) {

