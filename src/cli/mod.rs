@@ -43,7 +43,14 @@ pub use keys::{run_keys, run_verify, KeysArgs, VerifyArgs};
 )]
 pub struct Cli {
     /// Log filter (tracing EnvFilter syntax), e.g. "info" or "agentry=debug".
-    #[arg(long, env = "AGENTRY_LOG", default_value = "info", global = true)]
+    /// openraft's own info lines (its whole state on start) are left out
+    /// unless asked for, e.g. "info,openraft=info".
+    #[arg(
+        long,
+        env = "AGENTRY_LOG",
+        default_value = DEFAULT_LOG,
+        global = true
+    )]
     pub log: String,
     /// Log format: text or json.
     #[arg(
@@ -56,6 +63,9 @@ pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
 }
+
+/// The default log filter: Agentry's info lines, openraft's warnings.
+pub const DEFAULT_LOG: &str = "info,openraft=warn";
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
