@@ -18,7 +18,6 @@ use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use serde::Deserialize;
 
 use super::auth::{Authenticator, Identity};
-use crate::domain::Principal;
 use crate::listener::Peer;
 use crate::service::audit::Scope;
 use crate::service::{AuditLog, ServiceError};
@@ -363,29 +362,45 @@ impl Gate {
 }
 
 impl Gate {
-    /// The audit scope of a request the trail records (writes, admin
-    /// actions and imports); None for the rest, or without a trail.
-    pub fn audit_scope(
+    /// `admit`, and the audit scope the request's answer runs in when the
+    /// trail records it (writes, admin actions and imports): the answer to
+    /// an admitted request and a refusal alike, so the trail and the error
+    /// body share the correlation id. Both transports call this.
+    pub async fn admit_audited(
         &self,
+        headers: &http::HeaderMap,
+        peer: Option<&Peer>,
         class: OpClass,
         operation: &str,
-        principal: Option<&Principal>,
-        peer: Option<&Peer>,
-        headers: &http::HeaderMap,
-    ) -> Option<(Arc<AuditLog>, Scope)> {
-        let log = self.audit.as_ref()?;
+    ) -> (Result<Identity, ServiceError>, Audited) {
+        let admitted = self.admit(headers, peer, class).await;
         let audited = matches!(class, OpClass::Write | OpClass::Admin)
             || operation.ends_with("/Import")
             || operation.starts_with("POST /import/");
-        audited.then(|| {
+        let scope = self.audit.as_ref().filter(|_| audited).map(|log| {
+            let principal = admitted.as_ref().ok().and_then(|i| i.0.clone());
             let scope = Scope::new(
-                principal.cloned(),
+                principal,
                 peer.map(|p| p.remote.ip().to_string()),
                 headers.get("x-request-id").and_then(|v| v.to_str().ok()),
                 operation.to_string(),
             );
             (log.clone(), scope)
-        })
+        });
+        (admitted, Audited(scope))
+    }
+}
+
+/// The audit scope of one request, if the trail records it.
+pub struct Audited(Option<(Arc<AuditLog>, Scope)>);
+
+impl Audited {
+    /// Runs the request's answer in its scope.
+    pub async fn run<F: std::future::Future>(self, answer: F) -> F::Output {
+        match self.0 {
+            Some((log, scope)) => log.run(scope, answer).await,
+            None => answer.await,
+        }
     }
 }
 
@@ -440,31 +455,20 @@ where
             };
             let peer = req.extensions().get::<Peer>().cloned();
             let operation = req.uri().path().trim_start_matches('/').to_string();
-            match gate.admit(req.headers(), peer.as_ref(), class).await {
-                Ok(identity) => {
-                    let scope = gate.audit_scope(
-                        class,
-                        &operation,
-                        identity.0.as_ref(),
-                        peer.as_ref(),
-                        req.headers(),
-                    );
-                    req.extensions_mut().insert(identity);
-                    match scope {
-                        Some((log, scope)) => log.run(scope, inner.call(req)).await,
-                        None => inner.call(req).await,
+            let (admitted, audited) = gate
+                .admit_audited(req.headers(), peer.as_ref(), class, &operation)
+                .await;
+            audited
+                .run(async move {
+                    match admitted {
+                        Ok(identity) => {
+                            req.extensions_mut().insert(identity);
+                            inner.call(req).await
+                        }
+                        Err(e) => Ok(tonic::Status::from(e).into_http()),
                     }
-                }
-                Err(e) => {
-                    // Answered inside the scope, so the trail and the error
-                    // body share the correlation id.
-                    let refuse = async move { Ok(tonic::Status::from(e).into_http()) };
-                    match gate.audit_scope(class, &operation, None, peer.as_ref(), req.headers()) {
-                        Some((log, scope)) => log.run(scope, refuse).await,
-                        None => refuse.await,
-                    }
-                }
-            }
+                })
+                .await
         })
     }
 }

@@ -999,34 +999,21 @@ async fn gate_http(
         .into_response();
     };
     let peer = req.extensions().get::<Peer>().cloned();
-    match state.gate.admit(req.headers(), peer.as_ref(), class).await {
-        Ok(identity) => {
-            let scope = state.gate.audit_scope(
-                class,
-                &operation,
-                identity.0.as_ref(),
-                peer.as_ref(),
-                req.headers(),
-            );
-            req.extensions_mut().insert(identity);
-            match scope {
-                Some((log, scope)) => log.run(scope, next.run(req)).await,
-                None => next.run(req).await,
+    let (admitted, audited) = state
+        .gate
+        .admit_audited(req.headers(), peer.as_ref(), class, &operation)
+        .await;
+    audited
+        .run(async move {
+            match admitted {
+                Ok(identity) => {
+                    req.extensions_mut().insert(identity);
+                    next.run(req).await
+                }
+                Err(e) => ApiError::from(e).into_response(),
             }
-        }
-        Err(e) => {
-            // Answered inside the scope, so the trail and the error body
-            // share the correlation id.
-            let refuse = async move { ApiError::from(e).into_response() };
-            match state
-                .gate
-                .audit_scope(class, &operation, None, peer.as_ref(), req.headers())
-            {
-                Some((log, scope)) => log.run(scope, refuse).await,
-                None => refuse.await,
-            }
-        }
-    }
+        })
+        .await
 }
 
 /// Gate class by "METHOD /route/{param}".
