@@ -19,16 +19,40 @@ pub(super) struct RecordCounts {
 /// The owner a record counts against: live records of this registry only
 /// (tombstones and records kept from peers count for nobody).
 fn counted(record: Option<&AgentRecord>) -> Option<OwnerKey> {
-    let r = record?;
-    (!r.envelope.deleted && r.envelope.provenance.is_none())
-        .then(|| (r.envelope.owner.clone(), r.envelope.owner_tenant.clone()))
+    let e = &record?.envelope;
+    live_here(e.deleted, e.provenance.is_some()).then(|| (e.owner.clone(), e.owner_tenant.clone()))
+}
+
+fn live_here(deleted: bool, federated: bool) -> bool {
+    !deleted && !federated
+}
+
+/// What counting needs of a stored record: its envelope's owner facts,
+/// decoded without building the metadata (start-up counts every record).
+#[derive(serde::Deserialize)]
+struct Stored {
+    envelope: StoredEnvelope,
+}
+
+#[derive(serde::Deserialize)]
+struct StoredEnvelope {
+    owner: String,
+    #[serde(default)]
+    owner_tenant: Option<String>,
+    #[serde(default)]
+    deleted: bool,
+    #[serde(default)]
+    provenance: Option<serde::de::IgnoredAny>,
 }
 
 impl RecordCounts {
-    pub(super) fn add(&mut self, record: &AgentRecord) {
-        if let Some(owner) = counted(Some(record)) {
-            self.shift(owner, true);
+    /// Counts one record as stored (its JSON).
+    pub(super) fn add_stored(&mut self, json: &[u8]) -> Result<(), serde_json::Error> {
+        let e = serde_json::from_slice::<Stored>(json)?.envelope;
+        if live_here(e.deleted, e.provenance.is_some()) {
+            self.shift((e.owner, e.owner_tenant), true);
         }
+        Ok(())
     }
 
     fn shift(&mut self, (owner, tenant): OwnerKey, up: bool) {
@@ -99,7 +123,8 @@ mod tests {
         };
         let a1 = record("a1", "alice", Some("acme"));
         counts.change(None, &a1);
-        counts.add(&record("a2", "alice", Some("acme")));
+        let a2 = serde_json::to_vec(&record("a2", "alice", Some("acme"))).unwrap();
+        counts.add_stored(&a2).unwrap();
         let third = record("a3", "alice", Some("acme"));
         assert!(matches!(
             counts.admit(&third, quota),
@@ -111,7 +136,8 @@ mod tests {
         ));
         // Alice of another tenant is another owner.
         assert!(counts.admit(&record("x", "alice", None), quota).is_ok());
-        counts.add(&record("b1", "bob", Some("acme")));
+        let b1 = serde_json::to_vec(&record("b1", "bob", Some("acme"))).unwrap();
+        counts.add_stored(&b1).unwrap();
         assert!(matches!(
             counts.admit(&record("b2", "bob", Some("acme")), quota),
             Err(Rejection::QuotaExceeded {

@@ -201,7 +201,13 @@ impl StateMachine {
     /// Counts the live records per owner and tenant from storage.
     fn recount(&self) -> Result<(), LocalError> {
         let mut counts = RecordCounts::default();
-        self.each_record(&HashMap::new(), |r| counts.add(r))?;
+        let mut it = self.db.raw_iterator_cf(cf(&self.db, CF_AGENTS)?);
+        it.seek_to_first();
+        while let Some(v) = it.value() {
+            counts.add_stored(v)?;
+            it.next();
+        }
+        it.status()?;
         *self.counts.lock().unwrap_or_else(|e| e.into_inner()) = counts;
         Ok(())
     }
@@ -500,59 +506,45 @@ impl StateMachine {
         // Everything is read from one RocksDB snapshot, so applies that run
         // meanwhile are either wholly in it or wholly out of it.
         let snap = self.db.snapshot();
-        let read = |key: &[u8]| -> Result<Option<Vec<u8>>, LocalError> {
-            Ok(snap.get_cf(cf(&self.db, CF_SM)?, key)?)
-        };
-        let last_applied: Option<LogId> = read(KEY_APPLIED)?
-            .map(|b| serde_json::from_slice(&b))
-            .transpose()?;
-        let membership: StoredMembership = read(KEY_MEMBERSHIP)?
-            .map(|b| serde_json::from_slice(&b))
-            .transpose()?
-            .unwrap_or_default();
-        let mut records = Vec::new();
-        let mut it = snap.raw_iterator_cf(cf(&self.db, CF_AGENTS)?);
-        it.seek_to_first();
-        while let Some(v) = it.value() {
-            records.push(serde_json::from_slice::<AgentRecord>(v)?);
-            it.next();
+        type Snap<'a> = rocksdb::SnapshotWithThreadMode<'a, DB>;
+        fn value<T: serde::de::DeserializeOwned>(
+            snap: &Snap<'_>,
+            db: &DB,
+            key: &[u8],
+        ) -> Result<Option<T>, LocalError> {
+            Ok(snap
+                .get_cf(cf(db, CF_SM)?, key)?
+                .map(|b| serde_json::from_slice(&b))
+                .transpose()?)
         }
-        it.status()?;
-        let oldest_revision: u64 = read(KEY_OLDEST)?
-            .map(|b| serde_json::from_slice(&b))
-            .transpose()?
-            .unwrap_or(1);
-        let mut changes = Vec::new();
-        let mut it = snap.raw_iterator_cf(cf(&self.db, CF_CHANGES)?);
-        it.seek_to_first();
-        while let Some(v) = it.value() {
-            changes.push(serde_json::from_slice::<Change>(v)?);
-            it.next();
+        fn all<T: serde::de::DeserializeOwned>(
+            snap: &Snap<'_>,
+            db: &DB,
+            cf_name: &'static str,
+        ) -> Result<Vec<T>, LocalError> {
+            let mut out = Vec::new();
+            let mut it = snap.raw_iterator_cf(cf(db, cf_name)?);
+            it.seek_to_first();
+            while let Some(v) = it.value() {
+                out.push(serde_json::from_slice(v)?);
+                it.next();
+            }
+            it.status()?;
+            Ok(out)
         }
-        it.status()?;
-        let identity: Option<Identity> = read(KEY_IDENTITY)?
-            .map(|b| serde_json::from_slice(&b))
-            .transpose()?;
-        let publisher_keys: Vec<PublisherKey> = read(KEY_PUBLISHER_KEYS)?
-            .map(|b| serde_json::from_slice(&b))
-            .transpose()?
-            .unwrap_or_default();
-        let federation_cursors: BTreeMap<String, u64> = read(KEY_FEDERATION_CURSORS)?
-            .map(|b| serde_json::from_slice(&b))
-            .transpose()?
-            .unwrap_or_default();
-        let mut audit = Vec::new();
-        let mut it = snap.raw_iterator_cf(cf(&self.db, CF_AUDIT)?);
-        it.seek_to_first();
-        while let Some(v) = it.value() {
-            audit.push(serde_json::from_slice::<AuditEntry>(v)?);
-            it.next();
-        }
-        it.status()?;
-        let audit_seq: u64 = read(KEY_AUDIT_SEQ)?
-            .map(|b| serde_json::from_slice(&b))
-            .transpose()?
-            .unwrap_or(0);
+        let db = &*self.db;
+        let last_applied: Option<LogId> = value(&snap, db, KEY_APPLIED)?;
+        let membership: StoredMembership = value(&snap, db, KEY_MEMBERSHIP)?.unwrap_or_default();
+        let records: Vec<AgentRecord> = all(&snap, db, CF_AGENTS)?;
+        let oldest_revision: u64 = value(&snap, db, KEY_OLDEST)?.unwrap_or(1);
+        let changes: Vec<Change> = all(&snap, db, CF_CHANGES)?;
+        let identity: Option<Identity> = value(&snap, db, KEY_IDENTITY)?;
+        let publisher_keys: Vec<PublisherKey> =
+            value(&snap, db, KEY_PUBLISHER_KEYS)?.unwrap_or_default();
+        let federation_cursors: BTreeMap<String, u64> =
+            value(&snap, db, KEY_FEDERATION_CURSORS)?.unwrap_or_default();
+        let audit: Vec<AuditEntry> = all(&snap, db, CF_AUDIT)?;
+        let audit_seq: u64 = value(&snap, db, KEY_AUDIT_SEQ)?.unwrap_or(0);
         let data = serde_json::to_vec(&SnapshotData {
             last_applied,
             membership: membership.clone(),
