@@ -460,6 +460,8 @@ pub struct Config {
     pub quotas: crate::service::QuotaConfig,
     /// The audit trail: retention and the JSON-lines copy.
     pub audit: crate::service::AuditConfig,
+    /// The data directory's free-space reserve.
+    pub storage: StorageConfig,
     /// Discovery: embedder and ranking weights.
     pub discovery: DiscoveryConfig,
     /// Signing identity: authority and key file.
@@ -473,6 +475,34 @@ pub struct Config {
     /// Bootstrap admin key (normally from `AGENTRY_ADMIN_KEY`).
     #[serde(skip)]
     pub admin_key: Option<String>,
+}
+
+/// `[storage]`: writes are refused (507) while the data directory's
+/// filesystem has less than `reserve_bytes` free, so a full disk never
+/// stops the Raft core (0 turns the check off); RocksDB's WAL is kept
+/// below `max_wal_bytes`, which bounds what a restart writes before the
+/// node serves. Keep the reserve above the WAL bound.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct StorageConfig {
+    pub reserve_bytes: u64,
+    pub max_wal_bytes: u64,
+}
+
+impl Default for StorageConfig {
+    fn default() -> Self {
+        Self {
+            reserve_bytes: crate::storage::DEFAULT_RESERVE_BYTES,
+            max_wal_bytes: crate::storage::DEFAULT_MAX_WAL_BYTES,
+        }
+    }
+}
+
+impl StorageConfig {
+    /// The free-space check of `data_dir` under these settings.
+    pub fn space(&self, data_dir: &std::path::Path) -> crate::storage::DiskSpace {
+        crate::storage::DiskSpace::new(data_dir, self.reserve_bytes, self.max_wal_bytes)
+    }
 }
 
 impl Default for Config {
@@ -510,6 +540,7 @@ impl Default for Config {
             tenants: Vec::new(),
             quotas: Default::default(),
             audit: Default::default(),
+            storage: Default::default(),
             discovery: DiscoveryConfig::default(),
             identity: IdentityConfig::default(),
             federation: FederationConfig::default(),

@@ -56,6 +56,10 @@ pub enum ServerError {
     Tls(String),
     #[error(transparent)]
     ClusterAuth(#[from] crate::consensus::cluster_auth::ClusterAuthError),
+    /// The Raft core stopped; the process exits so its supervisor starts
+    /// it afresh (once the data directory has room again).
+    #[error("the Raft core stopped ({0}); exiting so the supervisor restarts this node")]
+    CoreStopped(String),
 }
 
 /// A started server.
@@ -268,17 +272,21 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
         info!(path = %path.display(), "generated the cluster secret; nodes that join this cluster need it (AGENTRY_CLUSTER_SECRET_FILE)");
     }
 
-    let db = storage::open(&config.data_dir)?;
+    let db = storage::open(&config.data_dir, config.storage.max_wal_bytes)?;
     let db_weak = Arc::downgrade(&db);
     // Every node keeps the committed trail (written by apply) and its own
     // refusals; the gate records through this log.
     let audit_sink = config.audit.sink().await?;
-    let audit = Arc::new(crate::service::AuditLog::new(storage::AuditStore::open(
-        db.clone(),
-        config.node_id,
-        config.audit.retention(),
-        audit_sink.clone(),
-    )?));
+    let space = config.storage.space(&config.data_dir);
+    let audit = Arc::new(crate::service::AuditLog::new(
+        storage::AuditStore::open(
+            db.clone(),
+            config.node_id,
+            config.audit.retention(),
+            audit_sink.clone(),
+        )?
+        .with_space(space.clone()),
+    ));
     let gate = Gate::with_audit(Arc::new(auth), &config.rate_limits, Some(audit.clone()));
     let state_machine = StateMachine::open(
         db.clone(),
@@ -299,6 +307,7 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
             max_message_bytes: config.raft_max_message_bytes,
             request_timeout: Duration::from_secs(config.request_timeout_secs),
             auth: cluster_auth.clone(),
+            space,
         },
         bootstrap,
         LogStore::new(db)?,
@@ -432,6 +441,20 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
     health
         .set_serving::<AgentProtocolServer<InvocationApi>>()
         .await;
+    // gRPC health follows /healthz: NOT_SERVING once the Raft core stops.
+    let watched = node.clone();
+    tokio::spawn(async move {
+        watched.core_stop().await;
+        health
+            .set_service_status("", tonic_health::ServingStatus::NotServing)
+            .await;
+        health
+            .set_not_serving::<RegistryServer<RegistryApi>>()
+            .await;
+        health
+            .set_not_serving::<DiscoveryServer<RegistryApi>>()
+            .await;
+    });
     let public_descriptors = public_descriptor_set()?;
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(&public_descriptors)
@@ -616,7 +639,14 @@ pub async fn run(config: Config) -> Result<(), ServerError> {
         server.peer_addr,
         data_dir.display()
     );
-    wait_for_signal().await?;
+    let node = server.node.clone();
+    tokio::select! {
+        signal = wait_for_signal() => signal?,
+        why = node.wait_until_restart_helps() => {
+            server.shutdown().await;
+            return Err(ServerError::CoreStopped(why));
+        }
+    }
     info!("shutting down");
     server.shutdown().await;
     Ok(())

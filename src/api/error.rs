@@ -27,6 +27,9 @@ fn classify(e: &ServiceError) -> (&'static str, Code, u16) {
         ServiceError::Stale(_) => ("stale_metadata", Code::FailedPrecondition, 409),
         ServiceError::RevisionCompacted { .. } => ("not_found", Code::OutOfRange, 410),
         ServiceError::Unavailable { .. } => ("unavailable", Code::Unavailable, 503),
+        ServiceError::InsufficientStorage(_) => {
+            ("insufficient_storage", Code::ResourceExhausted, 507)
+        }
         ServiceError::Timeout(_) => ("timeout", Code::DeadlineExceeded, 504),
         // An upstream answer from another address space: grpc's Unknown.
         ServiceError::BadUpstream(_) => ("bad_gateway", Code::Unknown, 502),
@@ -51,6 +54,8 @@ pub fn to_status(e: &ServiceError) -> Status {
     };
     let retry_after = match e {
         ServiceError::Unavailable { .. } => Some(1),
+        // Space is freed by a person or a compaction: not within a second.
+        ServiceError::InsufficientStorage(_) => Some(10),
         ServiceError::Overloaded { retry_after, .. } => Some(retry_after.map_or(1, u64::from)),
         ServiceError::RateLimited { retry_after, .. } => Some(u64::from(*retry_after)),
         _ => None,

@@ -18,7 +18,7 @@ use super::faults::Faults;
 use super::forward::{ForwardReply, Forwarded};
 use super::network::TransportError;
 use super::{Command, CommandResult, Network, NodeId, Raft};
-use crate::storage::{LogStore, SnapshotStats, StateMachine};
+use crate::storage::{DiskSpace, LogStore, NoSpace, SnapshotStats, StateMachine};
 
 /// Why a request could not be carried out. Crosses the internal transport
 /// when a follower passes a request to the leader.
@@ -43,6 +43,9 @@ pub enum WriteError {
     /// Raft stopped or failed.
     #[error("consensus failure: {0}")]
     Fatal(String),
+    /// The leader's disk is short of space; nothing was done.
+    #[error("{0}")]
+    NoSpace(String),
 }
 
 fn fatal(e: impl std::fmt::Display) -> WriteError {
@@ -145,6 +148,8 @@ pub struct NodeSettings {
     pub request_timeout: Duration,
     /// How this node proves cluster membership to its peers.
     pub auth: super::ClusterAuth,
+    /// The data directory's free-space check.
+    pub space: DiskSpace,
 }
 
 /// A running Raft node. Cheap to clone.
@@ -157,6 +162,7 @@ pub struct RaftNode {
     committed: Arc<AtomicU64>,
     snapshots: Arc<SnapshotStats>,
     request_timeout: Duration,
+    space: DiskSpace,
 }
 
 impl RaftNode {
@@ -212,6 +218,7 @@ impl RaftNode {
             committed,
             snapshots,
             request_timeout: settings.request_timeout,
+            space: settings.space,
         };
         node.bootstrap(bootstrap).await?;
         Ok(node)
@@ -489,10 +496,20 @@ impl RaftNode {
     /// Executes a request on this node; `NotLeader` when it does not lead.
     pub async fn execute(&self, request: Forwarded) -> Result<ForwardReply, WriteError> {
         match request {
-            Forwarded::Write(command) => match self.raft.client_write(command).await {
-                Ok(resp) => Ok(ForwardReply::Written(resp.data)),
-                Err(e) => Err(write_error(e)),
-            },
+            Forwarded::Write(command) => {
+                // Refused before it reaches the log: a write RocksDB cannot
+                // store would stop the Raft core. Only the leader's disk
+                // counts; a follower short of space passes the write on.
+                if self.raft.metrics().borrow().state == ServerState::Leader {
+                    self.space
+                        .check()
+                        .map_err(|e| WriteError::NoSpace(e.to_string()))?;
+                }
+                match self.raft.client_write(command).await {
+                    Ok(resp) => Ok(ForwardReply::Written(resp.data)),
+                    Err(e) => Err(write_error(e)),
+                }
+            }
             Forwarded::ReadIndex => match self.raft.get_read_log_id().await {
                 Ok((read, _)) => Ok(ForwardReply::ReadIndex(read.map(|l| l.index).unwrap_or(0))),
                 Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
@@ -596,6 +613,45 @@ impl RaftNode {
                 )));
             }
         }
+    }
+
+    /// Whether the data directory has room for more writes.
+    pub fn space(&self) -> Result<(), NoSpace> {
+        self.space.check()
+    }
+
+    /// Why the Raft core stopped, when it has (a storage failure it could
+    /// not get past): the node then answers reads only until restarted.
+    pub fn core_stopped(&self) -> Option<String> {
+        match &self.raft.metrics().borrow().running_state {
+            Ok(()) => None,
+            Err(fatal) => Some(fatal.to_string()),
+        }
+    }
+
+    /// Resolves when the Raft core stops, with the reason.
+    pub async fn core_stop(&self) -> String {
+        let mut metrics = self.raft.metrics();
+        loop {
+            if let Err(fatal) = &metrics.borrow_and_update().running_state {
+                return fatal.to_string();
+            }
+            if metrics.changed().await.is_err() {
+                return "the Raft core is gone".to_string();
+            }
+        }
+    }
+
+    /// Resolves once the Raft core has stopped and the data directory has
+    /// room again: the moment a restart brings the node back. A core that
+    /// stopped for another reason resolves at once.
+    pub async fn wait_until_restart_helps(&self) -> String {
+        let why = self.core_stop().await;
+        tracing::error!(node_id = self.id, reason = %why, "the Raft core stopped; this node answers reads only, and exits for a restart once its data directory has room");
+        while !self.space.has_room_to_restart() {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        why
     }
 
     /// Stops Raft.

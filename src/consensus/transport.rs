@@ -118,6 +118,14 @@ impl RaftTransport for RaftService {
     ) -> Result<Response<RaftMessage>, Status> {
         let msg = self.admit_message(request, APPEND_ENTRIES)?;
         let rpc: AppendEntriesRequest<TypeConfig> = decode(&msg.json)?;
+        // Entries this node could not store would stop its Raft core; the
+        // leader retries them once space is back. Heartbeats still pass, so
+        // the node keeps its leader and does not start elections.
+        if !rpc.entries.is_empty() {
+            if let Err(e) = self.node.space() {
+                return Err(Status::resource_exhausted(e.to_string()));
+            }
+        }
         encode(&self.node.raft.append_entries(rpc).await)
     }
 

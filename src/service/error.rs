@@ -45,6 +45,9 @@ pub enum ServiceError {
         message: String,
         leader: Option<String>,
     },
+    /// The data directory is short of space; nothing was stored (507).
+    #[error("{0}")]
+    InsufficientStorage(String),
     /// The request did not finish within its deadline (or an agent did
     /// not answer within the gateway's).
     #[error("{0}")]
@@ -122,9 +125,12 @@ impl From<WriteError> for ServiceError {
             WriteError::Indeterminate(_) => Self::Timeout(message),
             WriteError::Membership(_) => Self::Conflict(message),
             WriteError::Fatal(m) => Self::Unavailable {
-                message: format!("the registry cannot commit writes: {m}"),
+                message: format!(
+                    "this node cannot commit writes until it restarts ({m}); try another node"
+                ),
                 leader: None,
             },
+            WriteError::NoSpace(m) => Self::InsufficientStorage(m),
         }
     }
 }

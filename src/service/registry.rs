@@ -161,10 +161,28 @@ impl RegistryService {
 
     /// Ready when this node knows a leader; returns the applied revision.
     pub fn ready(&self) -> Result<u64> {
+        self.live()?;
+        // A node that cannot store writes is taken out of rotation until
+        // space is back.
+        self.node
+            .space()
+            .map_err(|e| ServiceError::InsufficientStorage(e.to_string()))?;
         match self.node.status().leader {
             Some(_) => Ok(self.reader.applied_revision()),
             None => Err(ServiceError::Unavailable {
                 message: "no Raft leader is known yet".into(),
+                leader: None,
+            }),
+        }
+    }
+
+    /// Liveness: fails once the Raft core has stopped (a storage failure it
+    /// could not get past), so a supervisor restarts the node.
+    pub fn live(&self) -> Result<()> {
+        match self.node.core_stopped() {
+            None => Ok(()),
+            Some(why) => Err(ServiceError::Unavailable {
+                message: format!("the Raft core stopped: {why}"),
                 leader: None,
             }),
         }

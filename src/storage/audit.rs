@@ -9,7 +9,7 @@ use std::sync::Arc;
 use rocksdb::{WriteBatch, DB};
 use tokio::sync::mpsc;
 
-use super::{cf, key_u64, u64_key, StorageError, CF_AUDIT, CF_AUDIT_LOCAL};
+use super::{cf, key_u64, u64_key, DiskSpace, StorageError, CF_AUDIT, CF_AUDIT_LOCAL};
 use crate::domain::audit::{AuditEntry, AuditQuery};
 
 /// How much of the trail is kept.
@@ -89,6 +89,7 @@ pub struct AuditStore {
     local_seq: AtomicU64,
     retention: Retention,
     sink: Option<AuditSink>,
+    space: Option<DiskSpace>,
 }
 
 impl AuditStore {
@@ -110,7 +111,15 @@ impl AuditStore {
             local_seq: AtomicU64::new(last),
             retention,
             sink,
+            space: None,
         })
+    }
+
+    /// Stops storing local refusals while the data directory is short of
+    /// space.
+    pub fn with_space(mut self, space: DiskSpace) -> Self {
+        self.space = Some(space);
+        self
     }
 
     /// Records a refusal (or an admin action that changed nothing
@@ -119,6 +128,16 @@ impl AuditStore {
         let seq = self.local_seq.fetch_add(1, Ordering::Relaxed) + 1;
         entry.seq = seq;
         entry.node = Some(self.node);
+        if let Some(Err(short)) = self.space.as_ref().map(DiskSpace::check) {
+            // A flood of refused writes must not fill the last of the disk
+            // (RocksDB would then stop taking the Raft log's writes too):
+            // while space is short, refusals go to the JSON-lines file only.
+            tracing::debug!(error = %short, "refusal not stored in the local trail");
+            if let Some(sink) = &self.sink {
+                let _ = sink.try_send(entry.clone());
+            }
+            return Ok(entry);
+        }
         let mut batch = WriteBatch::default();
         batch.put_cf(
             cf(&self.db, CF_AUDIT_LOCAL)?,

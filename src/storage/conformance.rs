@@ -11,7 +11,8 @@ struct RocksBuilder;
 impl StoreBuilder<TypeConfig, LogStore, StateMachine, tempfile::TempDir> for RocksBuilder {
     async fn build(&self) -> Result<(tempfile::TempDir, LogStore, StateMachine), StorageError> {
         let dir = tempfile::tempdir().map_err(|e| openraft::StorageIOError::write(&e))?;
-        let db = open(dir.path()).map_err(|e| openraft::StorageIOError::write(&e))?;
+        let db = open(dir.path(), super::DEFAULT_MAX_WAL_BYTES)
+            .map_err(|e| openraft::StorageIOError::write(&e))?;
         let sm = StateMachine::open(db.clone(), dir.path().join("snapshots"), 10_000)
             .map_err(|e| openraft::StorageIOError::write(&e))?;
         Ok((

@@ -9,11 +9,13 @@ mod audit;
 mod log_store;
 mod quota;
 mod reader;
+mod space;
 mod state_machine;
 
 pub use audit::{AuditCursor, AuditSink, AuditStore, Retention};
 pub use log_store::LogStore;
 pub use reader::{Applied, FollowEnd, Reader};
+pub use space::{DiskSpace, NoSpace, DEFAULT_RESERVE_BYTES};
 pub use state_machine::{SnapshotStats, StateMachine};
 
 use std::path::Path;
@@ -47,13 +49,20 @@ pub enum StorageError {
 /// records of a few KiB.
 const BLOCK_CACHE_BYTES: usize = 256 << 20;
 
+/// Default bound of the WAL (`[storage] max_wal_bytes`).
+pub const DEFAULT_MAX_WAL_BYTES: u64 = 32 << 20;
+
 /// Opens (or creates) the node's database under `dir`.
-pub fn open(dir: &Path) -> Result<Arc<DB>, StorageError> {
+pub fn open(dir: &Path, max_wal_bytes: u64) -> Result<Arc<DB>, StorageError> {
     std::fs::create_dir_all(dir)?;
     let mut opts = Options::default();
     opts.create_if_missing(true);
     opts.create_missing_column_families(true);
     opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
+    // A restart flushes what the WAL holds into new tables before the node
+    // serves; bounding the WAL bounds the space that takes (the reserve of
+    // `DiskSpace` keeps it free), so a node whose disk filled up can start.
+    opts.set_max_total_wal_size(max_wal_bytes);
     // One LRU block cache for every column family. RocksDB's default (a
     // small cache per table) leaves discovery reading the returned records
     // through the OS page cache, decompressing their blocks on every

@@ -1010,7 +1010,8 @@ mod tests {
         let leader = openraft::CommittedLeaderId::new(1, 1);
         let dir = tempfile::tempdir().unwrap();
         let mut sm = StateMachine::open(
-            crate::storage::open(&dir.path().join("a")).unwrap(),
+            crate::storage::open(&dir.path().join("a"), crate::storage::DEFAULT_MAX_WAL_BYTES)
+                .unwrap(),
             dir.path().join("a-snap"),
             1000,
         )
@@ -1029,7 +1030,8 @@ mod tests {
             .unwrap();
 
         // A node brought up by the snapshot holds the same trail.
-        let db = crate::storage::open(&dir.path().join("b")).unwrap();
+        let db = crate::storage::open(&dir.path().join("b"), crate::storage::DEFAULT_MAX_WAL_BYTES)
+            .unwrap();
         let mut fresh = StateMachine::open(db.clone(), dir.path().join("b-snap"), 1000).unwrap();
         fresh
             .install_snapshot(&snap.meta, snap.snapshot)

@@ -44,6 +44,8 @@ pub struct Cluster {
     dir: tempfile::TempDir,
     options: Options,
     pub http: reqwest::Client,
+    /// Small filesystems mounted under data directories, unmounted on drop.
+    mounts: Vec<PathBuf>,
 }
 
 /// A port that is free now and stays ours across node restarts: taken
@@ -91,6 +93,42 @@ impl Cluster {
                 .timeout(Duration::from_secs(10))
                 .build()
                 .expect("http client"),
+            mounts: Vec::new(),
+        }
+    }
+
+    /// Puts node `id`'s data directory on a tmpfs of `bytes` (before the
+    /// node first starts): a disk the test can fill. Needs root, as CI has.
+    pub fn small_disk(&mut self, id: u64, bytes: u64) -> PathBuf {
+        let dir = self.data_dir(id);
+        std::fs::create_dir_all(&dir).expect("data dir");
+        let status = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
+            .arg(&dir)
+            .status()
+            .expect("mount runs");
+        assert!(
+            status.success(),
+            "mounting a tmpfs failed (the disk tests need root)"
+        );
+        self.mounts.push(dir.clone());
+        dir
+    }
+
+    /// Waits up to `timeout` for node `id`'s process to exit by itself.
+    pub fn wait_exit(&mut self, id: u64, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        let node = self.nodes.get_mut(&id)?;
+        loop {
+            let child = node.child.as_mut()?;
+            if let Ok(Some(status)) = child.try_wait() {
+                node.child = None;
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(100));
         }
     }
 
@@ -467,6 +505,9 @@ impl Drop for Cluster {
                 let _ = c.kill();
                 let _ = c.wait();
             }
+        }
+        for dir in &self.mounts {
+            let _ = Command::new("umount").arg("-l").arg(dir).status();
         }
         if std::thread::panicking() {
             // Keep the logs of a failed run.

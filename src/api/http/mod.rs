@@ -707,8 +707,11 @@ async fn resolve(
     Ok(json_response(StatusCode::OK, &body))
 }
 
-async fn healthz() -> Response {
-    json_response(StatusCode::OK, &json!({"status": "ok"}))
+async fn healthz(State(s): State<HttpState>) -> Response {
+    match s.api.service().live() {
+        Ok(()) => json_response(StatusCode::OK, &json!({"status": "ok"})),
+        Err(e) => ApiError::from(e).into_response(),
+    }
 }
 
 async fn readyz(State(s): State<HttpState>) -> Response {
@@ -1058,6 +1061,12 @@ pub fn router(state: HttpState, request_timeout: std::time::Duration) -> Router 
             enforce_timeout,
         ))
         .layer(axum::middleware::from_fn(set_problem_instance))
-        .layer(tower_http::trace::TraceLayer::new_for_http())
+        // Failed answers are logged once, with their correlation id, where
+        // the error is mapped (api::error); not a second time here.
+        .layer(
+            tower_http::trace::TraceLayer::new_for_http().on_failure(
+                tower_http::trace::DefaultOnFailure::new().level(tracing::Level::DEBUG),
+            ),
+        )
         .with_state(state)
 }
