@@ -29,10 +29,12 @@ macro_rules! out {
 
 mod cluster;
 mod eval;
+mod health;
 mod keys;
 
 pub use cluster::{run_cluster, ClusterArgs};
 pub use eval::{run_eval, EvalArgs};
+pub use health::{run_health, HealthArgs};
 pub use keys::{run_keys, run_verify, KeysArgs, VerifyArgs};
 
 #[derive(Debug, Parser)]
@@ -89,6 +91,9 @@ pub enum Command {
     Import(ImportArgs),
     /// The audit trail: who tried which write or admin action (admins).
     Audit(AuditArgs),
+    /// Probe this node's /healthz (or /readyz): exit 0 when it answers 200
+    /// (a container HEALTHCHECK without curl).
+    Health(HealthArgs),
 }
 
 #[derive(Debug, Args)]
