@@ -21,6 +21,7 @@ pub mod federation;
 pub mod gateway;
 pub mod index;
 pub mod listener;
+pub mod metrics;
 pub mod server;
 pub mod service;
 pub mod storage;

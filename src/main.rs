@@ -5,7 +5,7 @@ use tracing_subscriber::EnvFilter;
 
 use agentry::cli::{
     run_agents, run_audit, run_bench, run_cluster, run_eval, run_health, run_import, run_keys,
-    run_verify, Cli, Command,
+    run_snapshot, run_verify, Cli, Command,
 };
 
 #[tokio::main]
@@ -36,6 +36,7 @@ async fn main() -> std::process::ExitCode {
         Command::Verify(args) => run_verify(args).map_err(|e| e.to_string()),
         Command::Import(args) => run_import(args).await.map_err(|e| e.to_string()),
         Command::Audit(args) => run_audit(args).await.map_err(|e| e.to_string()),
+        Command::Snapshot(args) => run_snapshot(args).await.map_err(|e| e.to_string()),
         Command::Health(args) => run_health(args).await.map_err(|e| e.to_string()),
     };
     match result {

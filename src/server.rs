@@ -365,7 +365,7 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
         .map_err(crate::config::ConfigError::Invalid)?;
     let service = RegistryService::new(
         node.clone(),
-        reader,
+        reader.clone(),
         index,
         config.limits(),
         config.anonymous_reads,
@@ -421,6 +421,7 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
     let cluster = ClusterApi::new(
         ClusterService::new(
             node.clone(),
+            reader.clone(),
             faults,
             config.fault_injection,
             config.anonymous_reads,

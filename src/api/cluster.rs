@@ -10,7 +10,11 @@ use super::grpc::principal;
 use crate::consensus::LinkFault;
 use crate::convert::{audit_query_from_pb, audit_to_pb};
 use crate::pb::{self, cluster_server::Cluster};
-use crate::service::{AuditLog, ClusterService, ClusterView, ServiceError};
+use crate::service::{AuditLog, BackupPart, ClusterService, ClusterView, ServiceError};
+
+/// The chunks of a backup file on the wire.
+pub type BackupChunks =
+    std::pin::Pin<Box<dyn futures::Stream<Item = Result<pb::BackupChunk, Status>> + Send>>;
 
 /// The `agentry.v1.Cluster` service.
 #[derive(Clone)]
@@ -164,6 +168,28 @@ impl Cluster for ClusterApi {
             .collect();
         self.service.set_faults(principal(&req).as_ref(), rules)?;
         Ok(Response::new(pb::SetFaultsResponse {}))
+    }
+
+    type BackupStream = BackupChunks;
+
+    #[tracing::instrument(name = "grpc.Cluster.Backup", skip_all)]
+    async fn backup(
+        &self,
+        req: Request<pb::BackupRequest>,
+    ) -> Result<Response<Self::BackupStream>, Status> {
+        use futures::StreamExt;
+        let parts = self.service.backup(principal(&req).as_ref()).await?;
+        // The summary is in the file's own end line; a failure after the
+        // stream began ends it with the error, so a client never mistakes a
+        // cut backup for a whole one (its end line and checksum are missing).
+        let chunks = tokio_stream::wrappers::ReceiverStream::new(parts).filter_map(|part| async {
+            match part {
+                BackupPart::Chunk(data) => Some(Ok(pb::BackupChunk { data })),
+                BackupPart::Done(_) => None,
+                BackupPart::Failed(e) => Some(Err(Status::from(e))),
+            }
+        });
+        Ok(Response::new(Box::pin(chunks)))
     }
 
     #[tracing::instrument(name = "grpc.Cluster.ListAudit", skip_all)]

@@ -78,7 +78,7 @@ pub fn grpc_class(path: &str) -> Option<OpClass> {
         ("agentry.v1.Cluster", "Status" | "ListAudit") => Read,
         (
             "agentry.v1.Cluster",
-            "Initialize" | "AddLearner" | "Promote" | "Remove" | "SetFaults",
+            "Initialize" | "AddLearner" | "Promote" | "Remove" | "SetFaults" | "Backup",
         ) => Admin,
         ("agentry.v1.Federation", "GetRegistryInfo" | "ListPublisherKeys") => Read,
         ("agentry.v1.Federation", "RotateKey" | "RetireKey" | "RevokeKey") => Admin,
@@ -404,6 +404,21 @@ impl Audited {
     }
 }
 
+/// The gRPC status of an answer as grpc-go names it (`OK`, `NotFound`):
+/// an error's status is in the headers (trailers-only answer); an answer
+/// without one there is a success, or a stream whose outcome comes later.
+fn grpc_code_name(headers: &http::HeaderMap) -> String {
+    let code = headers
+        .get("grpc-status")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<i32>().ok())
+        .map_or(tonic::Code::Ok, tonic::Code::from_i32);
+    match code {
+        tonic::Code::Ok => "OK".to_string(),
+        other => format!("{other:?}"),
+    }
+}
+
 /// The gate as a tower layer over a whole gRPC server.
 #[derive(Clone)]
 pub struct GateLayer(pub Arc<Gate>);
@@ -455,10 +470,11 @@ where
             };
             let peer = req.extensions().get::<Peer>().cloned();
             let operation = req.uri().path().trim_start_matches('/').to_string();
+            let started = std::time::Instant::now();
             let (admitted, audited) = gate
                 .admit_audited(req.headers(), peer.as_ref(), class, &operation)
                 .await;
-            audited
+            let response = audited
                 .run(async move {
                     match admitted {
                         Ok(identity) => {
@@ -468,7 +484,18 @@ where
                         Err(e) => Ok(tonic::Status::from(e).into_http()),
                     }
                 })
-                .await
+                .await;
+            if let Ok(r) = &response {
+                crate::metrics::observe_request(
+                    crate::metrics::RequestLabels {
+                        transport: "grpc",
+                        route: operation,
+                        code: grpc_code_name(r.headers()),
+                    },
+                    started.elapsed(),
+                );
+            }
+            response
         })
     }
 }

@@ -31,11 +31,13 @@ mod cluster;
 mod eval;
 mod health;
 mod keys;
+mod snapshot;
 
 pub use cluster::{run_cluster, ClusterArgs};
 pub use eval::{run_eval, EvalArgs};
 pub use health::{run_health, HealthArgs};
 pub use keys::{run_keys, run_verify, KeysArgs, VerifyArgs};
+pub use snapshot::{run_snapshot, SnapshotArgs};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -91,6 +93,9 @@ pub enum Command {
     Import(ImportArgs),
     /// The audit trail: who tried which write or admin action (admins).
     Audit(AuditArgs),
+    /// Backups: save one online from any node, check one, restore one
+    /// into a new node's data directory.
+    Snapshot(SnapshotArgs),
     /// Probe this node's /healthz (or /readyz): exit 0 when it answers 200
     /// (a container HEALTHCHECK without curl).
     Health(HealthArgs),

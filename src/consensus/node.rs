@@ -505,8 +505,12 @@ impl RaftNode {
                         .check()
                         .map_err(|e| WriteError::NoSpace(e.to_string()))?;
                 }
+                let started = Instant::now();
                 match self.raft.client_write(command).await {
-                    Ok(resp) => Ok(ForwardReply::Written(resp.data)),
+                    Ok(resp) => {
+                        crate::metrics::observe_commit(started.elapsed());
+                        Ok(ForwardReply::Written(resp.data))
+                    }
                     Err(e) => Err(write_error(e)),
                 }
             }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::consensus::{Command, Faults, LinkFault, NodeId, NodeStatus, RaftNode};
 use crate::domain::{Principal, Role};
+use crate::storage::{BackupSummary, Reader};
 
 use super::ServiceError;
 
@@ -33,10 +34,37 @@ pub struct ClusterView {
     pub replication_known: bool,
 }
 
+/// A piece of a backup in progress.
+#[derive(Debug)]
+pub enum BackupPart {
+    Chunk(Vec<u8>),
+    Done(BackupSummary),
+    Failed(ServiceError),
+}
+
+/// Hands what a backup writes to the channel, as it is written.
+struct ChannelWriter(tokio::sync::mpsc::Sender<BackupPart>);
+
+impl std::io::Write for ChannelWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .blocking_send(BackupPart::Chunk(buf.to_vec()))
+            .map_err(|_| {
+                std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the client went away")
+            })?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// Cluster administration.
 #[derive(Clone)]
 pub struct ClusterService {
     node: RaftNode,
+    reader: Reader,
     faults: Faults,
     fault_injection: bool,
     anonymous_reads: bool,
@@ -87,16 +115,54 @@ fn check_addr(addr: &str, field: &str) -> Result<()> {
 impl ClusterService {
     pub fn new(
         node: RaftNode,
+        reader: Reader,
         faults: Faults,
         fault_injection: bool,
         anonymous_reads: bool,
     ) -> Self {
         Self {
             node,
+            reader,
             faults,
             fault_injection,
             anonymous_reads,
         }
+    }
+
+    /// Starts an online backup (admins): once this node has applied
+    /// everything committed before the call, a consistent copy of its state
+    /// is written in chunks to the returned channel, which ends with the
+    /// summary. The backup is read from a RocksDB snapshot off the async
+    /// runtime; a receiver that goes away stops it.
+    pub async fn backup(
+        &self,
+        principal: Option<&Principal>,
+    ) -> Result<tokio::sync::mpsc::Receiver<BackupPart>> {
+        require_admin(principal)?;
+        self.node.read_barrier().await?;
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let reader = self.reader.clone();
+        let node_id = self.node.id;
+        tokio::task::spawn_blocking(move || {
+            let started = std::time::Instant::now();
+            let mut out = ChannelWriter(tx.clone());
+            let part = match reader.write_backup(node_id, &mut out) {
+                Ok(summary) => {
+                    tracing::info!(
+                        node_id,
+                        records = summary.counts.records,
+                        bytes = summary.bytes,
+                        ms = started.elapsed().as_millis() as u64,
+                        "backup written"
+                    );
+                    crate::metrics::observe_backup(started.elapsed(), summary.bytes);
+                    BackupPart::Done(summary)
+                }
+                Err(e) => BackupPart::Failed(ServiceError::Internal(format!("backup failed: {e}"))),
+            };
+            let _ = tx.blocking_send(part);
+        });
+        Ok(rx)
     }
 
     /// This node's state and the membership with replication progress.

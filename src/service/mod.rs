@@ -20,7 +20,7 @@ mod woa_host;
 
 pub use agent_protocol::{ApAnswer, ApEvents};
 pub use audit::{AuditConfig, AuditLog};
-pub use cluster::{ClusterService, ClusterView, MemberView};
+pub use cluster::{BackupPart, ClusterService, ClusterView, MemberView};
 pub use crawl::crawl;
 pub use discovery::{Candidate, DiscoveryResult, Resolution, Resolved, CONFORMANCE_LEVEL};
 pub use error::ServiceError;

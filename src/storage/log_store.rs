@@ -23,9 +23,9 @@ use rocksdb::{WriteBatch, WriteOptions, DB};
 use super::{cf, get_json, key_u64, u64_key, StorageError as LocalError, CF_LOG, CF_RAFT};
 use crate::consensus::{LogId, NodeId, StorageError, TypeConfig};
 
-const KEY_VOTE: &[u8] = b"vote";
-const KEY_COMMITTED: &[u8] = b"committed";
-const KEY_LAST_PURGED: &[u8] = b"last_purged";
+pub(crate) const KEY_VOTE: &[u8] = b"vote";
+pub(crate) const KEY_COMMITTED: &[u8] = b"committed";
+pub(crate) const KEY_LAST_PURGED: &[u8] = b"last_purged";
 
 /// RocksDB-backed Raft log. Cheap to clone; clones share the database.
 #[derive(Clone)]
@@ -43,7 +43,9 @@ fn run_syncer(db: Arc<DB>, queue: mpsc::Receiver<LogFlushed<TypeConfig>>) {
     while let Ok(first) = queue.recv() {
         let mut waiting = vec![first];
         waiting.extend(queue.try_iter());
+        let started = std::time::Instant::now();
         let synced = db.flush_wal(true);
+        crate::metrics::observe_log_sync(started.elapsed());
         for callback in waiting {
             callback.log_io_completed(
                 synced

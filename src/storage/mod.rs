@@ -6,6 +6,7 @@
 //! Values are JSON, which keeps unknown metadata fields exactly as published.
 
 mod audit;
+mod backup;
 mod log_store;
 mod quota;
 mod reader;
@@ -13,6 +14,9 @@ mod space;
 mod state_machine;
 
 pub use audit::{AuditCursor, AuditSink, AuditStore, Retention};
+pub use backup::{
+    restore, verify_backup, write_backup, BackupError, BackupSummary, RestoreTarget, BACKUP_FORMAT,
+};
 pub use log_store::LogStore;
 pub use reader::{Applied, FollowEnd, Reader};
 pub use space::{DiskSpace, NoSpace, DEFAULT_RESERVE_BYTES};

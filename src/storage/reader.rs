@@ -106,6 +106,15 @@ pub struct Reader {
 }
 
 impl Reader {
+    /// Writes a backup of everything applied so far (`storage::backup`).
+    pub fn write_backup(
+        &self,
+        node_id: u64,
+        out: &mut dyn std::io::Write,
+    ) -> Result<super::BackupSummary, super::BackupError> {
+        super::backup::write_backup(&self.db, node_id, out)
+    }
+
     /// Revision of the last applied log entry.
     pub fn applied_revision(&self) -> u64 {
         self.applied.revision.load(Ordering::Acquire)

@@ -45,12 +45,12 @@ use crate::domain::write::{
 };
 use crate::domain::{AgentRecord, Change, ChangeKind, PublisherKey, Sharing};
 
-const KEY_APPLIED: &[u8] = b"last_applied";
-const KEY_MEMBERSHIP: &[u8] = b"membership";
-const KEY_OLDEST: &[u8] = b"oldest_revision";
-const KEY_IDENTITY: &[u8] = b"identity";
-const KEY_PUBLISHER_KEYS: &[u8] = b"publisher_keys";
-const KEY_AUDIT_SEQ: &[u8] = b"audit_seq";
+pub(crate) const KEY_APPLIED: &[u8] = b"last_applied";
+pub(crate) const KEY_MEMBERSHIP: &[u8] = b"membership";
+pub(crate) const KEY_OLDEST: &[u8] = b"oldest_revision";
+pub(crate) const KEY_IDENTITY: &[u8] = b"identity";
+pub(crate) const KEY_PUBLISHER_KEYS: &[u8] = b"publisher_keys";
+pub(crate) const KEY_AUDIT_SEQ: &[u8] = b"audit_seq";
 pub(crate) const KEY_FEDERATION_CURSORS: &[u8] = b"federation_cursors";
 /// History is trimmed in steps of this many revisions, so trimming costs one
 /// range deletion per step rather than one per write.
@@ -656,33 +656,13 @@ impl StateMachine {
     }
 }
 
-impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
-    #[tracing::instrument(level = "info", skip_all)]
-    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
-        let this = self.clone();
-        tokio::task::spawn_blocking(move || this.build())
-            .await
-            .map_err(|e| snap_err(std::io::Error::other(e.to_string())))?
-            .map_err(snap_err)
-    }
-}
-
-impl RaftStateMachine<TypeConfig> for StateMachine {
-    type SnapshotBuilder = Self;
-
-    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), StorageError> {
-        let applied = get_json(&self.db, CF_SM, KEY_APPLIED).map_err(sm_read)?;
-        let membership = get_json(&self.db, CF_SM, KEY_MEMBERSHIP)
-            .map_err(sm_read)?
-            .unwrap_or_default();
-        Ok((applied, membership))
-    }
-
-    #[tracing::instrument(level = "debug", skip_all)]
-    async fn apply<I>(&mut self, entries: I) -> Result<Vec<CommandResult>, StorageError>
+impl StateMachine {
+    /// Applies one batch of committed entries (`RaftStateMachine::apply`).
+    // openraft's own error type, returned as its `apply` returns it.
+    #[allow(clippy::result_large_err)]
+    fn apply_batch<I>(&mut self, entries: I) -> Result<Vec<CommandResult>, StorageError>
     where
-        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
-        I::IntoIter: OptionalSend,
+        I: IntoIterator<Item = Entry<TypeConfig>>,
     {
         // All entries of a call go into one WriteBatch (one WAL write);
         // records written earlier in the batch are read from `written`, so
@@ -911,6 +891,44 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         }
         Ok(results)
     }
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
+    #[tracing::instrument(level = "info", skip_all)]
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
+        let this = self.clone();
+        let started = std::time::Instant::now();
+        let built = tokio::task::spawn_blocking(move || this.build())
+            .await
+            .map_err(|e| snap_err(std::io::Error::other(e.to_string())))?
+            .map_err(snap_err);
+        crate::metrics::observe_snapshot("build", started.elapsed());
+        built
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachine {
+    type SnapshotBuilder = Self;
+
+    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), StorageError> {
+        let applied = get_json(&self.db, CF_SM, KEY_APPLIED).map_err(sm_read)?;
+        let membership = get_json(&self.db, CF_SM, KEY_MEMBERSHIP)
+            .map_err(sm_read)?
+            .unwrap_or_default();
+        Ok((applied, membership))
+    }
+
+    #[tracing::instrument(level = "debug", skip_all)]
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<CommandResult>, StorageError>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let started = std::time::Instant::now();
+        let applied = self.apply_batch(entries);
+        crate::metrics::observe_apply(started.elapsed());
+        applied
+    }
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
         self.clone()
@@ -928,18 +946,35 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         meta: &SnapshotMeta<NodeId, openraft::BasicNode>,
         snapshot: Box<std::io::Cursor<Vec<u8>>>,
     ) -> Result<(), StorageError> {
-        self.install(meta, snapshot.into_inner())
-            .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e).into())
+        let started = std::time::Instant::now();
+        let installed = self
+            .install(meta, snapshot.into_inner())
+            .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e).into());
+        crate::metrics::observe_snapshot("install", started.elapsed());
+        installed
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
         let stored = self
             .read_snapshot_file()
             .map_err(|e| StorageIOError::read_snapshot(None, &e))?;
-        Ok(stored.map(|s| Snapshot {
-            meta: s.meta,
-            snapshot: Box::new(std::io::Cursor::new(s.data)),
-        }))
+        match stored {
+            Some(s) => Ok(Some(Snapshot {
+                meta: s.meta,
+                snapshot: Box::new(std::io::Cursor::new(s.data)),
+            })),
+            // A directory seeded from a backup has state but no snapshot
+            // file, and its log starts after that state: a follower that
+            // needs what came before gets a snapshot built now.
+            None if get_json::<Option<LogId>>(&self.db, CF_SM, KEY_APPLIED)
+                .map_err(sm_read)?
+                .flatten()
+                .is_some() =>
+            {
+                self.build_snapshot().await.map(Some)
+            }
+            None => Ok(None),
+        }
     }
 }
 

@@ -419,12 +419,12 @@ async fn search_health_readiness_and_openapi() {
     assert!(resp.headers()["content-type"]
         .to_str()
         .unwrap()
-        .starts_with("text/plain"));
+        .starts_with("application/openmetrics-text"));
     let text = resp.text().await.unwrap();
     let sample = |name: &str| -> u64 {
         let line = text
             .lines()
-            .find(|l| l.starts_with(name))
+            .find(|l| l.starts_with(&format!("{name}{{")))
             .unwrap_or_else(|| panic!("{name} missing:\n{text}"));
         line.rsplit(' ').next().unwrap().parse().unwrap()
     };

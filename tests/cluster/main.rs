@@ -2,6 +2,7 @@
 //! gRPC between nodes, with kill -9, restarts and injected network faults.
 
 mod audit;
+mod backup;
 mod disk;
 mod federation;
 mod harness;

@@ -163,3 +163,28 @@ pub(super) async fn audit(
     });
     Ok(json_response(StatusCode::OK, &body))
 }
+
+/// `GET /cluster/backup`: the backup file, streamed as the gRPC method
+/// streams it (admins).
+pub(super) async fn backup(State(s): State<HttpState>, caller: Caller) -> ApiResult {
+    use futures::StreamExt;
+    let chunks = s
+        .cluster
+        .backup(grpc_request(&caller, pb::BackupRequest {}))
+        .await?
+        .into_inner()
+        .map(|chunk| {
+            chunk
+                .map(|c| axum::body::Bytes::from(c.data))
+                .map_err(|status| std::io::Error::other(status.message().to_string()))
+        });
+    axum::response::Response::builder()
+        .status(StatusCode::OK)
+        .header(axum::http::header::CONTENT_TYPE, "application/x-ndjson")
+        .header(
+            axum::http::header::CONTENT_DISPOSITION,
+            "attachment; filename=\"agentry.backup\"",
+        )
+        .body(Body::from_stream(chunks))
+        .map_err(|e| ApiError::from(crate::service::ServiceError::Internal(e.to_string())))
+}

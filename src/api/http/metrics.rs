@@ -1,29 +1,56 @@
-//! Prometheus text exposition of the node's state: Raft (term, leadership,
-//! log, applied and snapshot indexes, per-follower match), the registry's
-//! change history bounds, and the discovery index (size, revision, builds).
+//! `/metrics`: the node's state (Raft term, leadership, log, applied and
+//! snapshot indexes, per-follower match; the registry's change history
+//! bounds; the discovery index) read at scrape time, next to the process's
+//! request, Raft and backup instruments (`crate::metrics`), in the
+//! OpenMetrics text format of the Prometheus client library.
 
-use std::fmt::Write;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 
 use crate::consensus::NodeStatus;
 use crate::index::IndexStats;
 
-/// Content type of the Prometheus text format.
-pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+/// Content type of the OpenMetrics text format.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-fn family(out: &mut String, kind: &str, name: &str, help: &str, samples: &[(String, u64)]) {
-    // Writing to a String cannot fail.
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-    for (labels, value) in samples {
-        let _ = writeln!(out, "{name}{labels} {value}");
+type Labels = Vec<(&'static str, String)>;
+
+/// A scrape's worth of values read from the node.
+struct Page {
+    registry: Registry,
+    node: Labels,
+}
+
+impl Page {
+    fn gauge(&mut self, name: &str, help: &str, value: u64) {
+        let g: Family<Labels, Gauge> = Family::default();
+        g.get_or_create(&self.node).set(clamp(value));
+        self.registry.register(name, help, g);
+    }
+
+    /// A counter the node keeps itself (name without `_total`, which the
+    /// encoding adds).
+    fn counter(&mut self, name: &str, help: &str, value: u64) {
+        let c: Family<Labels, Counter> = Family::default();
+        c.get_or_create(&self.node).inc_by(value);
+        self.registry.register(name, help, c);
+    }
+
+    fn per_follower(&mut self, name: &str, help: &str, values: impl Iterator<Item = (u64, u64)>) {
+        let g: Family<Labels, Gauge> = Family::default();
+        for (follower, value) in values {
+            let mut labels = self.node.clone();
+            labels.push(("follower", follower.to_string()));
+            g.get_or_create(&labels).set(clamp(value));
+        }
+        self.registry.register(name, help, g);
     }
 }
 
-fn gauge(out: &mut String, name: &str, help: &str, samples: &[(String, u64)]) {
-    family(out, "gauge", name, help, samples);
-}
-
-fn counter(out: &mut String, name: &str, help: &str, samples: &[(String, u64)]) {
-    family(out, "counter", name, help, samples);
+fn clamp(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
 }
 
 /// Renders the metrics page.
@@ -33,136 +60,97 @@ pub fn render(
     oldest_revision: u64,
     index: &IndexStats,
 ) -> String {
-    let node = format!("{{node_id=\"{}\"}}", s.node_id);
-    let one = |v: u64| vec![(node.clone(), v)];
-    let mut out = String::new();
-    gauge(
-        &mut out,
-        "agentry_raft_term",
-        "Current Raft term.",
-        &one(s.term),
-    );
-    gauge(
-        &mut out,
+    let mut p = Page {
+        registry: Registry::default(),
+        node: vec![("node_id", s.node_id.to_string())],
+    };
+    p.gauge("agentry_raft_term", "Current Raft term.", s.term);
+    p.gauge(
         "agentry_raft_is_leader",
         "1 when this node is the leader.",
-        &one(u64::from(s.is_leader)),
+        u64::from(s.is_leader),
     );
-    gauge(
-        &mut out,
+    p.gauge(
         "agentry_raft_has_leader",
         "1 when this node knows a leader.",
-        &one(u64::from(s.leader.is_some())),
+        u64::from(s.leader.is_some()),
     );
-    gauge(
-        &mut out,
+    p.gauge(
         "agentry_raft_leader_id",
         "Node id of the known leader (0 when none).",
-        &one(s.leader.unwrap_or(0)),
+        s.leader.unwrap_or(0),
     );
-    gauge(
-        &mut out,
+    p.gauge(
         "agentry_raft_last_log_index",
         "Index of the last entry in the log.",
-        &one(s.last_log_index),
+        s.last_log_index,
     );
-    gauge(
-        &mut out,
+    p.gauge(
         "agentry_raft_applied_index",
         "Index of the last applied entry.",
-        &one(s.applied_index),
+        s.applied_index,
     );
-    gauge(
-        &mut out,
+    p.gauge(
         "agentry_raft_snapshot_index",
         "Last index included in the latest snapshot (0 when none).",
-        &one(s.snapshot_index.unwrap_or(0)),
+        s.snapshot_index.unwrap_or(0),
     );
-    gauge(
-        &mut out,
+    p.gauge(
         "agentry_raft_purged_index",
         "Last purged log index (0 when none).",
-        &one(s.purged_index.unwrap_or(0)),
+        s.purged_index.unwrap_or(0),
     );
-    gauge(
-        &mut out,
+    p.gauge(
         "agentry_raft_commit_index",
         "Highest log index known to be committed.",
-        &one(s.commit_index),
+        s.commit_index,
     );
-    gauge(
-        &mut out,
-        "agentry_raft_learners",
-        "Number of learners in the membership.",
-        &one(s.learners.len() as u64),
-    );
-    counter(
-        &mut out,
-        "agentry_raft_snapshots_built_total",
-        "Snapshots this node built since it started.",
-        &one(s.snapshots_built),
-    );
-    counter(
-        &mut out,
-        "agentry_raft_snapshots_installed_total",
-        "Snapshots this node installed from a leader since it started.",
-        &one(s.snapshots_installed),
-    );
-    gauge(
-        &mut out,
-        "agentry_raft_last_snapshot_timestamp_seconds",
-        "Unix time of the last snapshot built or installed (0 when none).",
-        &one(s.last_snapshot_unix.unwrap_or(0)),
-    );
-    gauge(
-        &mut out,
+    p.gauge(
         "agentry_raft_voters",
         "Number of voters in the membership.",
-        &one(s.voters.len() as u64),
+        s.voters.len() as u64,
     );
-    let followers: Vec<(String, u64)> = s
-        .follower_matched
-        .iter()
-        .map(|(id, idx)| {
-            (
-                format!("{{node_id=\"{}\",follower=\"{id}\"}}", s.node_id),
-                *idx,
-            )
-        })
-        .collect();
-    gauge(
-        &mut out,
+    p.gauge(
+        "agentry_raft_learners",
+        "Number of learners in the membership.",
+        s.learners.len() as u64,
+    );
+    p.counter(
+        "agentry_raft_snapshots_built",
+        "Snapshots this node built since it started.",
+        s.snapshots_built,
+    );
+    p.counter(
+        "agentry_raft_snapshots_installed",
+        "Snapshots this node installed from a leader since it started.",
+        s.snapshots_installed,
+    );
+    p.gauge(
+        "agentry_raft_last_snapshot_timestamp_seconds",
+        "Unix time of the last snapshot built or installed (0 when none).",
+        s.last_snapshot_unix.unwrap_or(0),
+    );
+    p.per_follower(
         "agentry_raft_follower_matched_index",
         "Leader only: highest log index known to match on each follower.",
-        &followers,
+        s.follower_matched.iter().copied(),
     );
-    let lag: Vec<(String, u64)> = s
-        .follower_matched
-        .iter()
-        .map(|(id, idx)| {
-            (
-                format!("{{node_id=\"{}\",follower=\"{id}\"}}", s.node_id),
-                s.last_log_index.saturating_sub(*idx),
-            )
-        })
-        .collect();
-    gauge(
-        &mut out,
+    p.per_follower(
         "agentry_raft_follower_lag_entries",
         "Leader only: log entries each follower is behind.",
-        &lag,
+        s.follower_matched
+            .iter()
+            .map(|(id, idx)| (*id, s.last_log_index.saturating_sub(*idx))),
     );
-    gauge(
-        &mut out,
+    p.gauge(
         "agentry_registry_applied_revision",
         "Revision of the applied registry state.",
-        &one(applied_revision),
+        applied_revision,
     );
-    gauge(
-        &mut out,
+    p.gauge(
         "agentry_registry_oldest_revision",
         "Oldest revision still in the change history.",
-        &one(oldest_revision),
+        oldest_revision,
     );
     let discovery: [(&str, &str, u64); 9] = [
         (
@@ -212,20 +200,22 @@ pub fn render(
         ),
     ];
     for (name, help, value) in discovery {
-        gauge(&mut out, name, help, &one(value));
+        p.gauge(name, help, value);
     }
-    counter(
-        &mut out,
-        "agentry_discovery_index_rebuilds_total",
+    p.counter(
+        "agentry_discovery_index_rebuilds",
         "Full index builds from storage (at start, and when the change feed no longer reaches back).",
-        &one(index.rebuilds),
+        index.rebuilds,
     );
-    counter(
-        &mut out,
-        "agentry_discovery_embed_failures_total",
+    p.counter(
+        "agentry_discovery_embed_failures",
         "Records the embedder failed on while indexing (indexed without vectors).",
-        &one(index.embed_failures),
+        index.embed_failures,
     );
+    crate::metrics::register(&mut p.registry);
+    let mut out = String::new();
+    // Writing to a String cannot fail.
+    let _ = prometheus_client::encoding::text::encode(&mut out, &p.registry);
     out
 }
 
@@ -252,9 +242,18 @@ mod tests {
             embedder_loaded: true,
             ..Default::default()
         };
+        crate::metrics::observe_request(
+            crate::metrics::RequestLabels {
+                transport: "http",
+                route: "GET /agents/{id}".into(),
+                code: "200".into(),
+            },
+            std::time::Duration::from_millis(3),
+        );
         let text = render(&s, 41, 1, &index);
         assert!(text.contains("agentry_discovery_indexed_agents{node_id=\"1\"} 7\n"));
-        assert!(text.contains("# TYPE agentry_discovery_index_rebuilds_total counter\n"));
+        assert!(text.contains("# TYPE agentry_discovery_index_rebuilds counter\n"));
+        assert!(text.contains("agentry_discovery_index_rebuilds_total{node_id=\"1\"} 1\n"));
         assert!(text.contains("agentry_discovery_embedder_loaded{node_id=\"1\"} 1\n"));
         assert!(
             text.contains("# TYPE agentry_raft_term gauge\nagentry_raft_term{node_id=\"1\"} 3\n"),
@@ -265,11 +264,16 @@ mod tests {
             text.contains("agentry_raft_follower_lag_entries{node_id=\"1\",follower=\"2\"} 2\n")
         );
         assert!(text.contains("agentry_raft_voters{node_id=\"1\"} 3\n"));
-        assert!(text.contains("# TYPE agentry_raft_snapshots_built_total counter\n"));
+        assert!(text.contains("# TYPE agentry_raft_snapshots_built counter\n"));
+        assert!(text.contains("# TYPE agentry_request_duration_seconds histogram\n"));
+        assert!(text.contains(
+            "agentry_requests_total{transport=\"http\",route=\"GET /agents/{id}\",code=\"200\"}"
+        ));
+        assert!(text.ends_with("# EOF\n"));
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             let value = line.rsplit(' ').next().unwrap();
             assert!(
-                value.parse::<u64>().is_ok(),
+                value.parse::<f64>().is_ok(),
                 "sample without a number: {line}"
             );
         }

@@ -897,6 +897,12 @@ pub fn routes() -> Routes {
     .add(OpClass::Read, "GET", "/audit", routing::get(cluster::audit))
     .add(
         OpClass::Admin,
+        "GET",
+        "/cluster/backup",
+        routing::get(cluster::backup),
+    )
+    .add(
+        OpClass::Admin,
         "POST",
         "/cluster/init",
         routing::post(cluster::initialize),
@@ -1002,11 +1008,12 @@ async fn gate_http(
         .into_response();
     };
     let peer = req.extensions().get::<Peer>().cloned();
+    let started = std::time::Instant::now();
     let (admitted, audited) = state
         .gate
         .admit_audited(req.headers(), peer.as_ref(), class, &operation)
         .await;
-    audited
+    let response = audited
         .run(async move {
             match admitted {
                 Ok(identity) => {
@@ -1016,7 +1023,16 @@ async fn gate_http(
                 Err(e) => ApiError::from(e).into_response(),
             }
         })
-        .await
+        .await;
+    crate::metrics::observe_request(
+        crate::metrics::RequestLabels {
+            transport: "http",
+            route: operation,
+            code: response.status().as_u16().to_string(),
+        },
+        started.elapsed(),
+    );
+    response
 }
 
 /// Gate class by "METHOD /route/{param}".

@@ -1,0 +1,155 @@
+//! The process's instruments: request counts and latencies on both
+//! transports, Raft commit, apply and log-sync latencies, snapshot and
+//! backup durations. They are process-wide (one node per process in
+//! production), so storage, consensus and the API record into them without
+//! a handle passed through every layer; `/metrics` renders them next to the
+//! node's state (`api::http::metrics`).
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+/// One request's route and outcome.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    /// `http` or `grpc`.
+    pub transport: &'static str,
+    /// The route template (`GET /agents/{id}`) or the gRPC method
+    /// (`agentry.v1.Registry/Get`); never a raw path, so ids do not become
+    /// label values.
+    pub route: String,
+    /// HTTP status, or the gRPC status code name (`OK`, `NOT_FOUND`, ...).
+    pub code: String,
+}
+
+/// What a Raft storage operation did.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SnapshotLabels {
+    /// `build` or `install`.
+    pub action: &'static str,
+}
+
+struct Instruments {
+    requests: Family<RequestLabels, Counter>,
+    request_seconds: Family<RequestLabels, Histogram, fn() -> Histogram>,
+    commit_seconds: Histogram,
+    apply_seconds: Histogram,
+    log_sync_seconds: Histogram,
+    snapshot_seconds: Family<SnapshotLabels, Histogram, fn() -> Histogram>,
+    backup_seconds: Histogram,
+    backup_bytes: Counter,
+}
+
+/// 0.25 ms to about 8 s, doubling.
+fn latency() -> Histogram {
+    Histogram::new(exponential_buckets(0.000_25, 2.0, 16))
+}
+
+/// 10 ms to about 10 min, doubling: snapshots and backups of large
+/// directories.
+fn long() -> Histogram {
+    Histogram::new(exponential_buckets(0.01, 2.0, 16))
+}
+
+fn instruments() -> &'static Instruments {
+    static I: OnceLock<Instruments> = OnceLock::new();
+    I.get_or_init(|| Instruments {
+        requests: Family::default(),
+        request_seconds: Family::new_with_constructor(latency),
+        commit_seconds: latency(),
+        apply_seconds: latency(),
+        log_sync_seconds: latency(),
+        snapshot_seconds: Family::new_with_constructor(long),
+        backup_seconds: long(),
+        backup_bytes: Counter::default(),
+    })
+}
+
+/// Counts one answered request and its latency.
+pub fn observe_request(labels: RequestLabels, took: Duration) {
+    let i = instruments();
+    i.request_seconds
+        .get_or_create(&labels)
+        .observe(took.as_secs_f64());
+    i.requests.get_or_create(&labels).inc();
+}
+
+/// A write's time from proposal to applied on the leader.
+pub fn observe_commit(took: Duration) {
+    instruments().commit_seconds.observe(took.as_secs_f64());
+}
+
+/// The state machine's time to apply one batch of committed entries.
+pub fn observe_apply(took: Duration) {
+    instruments().apply_seconds.observe(took.as_secs_f64());
+}
+
+/// One WAL sync of the Raft log (it may cover many appends).
+pub fn observe_log_sync(took: Duration) {
+    instruments().log_sync_seconds.observe(took.as_secs_f64());
+}
+
+/// A Raft snapshot built or installed.
+pub fn observe_snapshot(action: &'static str, took: Duration) {
+    instruments()
+        .snapshot_seconds
+        .get_or_create(&SnapshotLabels { action })
+        .observe(took.as_secs_f64());
+}
+
+/// A backup written (`agentry snapshot save`).
+pub fn observe_backup(took: Duration, bytes: u64) {
+    let i = instruments();
+    i.backup_seconds.observe(took.as_secs_f64());
+    i.backup_bytes.inc_by(bytes);
+}
+
+/// Registers the instruments (shared, not copied) in `registry`.
+pub fn register(registry: &mut Registry) {
+    let i = instruments();
+    registry.register(
+        "agentry_requests",
+        "Requests answered, by transport, route or gRPC method, and status code.",
+        i.requests.clone(),
+    );
+    registry.register(
+        "agentry_request_duration_seconds",
+        "Time to answer a request (to the response headers; a stream's life is not included).",
+        i.request_seconds.clone(),
+    );
+    registry.register(
+        "agentry_raft_commit_duration_seconds",
+        "Leader: a write's time from proposal until it is committed and applied.",
+        i.commit_seconds.clone(),
+    );
+    registry.register(
+        "agentry_raft_apply_duration_seconds",
+        "Time to apply one batch of committed entries to the state machine.",
+        i.apply_seconds.clone(),
+    );
+    registry.register(
+        "agentry_raft_log_sync_duration_seconds",
+        "Time of one WAL sync of the Raft log (one sync covers every append queued meanwhile).",
+        i.log_sync_seconds.clone(),
+    );
+    registry.register(
+        "agentry_raft_snapshot_duration_seconds",
+        "Time to build a Raft snapshot, or to install one from the leader.",
+        i.snapshot_seconds.clone(),
+    );
+    registry.register(
+        "agentry_backup_duration_seconds",
+        "Time to write a backup (agentry snapshot save) from this node.",
+        i.backup_seconds.clone(),
+    );
+    registry.register(
+        "agentry_backup_bytes",
+        "Bytes of backups written from this node.",
+        i.backup_bytes.clone(),
+    );
+}
