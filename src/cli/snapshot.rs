@@ -25,8 +25,15 @@ pub struct SnapshotArgs {
 pub enum SnapshotCommand {
     /// Take an online, consistent backup through a node's admin API (needs
     /// an admin key) and write it to FILE (mode 0600: it holds the
-    /// registry's signing keys).
-    Save { file: PathBuf },
+    /// registry's signing keys). FILE may be a directory: the backup is then
+    /// named agentry-<UTC time>.backup in it (for scheduled backups).
+    Save {
+        file: PathBuf,
+        /// With a directory: keep this many newest agentry-*.backup files
+        /// in it and delete older ones once the new backup is complete.
+        #[arg(long)]
+        keep: Option<usize>,
+    },
     /// Check a backup's checksum and print what it holds.
     Status { file: PathBuf },
     /// Seed the data directory of a new node from a backup (offline; the
@@ -54,7 +61,24 @@ pub enum SnapshotCommand {
 
 pub async fn run_snapshot(args: SnapshotArgs) -> Result<(), CliError> {
     match args.command {
-        SnapshotCommand::Save { ref file } => save(&args.client, file).await,
+        SnapshotCommand::Save { ref file, keep } => {
+            if file.is_dir() {
+                let name = time::OffsetDateTime::now_utc()
+                    .format(time::macros::format_description!(
+                        "agentry-[year][month][day]T[hour][minute][second]Z.backup"
+                    ))
+                    .map_err(local)?;
+                save(&args.client, &file.join(name)).await?;
+                if let Some(keep) = keep {
+                    prune(file, keep.max(1))?;
+                }
+                Ok(())
+            } else if keep.is_some() {
+                Err(local("--keep needs a directory to save into"))
+            } else {
+                save(&args.client, file).await
+            }
+        }
         SnapshotCommand::Status { ref file } => status(file, args.client.json),
         SnapshotCommand::Restore {
             ref file,
@@ -137,6 +161,38 @@ async fn save(client: &ClientArgs, file: &Path) -> Result<(), CliError> {
         end.audit,
         started.elapsed().as_secs_f64()
     );
+    Ok(())
+}
+
+/// Deletes all but the `keep` newest `agentry-*.backup` files of `dir`
+/// (their names sort by time), and the `.part` files of saves that were
+/// cut off.
+fn prune(dir: &Path, keep: usize) -> Result<(), CliError> {
+    for entry in std::fs::read_dir(dir)
+        .map_err(local)?
+        .filter_map(Result::ok)
+    {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with("agentry-") && name.ends_with(".part") {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+    let mut backups: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(local)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("agentry-") && n.ends_with(".backup"))
+        })
+        .collect();
+    backups.sort();
+    let old = backups.len().saturating_sub(keep);
+    for path in &backups[..old] {
+        std::fs::remove_file(path).map_err(|e| local(format!("{}: {e}", path.display())))?;
+        println!("removed {}", path.display());
+    }
     Ok(())
 }
 

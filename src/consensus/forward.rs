@@ -29,6 +29,9 @@ pub enum Forwarded {
     /// Whether the receiving node belongs to a cluster already (answered by
     /// any node, leader or not).
     Probe,
+    /// From a leader about to stop, to the follower it chose: start an
+    /// election now (answered by that node, not forwarded).
+    Campaign,
 }
 
 impl Forwarded {
@@ -48,6 +51,7 @@ impl Forwarded {
             Forwarded::Remove { .. } => "remove",
             Forwarded::Status => "status",
             Forwarded::Probe => "probe",
+            Forwarded::Campaign => "campaign",
         }
     }
 }

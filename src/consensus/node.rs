@@ -3,7 +3,7 @@
 //! changes on the leader — passing them there from any follower.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -163,6 +163,28 @@ pub struct RaftNode {
     snapshots: Arc<SnapshotStats>,
     request_timeout: Duration,
     space: DiskSpace,
+    /// Set while this leader hands leadership over before it stops: new
+    /// writes wait for the next leader instead of growing the log the
+    /// successor must match.
+    handing_off: Arc<AtomicBool>,
+    /// Client writes proposed on this node and not answered yet.
+    writes_in_flight: Arc<AtomicUsize>,
+}
+
+/// Counts a proposal as in flight for as long as it lives.
+struct InFlight(Arc<AtomicUsize>);
+
+impl InFlight {
+    fn new(counter: &Arc<AtomicUsize>) -> Self {
+        counter.fetch_add(1, Ordering::AcqRel);
+        Self(counter.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl RaftNode {
@@ -219,6 +241,8 @@ impl RaftNode {
             snapshots,
             request_timeout: settings.request_timeout,
             space: settings.space,
+            handing_off: Arc::default(),
+            writes_in_flight: Arc::default(),
         };
         node.bootstrap(bootstrap).await?;
         Ok(node)
@@ -496,6 +520,15 @@ impl RaftNode {
     /// Executes a request on this node; `NotLeader` when it does not lead.
     pub async fn execute(&self, request: Forwarded) -> Result<ForwardReply, WriteError> {
         match request {
+            Forwarded::Write(_) if self.handing_off.load(Ordering::Acquire) => {
+                // The route loop retries, and forwards once the successor
+                // leads.
+                let next = self.status().leader.filter(|l| *l != self.id);
+                Err(WriteError::NotLeader {
+                    leader_id: next,
+                    leader: next.and_then(|l| self.member_addr(l)),
+                })
+            }
             Forwarded::Write(command) => {
                 // Refused before it reaches the log: a write RocksDB cannot
                 // store would stop the Raft core. Only the leader's disk
@@ -506,6 +539,7 @@ impl RaftNode {
                         .map_err(|e| WriteError::NoSpace(e.to_string()))?;
                 }
                 let started = Instant::now();
+                let _in_flight = InFlight::new(&self.writes_in_flight);
                 match self.raft.client_write(command).await {
                     Ok(resp) => {
                         crate::metrics::observe_commit(started.elapsed());
@@ -551,6 +585,14 @@ impl RaftNode {
                     )));
                 };
                 self.change(change).await.map(|_| ForwardReply::Done)
+            }
+            Forwarded::Campaign => {
+                info!(
+                    node_id = self.id,
+                    "the leader is stopping and chose this node; campaigning"
+                );
+                self.raft.trigger().elect().await.map_err(fatal)?;
+                Ok(ForwardReply::Done)
             }
             Forwarded::Probe => Ok(ForwardReply::Probe {
                 initialized: self.status().initialized,
@@ -656,6 +698,86 @@ impl RaftNode {
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
         why
+    }
+
+    /// Before this node stops: if it leads, hands leadership to the most
+    /// caught-up voter so the cluster does not wait an election timeout.
+    /// openraft 0.9 has no transfer call; instead new writes wait here, the
+    /// chosen follower is waited for until it holds the whole log, and then
+    /// asked to campaign (this leader grants its vote, as its own lease has
+    /// run out, and steps down). Gives up after `timeout`; the cluster then
+    /// elects a leader by itself once this node is gone.
+    #[instrument(skip(self), fields(node_id = self.id))]
+    pub async fn hand_off_leadership(&self, timeout: Duration) -> Option<NodeId> {
+        let status = self.status();
+        if !status.is_leader || status.voters.len() < 2 {
+            return None;
+        }
+        let deadline = Instant::now() + timeout;
+        self.handing_off.store(true, Ordering::Release);
+        // Proposals already made finish first, so the log's end is known
+        // (the metrics' last index can trail entries just appended).
+        while self.writes_in_flight.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let mut handed = None;
+        let mut asked = BTreeSet::new();
+        while handed.is_none() && Instant::now() < deadline {
+            let s = self.status();
+            if !s.is_leader {
+                // Another node won meanwhile (a campaign asked earlier).
+                handed = s.leader.filter(|l| *l != self.id);
+                if handed.is_none() {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                continue;
+            }
+            // A voter holding the whole log; one not asked yet first.
+            let mut caught_up: Vec<NodeId> = s
+                .follower_matched
+                .iter()
+                .filter(|(id, matched)| s.voters.contains(id) && *matched >= s.last_log_index)
+                .map(|(id, _)| *id)
+                .collect();
+            caught_up.sort_by_key(|id| asked.contains(id));
+            let Some((id, addr)) = caught_up
+                .first()
+                .and_then(|id| Some((*id, self.member_addr(*id)?)))
+            else {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            };
+            asked.insert(id);
+            let answer = self
+                .network
+                .forward(id, &addr, &Forwarded::Campaign, Duration::from_secs(1))
+                .await;
+            if !matches!(answer, Ok(Ok(_))) {
+                warn!(
+                    successor = id,
+                    ?answer,
+                    "could not ask a successor to campaign"
+                );
+            }
+            // An election takes a round trip; a refused one (the others
+            // still follow this leader's lease) is asked again.
+            let _ = self
+                .raft
+                .wait(Some(Duration::from_millis(500)))
+                .metrics(
+                    |m| m.current_leader.is_some_and(|l| l != self.id),
+                    "another leader",
+                )
+                .await;
+            handed = self.status().leader.filter(|l| *l != self.id);
+        }
+        if handed.is_none() {
+            warn!("leadership hand-off did not complete in time; stopping anyway");
+        }
+        if let Some(new) = handed {
+            info!(new_leader = new, "handed leadership over before stopping");
+        }
+        handed
     }
 
     /// Stops Raft.

@@ -416,7 +416,12 @@ pub fn restore(
         ))
     };
     verify_backup(open()?)?;
-    if data_dir.exists() && std::fs::read_dir(data_dir)?.next().is_some() {
+    // A fresh ext4 volume holds lost+found; nothing else may be there.
+    let occupied = data_dir.exists()
+        && std::fs::read_dir(data_dir)?
+            .filter_map(Result::ok)
+            .any(|e| e.file_name() != "lost+found");
+    if occupied {
         return Err(BackupError::Refused(format!(
             "{} is not empty; restore seeds a new data directory only",
             data_dir.display()

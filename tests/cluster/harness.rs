@@ -255,6 +255,17 @@ impl Cluster {
         }
     }
 
+    /// SIGTERM: the node's own graceful stop (a leader hands over first).
+    pub fn terminate(&self, id: u64) {
+        if let Some(child) = self.nodes.get(&id).and_then(|n| n.child.as_ref()) {
+            let status = Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status()
+                .expect("kill runs");
+            assert!(status.success());
+        }
+    }
+
     /// Starts a killed node again with the same data directory, ports and
     /// flags.
     pub fn restart(&mut self, id: u64) {

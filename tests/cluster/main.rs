@@ -8,4 +8,5 @@ mod federation;
 mod harness;
 mod lincheck;
 mod linearizability;
+mod restarts;
 mod scenarios;

@@ -51,6 +51,30 @@ app.kubernetes.io/part-of: agentry
 {{- end }}
 
 {{/*
+Labels of auxiliary pods (backup job, helm test): the common labels WITHOUT
+app.kubernetes.io/name, so that they never match the selector of the
+Services, the PodDisruptionBudget or the server NetworkPolicy (a PDB with
+maxUnavailable stops allowing evictions when it selects pods that have no
+scalable controller, such as a Job's or a bare test pod).
+*/}}
+{{- define "agentry.auxLabels" -}}
+helm.sh/chart: {{ include "agentry.chart" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | trunc 63 | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: agentry
+{{- end }}
+
+{{/*
+Selector of the backup job's pods (NetworkPolicy).
+*/}}
+{{- define "agentry.backupSelectorLabels" -}}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/part-of: agentry
+app.kubernetes.io/component: backup
+{{- end }}
+
+{{/*
 Name of the headless Service that gives each pod its stable DNS name.
 */}}
 {{- define "agentry.headlessServiceName" -}}
@@ -119,6 +143,26 @@ Static member list of a new cluster: node id N is pod ordinal N-1.
 {{- $members = append $members (printf "%d=%s-%d.%s:%d" (add1 $ordinal) $fullname $ordinal $domain $port) }}
 {{- end }}
 {{- join "," $members }}
+{{- end }}
+
+{{/*
+gRPC URL of the client Service, for in-cluster clients (helm test, backup
+job): https when the public listeners have TLS (tls.secretName), whose
+certificate must then name <fullname>.<namespace>.svc.<clusterDomain>.
+*/}}
+{{- define "agentry.clientGrpcUrl" -}}
+{{- printf "%s://%s.%s.svc.%s:%d" (ternary "https" "http" (not (empty .Values.tls.secretName))) (include "agentry.fullname" .) .Release.Namespace .Values.cluster.clusterDomain (int .Values.ports.grpc) }}
+{{- end }}
+
+{{/*
+Name of the backup volume claim (an existing one, or the chart's own).
+*/}}
+{{- define "agentry.backupClaimName" -}}
+{{- if .Values.backup.persistence.existingClaim }}
+{{- .Values.backup.persistence.existingClaim }}
+{{- else }}
+{{- printf "%s-backup" (include "agentry.fullname" .) }}
+{{- end }}
 {{- end }}
 
 {{/*
