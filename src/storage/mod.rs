@@ -7,6 +7,7 @@
 
 mod audit;
 mod backup;
+mod format;
 mod log_store;
 mod quota;
 mod reader;
@@ -17,6 +18,7 @@ pub use audit::{AuditCursor, AuditSink, AuditStore, Retention};
 pub use backup::{
     restore, verify_backup, write_backup, BackupError, BackupSummary, RestoreTarget, BACKUP_FORMAT,
 };
+pub use format::DATA_FORMAT;
 pub use log_store::LogStore;
 pub use reader::{Applied, FollowEnd, Reader};
 pub use space::{DiskSpace, NoSpace, DEFAULT_RESERVE_BYTES};
@@ -47,6 +49,8 @@ pub enum StorageError {
     Io(#[from] std::io::Error),
     #[error("column family {0} missing")]
     MissingColumnFamily(&'static str),
+    #[error("{0}")]
+    Format(String),
 }
 
 /// Upper bound of the shared block cache: the blocks of about 100k
@@ -59,6 +63,7 @@ pub const DEFAULT_MAX_WAL_BYTES: u64 = 32 << 20;
 /// Opens (or creates) the node's database under `dir`.
 pub fn open(dir: &Path, max_wal_bytes: u64) -> Result<Arc<DB>, StorageError> {
     std::fs::create_dir_all(dir)?;
+    format::check_and_upgrade(dir)?;
     let mut opts = Options::default();
     opts.create_if_missing(true);
     opts.create_missing_column_families(true);
