@@ -33,6 +33,12 @@ pub enum SnapshotCommand {
         /// in it and delete older ones once the new backup is complete.
         #[arg(long)]
         keep: Option<usize>,
+        /// Offline: read the data directory of a STOPPED node instead of
+        /// asking a running one (after losing quorum, to carry the
+        /// survivors' state into a new cluster). No read barrier: the
+        /// backup holds what that node had applied.
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
     },
     /// Check a backup's checksum and print what it holds.
     Status { file: PathBuf },
@@ -61,7 +67,21 @@ pub enum SnapshotCommand {
 
 pub async fn run_snapshot(args: SnapshotArgs) -> Result<(), CliError> {
     match args.command {
-        SnapshotCommand::Save { ref file, keep } => {
+        SnapshotCommand::Save {
+            ref file,
+            keep,
+            data_dir: Some(ref data_dir),
+        } => {
+            if keep.is_some() {
+                return Err(local("--keep is for scheduled online backups"));
+            }
+            save_offline(data_dir, file)
+        }
+        SnapshotCommand::Save {
+            ref file,
+            keep,
+            data_dir: None,
+        } => {
             if file.is_dir() {
                 let name = time::OffsetDateTime::now_utc()
                     .format(time::macros::format_description!(
@@ -159,6 +179,43 @@ async fn save(client: &ClientArgs, file: &Path) -> Result<(), CliError> {
         end.records,
         end.changes,
         end.audit,
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// Writes a backup from a stopped node's data directory.
+fn save_offline(data_dir: &Path, file: &Path) -> Result<(), CliError> {
+    if !data_dir.join("db").is_dir() {
+        return Err(local(format!(
+            "{} holds no Agentry database",
+            data_dir.display()
+        )));
+    }
+    let started = Instant::now();
+    // RocksDB's lock file refuses a directory a running node holds.
+    let db = storage::open(data_dir, storage::DEFAULT_MAX_WAL_BYTES).map_err(|e| {
+        local(format!(
+            "cannot open {} (is its node still running?): {e}",
+            data_dir.display()
+        ))
+    })?;
+    let part = file.with_extension("part");
+    let mut out = std::io::BufWriter::new(create_private(&part)?);
+    let summary = storage::write_backup(&db, 0, &mut out).map_err(local)?;
+    out.into_inner()
+        .map_err(|e| local(e.into_error()))?
+        .sync_all()
+        .map_err(local)?;
+    std::fs::rename(&part, file).map_err(local)?;
+    println!(
+        "saved {} offline from {} at index {}: {} records, {} changes, {} audit entries in {:.1} s",
+        file.display(),
+        data_dir.display(),
+        summary.last_applied.map(|l| l.index).unwrap_or(0),
+        summary.counts.records,
+        summary.counts.changes,
+        summary.counts.audit,
         started.elapsed().as_secs_f64()
     );
     Ok(())
