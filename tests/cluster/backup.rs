@@ -134,6 +134,35 @@ async fn a_backup_taken_under_load_restores_into_a_new_cluster() {
         .collect();
     assert_eq!(expected.len(), 115 + during.len());
 
+    // Offline, from a stopped node's data directory (losing quorum): the
+    // same records; refused while the node still runs.
+    let offline = old.dir().join("offline.backup");
+    let data3 = old.data_dir(3);
+    let (ok, out) = agentry(&[
+        "snapshot",
+        "save",
+        offline.to_str().unwrap(),
+        "--data-dir",
+        data3.to_str().unwrap(),
+    ]);
+    assert!(!ok && out.contains("still running"), "{out}");
+    let mut old = old;
+    old.terminate(3);
+    old.wait_exit(3, Duration::from_secs(20))
+        .expect("node 3 stops");
+    let (ok, out) = agentry(&[
+        "snapshot",
+        "save",
+        offline.to_str().unwrap(),
+        "--data-dir",
+        data3.to_str().unwrap(),
+    ]);
+    assert!(ok, "{out}");
+    let (ok, out) = agentry(&["snapshot", "status", offline.to_str().unwrap(), "--json"]);
+    assert!(ok, "{out}");
+    let offline_status: Value = serde_json::from_str(out.trim()).expect("status json");
+    assert!(offline_status["records"].as_u64().unwrap() >= 120 + during.len() as u64);
+
     // Damaged and misdirected restores are refused and write nothing.
     let mut new = Cluster::new(Options::default());
     for id in 1..=3 {
