@@ -29,7 +29,7 @@ use tracing::{instrument, Instrument};
 use super::cluster_auth::ClusterAuth;
 use super::faults::{Faults, Verdict};
 use super::forward::{ForwardReply, Forwarded};
-use super::{NodeId, TypeConfig, WriteError};
+use super::{LogId, NodeId, TypeConfig, WriteError};
 use crate::pb::raft_transport_client::RaftTransportClient;
 use crate::pb::{RaftMessage, SnapshotChunk};
 
@@ -81,6 +81,8 @@ impl TransportError {
 pub struct Network {
     me: NodeId,
     channels: Arc<Mutex<ChannelCache>>,
+    /// Leader: what each peer has acknowledged, to notice one that lost it.
+    acknowledged: Arc<Mutex<HashMap<NodeId, Acknowledged>>>,
     faults: Faults,
     max_message: usize,
     auth: ClusterAuth,
@@ -109,10 +111,20 @@ impl Rpc {
 }
 
 impl Network {
+    /// Forgets what `node` acknowledged: it was removed from the cluster or
+    /// is being added again, with whatever data it has now.
+    pub fn forget_acknowledged(&self, node: NodeId) {
+        self.acknowledged
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&node);
+    }
+
     pub fn new(me: NodeId, faults: Faults, max_message: usize, auth: ClusterAuth) -> Self {
         Self {
             me,
             channels: Arc::default(),
+            acknowledged: Arc::default(),
             faults,
             max_message,
             auth,
@@ -282,6 +294,14 @@ pub struct Connection {
     addr: String,
 }
 
+/// What a peer has acknowledged to this leader (under one vote).
+#[derive(Clone, Copy)]
+struct Acknowledged {
+    vote: Vote<NodeId>,
+    upto: Option<LogId>,
+    refused: bool,
+}
+
 impl Connection {
     async fn call<Req: Serialize, Resp: DeserializeOwned, E>(
         &self,
@@ -319,13 +339,62 @@ impl RaftNetwork<TypeConfig> for Connection {
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
         let entries = rpc.entries.len() as u64;
-        self.call::<_, _, openraft::error::Infallible>(
-            Rpc::AppendEntries,
-            &rpc,
-            entries,
-            option.hard_ttl(),
-        )
-        .await
+        let answer: AppendEntriesResponse<NodeId> = self
+            .call::<_, _, openraft::error::Infallible>(
+                Rpc::AppendEntries,
+                &rpc,
+                entries,
+                option.hard_ttl(),
+            )
+            .await?;
+        let sent_up_to = rpc.entries.last().map(|e| e.log_id).or(rpc.prev_log_id);
+        let mut table = self
+            .network
+            .acknowledged
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let mut seen = table
+            .get(&self.target)
+            .copied()
+            .filter(|a| a.vote == rpc.vote)
+            .unwrap_or(Acknowledged {
+                vote: rpc.vote,
+                upto: None,
+                refused: false,
+            });
+        match &answer {
+            AppendEntriesResponse::Success => seen.upto = seen.upto.max(sent_up_to),
+            AppendEntriesResponse::PartialSuccess(upto) => seen.upto = seen.upto.max(*upto),
+            // The peer no longer holds an entry it acknowledged: its data
+            // directory was wiped or replaced. It must not take part as if
+            // it still had them (and openraft's leader stops on a reverted
+            // follower log), so it is refused until an operator removes it
+            // and adds it back (`forget_acknowledged`).
+            AppendEntriesResponse::Conflict
+                if rpc.prev_log_id.is_some() && rpc.prev_log_id <= seen.upto =>
+            {
+                if !seen.refused {
+                    seen.refused = true;
+                    tracing::error!(
+                        node_id = self.target,
+                        acknowledged = ?seen.upto,
+                        "node {} lost log entries it had acknowledged (its data directory was wiped or replaced); \
+                         it is refused: remove it and add it back (agentry cluster remove / add / promote)",
+                        self.target
+                    );
+                }
+                table.insert(self.target, seen);
+                return Err(RPCError::Unreachable(Unreachable::new(
+                    &std::io::Error::other(format!(
+                        "node {} lost acknowledged log entries; refused",
+                        self.target
+                    )),
+                )));
+            }
+            _ => {}
+        }
+        table.insert(self.target, seen);
+        Ok(answer)
     }
 
     async fn install_snapshot(

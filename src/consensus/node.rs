@@ -558,12 +558,14 @@ impl RaftNode {
                 ),
                 Err(e) => Err(fatal(e)),
             },
-            Forwarded::AddLearner { id, addr, wait } => self
-                .raft
-                .add_learner(id, BasicNode { addr }, wait)
-                .await
-                .map(|_| ForwardReply::Done)
-                .map_err(write_error),
+            Forwarded::AddLearner { id, addr, wait } => {
+                self.network.forget_acknowledged(id);
+                self.raft
+                    .add_learner(id, BasicNode { addr }, wait)
+                    .await
+                    .map(|_| ForwardReply::Done)
+                    .map_err(write_error)
+            }
             Forwarded::Promote { id } => self
                 .change(ChangeMembers::AddVoterIds(BTreeSet::from([id])))
                 .await
@@ -584,7 +586,9 @@ impl RaftNode {
                         "node {id} is not a member of the cluster"
                     )));
                 };
-                self.change(change).await.map(|_| ForwardReply::Done)
+                self.change(change).await?;
+                self.network.forget_acknowledged(id);
+                Ok(ForwardReply::Done)
             }
             Forwarded::Campaign => {
                 info!(

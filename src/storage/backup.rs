@@ -16,9 +16,10 @@
 //!
 //! The SHA-256 covers every byte before the `end` line. A restore checks it
 //! in a first pass before it writes anything, then loads the lines into a
-//! fresh database as the state of a new cluster's first snapshot: the log
-//! starts after the backup's last applied entry, in its term, so the new
-//! cluster's first leader continues the old numbering.
+//! fresh database as the state of a new cluster's first snapshot (written
+//! too, for followers added later): the log starts after the backup's last
+//! applied entry, in its term, so the new cluster's first leader continues
+//! the old numbering.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, Write};
@@ -428,7 +429,9 @@ pub fn restore(
         )));
     }
     let db = super::open(data_dir, max_wal_bytes)?;
-    load_backup(&db, open()?, target)
+    let summary = load_backup(&db, open()?, target)?;
+    super::StateMachine::open(db, data_dir.join("snapshots"), 0)?.write_snapshot()?;
+    Ok(summary)
 }
 
 #[cfg(test)]

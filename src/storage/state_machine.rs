@@ -220,6 +220,13 @@ impl StateMachine {
         self
     }
 
+    /// Builds and stores a snapshot of the current state now: a directory
+    /// seeded from a backup has state but no log before it, so a follower
+    /// that needs that part must be sent this snapshot.
+    pub fn write_snapshot(&self) -> Result<(), LocalError> {
+        self.build().map(|_| ())
+    }
+
     pub fn snapshot_stats(&self) -> Arc<SnapshotStats> {
         self.stats.clone()
     }
@@ -958,23 +965,10 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let stored = self
             .read_snapshot_file()
             .map_err(|e| StorageIOError::read_snapshot(None, &e))?;
-        match stored {
-            Some(s) => Ok(Some(Snapshot {
-                meta: s.meta,
-                snapshot: Box::new(std::io::Cursor::new(s.data)),
-            })),
-            // A directory seeded from a backup has state but no snapshot
-            // file, and its log starts after that state: a follower that
-            // needs what came before gets a snapshot built now.
-            None if get_json::<Option<LogId>>(&self.db, CF_SM, KEY_APPLIED)
-                .map_err(sm_read)?
-                .flatten()
-                .is_some() =>
-            {
-                self.build_snapshot().await.map(Some)
-            }
-            None => Ok(None),
-        }
+        Ok(stored.map(|s| Snapshot {
+            meta: s.meta,
+            snapshot: Box::new(std::io::Cursor::new(s.data)),
+        }))
     }
 }
 

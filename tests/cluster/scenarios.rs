@@ -270,23 +270,62 @@ async fn a_minority_cannot_commit_and_the_cluster_converges_after_healing() {
 
     // Node 1 (the one that initialises a static cluster) loses its disk and
     // restarts with the same member list: it must see its peers' cluster and
-    // not found a second one; it is caught up by the leader instead.
+    // not found a second one. It had acknowledged log entries to the leader,
+    // so it is refused instead of silently taking part again (its votes and
+    // acknowledgements would count for entries it no longer has), until an
+    // operator removes it and adds it back.
     let mut c = c;
+    let mut leader = c.wait_for_leader(LONG).await;
+    if leader == 1 {
+        // Let another node lead (and replicate to node 1) first.
+        c.terminate(1);
+        c.wait_exit(1, LONG).expect("node 1 stops");
+        c.restart(1);
+        leader = c.wait_for_leader(LONG).await;
+    }
+    let last = c.status(leader).await.unwrap().node.unwrap().last_log_index;
+    c.wait_applied(last, LONG).await;
     c.kill(1);
     std::fs::remove_dir_all(c.data_dir(1)).unwrap();
     c.restart(1);
     let leader = c.wait_for_leader(LONG).await;
-    let status = c.status(leader).await.unwrap();
-    let last = status.node.unwrap().last_log_index;
-    c.wait_applied(last, LONG).await;
-    assert_eq!(
-        c.contents(1).await,
-        reference,
-        "node 1 rejoined the one cluster"
+    assert_ne!(leader, 1);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        c.log(leader)
+            .contains("lost log entries it had acknowledged"),
+        "the leader refused the wiped node:\n{}",
+        c.log(leader)
+    );
+    assert!(
+        c.contents(1).await.is_empty(),
+        "the wiped node was not fed the log"
     );
     assert!(
         c.log(1).contains("peers already form a cluster"),
         "node 1 saw its peers' cluster before initialising"
+    );
+    // The cluster goes on with the other two; the remedy brings node 1 back.
+    let (s, b) = c.register(leader, "while-refused", "x").await;
+    assert_eq!(s, 201, "{b}");
+    let server = c.grpc_url(leader);
+    cli(&["cluster", "remove", "1", "--server", &server]).await;
+    let raft1 = format!("127.0.0.1:{}", c.nodes[&1].raft);
+    cli(&["cluster", "add", "1", &raft1, "--wait", "--server", &server]).await;
+    cli(&["cluster", "promote", "1", "--server", &server]).await;
+    let last = c.status(leader).await.unwrap().node.unwrap().last_log_index;
+    c.wait_applied(last, LONG).await;
+    let mut reference = reference;
+    reference.extend(
+        c.contents(leader)
+            .await
+            .into_iter()
+            .filter(|(id, _)| id == "while-refused"),
+    );
+    assert_eq!(
+        c.contents(1).await,
+        reference,
+        "node 1 rejoined the one cluster"
     );
 }
 
