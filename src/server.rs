@@ -77,8 +77,11 @@ pub struct RunningServer {
     tasks: Vec<JoinHandle<()>>,
     node: RaftNode,
     service: RegistryService,
-    /// Becomes dangling once every user of the database is gone.
-    db: std::sync::Weak<rocksdb::DB>,
+    /// Held to the end, so the database is closed on the thread that shuts
+    /// down, before the process exits (closing it on whichever thread let
+    /// go last could still be running when `main` returns, and RocksDB
+    /// aborts when its globals go away under it).
+    db: Arc<rocksdb::DB>,
 }
 
 impl RunningServer {
@@ -112,12 +115,14 @@ impl RunningServer {
         // the database shortly after; a restart in the same process must
         // not find it still locked.
         let deadline = tokio::time::Instant::now() + SHUTDOWN_GRACE;
-        while self.db.strong_count() > 0 && tokio::time::Instant::now() < deadline {
+        while Arc::strong_count(&self.db) > 1 && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        if self.db.strong_count() > 0 {
+        if Arc::strong_count(&self.db) > 1 {
             tracing::warn!("the database was still in use when shutdown finished");
         }
+        // The last reference: the database closes here.
+        drop(self.db);
     }
 }
 
@@ -273,7 +278,7 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
     }
 
     let db = storage::open(&config.data_dir, config.storage.max_wal_bytes)?;
-    let db_weak = Arc::downgrade(&db);
+    let db_handle = db.clone();
     // Every node keeps the committed trail (written by apply) and its own
     // refusals; the gate records through this log.
     let audit_sink = config.audit.sink().await?;
@@ -577,7 +582,7 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
         tasks: vec![grpc_task, http_task, raft_task, peer_task, indexer],
         node,
         service: service_handle,
-        db: db_weak,
+        db: db_handle,
     })
 }
 
