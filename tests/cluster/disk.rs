@@ -109,26 +109,43 @@ async fn single_node_refuses_writes_while_short_of_space_and_recovers_by_itself(
     assert_eq!(body["code"], "insufficient_storage", "{body}");
     assert_eq!(body["error"]["code"], "insufficient_storage", "{body}");
     assert!(body["retry_after"].as_u64().is_some(), "{body}");
-    // Out of rotation, but alive: a restart would not help.
-    assert_eq!(probe(&c, 1, "/readyz").await, 507);
-    assert_eq!(probe(&c, 1, "/healthz").await, 200);
-    // More refusals, over gRPC too, and reads go on.
+    // Out of rotation, but alive: a restart would not help. Refused over
+    // gRPC too. (RocksDB's flushes and compactions free a little room now
+    // and then; the disk is filled again until both are seen short.)
+    let mut acked = acked;
     let mut grpc = RegistryClient::connect(c.grpc_url(1)).await.expect("grpc");
-    let metadata =
-        agentry::convert::metadata_from_json(agent("grpc-full", "Refused.")).expect("metadata");
-    let refused = grpc
-        .register(Cluster::request(pb::RegisterRequest {
-            metadata: Some(metadata),
-            visibility: 0,
-            readers: Vec::new(),
-        }))
-        .await
-        .expect_err("refused");
-    assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
-    assert_eq!(detail_of(&refused).code, "insufficient_storage");
+    let mut seen_short = false;
+    for round in 0..20 {
+        let (more, status, body) = fill(&c, 1, &format!("refill-{round}")).await;
+        acked.extend(more);
+        assert_eq!(status, 507, "{body}");
+        if probe(&c, 1, "/readyz").await != 507 {
+            continue;
+        }
+        assert_eq!(probe(&c, 1, "/healthz").await, 200);
+        let id = format!("grpc-full-{round}");
+        let metadata =
+            agentry::convert::metadata_from_json(agent(&id, "Refused.")).expect("metadata");
+        match grpc
+            .register(Cluster::request(pb::RegisterRequest {
+                metadata: Some(metadata),
+                visibility: 0,
+                readers: Vec::new(),
+            }))
+            .await
+        {
+            Ok(_) => acked.push(id),
+            Err(refused) => {
+                assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
+                assert_eq!(detail_of(&refused).code, "insufficient_storage");
+                seen_short = true;
+                break;
+            }
+        }
+    }
+    assert!(seen_short, "never saw /readyz and gRPC refuse while full");
     // A flood of writes: each one answered. (A compaction may free a
     // little room, so one can get through.)
-    let mut acked = acked;
     for i in 0..200 {
         let id = format!("flood-{i}");
         let (status, body) = c.register(1, &id, "Refused, or fits.").await;
@@ -184,9 +201,8 @@ async fn a_stopped_raft_core_fails_liveness_and_exits_once_space_is_back() {
     assert_eq!(probe(&c, 1, "/readyz").await, 503);
     assert_eq!(status_of_get(&c, 1, &acked[0]).await, 200);
 
-    // Still short of space: the node stays up for reads.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert!(c.is_running(1) && c.wait_exit(1, Duration::ZERO).is_none());
+    // The node stays up for reads while its disk is short; once there is
+    // room to restart (RocksDB may free some by itself), it exits.
     std::fs::remove_file(ballast).expect("free space");
     let exit = c
         .wait_exit(1, Duration::from_secs(30))
