@@ -138,25 +138,22 @@ async fn a_backup_taken_under_load_restores_into_a_new_cluster() {
     // same records; refused while the node still runs.
     let offline = old.dir().join("offline.backup");
     let data3 = old.data_dir(3);
-    let (ok, out) = agentry(&[
-        "snapshot",
-        "save",
-        offline.to_str().unwrap(),
-        "--data-dir",
-        data3.to_str().unwrap(),
-    ]);
+    let save_offline = || {
+        agentry(&[
+            "snapshot",
+            "save",
+            offline.to_str().unwrap(),
+            "--data-dir",
+            data3.to_str().unwrap(),
+        ])
+    };
+    let (ok, out) = save_offline();
     assert!(!ok && out.contains("still running"), "{out}");
     let mut old = old;
     old.terminate(3);
     old.wait_exit(3, Duration::from_secs(20))
         .expect("node 3 stops");
-    let (ok, out) = agentry(&[
-        "snapshot",
-        "save",
-        offline.to_str().unwrap(),
-        "--data-dir",
-        data3.to_str().unwrap(),
-    ]);
+    let (ok, out) = save_offline();
     assert!(ok, "{out}");
     let (ok, out) = agentry(&["snapshot", "status", offline.to_str().unwrap(), "--json"]);
     assert!(ok, "{out}");

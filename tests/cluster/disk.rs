@@ -76,6 +76,27 @@ async fn writes_again(c: &Cluster, via: u64, within: Duration) -> Duration {
     }
 }
 
+/// One node whose data directory is a `disk`-byte tmpfs, `ballast` bytes
+/// of it taken by another file, with these `[storage]` settings; and the
+/// ballast's path.
+async fn one_node_on_a_small_disk(
+    reserve: u64,
+    max_wal: u64,
+    disk: u64,
+    ballast_bytes: u64,
+) -> (Cluster, std::path::PathBuf) {
+    let mut c = Cluster::new(Options {
+        extra_config: format!("[storage]\nreserve_bytes = {reserve}\nmax_wal_bytes = {max_wal}\n"),
+        ..Default::default()
+    });
+    c.reserve(1);
+    let dir = c.small_disk(1, disk);
+    let ballast = ballast(&dir, ballast_bytes);
+    c.spawn(1, &[]);
+    c.wait_for_leader(Duration::from_secs(30)).await;
+    (c, ballast)
+}
+
 async fn all_present(c: &Cluster, id: u64, acked: &[String]) {
     for agent in acked {
         assert_eq!(
@@ -89,19 +110,7 @@ async fn all_present(c: &Cluster, id: u64, acked: &[String]) {
 #[tokio::test(flavor = "multi_thread")]
 async fn single_node_refuses_writes_while_short_of_space_and_recovers_by_itself() {
     let _serial = SERIAL.lock().await;
-    let mut c = Cluster::new(Options {
-        extra_config: format!(
-            "[storage]\nreserve_bytes = {}\nmax_wal_bytes = {}\n",
-            8 * MIB,
-            3 * MIB
-        ),
-        ..Default::default()
-    });
-    c.reserve(1);
-    let dir = c.small_disk(1, 48 * MIB);
-    let ballast = ballast(&dir, 16 * MIB);
-    c.spawn(1, &[]);
-    c.wait_for_leader(Duration::from_secs(30)).await;
+    let (mut c, ballast) = one_node_on_a_small_disk(8 * MIB, 3 * MIB, 48 * MIB, 16 * MIB).await;
 
     let (acked, status, body) = fill(&c, 1, "full").await;
     assert!(acked.len() > 50, "only {} writes fit", acked.len());
@@ -176,18 +185,7 @@ async fn single_node_refuses_writes_while_short_of_space_and_recovers_by_itself(
 async fn a_stopped_raft_core_fails_liveness_and_exits_once_space_is_back() {
     let _serial = SERIAL.lock().await;
     // No reserve: the disk really fills and RocksDB refuses a write.
-    let mut c = Cluster::new(Options {
-        extra_config: format!(
-            "[storage]\nreserve_bytes = 0\nmax_wal_bytes = {}\n",
-            2 * MIB
-        ),
-        ..Default::default()
-    });
-    c.reserve(1);
-    let dir = c.small_disk(1, 40 * MIB);
-    let ballast = ballast(&dir, 8 * MIB);
-    c.spawn(1, &[]);
-    c.wait_for_leader(Duration::from_secs(30)).await;
+    let (mut c, ballast) = one_node_on_a_small_disk(0, 2 * MIB, 40 * MIB, 8 * MIB).await;
 
     let (acked, status, body) = fill(&c, 1, "hard").await;
     assert_eq!(status, 503, "{body}");

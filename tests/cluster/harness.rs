@@ -25,6 +25,8 @@ pub struct Options {
     pub election_timeout_ms: Option<u64>,
     /// More TOML for every node's config file.
     pub extra_config: String,
+    /// The nodes' log filter (default: warnings and errors).
+    pub log: Option<&'static str>,
 }
 
 pub struct Node {
@@ -209,7 +211,7 @@ impl Cluster {
             .args(&node.extra)
             .env("AGENTRY_ADMIN_KEY", ADMIN)
             .env("AGENTRY_CLUSTER_SECRET", CLUSTER_SECRET)
-            .env("AGENTRY_LOG", "warn")
+            .env("AGENTRY_LOG", self.options.log.unwrap_or("warn"))
             .env_remove("AGENTRY_CONFIG")
             .stdout(Stdio::piped())
             .stderr(log);

@@ -10,20 +10,22 @@ use std::time::{Duration, Instant};
 use crate::harness::*;
 use crate::scenarios::SERIAL;
 
-/// Extra flags: Agentry's consensus info lines in the node logs.
-const LOG: [&str; 2] = ["--log", "warn,agentry::consensus=info"];
+/// Three nodes that log Agentry's consensus info lines (the hand-off).
+async fn three_nodes() -> Cluster {
+    Cluster::start(
+        3,
+        Options {
+            log: Some("warn,agentry::consensus=info"),
+            ..Default::default()
+        },
+    )
+    .await
+}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn sigterm_on_the_leader_hands_leadership_over() {
     let _serial = SERIAL.lock().await;
-    let mut c = Cluster::new(Options::default());
-    for id in 1..=3 {
-        c.reserve(id);
-    }
-    let members = c.member_list();
-    for id in 1..=3 {
-        c.spawn(id, &["--initial-members", &members, LOG[0], LOG[1]]);
-    }
+    let mut c = three_nodes().await;
     let leader = c.wait_for_leader(Duration::from_secs(30)).await;
     // A leader grants a successor its vote once its own election is older
     // than the leader lease (the maximum election timeout).
@@ -62,15 +64,7 @@ async fn sigterm_on_the_leader_hands_leadership_over() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_rolling_restart_under_write_load_loses_nothing() {
     let _serial = SERIAL.lock().await;
-    let mut c = Cluster::new(Options::default());
-    for id in 1..=3 {
-        c.reserve(id);
-    }
-    let members = c.member_list();
-    for id in 1..=3 {
-        c.spawn(id, &["--initial-members", &members, LOG[0], LOG[1]]);
-    }
-    c.wait_for_leader(Duration::from_secs(30)).await;
+    let mut c = three_nodes().await;
     tokio::time::sleep(Duration::from_millis(2500)).await;
 
     // A client that writes one record after another and, like any client
