@@ -158,18 +158,7 @@ async fn save(client: &ClientArgs, file: &Path) -> Result<(), CliError> {
         Ok::<_, CliError>(())
     }
     .await;
-    let checked = received.and_then(|()| {
-        let reader = std::io::BufReader::new(std::fs::File::open(&part).map_err(local)?);
-        storage::verify_backup(reader).map_err(local)
-    });
-    let (header, end) = match checked {
-        Ok(v) => v,
-        Err(e) => {
-            let _ = std::fs::remove_file(&part);
-            return Err(e);
-        }
-    };
-    std::fs::rename(&part, file).map_err(local)?;
+    let (header, end) = place(&part, file, received)?;
     println!(
         "saved {} ({bytes} bytes, sha256 {}) from node {} at index {}: {} records, {} changes, {} audit entries in {:.1} s",
         file.display(),
@@ -182,6 +171,29 @@ async fn save(client: &ClientArgs, file: &Path) -> Result<(), CliError> {
         started.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// Checks the backup just written to `part` and moves it to `file`; a
+/// write or check that failed leaves no file behind.
+fn place(
+    part: &Path,
+    file: &Path,
+    written: Result<(), CliError>,
+) -> Result<(storage::BackupHeader, storage::BackupEnd), CliError> {
+    let checked = written.and_then(|()| {
+        let reader = std::io::BufReader::new(std::fs::File::open(part).map_err(local)?);
+        storage::verify_backup(reader).map_err(local)
+    });
+    match checked {
+        Ok(v) => {
+            std::fs::rename(part, file).map_err(local)?;
+            Ok(v)
+        }
+        Err(e) => {
+            let _ = std::fs::remove_file(part);
+            Err(e)
+        }
+    }
 }
 
 /// Writes a backup from a stopped node's data directory.
@@ -202,20 +214,23 @@ fn save_offline(data_dir: &Path, file: &Path) -> Result<(), CliError> {
     })?;
     let part = file.with_extension("part");
     let mut out = std::io::BufWriter::new(create_private(&part)?);
-    let summary = storage::write_backup(&db, 0, &mut out).map_err(local)?;
-    out.into_inner()
-        .map_err(|e| local(e.into_error()))?
-        .sync_all()
-        .map_err(local)?;
-    std::fs::rename(&part, file).map_err(local)?;
+    let written = storage::write_backup(&db, 0, &mut out)
+        .map_err(local)
+        .and_then(|_| {
+            out.into_inner()
+                .map_err(|e| local(e.into_error()))?
+                .sync_all()
+                .map_err(local)
+        });
+    let (header, end) = place(&part, file, written)?;
     println!(
         "saved {} offline from {} at index {}: {} records, {} changes, {} audit entries in {:.1} s",
         file.display(),
         data_dir.display(),
-        summary.last_applied.map(|l| l.index).unwrap_or(0),
-        summary.counts.records,
-        summary.counts.changes,
-        summary.counts.audit,
+        header.last_applied.map(|l| l.index).unwrap_or(0),
+        end.records,
+        end.changes,
+        end.audit,
         started.elapsed().as_secs_f64()
     );
     Ok(())

@@ -16,7 +16,8 @@ mod state_machine;
 
 pub use audit::{AuditCursor, AuditSink, AuditStore, Retention};
 pub use backup::{
-    restore, verify_backup, write_backup, BackupError, BackupSummary, RestoreTarget, BACKUP_FORMAT,
+    restore, verify_backup, write_backup, BackupEnd, BackupError, BackupHeader, BackupSummary,
+    RestoreTarget, BACKUP_FORMAT,
 };
 pub use format::DATA_FORMAT;
 pub use log_store::LogStore;
