@@ -137,3 +137,42 @@ async fn attempts_are_listed_and_copied_to_the_audit_file() {
     assert_eq!(outcomes(&serde_json::json!({ "entries": lines })), expected);
     s.stop().await;
 }
+
+/// A backup holds the registry's signing keys: only admins get one, over
+/// either transport, and a refusal is an error body, not a partial stream.
+#[tokio::test]
+async fn only_admins_get_a_backup() {
+    let s = TestServer::start().await;
+    let h = Http::new(&s.http);
+    h.register(Some(ALICE), minimal("backup-secret"))
+        .await
+        .unwrap();
+    let url = format!("{}/cluster/backup", s.http);
+    for (key, status) in [(None, 401), (Some(ALICE), 403), (Some(CAROL_READER), 403)] {
+        let mut req = h.client.get(&url);
+        if let Some(k) = key {
+            req = req.bearer_auth(k);
+        }
+        let resp = req.send().await.unwrap();
+        assert_eq!(resp.status(), status, "{key:?}");
+        let body: Value = resp.json().await.expect("an error body");
+        assert!(
+            body["code"].is_string() && body["correlation_id"].is_string(),
+            "{body}"
+        );
+    }
+    let mut grpc = ClusterClient::connect(s.grpc.clone()).await.unwrap();
+    let mut req = tonic::Request::new(pb::BackupRequest {});
+    req.metadata_mut()
+        .insert("authorization", format!("Bearer {BOB}").parse().unwrap());
+    let refused = grpc.backup(req).await.expect_err("refused");
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied);
+
+    // An admin's backup is the whole file, ending with its checksum line.
+    let resp = h.client.get(&url).bearer_auth(ADMIN).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let text = resp.text().await.unwrap();
+    assert!(text.contains("\"backup-secret\""));
+    let (_, end) = agentry::storage::verify_backup(text.as_bytes()).expect("valid backup");
+    assert_eq!(end.records, 1);
+}
