@@ -54,6 +54,7 @@ fn view_to_pb(v: ClusterView) -> pb::ClusterStatus {
             snapshots_installed: n.snapshots_installed,
             last_snapshot_at: n.last_snapshot_unix.map(rfc3339).unwrap_or_default(),
             initialized: n.initialized,
+            cluster_id: n.cluster_id.unwrap_or_default(),
         }),
         leader_id: v.leader_id.unwrap_or(0),
         leader_raft_addr: v.leader_addr.unwrap_or_default(),

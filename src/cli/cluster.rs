@@ -73,10 +73,15 @@ fn print_status(args: &ClientArgs, s: &pb::ClusterStatus) -> Result<(), CliError
         return Ok(());
     }
     out!(
-        "node {} ({}) is {}; term {}; leader {}",
+        "node {} ({}) is {}; cluster {}; term {}; leader {}",
         n.id,
         n.raft_addr,
         n.role,
+        if n.cluster_id.is_empty() {
+            "not founded yet"
+        } else {
+            &n.cluster_id
+        },
         n.term,
         if s.leader_id == 0 {
             "unknown".to_string()

@@ -2,7 +2,11 @@
 //! command (the caller, the leader's clock), so applying it is deterministic
 //! on every node.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
+
+use super::NodeId;
 
 use crate::crypto::{IdentityChange, IdentityRefusal};
 use crate::domain::audit::AuditContext;
@@ -81,6 +85,13 @@ pub enum Command {
     /// Changes nothing but the audit trail: records an admin action that
     /// took effect outside the state machine (a membership change).
     Note { now: String },
+    /// Founds the cluster id (when there is none) and records members' data
+    /// directory incarnations (those without one); `membership_check`.
+    Cluster {
+        cluster_id: Option<String>,
+        incarnations: BTreeMap<NodeId, String>,
+        now: String,
+    },
 }
 
 impl Command {
@@ -93,7 +104,10 @@ impl Command {
             }
             Self::Federate { change, .. } => change.id(),
             Self::Audited { command, .. } => command.id(),
-            Self::Identity { .. } | Self::PublisherKey { .. } | Self::Note { .. } => None,
+            Self::Identity { .. }
+            | Self::PublisherKey { .. }
+            | Self::Note { .. }
+            | Self::Cluster { .. } => None,
         }
     }
 
@@ -107,7 +121,8 @@ impl Command {
             | Self::Reverify { now, .. }
             | Self::Identity { now, .. }
             | Self::Federate { now, .. }
-            | Self::Note { now } => now,
+            | Self::Note { now }
+            | Self::Cluster { now, .. } => now,
             Self::Audited { command, .. } => command.now(),
         }
     }

@@ -29,6 +29,7 @@ use tracing::{instrument, Instrument};
 use super::cluster_auth::ClusterAuth;
 use super::faults::{Faults, Verdict};
 use super::forward::{ForwardReply, Forwarded};
+use super::membership_check::MembershipCheck;
 use super::{LogId, NodeId, TypeConfig, WriteError};
 use crate::pb::raft_transport_client::RaftTransportClient;
 use crate::pb::{RaftMessage, SnapshotChunk};
@@ -62,14 +63,19 @@ pub enum TransportError {
     /// The answer could not be decoded.
     #[error("bad answer from node {target}: {reason}")]
     BadAnswer { target: NodeId, reason: String },
+    /// The peer refused the message before acting on it: it belongs to
+    /// another cluster, or is not the member this node has on record
+    /// (`membership_check`).
+    #[error("node {target} refused: {reason}")]
+    Refused { target: NodeId, reason: String },
 }
 
 impl TransportError {
     fn unreachable<E: std::error::Error>(&self) -> RPCError<NodeId, BasicNode, E> {
         match self {
-            TransportError::NotSent { .. } | TransportError::TooLarge { .. } => {
-                RPCError::Unreachable(Unreachable::new(self))
-            }
+            TransportError::NotSent { .. }
+            | TransportError::TooLarge { .. }
+            | TransportError::Refused { .. } => RPCError::Unreachable(Unreachable::new(self)),
             _ => RPCError::Network(NetworkError::new(self)),
         }
     }
@@ -86,6 +92,7 @@ pub struct Network {
     faults: Faults,
     max_message: usize,
     auth: ClusterAuth,
+    check: MembershipCheck,
 }
 
 /// Per peer: its address, the cluster-TLS generation the channel was made
@@ -120,7 +127,13 @@ impl Network {
             .remove(&node);
     }
 
-    pub fn new(me: NodeId, faults: Faults, max_message: usize, auth: ClusterAuth) -> Self {
+    pub fn new(
+        me: NodeId,
+        faults: Faults,
+        max_message: usize,
+        auth: ClusterAuth,
+        check: MembershipCheck,
+    ) -> Self {
         Self {
             me,
             channels: Arc::default(),
@@ -128,6 +141,7 @@ impl Network {
             faults,
             max_message,
             auth,
+            check,
         }
     }
 
@@ -209,9 +223,12 @@ impl Network {
         }
         self.gate(target).await?;
         let mut client = self.client(target, addr)?;
+        // A forwarded request addresses the leader, not a member's log.
+        let addressed = (!matches!(rpc, Rpc::Forward)).then_some(target);
         let mut req = tonic::Request::new(RaftMessage {
             from: self.me,
             json: Vec::new(),
+            stamp: Some(self.check.stamp(addressed)),
         });
         self.auth
             .prove(req.metadata_mut(), rpc.name(), self.me, &json);
@@ -222,11 +239,29 @@ impl Network {
             Rpc::Vote => client.vote(req).await,
             Rpc::Forward => client.forward(req).await,
         };
-        let answer = answer.map_err(|s| status_error(target, s))?;
-        serde_json::from_slice(&answer.into_inner().json).map_err(|e| TransportError::BadAnswer {
+        let answer = answer
+            .map_err(|s| status_error(target, s))
+            .inspect_err(|e| self.log_refusal(e))?
+            .into_inner();
+        self.check.answered(target, answer.stamp.as_ref());
+        serde_json::from_slice(&answer.json).map_err(|e| TransportError::BadAnswer {
             target,
             reason: e.to_string(),
         })
+    }
+
+    /// Logs a peer's refusal (at most every half minute per peer): the
+    /// operator looks at the leader's log for why a member is not in step.
+    fn log_refusal(&self, e: &TransportError) {
+        if let TransportError::Refused { target, reason } = e {
+            if self.check.should_log(*target) {
+                tracing::error!(
+                    node_id = self.me,
+                    peer = target,
+                    "node {target} refused this node's Raft traffic: {reason}"
+                );
+            }
+        }
     }
 
     /// Asks the leader `target` to execute a request on this node's behalf.
@@ -251,6 +286,10 @@ fn status_error(target: NodeId, s: tonic::Status) -> TransportError {
         // rules, or a message for another node id); a connection that could
         // not be opened is UNAVAILABLE with a connect error as its source.
         tonic::Code::FailedPrecondition => TransportError::NotSent { target, reason },
+        tonic::Code::PermissionDenied => TransportError::Refused {
+            target,
+            reason: s.message().to_string(),
+        },
         tonic::Code::Unavailable if is_connect_error(&s) => {
             TransportError::NotSent { target, reason }
         }
@@ -444,11 +483,13 @@ impl RaftNetwork<TypeConfig> for Connection {
             from: me,
             header,
             data: Vec::new(),
+            stamp: Some(net.check.stamp(Some(target))),
         }];
         chunks.extend(data.chunks(SNAPSHOT_CHUNK).map(|c| SnapshotChunk {
             from: me,
             header: Vec::new(),
             data: c.to_vec(),
+            stamp: None,
         }));
         let mut client = net.client(target, &self.addr).map_err(not_sent)?;
         let mut req = tonic::Request::new(tokio_stream::iter(chunks));
@@ -467,12 +508,19 @@ impl RaftNetwork<TypeConfig> for Connection {
             closed = cancel => return Err(StreamingError::Closed(closed)),
             a = send => a,
         };
-        let answer = answer.map_err(|s| match status_error(target, s) {
-            e @ TransportError::NotSent { .. } => not_sent(e),
-            e => StreamingError::Network(NetworkError::new(&e)),
-        })?;
+        let answer = answer
+            .map_err(|s| status_error(target, s))
+            .inspect_err(|e| net.log_refusal(e))
+            .map_err(|e| match e {
+                e @ (TransportError::NotSent { .. } | TransportError::Refused { .. }) => {
+                    not_sent(e)
+                }
+                e => StreamingError::Network(NetworkError::new(&e)),
+            })?
+            .into_inner();
+        net.check.answered(target, answer.stamp.as_ref());
         let answer: Result<SnapshotResponse<NodeId>, Fatal<NodeId>> =
-            serde_json::from_slice(&answer.into_inner().json)
+            serde_json::from_slice(&answer.json)
                 .map_err(|e| StreamingError::Network(NetworkError::new(&e)))?;
         answer.map_err(|e| StreamingError::RemoteError(RemoteError::new(target, e)))
     }

@@ -16,6 +16,7 @@ use tracing::{info, instrument, warn};
 
 use super::faults::Faults;
 use super::forward::{ForwardReply, Forwarded};
+use super::membership_check::MembershipCheck;
 use super::network::TransportError;
 use super::{Command, CommandResult, Network, NodeId, Raft};
 use crate::storage::{DiskSpace, LogStore, NoSpace, SnapshotStats, StateMachine};
@@ -46,6 +47,19 @@ pub enum WriteError {
     /// The leader's disk is short of space; nothing was done.
     #[error("{0}")]
     NoSpace(String),
+}
+
+/// A new cluster id: 16 random bytes, hex. None (and founding waits for
+/// the next try) if the system has no randomness to give.
+fn new_cluster_id() -> Option<String> {
+    let mut bytes = [0u8; 16];
+    match getrandom::fill(&mut bytes) {
+        Ok(()) => Some(crate::crypto::hex(&bytes)),
+        Err(e) => {
+            warn!(error = %e, "no randomness for the cluster id");
+            None
+        }
+    }
 }
 
 fn fatal(e: impl std::fmt::Display) -> WriteError {
@@ -109,6 +123,9 @@ pub struct NodeStatus {
     pub addresses: BTreeMap<NodeId, String>,
     /// Leader only: per follower, the highest log index known to match.
     pub follower_matched: Vec<(NodeId, u64)>,
+    /// The cluster id this node has applied (none until founded).
+    #[serde(default)]
+    pub cluster_id: Option<String>,
 }
 
 impl NodeStatus {
@@ -169,6 +186,9 @@ pub struct RaftNode {
     handing_off: Arc<AtomicBool>,
     /// Client writes proposed on this node and not answered yet.
     writes_in_flight: Arc<AtomicUsize>,
+    /// The cluster id and members' incarnations every Raft RPC is checked
+    /// against.
+    check: MembershipCheck,
 }
 
 /// Counts a proposal as in flight for as long as it lives.
@@ -217,11 +237,17 @@ impl RaftNode {
         let config = Arc::new(config.validate().map_err(fatal)?);
         let committed = log_store.committed_index();
         let snapshots = state_machine.snapshot_stats();
+        let check = MembershipCheck::new(
+            settings.id,
+            log_store.incarnation(),
+            state_machine.cluster_record(),
+        );
         let network = Network::new(
             settings.id,
             faults,
             settings.max_message_bytes,
             settings.auth.clone(),
+            check.clone(),
         );
         let raft = Raft::new(
             settings.id,
@@ -243,9 +269,65 @@ impl RaftNode {
             space: settings.space,
             handing_off: Arc::default(),
             writes_in_flight: Arc::default(),
+            check,
         };
         node.bootstrap(bootstrap).await?;
+        tokio::spawn(node.clone().record_members());
         Ok(node)
+    }
+
+    /// This node's membership check (`membership_check`).
+    pub fn membership_check(&self) -> &MembershipCheck {
+        &self.check
+    }
+
+    /// While this node leads: founds the cluster id if there is none, and
+    /// records the incarnation of each member that has none on record (its
+    /// own, and those members answered with). Checked every second, which
+    /// costs a lock and a map lookup; ends when the Raft core stops.
+    async fn record_members(self) {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let metrics = self.raft.metrics();
+        loop {
+            tick.tick().await;
+            if metrics.has_changed().is_err() {
+                return;
+            }
+            let members: Vec<NodeId> = {
+                let m = metrics.borrow();
+                if m.state != ServerState::Leader || m.running_state.is_err() {
+                    continue;
+                }
+                m.membership_config
+                    .membership()
+                    .nodes()
+                    .map(|(id, _)| *id)
+                    .collect()
+            };
+            let Some((cluster_id, incarnations)) = self.check.missing(&members, new_cluster_id)
+            else {
+                continue;
+            };
+            if let Some(id) = &cluster_id {
+                info!(node_id = self.id, cluster_id = %id, "founding the cluster id");
+            }
+            let nodes: Vec<NodeId> = incarnations.keys().copied().collect();
+            let command = Command::Cluster {
+                cluster_id,
+                incarnations,
+                now: crate::domain::time::now(),
+            };
+            match self.raft.client_write(command).await {
+                Ok(_) => {
+                    info!(node_id = self.id, members = ?nodes, "recorded members' data directories")
+                }
+                // Seen again on the next answer; whoever leads then records.
+                Err(e) => {
+                    tracing::debug!(node_id = self.id, error = %e, "could not record members yet")
+                }
+            }
+        }
     }
 
     async fn bootstrap(&self, bootstrap: Bootstrap) -> Result<(), WriteError> {
@@ -375,6 +457,7 @@ impl RaftNode {
                 .filter(|(id, _)| **id != m.id)
                 .map(|(id, l)| (*id, l.map(|l| l.index).unwrap_or(0)))
                 .collect(),
+            cluster_id: self.check.cluster_id(),
         }
     }
 
@@ -490,7 +573,7 @@ impl RaftNode {
                         // a membership change is still settling).
                         Ok(Err(e @ (WriteError::NotLeader { .. } | WriteError::Unavailable(_)))) => e,
                         Ok(answer) => return answer,
-                        Err(e @ TransportError::NotSent { .. }) => {
+                        Err(e @ (TransportError::NotSent { .. } | TransportError::Refused { .. })) => {
                             WriteError::Unavailable(e.to_string())
                         }
                         Err(e) if request.idempotent() => WriteError::Unavailable(e.to_string()),

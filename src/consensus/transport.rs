@@ -18,7 +18,7 @@ use super::forward::Forwarded;
 use super::{NodeId, RaftNode, TypeConfig};
 use crate::listener::Peer;
 use crate::pb::raft_transport_server::RaftTransport;
-use crate::pb::{RaftMessage, SnapshotChunk};
+use crate::pb::{PeerStamp, RaftMessage, SnapshotChunk};
 
 /// The RPC names cluster proofs are bound to.
 pub const APPEND_ENTRIES: &str = "append_entries";
@@ -83,30 +83,47 @@ impl RaftService {
     ) -> Result<RaftMessage, Status> {
         let (metadata, extensions, msg) = request.into_parts();
         self.authenticate(&metadata, &extensions, method, msg.from, &msg.json)?;
-        self.admit(msg.from)?;
+        self.admit(msg.from, msg.stamp.as_ref())?;
         Ok(msg)
     }
 
-    /// Refuses messages from a peer cut off by fault rules. FAILED_PRECONDITION
-    /// tells the sender nothing was done.
-    fn admit(&self, from: NodeId) -> Result<(), Status> {
+    /// Refuses messages from a peer cut off by fault rules
+    /// (FAILED_PRECONDITION), and from a node of another cluster or
+    /// addressed to another data directory of this node (PERMISSION_DENIED):
+    /// both tell the sender nothing was done.
+    fn admit(&self, from: NodeId, stamp: Option<&PeerStamp>) -> Result<(), Status> {
         if self.faults.refuses(from) {
             return Err(Status::failed_precondition(format!(
                 "node {} refuses traffic from node {from} (fault injection)",
                 self.node.id
             )));
         }
-        Ok(())
+        let check = self.node.membership_check();
+        check.admit(from, stamp).map_err(|refusal| {
+            if check.should_log(from) {
+                tracing::error!(
+                    node_id = self.node.id,
+                    peer = from,
+                    "refused Raft traffic: {refusal}"
+                );
+            }
+            Status::permission_denied(refusal.to_string())
+        })
+    }
+
+    /// An answer, stamped with this node's cluster id and incarnation.
+    fn answer<T: Serialize>(&self, value: &T) -> Result<Response<RaftMessage>, Status> {
+        let json = serde_json::to_vec(value).map_err(|e| Status::internal(e.to_string()))?;
+        Ok(Response::new(RaftMessage {
+            from: self.node.id,
+            json,
+            stamp: Some(self.node.membership_check().stamp(None)),
+        }))
     }
 }
 
 fn decode<T: DeserializeOwned>(json: &[u8]) -> Result<T, Status> {
     serde_json::from_slice(json).map_err(|e| Status::invalid_argument(format!("bad message: {e}")))
-}
-
-fn encode<T: Serialize>(value: &T) -> Result<Response<RaftMessage>, Status> {
-    let json = serde_json::to_vec(value).map_err(|e| Status::internal(e.to_string()))?;
-    Ok(Response::new(RaftMessage { from: 0, json }))
 }
 
 #[tonic::async_trait]
@@ -126,14 +143,14 @@ impl RaftTransport for RaftService {
                 return Err(Status::resource_exhausted(e.to_string()));
             }
         }
-        encode(&self.node.raft.append_entries(rpc).await)
+        self.answer(&self.node.raft.append_entries(rpc).await)
     }
 
     #[instrument(level = "debug", skip_all, fields(node_id = self.node.id, from = request.get_ref().from))]
     async fn vote(&self, request: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
         let msg = self.admit_message(request, VOTE)?;
         let rpc: VoteRequest<NodeId> = decode(&msg.json)?;
-        encode(&self.node.raft.vote(rpc).await)
+        self.answer(&self.node.raft.vote(rpc).await)
     }
 
     #[instrument(level = "info", skip_all, fields(node_id = self.node.id))]
@@ -153,7 +170,7 @@ impl RaftTransport for RaftService {
             first.from,
             &first.header,
         )?;
-        self.admit(first.from)?;
+        self.admit(first.from, first.stamp.as_ref())?;
         let (vote, meta): (Vote<NodeId>, SnapshotMeta<NodeId, BasicNode>) = decode(&first.header)?;
         let mut data = first.data;
         while let Some(chunk) = chunks.next().await {
@@ -171,7 +188,7 @@ impl RaftTransport for RaftService {
             meta,
             snapshot: Box::new(Cursor::new(data)),
         };
-        encode(&self.node.raft.install_full_snapshot(vote, snapshot).await)
+        self.answer(&self.node.raft.install_full_snapshot(vote, snapshot).await)
     }
 
     #[instrument(level = "debug", skip_all, fields(node_id = self.node.id, from = request.get_ref().from))]
@@ -182,6 +199,6 @@ impl RaftTransport for RaftService {
         let msg = self.admit_message(request, FORWARD)?;
         let forwarded: Forwarded = decode(&msg.json)?;
         tracing::debug!(request = forwarded.name(), "executing a forwarded request");
-        encode(&self.node.execute(forwarded).await)
+        self.answer(&self.node.execute(forwarded).await)
     }
 }

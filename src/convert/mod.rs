@@ -564,6 +564,7 @@ pub fn cluster_status_to_json(s: &pb::ClusterStatus) -> Value {
             "raft_addr": node.raft_addr,
             "role": node.role,
             "initialized": node.initialized,
+            "cluster_id": (!node.cluster_id.is_empty()).then_some(&node.cluster_id),
             "term": node.term,
             "commit_index": node.commit_index,
             "applied_index": node.applied_index,

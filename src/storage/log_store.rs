@@ -26,6 +26,10 @@ use crate::consensus::{LogId, NodeId, StorageError, TypeConfig};
 pub(crate) const KEY_VOTE: &[u8] = b"vote";
 pub(crate) const KEY_COMMITTED: &[u8] = b"committed";
 pub(crate) const KEY_LAST_PURGED: &[u8] = b"last_purged";
+/// This data directory's incarnation: random, made with the directory, so a
+/// wiped or replaced directory is told apart from the one a member joined
+/// with (`consensus::membership_check`).
+const KEY_INCARNATION: &[u8] = b"incarnation";
 
 /// RocksDB-backed Raft log. Cheap to clone; clones share the database.
 #[derive(Clone)]
@@ -35,6 +39,7 @@ pub struct LogStore {
     committed: Arc<AtomicU64>,
     /// Flush callbacks waiting for the next WAL sync.
     syncer: mpsc::Sender<LogFlushed<TypeConfig>>,
+    incarnation: Arc<str>,
 }
 
 /// Syncs the WAL for every batch of queued callbacks, then completes them.
@@ -75,6 +80,21 @@ impl LogStore {
     pub fn new(db: Arc<DB>) -> Result<Self, LocalError> {
         let committed: Option<Option<LogId>> = get_json(&db, CF_RAFT, KEY_COMMITTED)?;
         let index = committed.flatten().map(|l| l.index).unwrap_or(0);
+        let incarnation = match get_json::<String>(&db, CF_RAFT, KEY_INCARNATION)? {
+            Some(i) => i,
+            None => {
+                let mut bytes = [0u8; 12];
+                getrandom::fill(&mut bytes).map_err(|e| std::io::Error::other(e.to_string()))?;
+                let made = crate::crypto::hex(&bytes);
+                db.put_cf_opt(
+                    cf(&db, CF_RAFT)?,
+                    KEY_INCARNATION,
+                    serde_json::to_vec(&made)?,
+                    &synced(),
+                )?;
+                made
+            }
+        };
         let (syncer, queue) = mpsc::channel();
         let sync_db = db.clone();
         std::thread::Builder::new()
@@ -84,7 +104,13 @@ impl LogStore {
             db,
             committed: Arc::new(AtomicU64::new(index)),
             syncer,
+            incarnation: incarnation.into(),
         })
+    }
+
+    /// This data directory's incarnation.
+    pub fn incarnation(&self) -> &str {
+        &self.incarnation
     }
 
     /// The committed index as openraft last saved it.

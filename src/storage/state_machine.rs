@@ -33,7 +33,8 @@ use super::{
 };
 use crate::consensus::PublisherKeyChange;
 use crate::consensus::{
-    Command, CommandResult, LogId, NodeId, StorageError, StoredMembership, TypeConfig,
+    ClusterRecord, Command, CommandResult, LogId, NodeId, SharedRecord, StorageError,
+    StoredMembership, TypeConfig,
 };
 use crate::crypto::keys::Signer;
 use crate::crypto::signature::{sign_record, still_valid};
@@ -52,6 +53,9 @@ pub(crate) const KEY_IDENTITY: &[u8] = b"identity";
 pub(crate) const KEY_PUBLISHER_KEYS: &[u8] = b"publisher_keys";
 pub(crate) const KEY_AUDIT_SEQ: &[u8] = b"audit_seq";
 pub(crate) const KEY_FEDERATION_CURSORS: &[u8] = b"federation_cursors";
+/// The cluster id and members' incarnations (`consensus::membership_check`).
+/// Not in backups: a restored directory starts a new cluster.
+pub(crate) const KEY_CLUSTER: &[u8] = b"cluster";
 /// History is trimmed in steps of this many revisions, so trimming costs one
 /// range deletion per step rather than one per write.
 const TRIM_STEP: u64 = 1024;
@@ -79,6 +83,9 @@ struct SnapshotData {
     audit: Vec<AuditEntry>,
     #[serde(default)]
     audit_seq: u64,
+    /// Absent in snapshots from before the cluster was recorded.
+    #[serde(default)]
+    cluster: ClusterRecord,
 }
 
 /// Snapshot activity since the node started, for status and metrics.
@@ -146,6 +153,8 @@ pub struct StateMachine {
     audit_seq: Arc<AtomicU64>,
     audit_retention: Retention,
     audit_sink: Option<AuditSink>,
+    /// The applied cluster record, read by the Raft transport.
+    cluster: SharedRecord,
 }
 
 fn sm_read(e: impl Into<LocalError>) -> StorageError {
@@ -193,6 +202,9 @@ impl StateMachine {
             )),
             audit_retention: Retention::default(),
             audit_sink: None,
+            cluster: SharedRecord::new(
+                get_json(&db_for_seq, CF_SM, KEY_CLUSTER)?.unwrap_or_default(),
+            ),
         };
         this.recount()?;
         Ok(this)
@@ -225,6 +237,11 @@ impl StateMachine {
     /// that needs that part must be sent this snapshot.
     pub fn write_snapshot(&self) -> Result<(), LocalError> {
         self.build().map(|_| ())
+    }
+
+    /// The applied cluster id and incarnations, kept current by apply.
+    pub fn cluster_record(&self) -> SharedRecord {
+        self.cluster.clone()
     }
 
     pub fn snapshot_stats(&self) -> Arc<SnapshotStats> {
@@ -301,7 +318,8 @@ impl StateMachine {
             Command::Identity { .. }
             | Command::PublisherKey { .. }
             | Command::Audited { .. }
-            | Command::Note { .. } => {
+            | Command::Note { .. }
+            | Command::Cluster { .. } => {
                 // Routed to their own appliers by `apply`; never here.
                 return CommandResult::Internal;
             }
@@ -552,6 +570,7 @@ impl StateMachine {
             value(&snap, db, KEY_FEDERATION_CURSORS)?.unwrap_or_default();
         let audit: Vec<AuditEntry> = all(&snap, db, CF_AUDIT)?;
         let audit_seq: u64 = value(&snap, db, KEY_AUDIT_SEQ)?.unwrap_or(0);
+        let cluster: ClusterRecord = value(&snap, db, KEY_CLUSTER)?.unwrap_or_default();
         let data = serde_json::to_vec(&SnapshotData {
             last_applied,
             membership: membership.clone(),
@@ -563,6 +582,7 @@ impl StateMachine {
             federation_cursors,
             audit,
             audit_seq,
+            cluster,
         })?;
         let snapshot_id = format!(
             "{}-{}",
@@ -641,7 +661,9 @@ impl StateMachine {
             KEY_FEDERATION_CURSORS,
             serde_json::to_vec(&data.federation_cursors)?,
         );
+        batch.put_cf(sm, KEY_CLUSTER, serde_json::to_vec(&data.cluster)?);
         self.db.write(batch)?;
+        self.cluster.set(data.cluster);
         self.audit_seq.store(data.audit_seq, Ordering::Release);
         self.recount()?;
         self.applied.set_identity(data.identity);
@@ -696,6 +718,11 @@ impl StateMachine {
         let mut audit_seq = first_audit_seq;
         let mut audited: Vec<AuditEntry> = Vec::new();
         let mut audit_now = None;
+        // The cluster record and the membership it is kept to, as of each
+        // entry; read at the first entry that needs them.
+        let mut cluster: Option<ClusterRecord> = None;
+        let mut cluster_changed = false;
+        let mut membership: Option<StoredMembership> = None;
         for entry in entries {
             let revision = entry.log_id.index;
             // A client's command carries who asked; the entry of its
@@ -719,9 +746,40 @@ impl StateMachine {
                         KEY_MEMBERSHIP,
                         serde_json::to_vec(&stored).map_err(sm_write)?,
                     );
+                    // A node that left is recorded afresh if it is added
+                    // back, with the data directory it has then.
+                    let record = match cluster.as_mut() {
+                        Some(c) => c,
+                        None => cluster.insert((*self.cluster.get()).clone()),
+                    };
+                    cluster_changed |=
+                        record.keep_members(|n| stored.membership().get_node(&n).is_some());
+                    membership = Some(stored);
                     CommandResult::Internal
                 }
                 EntryPayload::Normal(Command::Note { .. }) => CommandResult::Internal,
+                EntryPayload::Normal(Command::Cluster {
+                    cluster_id,
+                    incarnations,
+                    ..
+                }) => {
+                    let members = match membership.as_ref() {
+                        Some(m) => m,
+                        None => membership.insert(
+                            get_json(&self.db, CF_SM, KEY_MEMBERSHIP)
+                                .map_err(sm_read)?
+                                .unwrap_or_default(),
+                        ),
+                    };
+                    let record = match cluster.as_mut() {
+                        Some(c) => c,
+                        None => cluster.insert((*self.cluster.get()).clone()),
+                    };
+                    cluster_changed |= record.record(cluster_id.as_deref(), &incarnations, |n| {
+                        members.membership().get_node(&n).is_some()
+                    });
+                    CommandResult::Internal
+                }
                 EntryPayload::Normal(Command::Identity { change, now }) => {
                     let result = self
                         .apply_identity(&mut batch, &mut identity, &mut written, &change, &now)
@@ -845,6 +903,14 @@ impl StateMachine {
                 serde_json::to_vec(cursors).map_err(sm_write)?,
             );
         }
+        let cluster = cluster.filter(|_| cluster_changed);
+        if let Some(cluster) = &cluster {
+            batch.put_cf(
+                sm,
+                KEY_CLUSTER,
+                serde_json::to_vec(cluster).map_err(sm_write)?,
+            );
+        }
         if audit_seq != first_audit_seq {
             batch.put_cf(
                 sm,
@@ -871,6 +937,9 @@ impl StateMachine {
             }
         }
         self.db.write(batch).map_err(sm_write)?;
+        if let Some(cluster) = cluster {
+            self.cluster.set(cluster);
+        }
         self.audit_seq.store(audit_seq, Ordering::Release);
         if let Some(sink) = &self.audit_sink {
             for e in audited {
@@ -1008,6 +1077,83 @@ mod tests {
             serde_json::to_value(&decoded).unwrap(),
             serde_json::to_value(&change).unwrap()
         );
+    }
+
+    #[tokio::test]
+    async fn the_cluster_record_follows_the_membership_and_travels_in_snapshots() {
+        use std::collections::{BTreeMap, BTreeSet};
+        let leader = openraft::CommittedLeaderId::new(1, 1);
+        let members = |ids: &[u64]| {
+            let nodes: BTreeMap<u64, openraft::BasicNode> = ids
+                .iter()
+                .map(|id| (*id, openraft::BasicNode::new(format!("n{id}"))))
+                .collect();
+            let voters = BTreeSet::from_iter(ids.iter().copied());
+            openraft::Membership::new(vec![voters], nodes)
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let db = crate::storage::open(&dir.path().join("a"), crate::storage::DEFAULT_MAX_WAL_BYTES)
+            .unwrap();
+        let mut sm = StateMachine::open(db.clone(), dir.path().join("a-snap"), 1000).unwrap();
+        let record = |id: &str, incs: &[(u64, &str)]| Command::Cluster {
+            cluster_id: Some(id.into()),
+            incarnations: incs.iter().map(|(n, i)| (*n, i.to_string())).collect(),
+            now: "2026-11-25T00:00:00Z".into(),
+        };
+        sm.apply([
+            Entry {
+                log_id: openraft::LogId::new(leader, 1),
+                payload: EntryPayload::Membership(members(&[1, 2])),
+            },
+            // Node 3 is no member: not recorded.
+            Entry {
+                log_id: openraft::LogId::new(leader, 2),
+                payload: EntryPayload::Normal(record("c1", &[(1, "a"), (2, "b"), (3, "c")])),
+            },
+            // A second founding (a racing leader) changes nothing.
+            Entry {
+                log_id: openraft::LogId::new(leader, 3),
+                payload: EntryPayload::Normal(record("c2", &[(1, "z")])),
+            },
+        ])
+        .await
+        .unwrap();
+        let got = sm.cluster_record().get();
+        assert_eq!(got.cluster_id.as_deref(), Some("c1"));
+        assert_eq!(
+            got.incarnations,
+            BTreeMap::from([(1, "a".to_string()), (2, "b".to_string())])
+        );
+        // Node 2 leaves: its record goes with it.
+        sm.apply([Entry {
+            log_id: openraft::LogId::new(leader, 4),
+            payload: EntryPayload::Membership(members(&[1])),
+        }])
+        .await
+        .unwrap();
+        let expected = ClusterRecord {
+            cluster_id: Some("c1".into()),
+            incarnations: BTreeMap::from([(1, "a".to_string())]),
+        };
+        assert_eq!(*sm.cluster_record().get(), expected);
+        // Kept on disk, and carried by a snapshot.
+        drop(sm);
+        let mut sm = StateMachine::open(db, dir.path().join("a-snap"), 1000).unwrap();
+        assert_eq!(*sm.cluster_record().get(), expected);
+        let snap = sm
+            .get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .unwrap();
+        let db = crate::storage::open(&dir.path().join("b"), crate::storage::DEFAULT_MAX_WAL_BYTES)
+            .unwrap();
+        let mut fresh = StateMachine::open(db, dir.path().join("b-snap"), 1000).unwrap();
+        fresh
+            .install_snapshot(&snap.meta, snap.snapshot)
+            .await
+            .unwrap();
+        assert_eq!(*fresh.cluster_record().get(), expected);
     }
 
     #[tokio::test]

@@ -36,6 +36,7 @@ fn raft_message(
     let mut req = tonic::Request::new(pb::RaftMessage {
         from,
         json: json.clone(),
+        stamp: None,
     });
     if let Some(a) = auth {
         a.prove(req.metadata_mut(), method, from, &json);
@@ -158,6 +159,7 @@ async fn raft_rpcs_without_cluster_proof_are_refused_and_change_nothing() {
             from: 99,
             header: b"{}".to_vec(),
             data: vec![0; 1024],
+            stamp: None,
         }]));
         if let Some(a) = proof {
             a.prove(snapshot.metadata_mut(), "install_snapshot", 99, b"{}");

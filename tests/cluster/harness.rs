@@ -321,10 +321,15 @@ impl Cluster {
     /// Waits until every running node names the same leader, and that
     /// leader is running; returns it.
     pub async fn wait_for_leader(&self, timeout: Duration) -> u64 {
+        self.wait_for_leader_among(&self.running(), timeout).await
+    }
+
+    /// Waits until nodes `ids` name the same running leader; returns it.
+    pub async fn wait_for_leader_among(&self, ids: &[u64], timeout: Duration) -> u64 {
         let deadline = Instant::now() + timeout;
         loop {
             let mut leaders = Vec::new();
-            for id in self.running() {
+            for &id in ids {
                 leaders.push(self.status(id).await.map(|s| s.leader_id).unwrap_or(0));
             }
             if let Some(&l) = leaders.first() {

@@ -3,6 +3,7 @@
 
 mod audit;
 mod backup;
+mod cluster_id;
 mod disk;
 mod federation;
 mod harness;

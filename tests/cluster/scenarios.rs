@@ -270,10 +270,9 @@ async fn a_minority_cannot_commit_and_the_cluster_converges_after_healing() {
 
     // Node 1 (the one that initialises a static cluster) loses its disk and
     // restarts with the same member list: it must see its peers' cluster and
-    // not found a second one. It had acknowledged log entries to the leader,
-    // so it is refused instead of silently taking part again (its votes and
-    // acknowledgements would count for entries it no longer has), until an
-    // operator removes it and adds it back.
+    // not found a second one. It must not take part again either (its vote
+    // would count for entries it no longer has) — not only towards the
+    // leader that saw it acknowledge, but towards any leader after it.
     let mut c = c;
     let mut leader = c.wait_for_leader(LONG).await;
     if leader == 1 {
@@ -285,29 +284,46 @@ async fn a_minority_cannot_commit_and_the_cluster_converges_after_healing() {
     }
     let last = c.status(leader).await.unwrap().node.unwrap().last_log_index;
     c.wait_applied(last, LONG).await;
+    let cluster_id = c.status(leader).await.unwrap().node.unwrap().cluster_id;
+    assert!(!cluster_id.is_empty(), "the cluster has an id");
     c.kill(1);
     std::fs::remove_dir_all(c.data_dir(1)).unwrap();
+    // The leader goes too: the third node can only win an election with the
+    // wiped node's vote, which it must not get.
+    c.kill(leader);
+    let third = *[2, 3].iter().find(|&&n| n != leader).unwrap();
     c.restart(1);
-    let leader = c.wait_for_leader(LONG).await;
-    assert_ne!(leader, 1);
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    assert!(
-        c.log(leader)
-            .contains("lost log entries it had acknowledged"),
-        "the leader refused the wiped node:\n{}",
-        c.log(leader)
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let s = c.status(third).await.unwrap();
+    assert_eq!(
+        s.leader_id, 0,
+        "node {third} must not be elected with the wiped node's vote: {s:?}"
     );
     assert!(
-        c.contents(1).await.is_empty(),
-        "the wiped node was not fed the log"
+        c.log(1).contains("wiped or replaced"),
+        "the wiped node says why it refuses:\n{}",
+        c.log(1)
     );
     assert!(
         c.log(1).contains("peers already form a cluster"),
         "node 1 saw its peers' cluster before initialising"
     );
-    // The cluster goes on with the other two; the remedy brings node 1 back.
+    // The old leader comes back; whoever leads now refuses node 1 as well.
+    c.restart(leader);
+    let leader = c.wait_for_leader_among(&[leader, third], LONG).await;
     let (s, b) = c.register(leader, "while-refused", "x").await;
     assert_eq!(s, 201, "{b}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        c.contents(1).await.is_empty(),
+        "the wiped node was not fed the log"
+    );
+    assert!(
+        c.log(leader).contains("refused this node's Raft traffic"),
+        "the leader says why node 1 is not in step:\n{}",
+        c.log(leader)
+    );
+    // The remedy brings node 1 back, with its new data directory on record.
     let server = c.grpc_url(leader);
     cli(&["cluster", "remove", "1", "--server", &server]).await;
     let raft1 = format!("127.0.0.1:{}", c.nodes[&1].raft);
@@ -327,6 +343,55 @@ async fn a_minority_cannot_commit_and_the_cluster_converges_after_healing() {
         reference,
         "node 1 rejoined the one cluster"
     );
+    assert_eq!(
+        c.status(1).await.unwrap().node.unwrap().cluster_id,
+        cluster_id,
+        "node 1 learned the cluster's id"
+    );
+
+    // A data directory put back from an older copy keeps its incarnation
+    // but lacks entries it acknowledged: the leader refuses it too.
+    let leader = c.wait_for_leader(LONG).await;
+    let rolled = if leader == 1 { 2 } else { 1 };
+    c.kill(rolled);
+    let saved = c.dir().join("saved-copy");
+    copy_dir(&c.data_dir(rolled), &saved);
+    c.restart(rolled);
+    for i in 0..5 {
+        let (s, b) = c.register(leader, &format!("after-copy-{i}"), "x").await;
+        assert_eq!(s, 201, "{b}");
+    }
+    let last = c.status(leader).await.unwrap().node.unwrap().last_log_index;
+    c.wait_applied(last, LONG).await;
+    c.kill(rolled);
+    std::fs::remove_dir_all(c.data_dir(rolled)).unwrap();
+    std::fs::rename(&saved, c.data_dir(rolled)).unwrap();
+    c.restart(rolled);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(c.wait_for_leader(LONG).await, leader, "the leader stayed");
+    assert!(
+        c.log(leader)
+            .contains("lost log entries it had acknowledged"),
+        "the leader refused the rolled-back node:\n{}",
+        c.log(leader)
+    );
+    assert!(
+        !c.contents(rolled).await.contains_key("after-copy-0"),
+        "the rolled-back node was not fed the log"
+    );
+}
+
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
 }
 
 async fn cli(args: &[&str]) -> String {

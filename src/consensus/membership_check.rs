@@ -1,0 +1,365 @@
+//! Who may take part in this cluster's Raft traffic, beyond proving the
+//! cluster secret or certificate (`cluster_auth`): etcd's cluster-id and
+//! member checks. Two mistakes pass a shared secret or a shared CA:
+//!
+//! - a node of *another* cluster (clusters commonly share a CA, or a Helm
+//!   release's secret) is pointed at this one;
+//! - a member's data directory is wiped or replaced and the node comes back
+//!   with the same id. Its vote would count for entries it no longer holds,
+//!   so a candidate missing committed entries could win with it.
+//!
+//! Every message carries a `PeerStamp`: the sender's cluster id, its data
+//! directory's incarnation (random, made with the directory), and on
+//! requests the incarnation the sender has on record for the receiver. The
+//! receiver refuses a foreign cluster id and a request addressed to another
+//! incarnation of itself, before anything is acted on.
+//!
+//! The record is replicated state (`Command::Cluster`), so every leader —
+//! not only the one that saw a member join — checks against it: the leader
+//! founds the cluster id and records each member's incarnation the first
+//! time it sees one; a node that leaves the membership loses its record, so
+//! an operator's remove-and-add records the directory it has then. A node
+//! that has not learned the cluster id yet (a new member) claims none and
+//! is checked for none.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use super::NodeId;
+use crate::pb::PeerStamp;
+
+/// A refusal is logged at most this often per peer.
+const LOG_EVERY: Duration = Duration::from_secs(30);
+
+/// The replicated part: the cluster's id and each member's incarnation.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterRecord {
+    pub cluster_id: Option<String>,
+    pub incarnations: BTreeMap<NodeId, String>,
+}
+
+impl ClusterRecord {
+    /// Applies a `Command::Cluster`: the first cluster id stays; an
+    /// incarnation is recorded for a current member that has none (a
+    /// proposal that raced the member's removal records nothing). Whether
+    /// anything changed.
+    pub fn record(
+        &mut self,
+        cluster_id: Option<&str>,
+        incarnations: &BTreeMap<NodeId, String>,
+        is_member: impl Fn(NodeId) -> bool,
+    ) -> bool {
+        let mut changed = false;
+        if let (None, Some(id)) = (&self.cluster_id, cluster_id) {
+            self.cluster_id = Some(id.to_string());
+            changed = true;
+        }
+        for (node, incarnation) in incarnations {
+            if is_member(*node) && !self.incarnations.contains_key(node) {
+                self.incarnations.insert(*node, incarnation.clone());
+                changed = true;
+            }
+        }
+        changed
+    }
+
+    /// Drops the records of nodes no longer in the membership. Whether
+    /// anything changed.
+    pub fn keep_members(&mut self, is_member: impl Fn(NodeId) -> bool) -> bool {
+        let before = self.incarnations.len();
+        self.incarnations.retain(|node, _| is_member(*node));
+        self.incarnations.len() != before
+    }
+}
+
+/// The applied `ClusterRecord`, published by the state machine and read by
+/// the transport on every message. Cheap to clone; clones share it.
+#[derive(Clone, Default)]
+pub struct SharedRecord(Arc<RwLock<Arc<ClusterRecord>>>);
+
+impl SharedRecord {
+    pub fn new(record: ClusterRecord) -> Self {
+        Self(Arc::new(RwLock::new(Arc::new(record))))
+    }
+
+    pub fn get(&self) -> Arc<ClusterRecord> {
+        match self.0.read() {
+            Ok(g) => g.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    pub fn set(&self, record: ClusterRecord) {
+        let record = Arc::new(record);
+        match self.0.write() {
+            Ok(mut g) => *g = record,
+            Err(poisoned) => *poisoned.into_inner() = record,
+        }
+    }
+}
+
+/// Why a peer's message was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
+    #[error("node {from} belongs to cluster {theirs}, this node to cluster {ours}")]
+    OtherCluster {
+        from: NodeId,
+        theirs: String,
+        ours: String,
+    },
+    #[error(
+        "node {from} has data directory {expected} on record for node {me}, but this node's \
+         is {actual}: its data directory was wiped or replaced since it joined. Remove node {me} \
+         from the cluster and add it back (agentry cluster remove / add / promote)"
+    )]
+    Replaced {
+        from: NodeId,
+        me: NodeId,
+        expected: String,
+        actual: String,
+    },
+}
+
+/// This node's side of the check. Cheap to clone; clones share state.
+#[derive(Clone)]
+pub struct MembershipCheck {
+    me: NodeId,
+    incarnation: Arc<str>,
+    record: SharedRecord,
+    /// Incarnations peers answered with while none was on record: the
+    /// leader records them.
+    seen: Arc<Mutex<BTreeMap<NodeId, String>>>,
+    /// Peers that have answered with a stamp: they run a version that
+    /// reads `Command::Cluster`, which is proposed only once all members do
+    /// (an older node could not decode the entry and would stop following
+    /// during a rolling upgrade).
+    stamped: Arc<Mutex<BTreeSet<NodeId>>>,
+    /// When a refusal involving each peer was last logged.
+    logged: Arc<Mutex<HashMap<NodeId, Instant>>>,
+}
+
+impl MembershipCheck {
+    pub fn new(me: NodeId, incarnation: &str, record: SharedRecord) -> Self {
+        Self {
+            me,
+            incarnation: incarnation.into(),
+            record,
+            seen: Arc::default(),
+            stamped: Arc::default(),
+            logged: Arc::default(),
+        }
+    }
+
+    /// The stamp of a message to `to` (`None`: an answer, or a request that
+    /// addresses no member, such as a forwarded one).
+    pub fn stamp(&self, to: Option<NodeId>) -> PeerStamp {
+        let record = self.record.get();
+        PeerStamp {
+            cluster_id: record.cluster_id.clone().unwrap_or_default(),
+            incarnation: self.incarnation.to_string(),
+            to_incarnation: to
+                .and_then(|n| record.incarnations.get(&n).cloned())
+                .unwrap_or_default(),
+        }
+    }
+
+    /// Checks a request from `from` before it is acted on.
+    pub fn admit(&self, from: NodeId, stamp: Option<&PeerStamp>) -> Result<(), Refusal> {
+        let Some(stamp) = stamp else {
+            return Ok(());
+        };
+        let record = self.record.get();
+        if let Some(ours) = &record.cluster_id {
+            if !stamp.cluster_id.is_empty() && stamp.cluster_id != *ours {
+                return Err(Refusal::OtherCluster {
+                    from,
+                    theirs: stamp.cluster_id.clone(),
+                    ours: ours.clone(),
+                });
+            }
+        }
+        if !stamp.to_incarnation.is_empty() && stamp.to_incarnation != *self.incarnation {
+            return Err(Refusal::Replaced {
+                from,
+                me: self.me,
+                expected: stamp.to_incarnation.clone(),
+                actual: self.incarnation.to_string(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Notes the incarnation `from` answered with, when this node has none
+    /// on record for it.
+    pub fn answered(&self, from: NodeId, stamp: Option<&PeerStamp>) {
+        let Some(stamp) = stamp.filter(|s| !s.incarnation.is_empty()) else {
+            return;
+        };
+        self.stamped
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(from);
+        if self.record.get().incarnations.contains_key(&from) {
+            return;
+        }
+        self.seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(from, stamp.incarnation.clone());
+    }
+
+    /// What the leader should record among `members`: a cluster id when
+    /// there is none (`new_id` makes one), and the incarnations known for
+    /// members without a record (this node's own, and those seen in
+    /// answers, which are taken). `None`: nothing to record, or a member
+    /// has not answered with a stamp yet.
+    pub fn missing(
+        &self,
+        members: &[NodeId],
+        new_id: impl FnOnce() -> Option<String>,
+    ) -> Option<(Option<String>, BTreeMap<NodeId, String>)> {
+        {
+            let stamped = self.stamped.lock().unwrap_or_else(|e| e.into_inner());
+            if !members.iter().all(|n| *n == self.me || stamped.contains(n)) {
+                return None;
+            }
+        }
+        let record = self.record.get();
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let mut incarnations = BTreeMap::new();
+        for node in members
+            .iter()
+            .filter(|n| !record.incarnations.contains_key(n))
+        {
+            let known = if *node == self.me {
+                Some(self.incarnation.to_string())
+            } else {
+                seen.remove(node)
+            };
+            if let Some(incarnation) = known {
+                incarnations.insert(*node, incarnation);
+            }
+        }
+        let cluster_id = if record.cluster_id.is_none() {
+            new_id()
+        } else {
+            None
+        };
+        (cluster_id.is_some() || !incarnations.is_empty()).then_some((cluster_id, incarnations))
+    }
+
+    /// The cluster id this node has applied.
+    pub fn cluster_id(&self) -> Option<String> {
+        self.record.get().cluster_id.clone()
+    }
+
+    /// Whether a refusal involving `peer` should be logged now (at most once
+    /// per `LOG_EVERY`), so a refused peer's heartbeats do not flood the log.
+    pub fn should_log(&self, peer: NodeId) -> bool {
+        let mut logged = self.logged.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        match logged.get(&peer) {
+            Some(at) if now.duration_since(*at) < LOG_EVERY => false,
+            _ => {
+                logged.insert(peer, now);
+                true
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stamp(cluster: &str, incarnation: &str, to: &str) -> PeerStamp {
+        PeerStamp {
+            cluster_id: cluster.into(),
+            incarnation: incarnation.into(),
+            to_incarnation: to.into(),
+        }
+    }
+
+    #[test]
+    fn the_first_id_stays_and_only_members_without_a_record_are_recorded() {
+        let mut r = ClusterRecord::default();
+        let members = |n: NodeId| n <= 3;
+        let incs = BTreeMap::from([(1, "a".to_string()), (2, "b".into()), (9, "z".into())]);
+        assert!(r.record(Some("c1"), &incs, members));
+        assert_eq!(r.cluster_id.as_deref(), Some("c1"));
+        assert_eq!(r.incarnations.keys().copied().collect::<Vec<_>>(), [1, 2]);
+        // A later proposal changes neither the id nor a recorded member.
+        let again = BTreeMap::from([(1, "other".to_string()), (3, "c".into())]);
+        assert!(r.record(Some("c2"), &again, members));
+        assert_eq!(r.cluster_id.as_deref(), Some("c1"));
+        assert_eq!(r.incarnations[&1], "a");
+        assert_eq!(r.incarnations[&3], "c");
+        assert!(!r.record(Some("c3"), &again, members));
+        // Leaving the membership drops the record.
+        assert!(r.keep_members(|n| n != 2));
+        assert!(!r.incarnations.contains_key(&2));
+        assert!(!r.keep_members(|n| n != 2));
+    }
+
+    #[test]
+    fn foreign_clusters_and_replaced_directories_are_refused() {
+        let record = SharedRecord::new(ClusterRecord {
+            cluster_id: Some("c1".into()),
+            incarnations: BTreeMap::from([(1, "i1".into()), (2, "i2".into())]),
+        });
+        let check = MembershipCheck::new(2, "i2", record.clone());
+        // Unstamped (an older node) and unclaimed (a new member) pass.
+        assert!(check.admit(1, None).is_ok());
+        assert!(check.admit(1, Some(&stamp("", "i1", ""))).is_ok());
+        assert!(check.admit(1, Some(&stamp("c1", "i1", "i2"))).is_ok());
+        let e = check
+            .admit(7, Some(&stamp("c9", "x", "")))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("cluster c9") && e.contains("cluster c1"), "{e}");
+        // This node's directory is not the one node 1 has on record.
+        let wiped = MembershipCheck::new(2, "new", record);
+        let e = wiped
+            .admit(1, Some(&stamp("c1", "i1", "i2")))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("wiped or replaced"), "{e}");
+        // A wiped node knows no cluster id yet: it cannot refuse on that.
+        let blank = MembershipCheck::new(3, "i3", SharedRecord::default());
+        assert!(blank.admit(1, Some(&stamp("c1", "i1", ""))).is_ok());
+    }
+
+    #[test]
+    fn the_leader_records_what_it_has_seen_once() {
+        let record = SharedRecord::default();
+        let check = MembershipCheck::new(1, "i1", record.clone());
+        check.answered(2, Some(&stamp("", "i2", "")));
+        // Node 3 has not answered with a stamp (it may run an older
+        // version, which could not read the entry): nothing is proposed.
+        check.answered(3, None);
+        assert!(check.missing(&[1, 2, 3], || Some("new".into())).is_none());
+        let (id, incs) = check.missing(&[1, 2], || Some("new".into())).unwrap();
+        assert_eq!(id.as_deref(), Some("new"));
+        assert_eq!(
+            incs,
+            BTreeMap::from([(1, "i1".to_string()), (2, "i2".to_string())])
+        );
+        let mut applied = ClusterRecord::default();
+        applied.record(id.as_deref(), &incs, |_| true);
+        record.set(applied);
+        // Recorded: nothing more until node 3 answers.
+        assert!(check.missing(&[1, 2], || Some("x".into())).is_none());
+        check.answered(2, Some(&stamp("", "other", "")));
+        assert!(check.missing(&[1, 2, 3], || Some("x".into())).is_none());
+        check.answered(3, Some(&stamp("new", "i3", "")));
+        let (id, incs) = check.missing(&[1, 2, 3], || Some("x".into())).unwrap();
+        assert_eq!(id, None);
+        assert_eq!(incs, BTreeMap::from([(3, "i3".to_string())]));
+        assert_eq!(check.stamp(Some(2)).to_incarnation, "i2");
+        assert_eq!(check.stamp(Some(3)).to_incarnation, "");
+        assert_eq!(check.stamp(None).cluster_id, "new");
+    }
+}
