@@ -8,7 +8,8 @@ use tonic::{Request, Response, Status};
 
 use super::auth::Identity;
 use crate::convert::{change_kind_to_pb, record_to_pb, sharing_from_pb, status_from_pb};
-use crate::domain::{query::Filter, AgentMetadata, Principal};
+use crate::domain::filter::{HardFilters, ALL_BUT_DELETED};
+use crate::domain::{AgentMetadata, Principal};
 use crate::pb::{self, registry_server::Registry};
 use crate::service::{Consistency, ListQuery, RegistryService, ServiceError};
 
@@ -167,14 +168,20 @@ impl Registry for RegistryApi {
             })
             .collect::<Result<Vec<_>, _>>()
             .map_err(ServiceError::from)?;
-        let filter = Filter {
+        // AIDIP: no status filter lists every status but deleted.
+        let filter = HardFilters {
             capabilities: req.capabilities,
-            tags: req.tags,
+            required_tags: req.tags,
             languages: req.languages,
-            statuses,
+            statuses: if statuses.is_empty() {
+                ALL_BUT_DELETED.to_vec()
+            } else {
+                statuses
+            },
             publisher: req.publisher,
             owner: req.owner,
-            include_expired: req.include_expired,
+            allow_stale: req.include_expired,
+            ..Default::default()
         };
         let consistency = consistency(req.consistency)?;
         let now = now();

@@ -1,10 +1,12 @@
 //! ADP discovery requests and results, and the rules that do not depend on
-//! how candidates are found: request validation, the hard filters every
-//! candidate must pass, and how much of a record a response may show.
+//! how candidates are found: request validation and how much of a record a
+//! response may show. The hard filters every candidate must pass are the
+//! one filter engine of `domain::filter`.
 
 use serde_json::{Map, Value};
 
-use super::record::{AgentMetadata, AgentRecord, AgentStatus, Binding, Principal};
+use super::filter::{self, HardFilters, Surface};
+use super::record::{AgentMetadata, AgentRecord, Binding, Principal};
 use super::validate::{normalise_tags, FieldError};
 
 pub const DEFAULT_LIMIT: u32 = 10;
@@ -85,31 +87,6 @@ pub struct DiscoveryRequest {
     pub scope: Scope,
 }
 
-/// The hard filters of a request, normalised.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct HardFilters {
-    pub required_tags: Vec<String>,
-    pub excluded_tags: Vec<String>,
-    /// Lowercase; empty: any protocol.
-    pub protocols: Vec<String>,
-    /// Lowercase; an agent without a region constraint serves every region.
-    pub regions: Vec<String>,
-    pub max_age_seconds: Option<u64>,
-    /// Empty: active and deprecated.
-    pub statuses: Vec<AgentStatus>,
-    /// Also return records past `expires_at`.
-    pub allow_stale: bool,
-    /// Agents that declare no languages are language-agnostic (AIDIP).
-    pub languages: Vec<String>,
-    pub capabilities: Vec<String>,
-    /// AIDIP search filters beyond ADP's.
-    pub publisher: Option<String>,
-    pub owner: Option<String>,
-    /// Only agents whose publisher metadata is verified (ADP: verified vs
-    /// self-asserted), constraint `verified_only`.
-    pub verified_only: bool,
-}
-
 /// A validated request, ready for the ranker.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct DiscoveryPlan {
@@ -122,36 +99,6 @@ pub struct DiscoveryPlan {
     pub include_evidence: bool,
     pub detail: Detail,
     pub client_context: Map<String, Value>,
-}
-
-/// Constraint names understood as hard filters.
-pub const SUPPORTED_CONSTRAINTS: [&str; 7] = [
-    "region",
-    "verified_only",
-    "max_results_age_seconds",
-    "status",
-    "allow_stale",
-    "language",
-    "capabilities",
-];
-
-fn strings(v: &Value, pointer: &str) -> Result<Vec<String>, FieldError> {
-    match v {
-        Value::String(s) => Ok(vec![s.clone()]),
-        Value::Array(a) => a
-            .iter()
-            .enumerate()
-            .map(|(i, x)| {
-                x.as_str()
-                    .map(String::from)
-                    .ok_or_else(|| FieldError::new(format!("{pointer}/{i}"), "must be a string"))
-            })
-            .collect(),
-        _ => Err(FieldError::new(
-            pointer,
-            "must be a string or an array of strings",
-        )),
-    }
 }
 
 fn check_text(s: &str, pointer: &str, max: usize) -> Result<(), FieldError> {
@@ -235,49 +182,9 @@ impl DiscoveryRequest {
         };
         let mut unsupported = Vec::new();
         for (key, v) in &self.constraints {
-            let p = format!("/constraints/{key}");
-            match key.as_str() {
-                "region" => {
-                    filters.regions = strings(v, &p)?
-                        .into_iter()
-                        .map(|r| r.trim().to_ascii_lowercase())
-                        .collect();
-                }
-                "max_results_age_seconds" => {
-                    filters.max_age_seconds = Some(v.as_u64().ok_or_else(|| {
-                        FieldError::new(&p, "must be a non-negative integer (seconds)")
-                    })?);
-                }
-                "status" => {
-                    for (i, s) in strings(v, &p)?.iter().enumerate() {
-                        let st = AgentStatus::parse(s).ok_or_else(|| {
-                            FieldError::new(
-                                format!("{p}/{i}"),
-                                "must be active, deprecated, inactive or deleted",
-                            )
-                        })?;
-                        filters.statuses.push(st);
-                    }
-                }
-                "verified_only" => {
-                    filters.verified_only = v
-                        .as_bool()
-                        .ok_or_else(|| FieldError::new(&p, "must be a boolean"))?;
-                }
-                "allow_stale" => {
-                    filters.allow_stale = v
-                        .as_bool()
-                        .ok_or_else(|| FieldError::new(&p, "must be a boolean"))?;
-                }
-                "language" => {
-                    filters.languages = strings(v, &p)?;
-                    normalise_tags(&mut filters.languages, &p)?;
-                }
-                "capabilities" => {
-                    filters.capabilities = strings(v, &p)?;
-                    normalise_tags(&mut filters.capabilities, &p)?;
-                }
-                _ => unsupported.push(key.clone()),
+            match filter::key(Surface::AdpConstraint, key) {
+                Some(k) => filters.set(k, v, &format!("/constraints/{key}"))?,
+                None => unsupported.push(key.clone()),
             }
         }
         Ok(DiscoveryPlan {
@@ -291,178 +198,6 @@ impl DiscoveryRequest {
             client_context: self.client_context,
         })
     }
-}
-
-impl HardFilters {
-    /// The filters as ADP `applied_filters`: what every candidate passed.
-    pub fn applied(&self) -> Map<String, Value> {
-        let mut m = Map::new();
-        let list = |v: &[String]| Value::from(v.to_vec());
-        if !self.required_tags.is_empty() {
-            m.insert("required_tags".into(), list(&self.required_tags));
-        }
-        if !self.excluded_tags.is_empty() {
-            m.insert("excluded_tags".into(), list(&self.excluded_tags));
-        }
-        if !self.protocols.is_empty() {
-            m.insert("protocols".into(), list(&self.protocols));
-        }
-        if !self.regions.is_empty() {
-            m.insert("region".into(), list(&self.regions));
-        }
-        if let Some(a) = self.max_age_seconds {
-            m.insert("max_results_age_seconds".into(), a.into());
-        }
-        if !self.languages.is_empty() {
-            m.insert("language".into(), list(&self.languages));
-        }
-        if !self.capabilities.is_empty() {
-            m.insert("capabilities".into(), list(&self.capabilities));
-        }
-        if self.verified_only {
-            m.insert("verified_only".into(), true.into());
-        }
-        let statuses: Vec<String> = self
-            .statuses()
-            .iter()
-            .map(|s| s.as_str().to_string())
-            .collect();
-        m.insert("status".into(), statuses.into());
-        m.insert("visibility".into(), "readable by the caller".into());
-        m.insert("exclude_expired".into(), (!self.allow_stale).into());
-        m
-    }
-
-    pub fn statuses(&self) -> &[AgentStatus] {
-        if self.statuses.is_empty() {
-            &[AgentStatus::Active, AgentStatus::Deprecated]
-        } else {
-            &self.statuses
-        }
-    }
-
-    /// Whether an agent passes every hard filter. `facts` are the indexed
-    /// properties of the agent.
-    pub fn admit(&self, facts: &AgentFacts, principal: Option<&Principal>, now_unix: i64) -> bool {
-        if !facts.access.admits(principal) {
-            return false;
-        }
-        if !self.statuses().contains(&facts.status) || (self.verified_only && !facts.verified) {
-            return false;
-        }
-        if !self.allow_stale && facts.expires_unix.is_some_and(|t| t <= now_unix) {
-            return false;
-        }
-        if let Some(max) = self.max_age_seconds {
-            let age = now_unix.saturating_sub(facts.updated_unix);
-            if age < 0 || age as u64 > max {
-                return false;
-            }
-        }
-        self.required_tags.iter().all(|t| facts.has_tag(t))
-            && !self.excluded_tags.iter().any(|t| facts.has_tag(t))
-            && (self.protocols.is_empty()
-                || facts.protocols.iter().any(|p| self.protocols.contains(p)))
-            && (self.regions.is_empty()
-                || facts.regions.is_empty()
-                || facts.regions.iter().any(|r| self.regions.contains(r)))
-            && (facts.languages.is_empty()
-                || self.languages.iter().all(|l| facts.languages.contains(l)))
-            && self
-                .capabilities
-                .iter()
-                .all(|c| facts.capabilities.contains(c))
-            && self
-                .publisher
-                .as_ref()
-                .is_none_or(|p| facts.publisher.as_ref() == Some(p))
-            && self.owner.as_ref().is_none_or(|o| &facts.access.owner == o)
-    }
-}
-
-/// What the hard filters need to know of an agent, kept in the index so
-/// filtering never reads storage.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct AgentFacts {
-    /// Who may read the agent (owner, visibility, readers).
-    pub access: super::record::Access,
-    pub status: AgentStatus,
-    /// Tags and capabilities together, sorted (ADP tags; AIDIP capabilities
-    /// are capability tags too).
-    pub tags: Vec<String>,
-    pub capabilities: Vec<String>,
-    pub publisher: Option<String>,
-    pub protocols: Vec<String>,
-    pub regions: Vec<String>,
-    pub languages: Vec<String>,
-    pub expires_unix: Option<i64>,
-    /// `updated_at`, else when the registry last changed the record.
-    pub updated_unix: i64,
-    /// The publisher's signature verified (see `PublisherVerification`).
-    pub verified: bool,
-}
-
-impl AgentFacts {
-    pub fn of(record: &AgentRecord) -> Self {
-        let m = &record.metadata;
-        let mut tags: Vec<String> = m.tags.iter().chain(&m.capabilities).cloned().collect();
-        tags.sort();
-        tags.dedup();
-        let mut protocols: Vec<String> = m
-            .bindings
-            .iter()
-            .map(|b| b.protocol.to_ascii_lowercase())
-            .collect();
-        protocols.sort();
-        protocols.dedup();
-        let updated = m
-            .updated_at
-            .as_deref()
-            .and_then(super::time::parse)
-            .or_else(|| super::time::parse(&record.envelope.modified_at));
-        Self {
-            access: super::record::Access::of(&record.envelope),
-            status: m.effective_status(),
-            tags,
-            capabilities: m.capabilities.clone(),
-            publisher: m.publisher.clone(),
-            protocols,
-            regions: declared_regions(m),
-            languages: m.supported_languages.clone(),
-            expires_unix: m
-                .expires_at
-                .as_deref()
-                .and_then(super::time::parse)
-                .map(|t| t.unix_timestamp()),
-            updated_unix: updated.map(|t| t.unix_timestamp()).unwrap_or(0),
-            verified: record.is_verified(),
-        }
-    }
-
-    pub fn has_tag(&self, tag: &str) -> bool {
-        self.tags.binary_search_by(|t| t.as_str().cmp(tag)).is_ok()
-    }
-}
-
-/// Regions an agent declares in `constraints.region` or
-/// `constraints.regions` (a string or an array), lowercase.
-fn declared_regions(m: &AgentMetadata) -> Vec<String> {
-    let Some(c) = &m.constraints else {
-        return Vec::new();
-    };
-    ["region", "regions"]
-        .iter()
-        .filter_map(|k| c.get(*k))
-        .flat_map(|v| match v {
-            Value::String(s) => vec![s.clone()],
-            Value::Array(a) => a
-                .iter()
-                .filter_map(|x| x.as_str().map(String::from))
-                .collect(),
-            _ => Vec::new(),
-        })
-        .map(|r| r.trim().to_ascii_lowercase())
-        .collect()
 }
 
 /// Constraint members that hint at billing or internal arrangements.
@@ -583,7 +318,7 @@ fn strip_url_secrets(endpoint: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::record::{Envelope, Role, Visibility};
+    use crate::domain::record::{Envelope, Role};
     use serde_json::json;
 
     fn req(v: Value) -> DiscoveryRequest {
@@ -652,34 +387,6 @@ mod tests {
                 ..Default::default()
             },
         }
-    }
-
-    #[test]
-    fn filters_use_indexed_facts() {
-        let r = record("alice");
-        let f = AgentFacts::of(&r);
-        assert_eq!(f.protocols, vec!["https"]);
-        assert_eq!(f.regions, vec!["apac"]);
-        let now = 1_800_000_000;
-        let mut h = HardFilters {
-            required_tags: vec!["hr".into()],
-            protocols: vec!["https".into()],
-            regions: vec!["apac".into()],
-            ..Default::default()
-        };
-        assert!(h.admit(&f, None, now));
-        h.regions = vec!["eu".into()];
-        assert!(!h.admit(&f, None, now));
-        h.regions.clear();
-        h.statuses = vec![AgentStatus::Active];
-        assert!(!h.admit(&f, None, now), "deprecated is not active");
-        h.statuses.clear();
-        h.max_age_seconds = Some(60);
-        assert!(!h.admit(&f, None, now), "updated long ago");
-        let mut private = r.clone();
-        private.envelope.visibility = Visibility::Private;
-        let pf = AgentFacts::of(&private);
-        assert!(!HardFilters::default().admit(&pf, None, now));
     }
 
     #[test]

@@ -5,8 +5,8 @@
 pub mod audit;
 pub mod discovery;
 pub mod federation;
+pub mod filter;
 pub mod invoke;
-pub mod query;
 pub mod record;
 pub mod resolve;
 pub mod time;

@@ -25,7 +25,7 @@
 
 use std::collections::HashMap;
 
-use crate::domain::discovery::{AgentFacts, HardFilters};
+use crate::domain::filter::{AgentFacts, HardFilters};
 use crate::domain::{AgentRecord, AgentStatus, Principal};
 
 use super::simd::{dot_i8, quantize};

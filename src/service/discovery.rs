@@ -8,10 +8,8 @@ use tracing::{debug, instrument};
 
 use super::registry::{Consistency, RegistryService};
 use super::ServiceError;
-use crate::domain::discovery::{
-    visible_metadata, Detail, DiscoveryPlan, DiscoveryRequest, HardFilters, Scope,
-};
-use crate::domain::query::Filter;
+use crate::domain::discovery::{visible_metadata, Detail, DiscoveryPlan, DiscoveryRequest, Scope};
+use crate::domain::filter::{HardFilters, ALL_BUT_DELETED};
 use crate::domain::resolve::{chosen_operation, ResolveRequest};
 use crate::domain::{AgentMetadata, AgentRecord, AgentStatus, Binding, Operation, Principal};
 use crate::index::{Hit, Query, UnitKind};
@@ -194,12 +192,12 @@ impl RegistryService {
         &self,
         principal: Option<&Principal>,
         query: &str,
-        mut filter: Filter,
+        mut filters: HardFilters,
         top: usize,
         consistency: Consistency,
     ) -> Result<(Vec<(AgentRecord, f32)>, u64)> {
         self.require_reader(principal)?;
-        filter.normalise()?;
+        filters.normalise()?;
         if top > super::registry::MAX_PAGE_SIZE as usize {
             return Err(ServiceError::InvalidRequest {
                 field: Some("/top".into()),
@@ -212,29 +210,6 @@ impl RegistryService {
         }
         .plan()?;
         self.index_ready(consistency).await?;
-        // As in the unranked search, no status filter means every status
-        // but deleted.
-        let statuses = if filter.statuses.is_empty() {
-            vec![
-                AgentStatus::Active,
-                AgentStatus::Deprecated,
-                AgentStatus::Inactive,
-            ]
-        } else {
-            filter.statuses
-        };
-        let filters = HardFilters {
-            required_tags: filter.tags,
-            capabilities: filter.capabilities,
-            languages: filter.languages,
-            statuses,
-            allow_stale: filter.include_expired,
-            publisher: filter.publisher,
-            owner: filter.owner,
-            ..Default::default()
-        };
-        // This answer has no warnings; a query the model failed on is
-        // ranked by words and tags (the failure is logged).
         let vector = self.index().query_vector(&plan.query).await.unwrap_or(None);
         let hits = self.index().search(Query {
             text: &plan.query,
@@ -306,11 +281,7 @@ impl RegistryService {
         // Every status but deleted is ranked, so an agent the policy refuses
         // for its status is reported rather than silently missing.
         let filters = HardFilters {
-            statuses: vec![
-                AgentStatus::Active,
-                AgentStatus::Deprecated,
-                AgentStatus::Inactive,
-            ],
+            statuses: ALL_BUT_DELETED.to_vec(),
             ..Default::default()
         };
         let vector = self.query_vector(&request.intent, &mut warnings).await;

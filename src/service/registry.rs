@@ -10,7 +10,7 @@ use tracing::{debug, instrument};
 
 use super::ServiceError;
 use crate::consensus::{Command, CommandResult, NodeStatus, RaftNode};
-use crate::domain::query::Filter;
+use crate::domain::filter::HardFilters;
 use crate::domain::validate::{normalise_and_validate, validate_id};
 use crate::domain::write::WriteMode;
 use crate::domain::{
@@ -35,7 +35,8 @@ pub enum Consistency {
 /// A list request.
 #[derive(Debug, Clone, Default)]
 pub struct ListQuery {
-    pub filter: Filter,
+    /// Its statuses set explicitly (AIDIP: `filter::ALL_BUT_DELETED`).
+    pub filter: HardFilters,
     pub page_size: u32,
     pub page_token: String,
     pub consistency: Consistency,
@@ -409,12 +410,12 @@ impl RegistryService {
         };
         self.read_barrier(query.consistency).await?;
         let revision = self.reader.applied_revision();
-        let now = time::OffsetDateTime::now_utc();
+        let now = time::OffsetDateTime::now_utc().unix_timestamp();
         let (mut total, mut records, mut more) = (0u64, Vec::new(), false);
         // Count what lies before the page too, so total_count is the same on
         // every page.
         self.reader.scan(|r| {
-            if query.filter.matches(&r, principal, now) {
+            if query.filter.admit_record(&r, principal, now) {
                 total += 1;
                 let after_token = after.as_deref().is_none_or(|a| r.metadata.id.as_str() > a);
                 if after_token {

@@ -562,3 +562,129 @@ async fn the_demo_directory_gives_a_first_search_that_means_something() {
     assert_eq!(json["candidates"].as_array().unwrap().len(), 3);
     server.stop().await;
 }
+
+#[tokio::test]
+async fn one_filter_selects_the_same_agents_on_every_route() {
+    let server = TestServer::start().await;
+    let h = Http::new(&server.http);
+    let mut by_capability = agent(
+        "by-capability",
+        "Summariser",
+        "Summarises long documents into a few sentences.",
+        &["text"],
+        &["Summarise this report"],
+    );
+    by_capability["capabilities"] = json!(["summarise"]);
+    register(&h, ALICE, by_capability).await;
+    register(
+        &h,
+        ALICE,
+        agent(
+            "by-tag",
+            "Digest writer",
+            "Writes a short digest of a document.",
+            &["summarise"],
+            &["Give me the gist of this article"],
+        ),
+    )
+    .await;
+    register(
+        &h,
+        ALICE,
+        agent(
+            "neither",
+            "Spell checker",
+            "Checks the spelling of a document.",
+            &["text"],
+            &["Fix the typos in this letter"],
+        ),
+    )
+    .await;
+    let set = |v: &Value| -> Vec<String> {
+        let mut ids: Vec<String> = v
+            .as_array()
+            .unwrap_or_else(|| v["candidates"].as_array().expect("a list"))
+            .iter()
+            .map(|a| {
+                a["id"]
+                    .as_str()
+                    .or(a["metadata"]["id"].as_str())
+                    .expect("an id")
+                    .to_string()
+            })
+            .collect();
+        ids.sort();
+        ids
+    };
+    let search = |body: Value| {
+        let h = &h;
+        async move {
+            h.call(Method::POST, "/agents/search", None, Some(body))
+                .await
+                .expect("search")
+                .1
+        }
+    };
+    let query = "summarise a document";
+    let tagged = ["by-capability", "by-tag"];
+
+    // A tag filter: tags and capabilities alike, with or without a query
+    // (the plain filter search used to look at tags only).
+    assert_eq!(
+        set(&search(json!({"filters": {"tags": ["summarise"]}})).await),
+        tagged
+    );
+    assert_eq!(
+        set(&search(json!({"query": query, "filters": {"tags": ["Summarise"]}})).await),
+        tagged
+    );
+    let (_, listed) = h
+        .call(Method::GET, "/agents?tags=summarise", None, None)
+        .await
+        .expect("list");
+    assert_eq!(set(&listed["agents"]), tagged, "{listed}");
+    let found = discover(
+        &h,
+        None,
+        json!({"query": query, "required_tags": ["summarise"]}),
+    )
+    .await;
+    assert_eq!(set(&found), tagged);
+    assert_eq!(
+        found["applied_filters"]["required_tags"],
+        json!(["summarise"]),
+        "{found}"
+    );
+
+    // A capability filter: capabilities only, on every route.
+    let capable = ["by-capability"];
+    assert_eq!(
+        set(&search(json!({"filters": {"capabilities": ["summarise"]}})).await),
+        capable
+    );
+    assert_eq!(
+        set(&search(json!({"query": query, "filters": {"capabilities": ["summarise"]}})).await),
+        capable
+    );
+    let found = discover(
+        &h,
+        None,
+        json!({"query": query, "constraints": {"capabilities": ["summarise"]}}),
+    )
+    .await;
+    assert_eq!(set(&found), capable);
+
+    // An unknown filter name is refused, naming the supported ones.
+    let refused = h
+        .call(
+            Method::POST,
+            "/agents/search",
+            None,
+            Some(json!({"filters": {"region": "eu"}})),
+        )
+        .await
+        .expect_err("an unknown filter is refused");
+    assert_eq!(refused.http, 400);
+    assert_eq!(refused.field.as_deref(), Some("/filters/region"));
+    server.stop().await;
+}

@@ -3,6 +3,7 @@
 //! in-process, and translates the answer (or the error's `ErrorDetail`) back.
 //! Validation, authorisation and error codes therefore exist once.
 
+use crate::domain::filter::{self, Surface};
 use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
@@ -611,22 +612,15 @@ async fn search_agents(
         Some(Value::Object(f)) => f,
         Some(_) => return Err(invalid(Some("/filters"), "/filters: must be an object")),
     };
-    const FILTERS: [&str; 7] = [
-        "capabilities",
-        "tags",
-        "supported_languages",
-        "supported_language",
-        "language",
-        "status",
-        "publisher",
-    ];
     for k in filters.keys() {
-        if !FILTERS.contains(&k.as_str()) {
+        if filter::key(Surface::AidipSearch, k).is_none() {
             return Err(invalid(
                 Some(&format!("/filters/{k}")),
                 format!(
                     "unsupported filter '{k}' (supported: {})",
-                    FILTERS.join(", ")
+                    filter::names(Surface::AidipSearch)
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 ),
             ));
         }

@@ -31,6 +31,35 @@ mod tests {
     }
 
     #[test]
+    fn filter_names_are_the_engines() {
+        use crate::domain::filter::{names, Surface};
+        let doc: serde_json::Value =
+            serde_json::from_str(super::OPENAPI_JSON).expect("openapi.json parses");
+        let schemas = &doc["components"]["schemas"];
+        let documented: BTreeSet<&str> = schemas["SearchRequest"]["properties"]["filters"]
+            ["properties"]
+            .as_object()
+            .expect("search filters")
+            .keys()
+            .map(String::as_str)
+            .collect();
+        let accepted: BTreeSet<&str> = names(Surface::AidipSearch).collect();
+        assert_eq!(documented, accepted, "POST /agents/search filters");
+        let constraints = schemas["DiscoverRequest"]["properties"]["constraints"]["description"]
+            .as_str()
+            .expect("constraints description");
+        let listed: BTreeSet<&str> = constraints
+            .split(';')
+            .next()
+            .unwrap_or_default()
+            .split(',')
+            .map(str::trim)
+            .collect();
+        let supported: BTreeSet<&str> = names(Surface::AdpConstraint).collect();
+        assert_eq!(listed, supported, "POST /discover constraints");
+    }
+
+    #[test]
     fn every_reference_resolves() {
         let doc: serde_json::Value =
             serde_json::from_str(super::OPENAPI_JSON).expect("openapi.json parses");
