@@ -1,11 +1,19 @@
 #!/usr/bin/env bash
-# The gateway's MCP test talks to a real MCP server: the official Python
-# SDK (`mcp` from PyPI) in a virtualenv of its own. Installs it once; prints
-# nothing when it is already there. Tests find it via AGENTRY_MCP_PYTHON.
+# The tests' Python clients and servers, in a virtualenv of their own: the
+# official MCP Python SDK (`mcp` from PyPI; the gateway's MCP test runs it
+# as a real MCP server) and grpcio-reflection (a gRPC client that knows the
+# services only through reflection). Installs them once; prints nothing
+# when they are already there. Tests find it via AGENTRY_MCP_PYTHON.
 set -euo pipefail
 
 venv="${AGENTRY_MCP_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/agentry/mcp-venv}"
+want=("mcp>=2.3,<3" "grpcio>=1.60,<2" "grpcio-reflection>=1.60,<2")
 if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c 'import mcp.server.mcpserver' 2>/dev/null; then
+  if "$venv/bin/python" -c 'import grpc_reflection.v1alpha' 2>/dev/null; then
+    exit 0
+  fi
+  echo "fetch-mcp: adding grpcio-reflection to $venv" >&2
+  "$venv/bin/pip" install -q "${want[@]}"
   exit 0
 fi
 if ! command -v python3 >/dev/null 2>&1 || ! python3 -c 'import venv, ensurepip' 2>/dev/null; then
@@ -15,7 +23,7 @@ if ! command -v python3 >/dev/null 2>&1 || ! python3 -c 'import venv, ensurepip'
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq python3 python3-venv >/dev/null
 fi
-echo "fetch-mcp: installing the MCP Python SDK into $venv" >&2
+echo "fetch-mcp: installing the MCP Python SDK and grpcio-reflection into $venv" >&2
 rm -rf "$venv"
 python3 -m venv "$venv"
-"$venv/bin/pip" install -q "mcp>=2.3,<3"
+"$venv/bin/pip" install -q "${want[@]}"

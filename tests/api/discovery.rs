@@ -688,3 +688,64 @@ async fn one_filter_selects_the_same_agents_on_every_route() {
     assert_eq!(refused.field.as_deref(), Some("/filters/region"));
     server.stop().await;
 }
+
+/// A client built from nothing but server reflection: Python's
+/// `grpcio-reflection` (v1alpha) lists the public services — and only
+/// those — and calls `Registry.List` through descriptors it was served.
+#[tokio::test]
+async fn a_python_client_finds_and_calls_the_services_through_reflection() {
+    let server = TestServer::start().await;
+    let h = Http::new(&server.http);
+    let mut a = agent(
+        "reflected",
+        "Summariser",
+        "Summarises documents.",
+        &["text"],
+        &["Summarise this"],
+    );
+    a["capabilities"] = json!(["summarise"]);
+    register(&h, ALICE, a).await;
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/grpc_reflection_client.py"
+    );
+    let target = server.grpc.trim_start_matches("http://").to_string();
+    let out = tokio::process::Command::new(super::mcp::mcp_python())
+        .args([script, &target, "summarise"])
+        .output()
+        .await
+        .expect("the Python client runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    let services: Vec<&str> = v["services"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap())
+        .collect();
+    for public in [
+        "agentry.v1.Registry",
+        "agentry.v1.Discovery",
+        "agentry.v1.Cluster",
+        "agentry.v1.Gateway",
+    ] {
+        assert!(
+            services.contains(&public),
+            "{public} is listed: {services:?}"
+        );
+    }
+    for internal in ["agentry.v1.RaftTransport", "agentry.v1.Peering"] {
+        assert!(
+            !services.contains(&internal),
+            "{internal} is not: {services:?}"
+        );
+    }
+    let records = v["list"]["records"].as_array().expect("records");
+    assert_eq!(records.len(), 1, "{v}");
+    assert_eq!(records[0]["metadata"]["id"], "reflected", "{v}");
+    server.stop().await;
+}

@@ -9,8 +9,8 @@ use serde_json::{json, Value};
 use super::agents::Agents;
 use super::harness::{Http, TestServer, ALICE};
 
-/// The Python of the MCP SDK's virtualenv.
-fn mcp_python() -> std::path::PathBuf {
+/// The Python of the test virtualenv (the MCP SDK, grpcio-reflection).
+pub fn mcp_python() -> std::path::PathBuf {
     let path = std::env::var_os("AGENTRY_MCP_PYTHON")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| {
