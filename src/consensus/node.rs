@@ -318,14 +318,19 @@ impl RaftNode {
                 incarnations,
                 now: crate::domain::time::now(),
             };
-            match self.raft.client_write(command).await {
-                Ok(_) => {
+            // Bounded: a leader cut off from its quorum would otherwise wait
+            // for this commit for as long as the partition lasts.
+            let written =
+                tokio::time::timeout(self.request_timeout, self.raft.client_write(command)).await;
+            match written {
+                Ok(Ok(_)) => {
                     info!(node_id = self.id, members = ?nodes, "recorded members' data directories")
                 }
                 // Seen again on the next answer; whoever leads then records.
-                Err(e) => {
+                Ok(Err(e)) => {
                     tracing::debug!(node_id = self.id, error = %e, "could not record members yet")
                 }
+                Err(_) => tracing::debug!(node_id = self.id, "recording members timed out"),
             }
         }
     }

@@ -10,6 +10,7 @@ pub mod invoke;
 pub mod record;
 pub mod resolve;
 pub mod time;
+pub mod urn;
 pub mod validate;
 pub mod write;
 

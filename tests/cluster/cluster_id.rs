@@ -11,27 +11,6 @@ use crate::scenarios::SERIAL;
 
 const LONG: Duration = Duration::from_secs(30);
 
-/// The cluster id node `id` reports, once its leader has founded it.
-async fn cluster_id(c: &Cluster, id: u64) -> String {
-    let deadline = std::time::Instant::now() + LONG;
-    loop {
-        let found = c
-            .status(id)
-            .await
-            .and_then(|s| s.node)
-            .map(|n| n.cluster_id)
-            .unwrap_or_default();
-        if !found.is_empty() {
-            return found;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "node {id} founded no cluster id"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 #[tokio::test]
 async fn a_node_of_another_cluster_is_refused_even_with_the_same_secret() {
     let _serial = SERIAL.lock().await;
@@ -52,8 +31,8 @@ async fn a_node_of_another_cluster_is_refused_even_with_the_same_secret() {
     let leader = a.wait_for_leader(LONG).await;
     let (s, body) = a.register(leader, "only-in-a", "x").await;
     assert_eq!(s, 201, "{body}");
-    let id_a = cluster_id(&a, leader).await;
-    let id_b = cluster_id(&b, 4).await;
+    let id_a = a.wait_cluster_id(leader, LONG).await;
+    let id_b = b.wait_cluster_id(4, LONG).await;
     assert_ne!(id_a, id_b, "each cluster founded its own id");
     let term_a = a.status(leader).await.unwrap().node.unwrap().term;
     let term_b = b.status(4).await.unwrap().node.unwrap().term;

@@ -345,6 +345,25 @@ impl Cluster {
         }
     }
 
+    /// The cluster id node `id` reports, once its cluster's leader has
+    /// founded it (a second or so after every member first answered it).
+    pub async fn wait_cluster_id(&self, id: u64, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let found = self
+                .status(id)
+                .await
+                .and_then(|s| s.node)
+                .map(|n| n.cluster_id)
+                .unwrap_or_default();
+            if !found.is_empty() {
+                return found;
+            }
+            assert!(Instant::now() < deadline, "node {id} knows no cluster id");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// Waits until every running node has applied at least `index`.
     pub async fn wait_applied(&self, index: u64, timeout: Duration) {
         let deadline = Instant::now() + timeout;

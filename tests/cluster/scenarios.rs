@@ -282,10 +282,11 @@ async fn a_minority_cannot_commit_and_the_cluster_converges_after_healing() {
         c.restart(1);
         leader = c.wait_for_leader(LONG).await;
     }
+    // The leader founds the cluster id and records every member's data
+    // directory once all of them answered it (after the partition healed).
+    let cluster_id = c.wait_cluster_id(leader, LONG).await;
     let last = c.status(leader).await.unwrap().node.unwrap().last_log_index;
     c.wait_applied(last, LONG).await;
-    let cluster_id = c.status(leader).await.unwrap().node.unwrap().cluster_id;
-    assert!(!cluster_id.is_empty(), "the cluster has an id");
     c.kill(1);
     std::fs::remove_dir_all(c.data_dir(1)).unwrap();
     // The leader goes too: the third node can only win an election with the
