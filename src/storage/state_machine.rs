@@ -748,10 +748,7 @@ impl StateMachine {
                     );
                     // A node that left is recorded afresh if it is added
                     // back, with the data directory it has then.
-                    let record = match cluster.as_mut() {
-                        Some(c) => c,
-                        None => cluster.insert((*self.cluster.get()).clone()),
-                    };
+                    let record = cluster.get_or_insert_with(|| (*self.cluster.get()).clone());
                     cluster_changed |=
                         record.keep_members(|n| stored.membership().get_node(&n).is_some());
                     membership = Some(stored);
@@ -771,10 +768,7 @@ impl StateMachine {
                                 .unwrap_or_default(),
                         ),
                     };
-                    let record = match cluster.as_mut() {
-                        Some(c) => c,
-                        None => cluster.insert((*self.cluster.get()).clone()),
-                    };
+                    let record = cluster.get_or_insert_with(|| (*self.cluster.get()).clone());
                     cluster_changed |= record.record(cluster_id.as_deref(), &incarnations, |n| {
                         members.membership().get_node(&n).is_some()
                     });
@@ -1079,6 +1073,28 @@ mod tests {
         );
     }
 
+    /// A new state machine (database under `dir/b`) brought up by a
+    /// snapshot `sm` builds now, as a follower is by InstallSnapshot.
+    async fn restored_from_snapshot(
+        sm: &mut StateMachine,
+        dir: &std::path::Path,
+    ) -> (StateMachine, Arc<DB>) {
+        let snap = sm
+            .get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .unwrap();
+        let db =
+            crate::storage::open(&dir.join("b"), crate::storage::DEFAULT_MAX_WAL_BYTES).unwrap();
+        let mut fresh = StateMachine::open(db.clone(), dir.join("b-snap"), 1000).unwrap();
+        fresh
+            .install_snapshot(&snap.meta, snap.snapshot)
+            .await
+            .unwrap();
+        (fresh, db)
+    }
+
     #[tokio::test]
     async fn the_cluster_record_follows_the_membership_and_travels_in_snapshots() {
         use std::collections::{BTreeMap, BTreeSet};
@@ -1140,19 +1156,7 @@ mod tests {
         drop(sm);
         let mut sm = StateMachine::open(db, dir.path().join("a-snap"), 1000).unwrap();
         assert_eq!(*sm.cluster_record().get(), expected);
-        let snap = sm
-            .get_snapshot_builder()
-            .await
-            .build_snapshot()
-            .await
-            .unwrap();
-        let db = crate::storage::open(&dir.path().join("b"), crate::storage::DEFAULT_MAX_WAL_BYTES)
-            .unwrap();
-        let mut fresh = StateMachine::open(db, dir.path().join("b-snap"), 1000).unwrap();
-        fresh
-            .install_snapshot(&snap.meta, snap.snapshot)
-            .await
-            .unwrap();
+        let (fresh, _) = restored_from_snapshot(&mut sm, dir.path()).await;
         assert_eq!(*fresh.cluster_record().get(), expected);
     }
 
@@ -1197,21 +1201,8 @@ mod tests {
         }])
         .await
         .unwrap();
-        let snap = sm
-            .get_snapshot_builder()
-            .await
-            .build_snapshot()
-            .await
-            .unwrap();
-
         // A node brought up by the snapshot holds the same trail.
-        let db = crate::storage::open(&dir.path().join("b"), crate::storage::DEFAULT_MAX_WAL_BYTES)
-            .unwrap();
-        let mut fresh = StateMachine::open(db.clone(), dir.path().join("b-snap"), 1000).unwrap();
-        fresh
-            .install_snapshot(&snap.meta, snap.snapshot)
-            .await
-            .unwrap();
+        let (mut fresh, db) = restored_from_snapshot(&mut sm, dir.path()).await;
         let store = crate::storage::AuditStore::open(db, 2, Retention::default(), None).unwrap();
         let (entries, more) = store
             .list(

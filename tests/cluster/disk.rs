@@ -236,15 +236,7 @@ async fn a_follower_short_of_space_leaves_the_cluster_writing_and_catches_up() {
     c.wait_for_leader(Duration::from_secs(30)).await;
     let (status, _) = c.register(1, "before-full", "Written before.").await;
     assert_eq!(status, 201);
-    c.wait_applied(
-        c.status(1)
-            .await
-            .and_then(|s| s.node)
-            .map(|n| n.applied_index)
-            .unwrap_or(0),
-        Duration::from_secs(10),
-    )
-    .await;
+    c.wait_applied_as(1, Duration::from_secs(10)).await;
     // Node 3's disk is all but full (another tenant of the volume).
     let free = rustix::fs::statvfs(&dir).expect("statvfs");
     let ballast = ballast(&dir, free.f_bavail * free.f_frsize - 4 * MIB);

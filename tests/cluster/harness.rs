@@ -364,6 +364,18 @@ impl Cluster {
         }
     }
 
+    /// Waits until every running node has applied what node `leader` had
+    /// applied when asked.
+    pub async fn wait_applied_as(&self, leader: u64, timeout: Duration) {
+        let applied = self
+            .status(leader)
+            .await
+            .and_then(|s| s.node)
+            .map(|n| n.applied_index)
+            .unwrap_or(0);
+        self.wait_applied(applied, timeout).await;
+    }
+
     /// Waits until every running node has applied at least `index`.
     pub async fn wait_applied(&self, index: u64, timeout: Duration) {
         let deadline = Instant::now() + timeout;

@@ -50,13 +50,7 @@ async fn sigterm_on_the_leader_hands_leadership_over() {
     assert_eq!(status, 201, "{body}");
     c.restart(leader);
     c.wait_for_leader(Duration::from_secs(10)).await;
-    let applied = c
-        .status(next)
-        .await
-        .and_then(|s| s.node)
-        .map(|n| n.applied_index)
-        .unwrap_or(0);
-    c.wait_applied(applied, Duration::from_secs(20)).await;
+    c.wait_applied_as(next, Duration::from_secs(20)).await;
     let contents = c.contents(leader).await;
     assert!(contents.contains_key("after") && contents.contains_key("before-19"));
 }
@@ -116,13 +110,7 @@ async fn a_rolling_restart_under_write_load_loses_nothing() {
         c.wait_for_leader(Duration::from_secs(20)).await;
         // Caught up before the next one goes (what a readiness gate does).
         let leader = c.wait_for_leader(Duration::from_secs(20)).await;
-        let applied = c
-            .status(leader)
-            .await
-            .and_then(|s| s.node)
-            .map(|n| n.applied_index)
-            .unwrap_or(0);
-        c.wait_applied(applied, Duration::from_secs(20)).await;
+        c.wait_applied_as(leader, Duration::from_secs(20)).await;
         // Restarted nodes must be past the leader lease before the next
         // hand-off can pick them.
         tokio::time::sleep(Duration::from_millis(2500)).await;
@@ -147,13 +135,7 @@ async fn a_rolling_restart_under_write_load_loses_nothing() {
     );
     assert!(acked.len() > 50, "only {} writes", acked.len());
     let leader = c.wait_for_leader(Duration::from_secs(10)).await;
-    let applied = c
-        .status(leader)
-        .await
-        .and_then(|s| s.node)
-        .map(|n| n.applied_index)
-        .unwrap_or(0);
-    c.wait_applied(applied, Duration::from_secs(20)).await;
+    c.wait_applied_as(leader, Duration::from_secs(20)).await;
     for id in 1..=3 {
         let contents = c.contents(id).await;
         for (agent, _) in &acked {
