@@ -12,6 +12,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/agentry/v1/cluster.proto",
         "proto/agentry/v1/raft.proto",
         "proto/agentry/v1/discovery.proto",
+        "proto/agentry/v1/ard.proto",
         "proto/agentry/v1/federation.proto",
         "proto/agentry/v1/invocation.proto",
     ];

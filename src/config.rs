@@ -264,6 +264,10 @@ pub struct PeerConfig {
     /// signatures are accepted from this peer.
     #[serde(default)]
     pub keys: Vec<String>,
+    /// The peer's ARD API (e.g. `https://peer.example/ard`), named in ARD
+    /// `referrals`; default: beside its `well_known` document.
+    #[serde(default)]
+    pub ard_url: Option<String>,
     /// Or: the peer's `/.well-known/agentry.json`, fetched on first start
     /// and pinned in the data directory (`peers/<authority>.json`); never
     /// fetched again while that file exists.
@@ -308,6 +312,7 @@ impl PeerConfig {
             authority: authority.into(),
             endpoint: endpoint.into(),
             keys: Vec::new(),
+            ard_url: None,
             well_known: None,
             accept_tags: Vec::new(),
             accept_namespaces: Vec::new(),

@@ -24,6 +24,7 @@ use crate::domain::{Principal, Role};
 use crate::index::{Embedder, SearchIndex};
 use crate::listener::{accept, serve_http, ClientAuth, ReloadingTls};
 use crate::pb::agent_protocol_server::AgentProtocolServer;
+use crate::pb::ard_server::ArdServer;
 use crate::pb::cluster_server::ClusterServer;
 use crate::pb::discovery_server::DiscoveryServer;
 use crate::pb::federation_server::FederationServer;
@@ -422,6 +423,16 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
         ));
     }
     let invocation = InvocationApi::new(gateway);
+    // The AI Catalog and ARD API name the same public base as woa.json.
+    let ard = crate::api::ard::ArdApi::new(crate::service::ArdService::new(
+        service.clone(),
+        config
+            .gateway
+            .public_url
+            .clone()
+            .unwrap_or_else(|| format!("{scheme}://{http_addr}")),
+        Duration::from_secs(config.gateway.woa_max_age_secs),
+    ));
     let api = RegistryApi::new(service);
     let cluster = ClusterApi::new(
         ClusterService::new(
@@ -440,6 +451,9 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<RegistryServer<RegistryApi>>().await;
     health.set_serving::<DiscoveryServer<RegistryApi>>().await;
+    health
+        .set_serving::<ArdServer<crate::api::ard::ArdApi>>()
+        .await;
     health
         .set_serving::<FederationServer<FederationApi>>()
         .await;
@@ -473,6 +487,7 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
     let max_message = config.max_record_bytes * 2 + 64 * 1024;
     let registry = RegistryServer::new(api.clone()).max_decoding_message_size(max_message);
     let discovery = DiscoveryServer::new(api.clone()).max_decoding_message_size(max_message);
+    let ard_service = ArdServer::new(ard.clone()).max_decoding_message_size(max_message);
     // Peers get their own listener: never the Raft one, which must not be
     // reachable from another organisation.
     let peer_listener = bind(config.peer_addr).await?;
@@ -536,6 +551,7 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
         .add_service(reflection_alpha)
         .add_service(registry)
         .add_service(discovery)
+        .add_service(ard_service)
         .add_service(cluster_service)
         .add_service(federation_service)
         .add_service(invocation_service)
@@ -549,6 +565,7 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
 
     let state = HttpState {
         api,
+        ard,
         cluster,
         federation,
         invocation,

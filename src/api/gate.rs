@@ -75,6 +75,8 @@ pub fn grpc_class(path: &str) -> Option<OpClass> {
         ("agentry.v1.Registry", "Register" | "Update" | "Delete" | "SetStatus") => Write,
         ("agentry.v1.Registry", "Get" | "List" | "Watch") => Read,
         ("agentry.v1.Discovery", "Discover" | "Resolve") => Discover,
+        ("agentry.v1.Ard", "Search" | "Explore") => Discover,
+        ("agentry.v1.Ard", "ListAgents" | "GetAgent") => Read,
         ("agentry.v1.Cluster", "Status" | "ListAudit") => Read,
         (
             "agentry.v1.Cluster",

@@ -2,6 +2,7 @@
 //! gRPC handlers in-process, authentication, and the one error mapping.
 
 pub mod agent_protocol;
+pub mod ard;
 pub mod auth;
 pub mod cluster;
 pub mod discovery;

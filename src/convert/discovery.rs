@@ -43,6 +43,7 @@ impl TryFrom<pb::DiscoverRequest> for DiscoveryRequest {
                 .unwrap_or_default(),
             scope: Scope::parse(&r.scope)
                 .ok_or_else(|| FieldError::new("/scope", "must be local or federated"))?,
+            ..Default::default()
         })
     }
 }

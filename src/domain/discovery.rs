@@ -85,6 +85,11 @@ pub struct DiscoveryRequest {
     pub detail: Detail,
     pub client_context: Map<String, Value>,
     pub scope: Scope,
+    /// Clauses of another filter language (ARD's), applied with the rest.
+    /// Not sent to peers: a federated pool is filtered by them here.
+    pub any_of: Vec<filter::AnyOf>,
+    /// The URN publisher of records whose id is no URN (`HardFilters`).
+    pub local_publisher: Option<String>,
 }
 
 /// A validated request, ready for the ranker.
@@ -178,6 +183,8 @@ impl DiscoveryRequest {
             required_tags: self.required_tags,
             excluded_tags: self.excluded_tags,
             protocols,
+            any_of: self.any_of,
+            local_publisher: self.local_publisher,
             ..Default::default()
         };
         let mut unsupported = Vec::new();
@@ -316,7 +323,7 @@ fn strip_url_secrets(endpoint: &str) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::domain::record::{Envelope, Role};
     use serde_json::json;
@@ -369,7 +376,9 @@ mod tests {
         assert_eq!(e.pointer, "/excluded_tags");
     }
 
-    fn record(owner: &str) -> AgentRecord {
+    /// A deprecated record of `owner` tagged `hr`, served over HTTPS in APAC,
+    /// with private parts for redaction to remove.
+    pub(in crate::domain) fn record(owner: &str) -> AgentRecord {
         let meta: AgentMetadata = serde_json::from_value(json!({
             "id": "a", "name": "A", "description": "d", "tags": ["hr"],
             "bindings": [{"protocol": "HTTPS", "endpoint": "https://u:p@a.example/x?token=1", "x-internal": 1}],

@@ -5,6 +5,11 @@
 //! record where a listing scans storage). So a filter selects the same set
 //! whatever the route.
 //!
+//! ARD's dot-path filters (`POST /ard/search`, `/ard/explore`) and the
+//! Appendix A list filters (`GET /ard/agents`) are clauses of the same
+//! `HardFilters` (`any_of`): OR within a key, AND across keys, and a
+//! multi-valued fact matches when any of its values does.
+//!
 //! Filter names are one typed table (`FILTER_NAMES`): each surface's
 //! accepted names, the allow-list of the HTTP facade, `applied_filters` and
 //! `unsupported_filters` all come from it.
@@ -42,6 +47,15 @@ pub enum FilterKey {
     VerifiedOnly,
     MaxAgeSeconds,
     AllowStale,
+    /// ARD `type`: the media type of the agent's catalog entry.
+    MediaType,
+    Version,
+    /// ARD `displayName`: the name contains the value, ignoring case.
+    DisplayName,
+    /// ARD `publisher`: the `<publisher>` of the entry's URN identifier.
+    UrnPublisher,
+    CreatedAfter,
+    UpdatedAfter,
 }
 
 impl FilterKey {
@@ -60,6 +74,12 @@ impl FilterKey {
             Self::VerifiedOnly => "verified_only",
             Self::MaxAgeSeconds => "max_results_age_seconds",
             Self::AllowStale => "allow_stale",
+            Self::MediaType => "type",
+            Self::Version => "version",
+            Self::DisplayName => "displayName",
+            Self::UrnPublisher => "publisher",
+            Self::CreatedAfter => "createdAfter",
+            Self::UpdatedAfter => "updatedAfter",
         }
     }
 }
@@ -72,6 +92,12 @@ pub enum Surface {
     /// Members of `constraints` in an ADP Discovery Request (others are
     /// reported as `unsupported_filters`).
     AdpConstraint,
+    /// Keys of an ARD `query.filter` (search and explore) and the fields
+    /// explore aggregates.
+    Ard,
+    /// Fields of the ARD list filter expression (`GET /ard/agents`,
+    /// Appendix A, plus the search keys).
+    ArdList,
 }
 
 /// One accepted name.
@@ -126,6 +152,21 @@ pub const FILTER_NAMES: &[FilterName] = &[
         "capabilities",
         FilterKey::Capabilities,
     ),
+    name(Surface::Ard, "type", FilterKey::MediaType),
+    name(Surface::Ard, "tags", FilterKey::Tags),
+    name(Surface::Ard, "capabilities", FilterKey::Capabilities),
+    name(Surface::Ard, "publisher", FilterKey::UrnPublisher),
+    name(Surface::Ard, "version", FilterKey::Version),
+    name(Surface::Ard, "displayName", FilterKey::DisplayName),
+    name(Surface::ArdList, "displayName", FilterKey::DisplayName),
+    name(Surface::ArdList, "type", FilterKey::MediaType),
+    name(Surface::ArdList, "publisherId", FilterKey::UrnPublisher),
+    name(Surface::ArdList, "publisher", FilterKey::UrnPublisher),
+    name(Surface::ArdList, "createdAfter", FilterKey::CreatedAfter),
+    name(Surface::ArdList, "updatedAfter", FilterKey::UpdatedAfter),
+    name(Surface::ArdList, "tags", FilterKey::Tags),
+    name(Surface::ArdList, "capabilities", FilterKey::Capabilities),
+    name(Surface::ArdList, "version", FilterKey::Version),
 ];
 
 /// The names `surface` accepts, in table order.
@@ -193,6 +234,53 @@ pub struct HardFilters {
     /// Only agents whose publisher metadata is verified (ADP: verified vs
     /// self-asserted), constraint `verified_only`.
     pub verified_only: bool,
+    /// ARD clauses: each must hold, by any one of its values.
+    pub any_of: Vec<AnyOf>,
+    /// Registered (`CreatedAfter`) or updated strictly after these.
+    pub created_after: Option<i64>,
+    pub updated_after: Option<i64>,
+    /// The URN publisher of records whose id is not a URN (this registry's
+    /// authority, as `domain::urn` mints them), for `UrnPublisher`.
+    pub local_publisher: Option<String>,
+}
+
+/// One ARD filter clause: the fact named by `key` has one of `values`
+/// (normalised as `AnyOf::new` does).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AnyOf {
+    pub key: FilterKey,
+    pub values: Vec<String>,
+}
+
+impl AnyOf {
+    /// A clause from a request's value (a string or an array of strings;
+    /// `pointer` names it in errors). Only keys that compare strings make
+    /// clauses.
+    pub fn new(key: FilterKey, v: &Value, pointer: &str) -> Result<Self, FieldError> {
+        let mut values = strings(v, pointer)?;
+        if values.is_empty() {
+            return Err(FieldError::new(pointer, "must name at least one value"));
+        }
+        match key {
+            FilterKey::Tags | FilterKey::Capabilities => normalise_tags(&mut values, pointer)?,
+            FilterKey::MediaType | FilterKey::UrnPublisher | FilterKey::DisplayName => {
+                for s in &mut values {
+                    *s = s.trim().to_lowercase();
+                }
+            }
+            FilterKey::Version => {}
+            other => {
+                return Err(FieldError::new(
+                    pointer,
+                    format!(
+                        "'{}' is not a field to match values of",
+                        other.applied_name()
+                    ),
+                ))
+            }
+        }
+        Ok(Self { key, values })
+    }
 }
 
 impl HardFilters {
@@ -227,6 +315,17 @@ impl HardFilters {
         }
         if self.verified_only {
             put(FilterKey::VerifiedOnly, true.into());
+        }
+        for clause in &self.any_of {
+            put(clause.key, Value::from(clause.values.clone()));
+        }
+        for (key, at) in [
+            (FilterKey::CreatedAfter, self.created_after),
+            (FilterKey::UpdatedAfter, self.updated_after),
+        ] {
+            if let Some(t) = at {
+                put(key, t.into());
+            }
         }
         let statuses: Vec<String> = self
             .statuses()
@@ -305,6 +404,25 @@ impl HardFilters {
                     FieldError::new(pointer, "must be a non-negative integer (seconds)")
                 })?);
             }
+            FilterKey::CreatedAfter | FilterKey::UpdatedAfter => {
+                let text = one(v)?;
+                let at = super::time::parse_lenient(&text).ok_or_else(|| {
+                    FieldError::new(
+                        pointer,
+                        format!("'{text}' is not an ISO 8601 date or RFC 3339 time"),
+                    )
+                })?;
+                let at = Some(at.unix_timestamp());
+                if key == FilterKey::CreatedAfter {
+                    self.created_after = at;
+                } else {
+                    self.updated_after = at;
+                }
+            }
+            FilterKey::MediaType
+            | FilterKey::Version
+            | FilterKey::DisplayName
+            | FilterKey::UrnPublisher => self.any_of.push(AnyOf::new(key, v, pointer)?),
         }
         Ok(())
     }
@@ -374,6 +492,12 @@ impl HardFilters {
                 .as_ref()
                 .is_none_or(|p| facts.publisher.as_ref() == Some(p))
             && self.owner.as_ref().is_none_or(|o| &facts.access.owner == o)
+            && self.created_after.is_none_or(|t| facts.created_unix > t)
+            && self.updated_after.is_none_or(|t| facts.updated_unix > t)
+            && self
+                .any_of
+                .iter()
+                .all(|c| facts.any(c, self.local_publisher.as_deref()))
     }
 }
 
@@ -397,6 +521,18 @@ pub struct AgentFacts {
     pub updated_unix: i64,
     /// The publisher's signature verified (see `PublisherVerification`).
     pub verified: bool,
+    /// The media type of its catalog entry (`domain::catalog`).
+    pub media_type: &'static str,
+    pub version: Option<String>,
+    /// The name, lowercase.
+    pub name: String,
+    /// Operation names, normalised as capabilities are (ARD shows them
+    /// among an entry's capabilities).
+    pub operations: Vec<String>,
+    /// The `<publisher>` of an id that is an ARD URN, lowercase.
+    pub urn_publisher: Option<String>,
+    /// When the registry first stored the record.
+    pub created_unix: i64,
 }
 
 impl AgentFacts {
@@ -433,11 +569,43 @@ impl AgentFacts {
                 .map(|t| t.unix_timestamp()),
             updated_unix: updated.map(|t| t.unix_timestamp()).unwrap_or(0),
             verified: record.is_verified(),
+            media_type: super::catalog::media_type(m),
+            version: m.version.clone(),
+            name: m.name.to_lowercase(),
+            operations: m
+                .operations
+                .iter()
+                .map(|o| o.name.trim().to_lowercase())
+                .collect(),
+            urn_publisher: super::urn::parse(&m.id).map(|u| u.publisher.to_ascii_lowercase()),
+            created_unix: super::time::parse(&record.envelope.registered_at)
+                .map_or(0, |t| t.unix_timestamp()),
         }
     }
 
     pub fn has_tag(&self, tag: &str) -> bool {
         self.tags.binary_search_by(|t| t.as_str().cmp(tag)).is_ok()
+    }
+
+    /// Whether an ARD clause holds: any of its values matches. A record
+    /// whose id is not a URN has `local_publisher` as its publisher.
+    pub fn any(&self, clause: &AnyOf, local_publisher: Option<&str>) -> bool {
+        let values = &clause.values;
+        match clause.key {
+            FilterKey::Tags => values.iter().any(|v| self.has_tag(v)),
+            FilterKey::Capabilities => values
+                .iter()
+                .any(|v| self.capabilities.contains(v) || self.operations.contains(v)),
+            FilterKey::MediaType => values.iter().any(|v| v == self.media_type),
+            FilterKey::Version => self.version.as_ref().is_some_and(|x| values.contains(x)),
+            FilterKey::DisplayName => values.iter().any(|v| self.name.contains(v.as_str())),
+            FilterKey::UrnPublisher => self
+                .urn_publisher
+                .as_deref()
+                .or(local_publisher)
+                .is_some_and(|p| values.iter().any(|v| v.eq_ignore_ascii_case(p))),
+            _ => false,
+        }
     }
 }
 
@@ -465,6 +633,7 @@ fn declared_regions(m: &AgentMetadata) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::discovery::tests::record;
     use crate::domain::record::{Envelope, Role, Visibility};
     use serde_json::json;
 
@@ -497,24 +666,6 @@ mod tests {
         HardFilters {
             statuses: ALL_BUT_DELETED.to_vec(),
             ..Default::default()
-        }
-    }
-
-    fn record(owner: &str) -> AgentRecord {
-        let meta: AgentMetadata = serde_json::from_value(json!({
-            "id": "a", "name": "A", "description": "d", "tags": ["hr"],
-            "bindings": [{"protocol": "HTTPS", "endpoint": "https://a.example/x"}],
-            "constraints": {"region": ["APAC"]},
-            "status": "deprecated"
-        }))
-        .unwrap();
-        AgentRecord {
-            metadata: meta,
-            envelope: Envelope {
-                owner: owner.into(),
-                modified_at: "2026-01-01T00:00:00Z".into(),
-                ..Default::default()
-            },
         }
     }
 

@@ -3,6 +3,7 @@
 //! Raft or RocksDB, so every layer can share these rules.
 
 pub mod audit;
+pub mod catalog;
 pub mod discovery;
 pub mod federation;
 pub mod filter;

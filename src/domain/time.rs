@@ -7,6 +7,18 @@ pub fn parse(s: &str) -> Option<OffsetDateTime> {
     OffsetDateTime::parse(s, &Rfc3339).ok()
 }
 
+/// Parses an RFC 3339 timestamp or an ISO 8601 calendar date
+/// (`2026-01-31`, read as its first instant in UTC), as filters take them.
+pub fn parse_lenient(s: &str) -> Option<OffsetDateTime> {
+    let s = s.trim();
+    parse(s).or_else(|| {
+        let format = time::macros::format_description!("[year]-[month]-[day]");
+        time::Date::parse(s, &format)
+            .ok()
+            .map(|d| d.midnight().assume_utc())
+    })
+}
+
 /// Formats a time as RFC 3339 in UTC.
 pub fn format(t: OffsetDateTime) -> String {
     t.to_offset(time::UtcOffset::UTC)

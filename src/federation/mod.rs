@@ -141,6 +141,17 @@ impl Peer {
         })
     }
 
+    /// The peer's ARD API: as configured, else `/ard` beside its
+    /// well-known document.
+    pub fn ard_url(&self) -> Option<String> {
+        if let Some(u) = &self.config.ard_url {
+            return Some(u.trim_end_matches('/').to_string());
+        }
+        let well_known = self.config.well_known.as_deref()?;
+        let base = well_known.strip_suffix("/.well-known/agentry.json")?;
+        Some(format!("{base}/ard"))
+    }
+
     pub fn client(&self) -> PeeringClient<Channel> {
         PeeringClient::new(self.channel.clone()).max_decoding_message_size(MAX_PEER_MESSAGE)
     }

@@ -4,6 +4,7 @@
 //! entitlement checks live here; the transport layers only translate.
 
 mod agent_protocol;
+mod ard;
 pub mod audit;
 mod cluster;
 mod crawl;
@@ -19,6 +20,7 @@ mod tenancy;
 mod woa_host;
 
 pub use agent_protocol::{ApAnswer, ApEvents};
+pub use ard::{ArdService, CatalogDocument, ListPage as ArdListPage, SearchPage};
 pub use audit::{AuditConfig, AuditLog};
 pub use cluster::{BackupPart, ClusterService, ClusterView, MemberView};
 pub use crawl::crawl;

@@ -130,7 +130,11 @@ impl Reader {
         self.applied.identity().map(|i| i.public())
     }
 
-    /// The registered publisher keys.
+    /// The identity's signing key, once established.
+    pub fn signer(&self) -> Option<Arc<Signer>> {
+        self.applied.signer()
+    }
+
     /// The peer revision the federation follower of `peer` has consumed
     /// (0: none yet).
     pub fn federation_cursor(&self, peer: &str) -> Result<u64, StorageError> {

@@ -563,19 +563,24 @@ async fn the_demo_directory_gives_a_first_search_that_means_something() {
     server.stop().await;
 }
 
-#[tokio::test]
-async fn one_filter_selects_the_same_agents_on_every_route() {
-    let server = TestServer::start().await;
-    let h = Http::new(&server.http);
-    let mut by_capability = agent(
-        "by-capability",
+/// An agent tagged `text` whose *capability* (not tag) is `summarise`.
+fn summariser(id: &str) -> Value {
+    let mut a = agent(
+        id,
         "Summariser",
         "Summarises long documents into a few sentences.",
         &["text"],
         &["Summarise this report"],
     );
-    by_capability["capabilities"] = json!(["summarise"]);
-    register(&h, ALICE, by_capability).await;
+    a["capabilities"] = json!(["summarise"]);
+    a
+}
+
+#[tokio::test]
+async fn one_filter_selects_the_same_agents_on_every_route() {
+    let server = TestServer::start().await;
+    let h = Http::new(&server.http);
+    register(&h, ALICE, summariser("by-capability")).await;
     register(
         &h,
         ALICE,
@@ -655,6 +660,29 @@ async fn one_filter_selects_the_same_agents_on_every_route() {
         json!(["summarise"]),
         "{found}"
     );
+    let ard = |filter: Value| {
+        let h = &h;
+        async move {
+            let (_, v) = h
+                .call(
+                    Method::POST,
+                    "/ard/search",
+                    None,
+                    Some(json!({"query": {"text": query, "filter": filter}, "federation": "none"})),
+                )
+                .await
+                .expect("ARD search");
+            let mut ids: Vec<String> = v["results"]
+                .as_array()
+                .expect("results")
+                .iter()
+                .map(|e| e["metadata"]["id"].as_str().expect("an id").to_string())
+                .collect();
+            ids.sort();
+            ids
+        }
+    };
+    assert_eq!(ard(json!({"tags": ["Summarise"]})).await, tagged);
 
     // A capability filter: capabilities only, on every route.
     let capable = ["by-capability"];
@@ -673,6 +701,7 @@ async fn one_filter_selects_the_same_agents_on_every_route() {
     )
     .await;
     assert_eq!(set(&found), capable);
+    assert_eq!(ard(json!({"capabilities": "summarise"})).await, capable);
 
     // An unknown filter name is refused, naming the supported ones.
     let refused = h
@@ -696,15 +725,7 @@ async fn one_filter_selects_the_same_agents_on_every_route() {
 async fn a_python_client_finds_and_calls_the_services_through_reflection() {
     let server = TestServer::start().await;
     let h = Http::new(&server.http);
-    let mut a = agent(
-        "reflected",
-        "Summariser",
-        "Summarises documents.",
-        &["text"],
-        &["Summarise this"],
-    );
-    a["capabilities"] = json!(["summarise"]);
-    register(&h, ALICE, a).await;
+    register(&h, ALICE, summariser("reflected")).await;
     let script = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/fixtures/grpc_reflection_client.py"

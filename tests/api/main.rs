@@ -4,6 +4,7 @@
 mod agent_protocol;
 mod agents;
 mod ap_agent;
+mod ard;
 mod audit;
 mod bad_input;
 mod certs;

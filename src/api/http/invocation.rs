@@ -211,7 +211,7 @@ pub(super) async fn woa_document(
     let ims = headers
         .get(header::IF_MODIFIED_SINCE)
         .and_then(|v| v.to_str().ok());
-    let fresh = not_modified(&doc, inm, ims);
+    let fresh = not_modified(&doc.etag, doc.last_modified, inm, ims);
     let mut resp = if fresh {
         StatusCode::NOT_MODIFIED.into_response()
     } else {

@@ -31,6 +31,7 @@ use crate::service::ServiceError;
 use std::collections::HashMap;
 
 mod agent_protocol;
+mod ard;
 mod cluster;
 mod federation;
 mod invocation;
@@ -43,6 +44,7 @@ pub use openapi::OPENAPI_JSON;
 #[derive(Clone)]
 pub struct HttpState {
     pub api: RegistryApi,
+    pub ard: super::ard::ArdApi,
     pub cluster: super::cluster::ClusterApi,
     pub federation: super::federation::FederationApi,
     pub invocation: super::invocation::InvocationApi,
@@ -107,7 +109,8 @@ impl IntoResponse for ApiError {
 }
 
 /// Fills the problem body's `instance` with the request path, so every
-/// error names the resource it concerns.
+/// error names the resource it concerns; on ARD routes the error takes
+/// ARD's shape instead (`ard::ard_error`), whoever refused the request.
 async fn set_problem_instance(
     uri: Uri,
     req: axum::extract::Request,
@@ -126,6 +129,15 @@ async fn set_problem_instance(
         return Response::from_parts(parts, Body::empty());
     };
     let mut v: Value = serde_json::from_slice(&bytes).unwrap_or_default();
+    if ard::is_ard_path(uri.path()) {
+        let mut parts = parts;
+        parts.headers.insert(
+            header::CONTENT_TYPE,
+            header::HeaderValue::from_static("application/json"),
+        );
+        parts.headers.remove(header::CONTENT_LENGTH);
+        return Response::from_parts(parts, Body::from(ard::ard_error(&v).to_string()));
+    }
     v["instance"] = json!(uri.path());
     Response::from_parts(parts, Body::from(v.to_string()))
 }
@@ -833,6 +845,31 @@ pub fn routes() -> Routes {
         "GET",
         "/.well-known/woa.json",
         routing::get(invocation::woa_document),
+    )
+    .add(
+        OpClass::Read,
+        "GET",
+        "/.well-known/ai-catalog.json",
+        routing::get(ard::catalog),
+    )
+    .add(
+        OpClass::Discover,
+        "POST",
+        "/ard/search",
+        routing::post(ard::search),
+    )
+    .add(
+        OpClass::Discover,
+        "POST",
+        "/ard/explore",
+        routing::post(ard::explore),
+    )
+    .add(OpClass::Read, "GET", "/ard/agents", routing::get(ard::list))
+    .add(
+        OpClass::Read,
+        "GET",
+        "/ard/agents/{identifier}",
+        routing::get(ard::get),
     )
     .add(
         OpClass::Invoke,

@@ -57,6 +57,18 @@ mod tests {
             .collect();
         let supported: BTreeSet<&str> = names(Surface::AdpConstraint).collect();
         assert_eq!(listed, supported, "POST /discover constraints");
+        let ard = schemas["ArdQuery"]["properties"]["filter"]["description"]
+            .as_str()
+            .expect("ARD filter description");
+        let listed: BTreeSet<&str> = ard
+            .split(';')
+            .next()
+            .unwrap_or_default()
+            .split(',')
+            .map(str::trim)
+            .collect();
+        let supported: BTreeSet<&str> = names(Surface::Ard).collect();
+        assert_eq!(listed, supported, "POST /ard/search filter paths");
     }
 
     #[test]
