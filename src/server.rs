@@ -423,16 +423,19 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
         ));
     }
     let invocation = InvocationApi::new(gateway);
-    // The AI Catalog and ARD API name the same public base as woa.json.
+    // The AI Catalog, ARD and MCP registry APIs name the same public base
+    // as woa.json.
+    let public_base = config
+        .gateway
+        .public_url
+        .clone()
+        .unwrap_or_else(|| format!("{scheme}://{http_addr}"));
     let ard = crate::api::ard::ArdApi::new(crate::service::ArdService::new(
         service.clone(),
-        config
-            .gateway
-            .public_url
-            .clone()
-            .unwrap_or_else(|| format!("{scheme}://{http_addr}")),
+        public_base.clone(),
         Duration::from_secs(config.gateway.woa_max_age_secs),
     ));
+    let mcp = crate::service::McpService::new(service.clone(), public_base);
     let api = RegistryApi::new(service);
     let cluster = ClusterApi::new(
         ClusterService::new(
@@ -566,6 +569,7 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
     let state = HttpState {
         api,
         ard,
+        mcp,
         cluster,
         federation,
         invocation,

@@ -6,8 +6,9 @@ use tonic::{Request, Response, Status};
 
 use super::grpc::principal;
 use crate::crypto::{AuthorityKey, Identity, KeyState};
+use crate::domain::discovery::CONFORMANCE_LEVEL;
 use crate::pb::{self, federation_server::Federation};
-use crate::service::{KeyChange, RegistryService, CONFORMANCE_LEVEL};
+use crate::service::{KeyChange, RegistryService};
 
 /// The `agentry.v1.Federation` service.
 #[derive(Clone)]

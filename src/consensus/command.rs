@@ -40,6 +40,11 @@ pub enum Command {
         /// from older versions).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         quota: Option<Quota>,
+        /// Applied only if the stored record (or its tombstone) still has
+        /// this revision, 0 meaning none: a read-modify-write such as an
+        /// MCP publish merging a version into the record.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        expected_revision: Option<u64>,
     },
     /// Delete, leaving a tombstone.
     Delete {

@@ -4,12 +4,12 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use super::{from_json, map_to_struct, status_from_pb, status_to_pb, struct_to_map};
-use crate::domain::discovery::{Detail, DiscoveryRequest, Scope};
-use crate::domain::resolve::{ResolvePolicy, ResolveRequest};
+use crate::domain::discovery::{
+    Detail, DiscoveryRequest, DiscoveryResult, Scope, TagMatch, UnitKind, CONFORMANCE_LEVEL,
+};
+use crate::domain::resolve::{Resolution, ResolvePolicy, ResolveRequest};
 use crate::domain::{self, FieldError};
-use crate::index::{TagMatch, UnitKind};
 use crate::pb;
-use crate::service::{DiscoveryResult, Resolution, CONFORMANCE_LEVEL};
 
 fn detail_from_str(s: &str) -> Result<Detail, FieldError> {
     if s.is_empty() {
@@ -178,10 +178,10 @@ pub fn discovery_result_to_pb(r: &DiscoveryResult) -> pb::DiscoverResponse {
                 matched_examples: h
                     .matched_units
                     .iter()
-                    .map(|(u, s)| pb::MatchedExample {
+                    .map(|u| pb::MatchedExample {
                         id: u.label.clone().unwrap_or_default(),
                         text: u.text.clone(),
-                        score: round(*s),
+                        score: round(u.score),
                         kind: match u.kind {
                             UnitKind::Example => "example".into(),
                             UnitKind::Operation => "operation".into(),

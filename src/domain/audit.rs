@@ -126,6 +126,7 @@ impl Rejection {
             | Self::IncompatibleBindings { .. }
             | Self::KeyConflict { .. }
             | Self::Unchanged { .. }
+            | Self::RevisionChanged { .. }
             | Self::Federated { .. } => "conflict",
         }
     }

@@ -1,12 +1,17 @@
 //! ADP discovery requests and results, and the rules that do not depend on
 //! how candidates are found: request validation and how much of a record a
 //! response may show. The hard filters every candidate must pass are the
-//! one filter engine of `domain::filter`.
+//! one filter engine of `domain::filter`. The results (`DiscoveryResult`,
+//! `Candidate`, `Ranked`) are plain values here rather than in `service`, so
+//! `convert` can turn them into messages without depending on the use cases
+//! that build them.
 
 use serde_json::{Map, Value};
 
 use super::filter::{self, HardFilters, Surface};
-use super::record::{AgentMetadata, AgentRecord, Binding, Principal};
+use super::record::{
+    AgentMetadata, AgentRecord, AgentStatus, Binding, Principal, Provenance, VerificationState,
+};
 use super::validate::{normalise_tags, FieldError};
 
 pub const DEFAULT_LIMIT: u32 = 10;
@@ -104,6 +109,86 @@ pub struct DiscoveryPlan {
     pub include_evidence: bool,
     pub detail: Detail,
     pub client_context: Map<String, Value>,
+}
+
+/// The ADP level this registry implements.
+pub const CONFORMANCE_LEVEL: &str = "D2";
+
+/// How a tag matched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TagMatch {
+    /// Named in the request (required or preferred).
+    Direct,
+    /// Derived from the query text.
+    Expanded,
+}
+
+/// What kind of unit of a record (an example task or an operation) matched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnitKind {
+    Example,
+    Operation,
+}
+
+/// One example task or operation that matched the query well, with its
+/// score.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MatchedUnit {
+    pub kind: UnitKind,
+    /// Example id, or operation name.
+    pub label: Option<String>,
+    pub text: String,
+    pub score: f32,
+}
+
+/// How the ranker placed one agent: the score and the evidence a response
+/// may show (ADP's score components, matches, freshness and notes). A plain
+/// copy of what the index found, so results do not depend on the index.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ranked {
+    pub id: String,
+    pub score: f32,
+    /// (name, value), in ADP's order.
+    pub components: Vec<(&'static str, f32)>,
+    pub matched_tags: Vec<(String, TagMatch)>,
+    /// Best first; only those that matched well.
+    pub matched_units: Vec<MatchedUnit>,
+    pub snippet: Option<String>,
+    pub indexed_at: String,
+    pub status: AgentStatus,
+    pub expired: bool,
+    pub duplicate_of: Option<String>,
+    pub notes: Vec<String>,
+}
+
+/// One discovered agent, with what the caller may see of it.
+#[derive(Debug, Clone)]
+pub struct Candidate {
+    pub hit: Ranked,
+    pub metadata: AgentMetadata,
+    pub redacted: bool,
+    pub metadata_updated_at: String,
+    pub expires_at: Option<String>,
+    pub verification: VerificationState,
+    /// The signed record, at full detail when nothing was redacted.
+    pub record: Option<AgentRecord>,
+    /// Where a record from another registry came from (ADP provenance).
+    pub provenance: Option<Provenance>,
+}
+
+/// An ADP Discovery Response.
+#[derive(Debug, Clone)]
+pub struct DiscoveryResult {
+    pub request_id: String,
+    pub generated_at: String,
+    pub candidates: Vec<Candidate>,
+    pub applied_filters: Map<String, Value>,
+    pub unsupported_filters: Vec<String>,
+    pub warnings: Vec<String>,
+    pub detail: Detail,
+    pub include_evidence: bool,
+    pub indexed_revision: u64,
+    pub scope: Scope,
 }
 
 fn check_text(s: &str, pointer: &str, max: usize) -> Result<(), FieldError> {

@@ -98,6 +98,9 @@ pub enum Surface {
     /// Fields of the ARD list filter expression (`GET /ard/agents`,
     /// Appendix A, plus the search keys).
     ArdList,
+    /// Query parameters of the MCP Registry API's `GET /v0.1/servers`
+    /// (evaluated over each version).
+    McpList,
 }
 
 /// One accepted name.
@@ -167,6 +170,9 @@ pub const FILTER_NAMES: &[FilterName] = &[
     name(Surface::ArdList, "tags", FilterKey::Tags),
     name(Surface::ArdList, "capabilities", FilterKey::Capabilities),
     name(Surface::ArdList, "version", FilterKey::Version),
+    name(Surface::McpList, "search", FilterKey::DisplayName),
+    name(Surface::McpList, "version", FilterKey::Version),
+    name(Surface::McpList, "updated_since", FilterKey::UpdatedAfter),
 ];
 
 /// The names `surface` accepts, in table order.

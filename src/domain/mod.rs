@@ -8,6 +8,7 @@ pub mod discovery;
 pub mod federation;
 pub mod filter;
 pub mod invoke;
+pub mod mcp;
 pub mod record;
 pub mod resolve;
 pub mod time;

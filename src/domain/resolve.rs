@@ -2,10 +2,12 @@
 //! endpoints with invocation metadata. The policy is hard: a candidate that
 //! fails it is excluded and the exclusion reported with its reasons; the
 //! context only informs ranking (domain → preferred tag, locale → language).
+//! The answer (`Resolution`) is a plain value here, beside its request, so
+//! `convert` reads it without depending on `service`.
 
 use serde_json::{Map, Value};
 
-use super::record::{AgentRecord, AgentStatus, Binding, Operation};
+use super::record::{AgentMetadata, AgentRecord, AgentStatus, Binding, Operation};
 use super::validate::{normalise_tags, FieldError};
 
 pub const DEFAULT_MAX_CANDIDATES: u32 = 3;
@@ -31,6 +33,32 @@ pub struct ResolveRequest {
     pub intent: String,
     pub context: Map<String, Value>,
     pub policy: ResolvePolicy,
+}
+
+/// One resolved agent.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    pub id: String,
+    pub score: f32,
+    /// What the caller may see of the record (full detail, redacted for
+    /// strangers).
+    pub metadata: AgentMetadata,
+    pub redacted: bool,
+    pub binding: Binding,
+    pub operation: Option<Operation>,
+    pub status: AgentStatus,
+    pub notes: Vec<String>,
+}
+
+/// An ASR answer.
+#[derive(Debug, Clone)]
+pub struct Resolution {
+    pub request_id: String,
+    pub generated_at: String,
+    pub candidates: Vec<Resolved>,
+    /// (agent id, reasons, score) of relevant agents the policy excluded.
+    pub excluded: Vec<(String, Vec<String>, f32)>,
+    pub warnings: Vec<String>,
 }
 
 impl ResolveRequest {

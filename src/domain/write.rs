@@ -33,6 +33,12 @@ pub enum Rejection {
     Unchanged { id: String },
     #[error("agent '{id}' is a read-only record federated from '{authority}'; it changes only at its origin")]
     Federated { id: String, authority: String },
+    #[error("agent '{id}' changed meanwhile (revision {actual}, expected {expected})")]
+    RevisionChanged {
+        id: String,
+        expected: u64,
+        actual: u64,
+    },
     #[error("agent '{id}' would exceed the quota of {limit} live records per {scope}")]
     QuotaExceeded {
         id: String,

@@ -25,6 +25,9 @@
 
 use std::collections::HashMap;
 
+// How a tag or a unit matched is part of a discovery result's vocabulary,
+// so it is defined with the results in `domain`.
+pub use crate::domain::discovery::{TagMatch, UnitKind};
 use crate::domain::filter::{AgentFacts, HardFilters};
 use crate::domain::{AgentRecord, AgentStatus, Principal};
 
@@ -111,12 +114,6 @@ pub struct Unit {
     /// Example id, or operation name.
     pub label: Option<String>,
     pub text: String,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum UnitKind {
-    Example,
-    Operation,
 }
 
 pub(crate) fn normalise(v: &mut [f32]) {
@@ -317,15 +314,6 @@ pub struct Index {
     pub revision: u64,
     /// Agents without a profile vector although vectors are kept.
     without_vectors: usize,
-}
-
-/// How a tag matched.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TagMatch {
-    /// Named in the request (required or preferred).
-    Direct,
-    /// Derived from the query text.
-    Expanded,
 }
 
 /// One ranked agent, with everything a response may show.

@@ -3,54 +3,23 @@
 
 use std::time::Duration;
 
-use serde_json::{Map, Value};
 use tracing::{debug, instrument};
 
 use super::registry::{Consistency, RegistryService};
 use super::ServiceError;
-use crate::domain::discovery::{visible_metadata, Detail, DiscoveryPlan, DiscoveryRequest, Scope};
+use crate::domain::discovery::{
+    visible_metadata, Candidate, Detail, DiscoveryPlan, DiscoveryRequest, DiscoveryResult,
+    MatchedUnit, Ranked, Scope,
+};
 use crate::domain::filter::{HardFilters, ALL_BUT_DELETED};
-use crate::domain::resolve::{chosen_operation, ResolveRequest};
-use crate::domain::{AgentMetadata, AgentRecord, AgentStatus, Binding, Operation, Principal};
+use crate::domain::resolve::{chosen_operation, Resolution, ResolveRequest, Resolved};
+use crate::domain::{AgentRecord, Principal};
 use crate::index::{Hit, Query, UnitKind};
 
 type Result<T> = std::result::Result<T, ServiceError>;
 
 /// How long a request waits for changes already applied to reach the index.
 const INDEX_WAIT: Duration = Duration::from_secs(2);
-
-/// The ADP level this registry implements.
-pub const CONFORMANCE_LEVEL: &str = "D2";
-
-/// One discovered agent, with what the caller may see of it.
-#[derive(Debug, Clone)]
-pub struct Candidate {
-    pub hit: Hit,
-    pub metadata: AgentMetadata,
-    pub redacted: bool,
-    pub metadata_updated_at: String,
-    pub expires_at: Option<String>,
-    pub verification: crate::domain::VerificationState,
-    /// The signed record, at full detail when nothing was redacted.
-    pub record: Option<AgentRecord>,
-    /// Where a record from another registry came from (ADP provenance).
-    pub provenance: Option<crate::domain::Provenance>,
-}
-
-/// An ADP Discovery Response.
-#[derive(Debug, Clone)]
-pub struct DiscoveryResult {
-    pub request_id: String,
-    pub generated_at: String,
-    pub candidates: Vec<Candidate>,
-    pub applied_filters: Map<String, Value>,
-    pub unsupported_filters: Vec<String>,
-    pub warnings: Vec<String>,
-    pub detail: Detail,
-    pub include_evidence: bool,
-    pub indexed_revision: u64,
-    pub scope: Scope,
-}
 
 impl RegistryService {
     /// Waits for the index to hold what this node has applied (after a read
@@ -231,32 +200,6 @@ impl RegistryService {
     }
 }
 
-/// One resolved agent.
-#[derive(Debug, Clone)]
-pub struct Resolved {
-    pub id: String,
-    pub score: f32,
-    /// What the caller may see of the record (full detail, redacted for
-    /// strangers).
-    pub metadata: AgentMetadata,
-    pub redacted: bool,
-    pub binding: Binding,
-    pub operation: Option<Operation>,
-    pub status: AgentStatus,
-    pub notes: Vec<String>,
-}
-
-/// An ASR answer.
-#[derive(Debug, Clone)]
-pub struct Resolution {
-    pub request_id: String,
-    pub generated_at: String,
-    pub candidates: Vec<Resolved>,
-    /// (agent id, reasons, score) of relevant agents the policy excluded.
-    pub excluded: Vec<(String, Vec<String>, f32)>,
-    pub warnings: Vec<String>,
-}
-
 /// Score taken from a candidate whose declared languages miss the locale's.
 const LOCALE_MISMATCH: f32 = 0.05;
 
@@ -382,8 +325,34 @@ pub(super) fn candidate(
             .unwrap_or_default(),
         record: (detail == Detail::Full && !redacted).then(|| record.clone()),
         provenance: record.envelope.provenance.clone(),
-        hit,
+        hit: ranked(hit),
         metadata,
         redacted,
+    }
+}
+
+/// What a result keeps of the index's hit.
+fn ranked(hit: Hit) -> Ranked {
+    Ranked {
+        id: hit.id,
+        score: hit.score,
+        components: hit.components,
+        matched_tags: hit.matched_tags,
+        matched_units: hit
+            .matched_units
+            .into_iter()
+            .map(|(u, score)| MatchedUnit {
+                kind: u.kind,
+                label: u.label,
+                text: u.text,
+                score,
+            })
+            .collect(),
+        snippet: hit.snippet,
+        indexed_at: hit.indexed_at,
+        status: hit.status,
+        expired: hit.expired,
+        duplicate_of: hit.duplicate_of,
+        notes: hit.notes,
     }
 }

@@ -101,6 +101,7 @@ impl From<Rejection> for ServiceError {
                 message,
             },
             Rejection::KeyConflict { .. }
+            | Rejection::RevisionChanged { .. }
             | Rejection::Unchanged { .. }
             | Rejection::Federated { .. } => Self::Conflict(message),
         }

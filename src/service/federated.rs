@@ -11,11 +11,11 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tracing::{debug, instrument};
 
-use super::discovery::{candidate, DiscoveryResult};
+use super::discovery::candidate;
 use super::registry::{hung_up_or_shut_down, Consistency, RegistryService};
 use super::ServiceError;
 use crate::consensus::{Command, CommandResult, Role};
-use crate::domain::discovery::{DiscoveryRequest, Scope};
+use crate::domain::discovery::{DiscoveryRequest, DiscoveryResult, Scope};
 use crate::domain::federation::FederatedChange;
 use crate::domain::write::Rejection;
 use crate::domain::{AgentRecord, Change, Principal, Provenance, Visibility};

@@ -260,11 +260,51 @@ impl RegistryService {
                 now: crate::domain::time::now(),
                 publisher: Some(verdict),
                 quota: self.tenancy.quota_for(principal),
+                expected_revision: None,
             })
             .await?;
         let created = change.kind == crate::domain::ChangeKind::Created;
         debug!(revision = change.revision, created, "registered");
         Ok((change.record, created))
+    }
+
+    /// Writes `metadata` only if the stored record (or tombstone) still has
+    /// `expected` revision (0: none), for read-modify-write use cases; a
+    /// record that changed meanwhile comes back as the rejection, for the
+    /// caller to read again and retry. Same checks as register and update.
+    pub(super) async fn put_if(
+        &self,
+        principal: Option<&Principal>,
+        mut metadata: AgentMetadata,
+        expected: u64,
+        mode: WriteMode,
+    ) -> Result<std::result::Result<AgentRecord, crate::domain::write::Rejection>> {
+        let principal = require_writer(principal)?;
+        self.tenancy.check_namespace(principal, &metadata.id)?;
+        let verdict = self.judge_publisher(&metadata, principal)?;
+        normalise_and_validate(&mut metadata, &self.limits)?;
+        let quota = match mode {
+            WriteMode::Register => self.tenancy.quota_for(principal),
+            WriteMode::Update => None,
+        };
+        let command = Command::Put {
+            metadata: Box::new(metadata),
+            visibility: None,
+            readers: Vec::new(),
+            principal: principal.clone(),
+            mode,
+            now: crate::domain::time::now(),
+            publisher: Some(verdict),
+            quota,
+            expected_revision: Some(expected),
+        };
+        match super::audit::propose(&self.node, command).await? {
+            CommandResult::Applied(change) => Ok(Ok(change.record)),
+            CommandResult::Rejected(r) => Ok(Err(r)),
+            other => Err(ServiceError::Internal(format!(
+                "a record command produced {other:?}"
+            ))),
+        }
     }
 
     /// Replaces an existing agent's metadata.
@@ -304,6 +344,7 @@ impl RegistryService {
                 now: crate::domain::time::now(),
                 publisher: Some(verdict),
                 quota: None,
+                expected_revision: None,
             })
             .await?;
         Ok(change.record)

@@ -172,6 +172,25 @@ impl Reader {
         Ok(())
     }
 
+    /// Visits records (tombstones included) in id order from `start`
+    /// (inclusive) while `visit` returns true.
+    pub fn scan_from(
+        &self,
+        start: &str,
+        mut visit: impl FnMut(AgentRecord) -> bool,
+    ) -> Result<(), StorageError> {
+        let mut it = self.db.raw_iterator_cf(cf(&self.db, CF_AGENTS)?);
+        it.seek(start.as_bytes());
+        while let Some(v) = it.value() {
+            if !visit(serde_json::from_slice(v)?) {
+                break;
+            }
+            it.next();
+        }
+        it.status()?;
+        Ok(())
+    }
+
     /// Changes with revision >= `from`, at most `limit` of them, in order.
     pub fn changes_from(&self, from: u64, limit: usize) -> Result<Vec<Change>, StorageError> {
         let mut it = self.db.raw_iterator_cf(cf(&self.db, CF_CHANGES)?);

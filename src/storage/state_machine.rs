@@ -42,7 +42,8 @@ use crate::crypto::Identity;
 use crate::domain::audit::{AuditEntry, Outcome};
 use crate::domain::federation::decide_federated;
 use crate::domain::write::{
-    decide_delete, decide_publisher_key, decide_put, decide_reverify, decide_status, settle_verdict,
+    decide_delete, decide_publisher_key, decide_put, decide_reverify, decide_status,
+    settle_verdict, Rejection,
 };
 use crate::domain::{AgentRecord, Change, ChangeKind, PublisherKey, Sharing};
 
@@ -271,6 +272,17 @@ impl StateMachine {
         let now = cmd.now().to_string();
         let now = now.as_str();
         let decided = match cmd {
+            Command::Put {
+                metadata,
+                expected_revision: Some(expected),
+                ..
+            } if current.map_or(0, |r| r.envelope.revision) != expected => {
+                Err(Rejection::RevisionChanged {
+                    id: metadata.id,
+                    expected,
+                    actual: current.map_or(0, |r| r.envelope.revision),
+                })
+            }
             Command::Put {
                 metadata,
                 visibility,
@@ -1177,6 +1189,7 @@ mod tests {
                 now: "2026-11-24T00:00:00Z".into(),
                 publisher: None,
                 quota: None,
+                expected_revision: None,
             }),
             audit: crate::domain::audit::AuditContext {
                 principal: Some(Principal::new("alice", Role::Publisher)),

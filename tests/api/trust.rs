@@ -110,6 +110,7 @@ async fn raft_rpcs_without_cluster_proof_are_refused_and_change_nothing() {
         mode: WriteMode::Register,
         now: "2026-11-24T00:00:00Z".into(),
         publisher: None,
+        expected_revision: None,
     });
     let learner = Forwarded::AddLearner {
         id: 99,

@@ -35,6 +35,7 @@ mod ard;
 mod cluster;
 mod federation;
 mod invocation;
+mod mcp_registry;
 mod metrics;
 mod openapi;
 
@@ -45,6 +46,7 @@ pub use openapi::OPENAPI_JSON;
 pub struct HttpState {
     pub api: RegistryApi,
     pub ard: super::ard::ArdApi,
+    pub mcp: crate::service::McpService,
     pub cluster: super::cluster::ClusterApi,
     pub federation: super::federation::FederationApi,
     pub invocation: super::invocation::InvocationApi,
@@ -109,8 +111,9 @@ impl IntoResponse for ApiError {
 }
 
 /// Fills the problem body's `instance` with the request path, so every
-/// error names the resource it concerns; on ARD routes the error takes
-/// ARD's shape instead (`ard::ard_error`), whoever refused the request.
+/// error names the resource it concerns; on ARD and MCP registry routes
+/// the error takes that standard's shape instead (`ard::ard_error`,
+/// `mcp_registry::mcp_error`), whoever refused the request.
 async fn set_problem_instance(
     uri: Uri,
     req: axum::extract::Request,
@@ -129,14 +132,21 @@ async fn set_problem_instance(
         return Response::from_parts(parts, Body::empty());
     };
     let mut v: Value = serde_json::from_slice(&bytes).unwrap_or_default();
-    if ard::is_ard_path(uri.path()) {
+    let own_shape = if ard::is_ard_path(uri.path()) {
+        Some(ard::ard_error(&v))
+    } else if mcp_registry::is_mcp_path(uri.path()) {
+        Some(mcp_registry::mcp_error(&v))
+    } else {
+        None
+    };
+    if let Some(body) = own_shape {
         let mut parts = parts;
         parts.headers.insert(
             header::CONTENT_TYPE,
             header::HeaderValue::from_static("application/json"),
         );
         parts.headers.remove(header::CONTENT_LENGTH);
-        return Response::from_parts(parts, Body::from(ard::ard_error(&v).to_string()));
+        return Response::from_parts(parts, Body::from(body.to_string()));
     }
     v["instance"] = json!(uri.path());
     Response::from_parts(parts, Body::from(v.to_string()))
@@ -865,6 +875,54 @@ pub fn routes() -> Routes {
         routing::post(ard::explore),
     )
     .add(OpClass::Read, "GET", "/ard/agents", routing::get(ard::list))
+    .add(
+        OpClass::Read,
+        "GET",
+        "/v0.1/servers",
+        routing::get(mcp_registry::list),
+    )
+    .add(
+        OpClass::Read,
+        "GET",
+        "/v0.1/servers/{serverName}/versions",
+        routing::get(mcp_registry::versions),
+    )
+    .add(
+        OpClass::Read,
+        "GET",
+        "/v0.1/servers/{serverName}/versions/{version}",
+        routing::get(mcp_registry::version),
+    )
+    .add(
+        OpClass::Write,
+        "PUT",
+        "/v0.1/servers/{serverName}/versions/{version}",
+        routing::put(mcp_registry::not_offered),
+    )
+    .add(
+        OpClass::Write,
+        "DELETE",
+        "/v0.1/servers/{serverName}/versions/{version}",
+        routing::delete(mcp_registry::not_offered),
+    )
+    .add(
+        OpClass::Write,
+        "POST",
+        "/v0.1/publish",
+        routing::post(mcp_registry::publish),
+    )
+    .add(
+        OpClass::Write,
+        "PATCH",
+        "/v0.1/servers/{serverName}/versions/{version}/status",
+        routing::patch(mcp_registry::version_status),
+    )
+    .add(
+        OpClass::Write,
+        "PATCH",
+        "/v0.1/servers/{serverName}/status",
+        routing::patch(mcp_registry::server_status),
+    )
     .add(
         OpClass::Read,
         "GET",

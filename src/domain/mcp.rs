@@ -1,0 +1,880 @@
+//! MCP Registry API v0.1 as a subregistry (`../shared/specs/mcp-registry-v0.1.md`):
+//! MCP servers are records, and this module is the mapping between the two,
+//! as pure functions.
+//!
+//! One record per server name; its id is the name behind `mcp:`
+//! (`mcp:io.github.acme/weather`: record ids with a `/` must be URIs), so
+//! the servers are one contiguous range of ids. Every published version is kept, in publish
+//! order, in the record's extension member `x-mcp-registry.versions`: the
+//! `server.json` exactly as published plus the registry-managed status and
+//! times. The record's own fields follow the latest version (the one
+//! `isLatest`): name (its `title`, else the server name), description,
+//! version, status, and bindings — each remote as an `mcp` binding, each
+//! package as an `mcp-package` binding at its package registry's page, else
+//! the repository or website. Discovery therefore finds one agent per
+//! server, and ARD and AIDIP show it like any other.
+//!
+//! `isLatest`: among versions not deleted (all of them when every one is),
+//! the highest by semantic-version order when both versions parse as
+//! semver, else the later published.
+
+use std::cmp::Ordering;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Map, Value};
+
+use super::filter::{self, AgentFacts, HardFilters, Surface};
+use super::record::{AgentMetadata, AgentStatus, Binding};
+use super::validate::FieldError;
+
+/// The record member that holds the versions.
+pub const EXTENSION: &str = "x-mcp-registry";
+/// The `_meta` key of the registry-managed fields.
+pub const OFFICIAL: &str = "io.modelcontextprotocol.registry/official";
+/// Binding protocol of a package (not callable by the gateway; found by
+/// discovery).
+pub const PACKAGE_PROTOCOL: &str = "mcp-package";
+/// What a record id of a server starts with.
+pub const ID_PREFIX: &str = "mcp:";
+
+/// The record id of the server `name`.
+pub fn record_id(name: &str) -> String {
+    format!("{ID_PREFIX}{name}")
+}
+
+/// The tag every MCP server record has.
+pub const TAG: &str = "mcp-server";
+pub const MAX_STATUS_MESSAGE: usize = 500;
+/// `limit` of a page: default and largest.
+pub const DEFAULT_LIMIT: u32 = 30;
+pub const MAX_LIMIT: u32 = 100;
+
+/// A version's lifecycle status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum McpStatus {
+    Active,
+    Deprecated,
+    Deleted,
+}
+
+impl McpStatus {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "active" => Some(Self::Active),
+            "deprecated" => Some(Self::Deprecated),
+            "deleted" => Some(Self::Deleted),
+            _ => None,
+        }
+    }
+
+    fn agent_status(self) -> AgentStatus {
+        match self {
+            Self::Active => AgentStatus::Active,
+            Self::Deprecated => AgentStatus::Deprecated,
+            Self::Deleted => AgentStatus::Deleted,
+        }
+    }
+}
+
+/// One published version as the record keeps it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StoredVersion {
+    /// The `server.json`, as published.
+    pub server: Value,
+    pub status: McpStatus,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status_message: Option<String>,
+    pub status_changed_at: String,
+    pub published_at: String,
+    pub updated_at: String,
+}
+
+impl StoredVersion {
+    pub fn version(&self) -> &str {
+        self.server
+            .get("version")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+    }
+
+    pub fn name(&self) -> &str {
+        self.server
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+    }
+
+    pub fn description(&self) -> &str {
+        self.server
+            .get("description")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+    }
+
+    /// `ServerResponse`: the server.json and the registry's `_meta`
+    /// (`OFFICIAL`, and this registry's own key with `own`).
+    pub fn response(&self, is_latest: bool, own: Option<(&str, Value)>) -> Value {
+        let mut official = Map::new();
+        official.insert("status".into(), json!(self.status));
+        if let Some(m) = &self.status_message {
+            official.insert("statusMessage".into(), json!(m));
+        }
+        official.insert("statusChangedAt".into(), json!(self.status_changed_at));
+        official.insert("publishedAt".into(), json!(self.published_at));
+        official.insert("updatedAt".into(), json!(self.updated_at));
+        official.insert("isLatest".into(), json!(is_latest));
+        let mut meta = Map::new();
+        meta.insert(OFFICIAL.into(), Value::Object(official));
+        if let Some((key, v)) = own {
+            meta.insert(key.into(), v);
+        }
+        json!({"server": self.server, "_meta": meta})
+    }
+}
+
+/// The versions a record keeps (none for a record that is no MCP server).
+pub fn versions(m: &AgentMetadata) -> Vec<StoredVersion> {
+    m.extra
+        .get(EXTENSION)
+        .and_then(|x| x.get("versions"))
+        .and_then(|v| serde_json::from_value(v.clone()).ok())
+        .unwrap_or_default()
+}
+
+/// Whether a record is an MCP server of this registry's API.
+pub fn is_server(m: &AgentMetadata) -> bool {
+    m.extra.get(EXTENSION).is_some()
+}
+
+/// `true` when `a` is newer than `b` by the isLatest rule.
+fn newer(a: &StoredVersion, b: &StoredVersion) -> bool {
+    match (
+        semver::Version::parse(a.version()),
+        semver::Version::parse(b.version()),
+    ) {
+        (Ok(x), Ok(y)) if x != y => x > y,
+        _ => match (
+            super::time::parse(&a.published_at),
+            super::time::parse(&b.published_at),
+        ) {
+            (Some(x), Some(y)) => x.cmp(&y) == Ordering::Greater,
+            _ => false,
+        },
+    }
+}
+
+/// The index of the version that is `isLatest`.
+pub fn latest(versions: &[StoredVersion]) -> Option<usize> {
+    let live: Vec<usize> = (0..versions.len())
+        .filter(|&i| versions[i].status != McpStatus::Deleted)
+        .collect();
+    let pool = if live.is_empty() {
+        (0..versions.len()).collect()
+    } else {
+        live
+    };
+    pool.into_iter().reduce(|best, i| {
+        if newer(&versions[i], &versions[best]) {
+            i
+        } else {
+            best
+        }
+    })
+}
+
+/// A refusal that names the member of the server.json to blame.
+fn refuse(pointer: &str, message: impl Into<String>) -> FieldError {
+    FieldError::new(pointer, message)
+}
+
+fn text<'a>(o: &'a Map<String, Value>, key: &str) -> Result<Option<&'a str>, FieldError> {
+    match o.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(_) => Err(refuse(&format!("/{key}"), "must be a string")),
+    }
+}
+
+fn check_len(s: &str, pointer: &str, min: usize, max: usize) -> Result<(), FieldError> {
+    let n = s.chars().count();
+    if n < min || n > max {
+        return Err(refuse(
+            pointer,
+            format!("must be {min} to {max} characters (is {n})"),
+        ));
+    }
+    Ok(())
+}
+
+/// Validates a server name: reverse-DNS namespace, one slash.
+pub fn check_name(name: &str, pointer: &str) -> Result<(), FieldError> {
+    check_len(name, pointer, 3, 200)?;
+    let ok = name.split_once('/').is_some_and(|(ns, rest)| {
+        !ns.is_empty()
+            && !rest.is_empty()
+            && ns
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-'))
+            && rest
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    });
+    if !ok {
+        return Err(refuse(
+            pointer,
+            format!("'{name}' must match ^[a-zA-Z0-9.-]+/[a-zA-Z0-9._-]+$ (a reverse-DNS namespace, one slash, a name)"),
+        ));
+    }
+    Ok(())
+}
+
+/// A version must be one specific version: no range, not `latest`.
+pub fn check_version(v: &str, pointer: &str) -> Result<(), FieldError> {
+    check_len(v, pointer, 1, 255)?;
+    if v.eq_ignore_ascii_case("latest") {
+        return Err(refuse(
+            pointer,
+            "'latest' is not a version; publish a specific version",
+        ));
+    }
+    let range = v.starts_with(['^', '~', '>', '<', '=', '*'])
+        || v.contains("||")
+        || v.contains(' ')
+        || v.split('.').any(|p| matches!(p, "x" | "X" | "*"));
+    if range {
+        return Err(refuse(
+            pointer,
+            format!("'{v}' is a version range; publish a specific version"),
+        ));
+    }
+    Ok(())
+}
+
+fn check_url(u: &str, pointer: &str, allow_template: bool) -> Result<(), FieldError> {
+    let templated = allow_template && u.starts_with('{');
+    if !(templated || u.starts_with("http://") || u.starts_with("https://")) {
+        return Err(refuse(pointer, "must start with http:// or https://"));
+    }
+    if !templated && !u.contains('{') && url::Url::parse(u).is_err() {
+        return Err(refuse(pointer, format!("'{u}' is not a URL")));
+    }
+    Ok(())
+}
+
+fn objects<'a>(
+    o: &'a Map<String, Value>,
+    key: &str,
+) -> Result<Vec<&'a Map<String, Value>>, FieldError> {
+    match o.get(key) {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(a)) => a
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                v.as_object()
+                    .ok_or_else(|| refuse(&format!("/{key}/{i}"), "must be an object"))
+            })
+            .collect(),
+        Some(_) => Err(refuse(&format!("/{key}"), "must be an array")),
+    }
+}
+
+fn required<'a>(o: &'a Map<String, Value>, key: &str, at: &str) -> Result<&'a str, FieldError> {
+    match o.get(key) {
+        Some(Value::String(s)) if !s.is_empty() => Ok(s),
+        Some(Value::String(_)) | None | Some(Value::Null) => {
+            Err(refuse(&format!("{at}/{key}"), "is required"))
+        }
+        Some(_) => Err(refuse(&format!("{at}/{key}"), "must be a string")),
+    }
+}
+
+/// Validates a `server.json` (ServerDetail) by the published rules; every
+/// refusal names the member (a JSON pointer into the body).
+pub fn validate_server(server: &Value) -> Result<(), FieldError> {
+    let o = server
+        .as_object()
+        .ok_or_else(|| refuse("", "the server must be a JSON object (server.json)"))?;
+    let name = required(o, "name", "")?;
+    check_name(name, "/name")?;
+    let description = required(o, "description", "")?;
+    check_len(description, "/description", 1, 100)?;
+    check_version(required(o, "version", "")?, "/version")?;
+    if let Some(t) = text(o, "title")? {
+        check_len(t, "/title", 1, 100)?;
+    }
+    if let Some(u) = text(o, "websiteUrl")? {
+        check_url(u, "/websiteUrl", false)?;
+    }
+    if let Some(r) = o.get("repository").filter(|r| !r.is_null()) {
+        let r = r
+            .as_object()
+            .ok_or_else(|| refuse("/repository", "must be an object"))?;
+        check_url(required(r, "url", "/repository")?, "/repository/url", false)?;
+        required(r, "source", "/repository")?;
+    }
+    for (i, icon) in objects(o, "icons")?.into_iter().enumerate() {
+        let at = format!("/icons/{i}");
+        let src = required(icon, "src", &at)?;
+        if !src.starts_with("https://") || src.len() > 255 {
+            return Err(refuse(
+                &format!("{at}/src"),
+                "must be an https URL of at most 255 characters",
+            ));
+        }
+    }
+    for (i, r) in objects(o, "remotes")?.into_iter().enumerate() {
+        let at = format!("/remotes/{i}");
+        let kind = required(r, "type", &at)?;
+        if !matches!(kind, "streamable-http" | "sse") {
+            return Err(refuse(
+                &format!("{at}/type"),
+                format!("'{kind}' is not a remote transport (streamable-http or sse)"),
+            ));
+        }
+        check_url(required(r, "url", &at)?, &format!("{at}/url"), true)?;
+    }
+    for (i, p) in objects(o, "packages")?.into_iter().enumerate() {
+        let at = format!("/packages/{i}");
+        required(p, "registryType", &at)?;
+        required(p, "identifier", &at)?;
+        if let Some(v) = text(p, "version")
+            .map_err(|e| refuse(&format!("{at}{}", e.pointer), "must be a string"))?
+        {
+            check_version(v, &format!("{at}/version"))?;
+        }
+        if let Some(sha) = p.get("fileSha256").filter(|v| !v.is_null()) {
+            let ok = sha
+                .as_str()
+                .is_some_and(|s| s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit()));
+            if !ok {
+                return Err(refuse(
+                    &format!("{at}/fileSha256"),
+                    "must be 64 hexadecimal characters (a SHA-256)",
+                ));
+            }
+        }
+        let transport = p
+            .get("transport")
+            .and_then(Value::as_object)
+            .ok_or_else(|| {
+                refuse(
+                    &format!("{at}/transport"),
+                    "is required (an object with type)",
+                )
+            })?;
+        let kind = required(transport, "type", &format!("{at}/transport"))?;
+        match kind {
+            "stdio" => {}
+            "streamable-http" | "sse" => check_url(
+                required(transport, "url", &format!("{at}/transport"))?,
+                &format!("{at}/transport/url"),
+                true,
+            )?,
+            other => {
+                return Err(refuse(
+                    &format!("{at}/transport/type"),
+                    format!("'{other}' is not a transport (stdio, streamable-http or sse)"),
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Where a package can be looked at: its registry's page.
+fn package_url(p: &Map<String, Value>) -> Option<String> {
+    let id = p.get("identifier")?.as_str()?;
+    if id.starts_with("https://") {
+        return Some(id.to_string());
+    }
+    let base = p.get("registryBaseUrl").and_then(Value::as_str);
+    let url = match (p.get("registryType")?.as_str()?, base) {
+        (_, Some(b)) => format!("{}/{id}", b.trim_end_matches('/')),
+        ("npm", None) => format!("https://www.npmjs.com/package/{id}"),
+        ("pypi", None) => format!("https://pypi.org/project/{id}"),
+        ("cargo", None) => format!("https://crates.io/crates/{id}"),
+        ("nuget", None) => format!("https://www.nuget.org/packages/{id}"),
+        ("oci", None) => format!("https://{id}"),
+        _ => return None,
+    };
+    url::Url::parse(&url).ok().map(|_| url)
+}
+
+/// The record's bindings from a server.json.
+fn bindings(server: &Value) -> Vec<Binding> {
+    let mut out = Vec::new();
+    let list = |k: &str| {
+        server
+            .get(k)
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default()
+    };
+    for r in list("remotes") {
+        if let Some(u) = r.get("url").and_then(Value::as_str) {
+            if !u.contains('{') && url::Url::parse(u).is_ok() {
+                let mut b = Binding {
+                    protocol: "mcp".into(),
+                    endpoint: u.to_string(),
+                    priority: Some(out.len() as i64),
+                    ..Default::default()
+                };
+                if let Some(t) = r.get("type").and_then(Value::as_str) {
+                    b.interaction_model = Some(t.to_string());
+                }
+                out.push(b);
+            }
+        }
+    }
+    for p in list("packages") {
+        if let Some(u) = p.as_object().and_then(package_url) {
+            out.push(Binding {
+                protocol: PACKAGE_PROTOCOL.into(),
+                endpoint: u,
+                priority: Some(out.len() as i64),
+                ..Default::default()
+            });
+        }
+    }
+    if out.is_empty() {
+        let fallback = server
+            .get("repository")
+            .and_then(|r| r.get("url"))
+            .or_else(|| server.get("websiteUrl"))
+            .and_then(Value::as_str);
+        if let Some(u) = fallback {
+            out.push(Binding {
+                protocol: PACKAGE_PROTOCOL.into(),
+                endpoint: u.to_string(),
+                ..Default::default()
+            });
+        }
+    }
+    out
+}
+
+/// The record's metadata for a set of versions (record fields from the
+/// latest); `base` is what the record kept besides (tags, extension
+/// members of other kinds).
+pub fn metadata(
+    versions: Vec<StoredVersion>,
+    base: Option<&AgentMetadata>,
+    now: &str,
+) -> Result<AgentMetadata, FieldError> {
+    let i = latest(&versions).ok_or_else(|| refuse("", "a server needs a version"))?;
+    let l = &versions[i];
+    let name = l.name();
+    let bindings = bindings(&l.server);
+    if bindings.is_empty() {
+        return Err(refuse(
+            "/remotes",
+            "a server needs a remote, a package, a repository or a website to be found at",
+        ));
+    }
+    let mut m = base.cloned().unwrap_or_default();
+    m.id = record_id(name);
+    m.name = l
+        .server
+        .get("title")
+        .and_then(Value::as_str)
+        .unwrap_or(name)
+        .to_string();
+    m.description = l.description().to_string();
+    m.version = Some(l.version().to_string());
+    m.status = Some(l.status.agent_status());
+    m.bindings = bindings;
+    m.endpoint = None;
+    m.updated_at = Some(now.to_string());
+    if !m.tags.iter().any(|t| t == TAG) {
+        m.tags.push(TAG.into());
+    }
+    if let Some(Value::String(w)) = l.server.get("websiteUrl") {
+        m.extra.insert("websiteUrl".into(), json!(w));
+    }
+    m.extra
+        .insert(EXTENSION.into(), json!({ "versions": versions }));
+    Ok(m)
+}
+
+/// A new version published on top of what the record holds (`current`,
+/// none for a new server). A version already published is refused.
+pub fn publish(
+    current: Option<&AgentMetadata>,
+    server: Value,
+    now: &str,
+) -> Result<AgentMetadata, FieldError> {
+    validate_server(&server)?;
+    let name = server["name"].as_str().unwrap_or_default();
+    let version = server["version"].as_str().unwrap_or_default().to_string();
+    let mut all = current.map(versions).unwrap_or_default();
+    if all.iter().any(|v| v.version() == version) {
+        return Err(refuse(
+            "/version",
+            format!("version '{version}' of '{name}' is already published; versions are immutable, publish a new one"),
+        ));
+    }
+    all.push(StoredVersion {
+        server,
+        status: McpStatus::Active,
+        status_message: None,
+        status_changed_at: now.to_string(),
+        published_at: now.to_string(),
+        updated_at: now.to_string(),
+    });
+    metadata(all, current, now)
+}
+
+/// Sets the status of one version (`Some(v)`) or all; refused when
+/// nothing would change. Returns the new metadata and the indexes changed.
+pub fn set_status(
+    current: &AgentMetadata,
+    version: Option<&str>,
+    status: McpStatus,
+    message: Option<String>,
+    now: &str,
+) -> Result<(AgentMetadata, Vec<usize>), SetStatusError> {
+    if let Some(m) = &message {
+        if m.chars().count() > MAX_STATUS_MESSAGE {
+            return Err(SetStatusError::Invalid(refuse(
+                "/statusMessage",
+                format!("must be at most {MAX_STATUS_MESSAGE} characters"),
+            )));
+        }
+    }
+    let mut all = versions(current);
+    let targets: Vec<usize> = match version {
+        None => (0..all.len()).collect(),
+        Some(v) => {
+            let i = resolve(&all, v).ok_or(SetStatusError::NoVersion)?;
+            vec![i]
+        }
+    };
+    let changed: Vec<usize> = targets
+        .into_iter()
+        .filter(|&i| all[i].status != status || all[i].status_message != message)
+        .collect();
+    if changed.is_empty() {
+        return Err(SetStatusError::Invalid(refuse(
+            "/status",
+            "nothing changes: the status and message are already so",
+        )));
+    }
+    for &i in &changed {
+        let v = &mut all[i];
+        if v.status != status {
+            v.status_changed_at = now.to_string();
+        }
+        v.status = status;
+        v.status_message = message.clone();
+        v.updated_at = now.to_string();
+    }
+    let m = metadata(all, Some(current), now).map_err(SetStatusError::Invalid)?;
+    Ok((m, changed))
+}
+
+/// Why a status change was refused.
+#[derive(Debug)]
+pub enum SetStatusError {
+    NoVersion,
+    Invalid(FieldError),
+}
+
+/// The index of `version` (`latest` names the latest).
+pub fn resolve(versions: &[StoredVersion], version: &str) -> Option<usize> {
+    if version == "latest" {
+        return latest(versions);
+    }
+    versions.iter().position(|v| v.version() == version)
+}
+
+/// The filters of `GET /v0.1/servers`, per version: `search`, an exact
+/// `version` and `updated_since` are clauses of the one filter engine
+/// (`Surface::McpList`) over a view of each version; `latest` and
+/// `include_deleted` are this API's own.
+#[derive(Debug, Clone, Default)]
+pub struct ListFilter {
+    pub filters: HardFilters,
+    pub latest_only: bool,
+    pub include_deleted: bool,
+}
+
+impl ListFilter {
+    /// The filter of a request's parameters (`pointer`s name them).
+    pub fn new(
+        search: Option<&str>,
+        version: Option<&str>,
+        updated_since: Option<&str>,
+        include_deleted: bool,
+    ) -> Result<Self, FieldError> {
+        let mut filters = HardFilters {
+            statuses: AgentStatus::ALL.to_vec(),
+            allow_stale: true,
+            ..Default::default()
+        };
+        let mut set = |name: &str, v: &str| -> Result<(), FieldError> {
+            let key = filter::key(Surface::McpList, name)
+                .ok_or_else(|| refuse(&format!("/{name}"), "is not a filter of this API"))?;
+            filters.set(key, &Value::String(v.to_string()), &format!("/{name}"))
+        };
+        if let Some(s) = search.filter(|s| !s.trim().is_empty()) {
+            set("search", s)?;
+        }
+        let latest_only = version == Some("latest");
+        if let Some(v) = version.filter(|v| *v != "latest") {
+            set("version", v)?;
+        }
+        if let Some(t) = updated_since {
+            if super::time::parse(t).is_none() {
+                return Err(refuse(
+                    "/updated_since",
+                    format!("'{t}' is not an RFC 3339 time"),
+                ));
+            }
+            set("updated_since", t)?;
+        }
+        Ok(Self {
+            // Mirrors following `updated_since` must see deletions.
+            include_deleted: include_deleted || updated_since.is_some(),
+            filters,
+            latest_only,
+        })
+    }
+
+    /// Whether the `i`th of `versions` is listed.
+    pub fn admits(&self, versions: &[StoredVersion], i: usize, latest: Option<usize>) -> bool {
+        let v = &versions[i];
+        if v.status == McpStatus::Deleted && !self.include_deleted {
+            return false;
+        }
+        if self.latest_only && latest != Some(i) {
+            return false;
+        }
+        self.filters.admit(&version_facts(v), None, 0)
+    }
+}
+
+/// A version as the filter engine sees it (access is the record's, checked
+/// before its versions are).
+fn version_facts(v: &StoredVersion) -> AgentFacts {
+    AgentFacts {
+        access: super::record::Access {
+            public: true,
+            ..Default::default()
+        },
+        status: v.status.agent_status(),
+        name: v.name().to_lowercase(),
+        version: Some(v.version().to_string()),
+        updated_unix: super::time::parse(&v.updated_at).map_or(0, |t| t.unix_timestamp()),
+        ..Default::default()
+    }
+}
+
+/// A list cursor: the position after (server name, publish index).
+pub fn encode_cursor(name: &str, index: usize) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(format!("{index}:{name}"))
+}
+
+pub fn decode_cursor(cursor: &str) -> Option<(String, usize)> {
+    use base64::Engine;
+    let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(cursor.trim_end_matches('='))
+        .ok()?;
+    let raw = String::from_utf8(raw).ok()?;
+    let (i, name) = raw.split_once(':')?;
+    check_name(name, "").ok()?;
+    Some((name.to_string(), i.parse().ok()?))
+}
+
+/// This registry's own `_meta` key: its authority in reverse-DNS order,
+/// then `/agentry` (`registry.example.org` → `org.example.registry/agentry`).
+pub fn own_meta_key(publisher: &str) -> String {
+    let mut labels: Vec<&str> = publisher.split('.').collect();
+    labels.reverse();
+    format!("{}/agentry", labels.join("."))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server(name: &str, version: &str) -> Value {
+        json!({
+            "$schema": "https://static.modelcontextprotocol.io/schemas/2025-12-11/server.schema.json",
+            "name": name, "description": "Weather forecasts.", "version": version,
+            "title": "Weather",
+            "remotes": [{"type": "streamable-http", "url": "https://mcp.acme.example/weather"}],
+            "packages": [{"registryType": "npm", "identifier": "@acme/weather-mcp", "version": version,
+                          "transport": {"type": "stdio"}}]
+        })
+    }
+
+    const T1: &str = "2026-11-01T00:00:00Z";
+    const T2: &str = "2026-11-02T00:00:00Z";
+    const T3: &str = "2026-11-03T00:00:00Z";
+
+    #[test]
+    fn versions_are_kept_and_one_is_latest() {
+        let m = publish(None, server("io.acme/weather", "1.0.0"), T1).unwrap();
+        assert_eq!(m.id, "mcp:io.acme/weather");
+        assert_eq!(m.name, "Weather");
+        assert_eq!(m.bindings[0].protocol, "mcp");
+        assert_eq!(m.bindings[0].endpoint, "https://mcp.acme.example/weather");
+        assert_eq!(m.bindings[1].protocol, PACKAGE_PROTOCOL);
+        assert_eq!(
+            m.bindings[1].endpoint,
+            "https://www.npmjs.com/package/@acme/weather-mcp"
+        );
+        let m = publish(Some(&m), server("io.acme/weather", "2.0.0"), T2).unwrap();
+        // An older line published later is not the latest.
+        let m = publish(Some(&m), server("io.acme/weather", "1.0.1"), T3).unwrap();
+        let all = versions(&m);
+        assert_eq!(all.len(), 3);
+        assert_eq!(latest(&all), Some(1));
+        assert_eq!(m.version.as_deref(), Some("2.0.0"));
+        // The same version twice is refused.
+        let e = publish(Some(&m), server("io.acme/weather", "2.0.0"), T3).unwrap_err();
+        assert_eq!(e.pointer, "/version");
+        // Deleting the latest makes the next one latest; the record follows.
+        let (m, changed) = set_status(&m, Some("2.0.0"), McpStatus::Deleted, None, T3).unwrap();
+        assert_eq!(changed, [1]);
+        assert_eq!(
+            m.id, "mcp:io.acme/weather",
+            "a status change keeps the record"
+        );
+        assert_eq!(latest(&versions(&m)), Some(2));
+        assert_eq!(m.version.as_deref(), Some("1.0.1"));
+        assert!(matches!(
+            set_status(&m, Some("2.0.0"), McpStatus::Deleted, None, T3),
+            Err(SetStatusError::Invalid(_))
+        ));
+        assert!(matches!(
+            set_status(&m, Some("9.9.9"), McpStatus::Active, None, T3),
+            Err(SetStatusError::NoVersion)
+        ));
+        let (m, changed) =
+            set_status(&m, None, McpStatus::Deprecated, Some("old".into()), T3).unwrap();
+        assert_eq!(changed, [0, 1, 2]);
+        assert_eq!(m.status, Some(AgentStatus::Deprecated));
+        // Non-semver versions: the later published is the latest.
+        let a = publish(None, server("io.acme/x", "2026.11a"), T1).unwrap();
+        let b = publish(Some(&a), server("io.acme/x", "2026.10b"), T2).unwrap();
+        assert_eq!(latest(&versions(&b)), Some(1));
+    }
+
+    #[test]
+    fn published_rules_refuse_and_name_the_member() {
+        let cases = [
+            (
+                json!({"name": "noslash", "description": "d", "version": "1.0.0"}),
+                "/name",
+            ),
+            (
+                json!({"name": "a/b/c", "description": "d", "version": "1.0.0"}),
+                "/name",
+            ),
+            (
+                json!({"name": "io.acme/x", "description": "d".repeat(101), "version": "1.0.0"}),
+                "/description",
+            ),
+            (
+                json!({"name": "io.acme/x", "version": "1.0.0"}),
+                "/description",
+            ),
+            (
+                json!({"name": "io.acme/x", "description": "d", "version": "^1.2.3"}),
+                "/version",
+            ),
+            (
+                json!({"name": "io.acme/x", "description": "d", "version": "~1.2.3"}),
+                "/version",
+            ),
+            (
+                json!({"name": "io.acme/x", "description": "d", "version": ">=1.2.3"}),
+                "/version",
+            ),
+            (
+                json!({"name": "io.acme/x", "description": "d", "version": "1.x"}),
+                "/version",
+            ),
+            (
+                json!({"name": "io.acme/x", "description": "d", "version": "1.*"}),
+                "/version",
+            ),
+            (
+                json!({"name": "io.acme/x", "description": "d", "version": "latest"}),
+                "/version",
+            ),
+            (
+                json!({"name": "io.acme/x", "description": "d", "version": "1.0.0",
+                    "packages": [{"registryType": "npm", "identifier": "x", "fileSha256": "abc", "transport": {"type": "stdio"}}]}),
+                "/packages/0/fileSha256",
+            ),
+            (
+                json!({"name": "io.acme/x", "description": "d", "version": "1.0.0",
+                    "remotes": [{"type": "websocket", "url": "https://a.example"}]}),
+                "/remotes/0/type",
+            ),
+            (
+                json!({"name": "io.acme/x", "description": "d", "version": "1.0.0",
+                    "remotes": [{"type": "sse", "url": "ftp://a.example"}]}),
+                "/remotes/0/url",
+            ),
+            (
+                json!({"name": "io.acme/x", "description": "d", "version": "1.0.0", "title": ""}),
+                "/title",
+            ),
+        ];
+        for (body, pointer) in cases {
+            let e = validate_server(&body).unwrap_err();
+            assert_eq!(e.pointer, pointer, "{body}");
+        }
+        // Templated URLs are allowed; a server with nothing to find it by is not.
+        let templated = json!({"name": "io.acme/x", "description": "d", "version": "1.0.0-rc.1+build.5",
+            "remotes": [{"type": "sse", "url": "https://{tenant}.acme.example/sse"}]});
+        validate_server(&templated).unwrap();
+        assert_eq!(
+            publish(None, templated, T1).unwrap_err().pointer,
+            "/remotes"
+        );
+    }
+
+    #[test]
+    fn list_filters_and_cursors() {
+        let m = publish(None, server("io.acme/weather", "1.0.0"), T1).unwrap();
+        let m = publish(Some(&m), server("io.acme/weather", "2.0.0"), T2).unwrap();
+        let (m, _) = set_status(&m, Some("1.0.0"), McpStatus::Deleted, None, T3).unwrap();
+        let all = versions(&m);
+        let l = latest(&all);
+        let listed = |f: ListFilter| -> Vec<usize> {
+            (0..all.len()).filter(|&i| f.admits(&all, i, l)).collect()
+        };
+        let f = |search, version, since, deleted| {
+            ListFilter::new(search, version, since, deleted).unwrap()
+        };
+        assert_eq!(listed(f(None, None, None, false)), [1]);
+        assert_eq!(listed(f(None, None, None, true)), [0, 1]);
+        // updated_since sees deletions.
+        assert_eq!(listed(f(None, None, Some(T2), false)), [0]);
+        assert_eq!(listed(f(None, Some("latest"), None, false)), [1]);
+        assert_eq!(listed(f(None, Some("1.0.0"), None, true)), [0]);
+        assert_eq!(listed(f(Some("WEATH"), None, None, false)), [1]);
+        assert!(listed(f(Some("flights"), None, None, false)).is_empty());
+        assert_eq!(
+            ListFilter::new(None, None, Some("yesterday"), false)
+                .unwrap_err()
+                .pointer,
+            "/updated_since"
+        );
+        let c = encode_cursor("io.acme/weather", 1);
+        assert_eq!(decode_cursor(&c), Some(("io.acme/weather".into(), 1)));
+        assert_eq!(decode_cursor("garbage!"), None);
+        assert_eq!(
+            own_meta_key("registry.example.org"),
+            "org.example.registry/agentry"
+        );
+    }
+}
