@@ -117,6 +117,19 @@ pub struct WoaSourceConfig {
     /// The principal that owns the imported records.
     #[serde(default = "default_crawler")]
     pub owner: String,
+    /// What the source publishes: `woa` (default) or `ai-catalog` (an AI
+    /// Catalog manifest, its entries' documents and nested catalogs).
+    #[serde(default)]
+    pub format: SourceFormat,
+}
+
+/// The document a crawled source publishes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SourceFormat {
+    #[default]
+    Woa,
+    AiCatalog,
 }
 
 fn default_crawl_interval() -> u64 {

@@ -113,6 +113,15 @@ fn report_to_pb(r: ImportReport) -> pb::ImportResponse {
         skipped: r.skipped.into_iter().map(problem).collect(),
         unsupported_transports: r.unsupported.into_iter().map(problem).collect(),
         not_modified: r.not_modified,
+        registries: r
+            .registries
+            .into_iter()
+            .map(|(identifier, display_name, url)| pb::CatalogRegistry {
+                identifier,
+                display_name,
+                url,
+            })
+            .collect(),
     }
 }
 
@@ -197,7 +206,7 @@ impl Gateway for InvocationApi {
             ImportFormat::parse(&r.format).ok_or_else(|| ServiceError::InvalidRequest {
                 field: Some("/format".into()),
                 message: format!(
-                    "/format: '{}' is not one of woa, a2a, agent-protocol",
+                    "/format: '{}' is not one of woa, a2a, agent-protocol, ai-catalog",
                     r.format
                 ),
             })?;

@@ -88,8 +88,8 @@ pub enum Command {
     Keys(KeysArgs),
     /// Check a record's registry signature offline.
     Verify(VerifyArgs),
-    /// Import agents from a Web of Agents host, an A2A Agent Card or an
-    /// Agent Protocol agent's describe URL.
+    /// Import agents from a Web of Agents host, an A2A Agent Card, an
+    /// Agent Protocol agent's describe URL or a host's AI Catalog.
     Import(ImportArgs),
     /// The audit trail: who tried which write or admin action (admins).
     Audit(AuditArgs),
@@ -186,7 +186,7 @@ pub async fn run_audit(args: AuditArgs) -> Result<(), CliError> {
 pub struct ImportArgs {
     #[command(flatten)]
     pub client: ClientArgs,
-    /// woa, a2a or agent-protocol.
+    /// woa, a2a, agent-protocol or ai-catalog.
     pub format: String,
     /// The host (its well-known document is read), the document's URL, or
     /// the AP agent's describe URL.
@@ -215,6 +215,7 @@ pub async fn run_import(args: ImportArgs) -> Result<(), CliError> {
                 "agents": r.agents.iter().map(|a| serde_json::json!({"id": a.id, "outcome": a.outcome})).collect::<Vec<_>>(),
                 "skipped": r.skipped.iter().map(problem).collect::<Vec<_>>(),
                 "unsupported_transports": r.unsupported_transports.iter().map(problem).collect::<Vec<_>>(),
+                "registries": r.registries.iter().map(|g| serde_json::json!({"identifier": g.identifier, "display_name": g.display_name, "url": g.url})).collect::<Vec<_>>(),
             })
         );
         return Ok(());
@@ -234,6 +235,9 @@ pub async fn run_import(args: ImportArgs) -> Result<(), CliError> {
             p.transport,
             p.reason
         );
+    }
+    for g in &r.registries {
+        out!("  {:<10} {} {}", "registry", g.identifier, g.url);
     }
     Ok(())
 }

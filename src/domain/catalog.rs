@@ -5,10 +5,15 @@
 //!
 //! An entry's `type` is the media type of the agent's primary binding (the
 //! one with the lowest `priority`, bindings without one last, else the
-//! first): see `MEDIA_TYPES`. Its artifact is the document it was imported
-//! from when the registry has one of that type (`url`, the source's
-//! address), else the record as this registry serves and signs it
-//! (`url` = `<base>/agents/<id>`).
+//! first; `MEDIA_TYPES`) when the registry can deliver a document of that
+//! type, and AIDIP's otherwise, so that what `url` or `data` holds is
+//! always of the entry's type:
+//! - the document the agent was imported from, when it is of that type
+//!   (`url`: the source's address);
+//! - for A2A and MCP bindings without one, a card written from the record
+//!   (`data`: an A2A Agent Card, an MCP server card);
+//! - else the record as this registry serves and signs it (`url` =
+//!   `<base>/agents/<id>`, type AIDIP).
 
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
@@ -61,13 +66,27 @@ pub fn primary_binding(m: &AgentMetadata) -> Option<&Binding> {
         .map(|(_, b)| b)
 }
 
-/// The entry media type of an agent (see `MEDIA_TYPES`).
+/// The entry media type of an agent (see the module comment).
 pub fn media_type(m: &AgentMetadata) -> &'static str {
     let protocol = primary_binding(m).map(|b| b.protocol.to_ascii_lowercase());
-    MEDIA_TYPES
+    match MEDIA_TYPES
         .iter()
         .find(|(p, _, _)| Some(*p) == protocol.as_deref())
-        .map_or(AIDIP_TYPE, |(_, t, _)| t)
+    {
+        Some((p, t, format)) if WRITTEN.contains(p) || source_format(m) == Some(format) => t,
+        _ => AIDIP_TYPE,
+    }
+}
+
+/// Binding protocols whose documents the registry writes from a record.
+const WRITTEN: [&str; 2] = ["a2a", "mcp"];
+
+/// The format and address of the document a record was imported from.
+fn source_format(m: &AgentMetadata) -> Option<&str> {
+    m.extra
+        .get("source")
+        .and_then(|s| s.get("format"))
+        .and_then(Value::as_str)
 }
 
 /// An ARD score from a ranker score (0–1, relevance only).
@@ -98,19 +117,100 @@ pub fn urn_publisher(authority: &str) -> String {
     }
 }
 
-/// Where an entry's artifact lives: the imported source document of the
-/// entry's type, else the record at this registry.
-fn artifact_url(m: &AgentMetadata, media_type: &str, base: &str) -> String {
-    let format = MEDIA_TYPES
-        .iter()
-        .find(|(_, t, _)| *t == media_type)
-        .map(|(_, _, f)| *f);
-    let source = m.extra.get("source");
-    let source_format = source.and_then(|s| s.get("format")).and_then(Value::as_str);
-    match (format, source_format, source.and_then(|s| s.get("url"))) {
-        (Some(f), Some(sf), Some(Value::String(url))) if f == sf => url.clone(),
-        _ => record_url(base, &m.id),
+/// The entry's artifact: `("url", address)` or `("data", document)`.
+fn artifact(m: &AgentMetadata, media_type: &str, base: &str) -> (&'static str, Value) {
+    let entry = MEDIA_TYPES.iter().find(|(_, t, _)| *t == media_type);
+    let source_url = m
+        .extra
+        .get("source")
+        .and_then(|s| s.get("url"))
+        .and_then(Value::as_str);
+    match (entry, source_url) {
+        (Some((_, _, format)), Some(url)) if source_format(m) == Some(format) => {
+            ("url", json!(url))
+        }
+        (Some(("a2a", _, _)), _) => ("data", a2a_card(m)),
+        (Some(("mcp", _, _)), _) => ("data", mcp_card(m)),
+        _ => ("url", json!(record_url(base, &m.id))),
     }
+}
+
+/// An A2A Agent Card (1.0, with 0.3's `url` too) written from a record:
+/// its A2A interfaces, and one skill per operation (else one from its
+/// examples).
+fn a2a_card(m: &AgentMetadata) -> Value {
+    let endpoints: Vec<&Binding> = m
+        .bindings
+        .iter()
+        .filter(|b| b.protocol.eq_ignore_ascii_case("a2a"))
+        .collect();
+    let interfaces: Vec<Value> = endpoints
+        .iter()
+        .map(|b| {
+            let binding = b
+                .extra
+                .get("transport")
+                .and_then(Value::as_str)
+                .unwrap_or("JSONRPC");
+            json!({"url": b.endpoint, "protocolBinding": binding, "protocolVersion": "1.0"})
+        })
+        .collect();
+    let examples: Vec<&str> = m.examples.iter().map(|e| e.text.as_str()).collect();
+    let skills: Vec<Value> = if m.operations.is_empty() {
+        vec![
+            json!({"id": "default", "name": m.name, "description": m.description,
+                    "tags": m.tags, "examples": examples}),
+        ]
+    } else {
+        m.operations
+            .iter()
+            .map(|o| {
+                json!({"id": o.name, "name": o.name,
+                       "description": o.description.clone().unwrap_or_else(|| m.description.clone()),
+                       "tags": m.tags})
+            })
+            .collect()
+    };
+    json!({
+        "name": m.name,
+        "description": m.description,
+        "version": m.version.clone().unwrap_or_else(|| "1.0.0".into()),
+        "url": endpoints.first().map(|b| b.endpoint.as_str()).unwrap_or_default(),
+        "supportedInterfaces": interfaces,
+        "capabilities": {},
+        "defaultInputModes": ["text/plain", "application/json"],
+        "defaultOutputModes": ["text/plain", "application/json"],
+        "skills": skills,
+    })
+}
+
+/// An MCP server card written from a record: its MCP endpoints as
+/// streamable-HTTP remotes, its operations as tools.
+fn mcp_card(m: &AgentMetadata) -> Value {
+    let remotes: Vec<Value> = m
+        .bindings
+        .iter()
+        .filter(|b| b.protocol.eq_ignore_ascii_case("mcp"))
+        .map(|b| json!({"type": "streamable-http", "url": b.endpoint}))
+        .collect();
+    let tools: Vec<Value> = m
+        .operations
+        .iter()
+        .map(|o| {
+            let mut t =
+                json!({"name": o.name, "description": o.description.clone().unwrap_or_default()});
+            if let Some(s) = &o.inputs {
+                t["inputSchema"] = s.clone();
+            }
+            t
+        })
+        .collect();
+    let mut card =
+        json!({"name": m.name, "description": m.description, "remotes": remotes, "tools": tools});
+    if let Some(v) = &m.version {
+        card["version"] = json!(v);
+    }
+    card
 }
 
 /// The record's address at this registry (`GET /agents/{id}`).
@@ -143,7 +243,8 @@ pub fn entry(record: &AgentRecord, ctx: &EntryContext) -> Map<String, Value> {
     );
     e.insert("displayName".into(), json!(m.name));
     e.insert("type".into(), json!(media_type));
-    e.insert("url".into(), json!(artifact_url(m, media_type, ctx.base)));
+    let (member, artifact) = artifact(m, media_type, ctx.base);
+    e.insert(member.into(), artifact);
     if !m.description.is_empty() {
         e.insert("description".into(), json!(m.description));
     }
@@ -835,11 +936,25 @@ mod tests {
         );
         assert_eq!(e["updatedAt"], "2026-03-02T00:00:00Z");
         assert_eq!(e["metadata"]["id"], "https://w.example/card.json");
-        // Without a document of its type, the artifact is the record here.
+        // Without a document of its type, a card written from the record.
         let mcp = record("weather", "mcp", None);
         let e = entry(&mcp, &CTX);
         assert_eq!(e["type"], "application/mcp-server-card+json");
-        assert_eq!(e["url"], "https://reg.example.org/agents/weather");
+        assert!(!e.contains_key("url"));
+        assert_eq!(
+            e["data"]["remotes"],
+            json!([{"type": "streamable-http", "url": "https://w.example/y"}])
+        );
+        assert_eq!(e["data"]["tools"][0]["name"], "get_weather");
+        let a2a = entry(&record("weather", "a2a", None), &CTX);
+        assert_eq!(
+            a2a["data"]["supportedInterfaces"][0]["url"],
+            "https://w.example/y"
+        );
+        // A WoA binding without its document: the record, typed AIDIP.
+        let woa = entry(&record("weather", "woa-rest", None), &CTX);
+        assert_eq!(woa["type"], AIDIP_TYPE);
+        assert_eq!(woa["url"], "https://reg.example.org/agents/weather");
         let plain = record("urn:air:acme.com:wx:weather", "http", None);
         let e = entry(&plain, &CTX);
         assert_eq!(e["type"], AIDIP_TYPE);

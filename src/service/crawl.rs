@@ -1,7 +1,8 @@
-//! The WoA crawler (WoA 7): the leader re-imports each configured host on
-//! its interval with a conditional GET (If-None-Match / If-Modified-Since
-//! from the last answer), and never sooner than the document's
-//! Cache-Control max-age allows. A 304 changes nothing.
+//! The crawler (WoA 7, ARD §6.2 web ingestion): the leader re-imports each
+//! configured source — a WoA host or an AI Catalog — on its interval with
+//! a conditional GET (If-None-Match / If-Modified-Since from the last
+//! answer), and never sooner than the document's Cache-Control max-age
+//! allows. A 304 changes nothing.
 
 use std::time::Duration;
 
@@ -10,7 +11,7 @@ use tracing::{info, info_span, warn, Instrument};
 
 use super::import::{document_url, ImportFormat};
 use super::invocation::InvocationService;
-use crate::config::WoaSourceConfig;
+use crate::config::{SourceFormat, WoaSourceConfig};
 use crate::domain::{Principal, Role};
 use crate::gateway::transport::GatewayError;
 
@@ -35,9 +36,13 @@ pub async fn crawl(
     source: WoaSourceConfig,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let span = info_span!("woa_crawl", url = %source.url);
+    let span = info_span!("crawl", url = %source.url, format = ?source.format);
     async move {
-        let Ok(url) = document_url(ImportFormat::Woa, &source.url) else {
+        let format = match source.format {
+            SourceFormat::Woa => ImportFormat::Woa,
+            SourceFormat::AiCatalog => ImportFormat::AiCatalog,
+        };
+        let Ok(url) = document_url(format, &source.url) else {
             return;
         };
         let principal = Principal::new(source.owner.clone(), Role::Publisher);
@@ -57,7 +62,7 @@ pub async fn crawl(
             let mut wait = interval;
             match service
                 .outbound()
-                .fetch(&url, "application/woa+json, application/json", &validators)
+                .fetch(&url, format.accept(), &validators)
                 .await
             {
                 Err(e) => warn!(error = %e, "crawl failed"),
@@ -71,7 +76,7 @@ pub async fn crawl(
                     .filter_map(|(h, v)| v.map(|v| (h, v)))
                     .collect();
                     match service
-                        .import_fetched(&principal, ImportFormat::Woa, &url, fetched)
+                        .import_fetched(&principal, format, &url, fetched)
                         .await
                     {
                         Ok(report) if report.not_modified => {}

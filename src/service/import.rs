@@ -1,6 +1,8 @@
 //! Importing agents described in other formats (SPECS.md "One agent
 //! record"): a Web of Agents host's `/.well-known/woa.json`, an A2A Agent
-//! Card, or an Agent Protocol agent's `describe`. The source is fetched
+//! Card, an Agent Protocol agent's `describe`, or a host's AI Catalog
+//! (`/.well-known/ai-catalog.json`, whose entries point at documents of
+//! those formats and at nested catalogs). The source is fetched
 //! through the outbound guard, validated as a whole, mapped into records
 //! (`gateway::import`), and each record is created, updated, left alone
 //! when unchanged, or — for a WoA host that no longer lists an agent it
@@ -16,7 +18,9 @@ use super::invocation::InvocationService;
 use super::registry::require_writer;
 use crate::domain::validate::normalise_and_validate;
 use crate::domain::{AgentMetadata, Principal};
-use crate::gateway::import::{a2a_card, ap_descriptor, woa_document};
+use crate::gateway::import::{
+    a2a_card, ap_descriptor, map_document, merge, read_catalog, woa_document, CatalogItem,
+};
 use crate::gateway::transport::Fetched;
 
 type Result<T> = std::result::Result<T, ServiceError>;
@@ -27,7 +31,13 @@ pub enum ImportFormat {
     Woa,
     A2a,
     AgentProtocol,
+    AiCatalog,
 }
+
+/// Catalog documents one import reads at most (the first and the nested
+/// ones it names), and how deep nested catalogs are followed.
+const MAX_CATALOG_DOCUMENTS: usize = 32;
+const MAX_CATALOG_DEPTH: usize = 3;
 
 impl ImportFormat {
     pub fn parse(s: &str) -> Option<Self> {
@@ -35,6 +45,7 @@ impl ImportFormat {
             "woa" => Some(Self::Woa),
             "a2a" => Some(Self::A2a),
             "agent-protocol" | "ap" => Some(Self::AgentProtocol),
+            "ai-catalog" | "catalog" => Some(Self::AiCatalog),
             _ => None,
         }
     }
@@ -44,6 +55,7 @@ impl ImportFormat {
             Self::Woa => "woa",
             Self::A2a => "a2a",
             Self::AgentProtocol => "agent-protocol",
+            Self::AiCatalog => "ai-catalog",
         }
     }
 
@@ -52,13 +64,15 @@ impl ImportFormat {
         match self {
             Self::Woa => Some("/.well-known/woa.json"),
             Self::A2a => Some("/.well-known/agent-card.json"),
+            Self::AiCatalog => Some("/.well-known/ai-catalog.json"),
             Self::AgentProtocol => None,
         }
     }
 
-    fn accept(self) -> &'static str {
+    pub fn accept(self) -> &'static str {
         match self {
             Self::Woa => "application/woa+json, application/json",
+            Self::AiCatalog => "application/ai-catalog+json, application/json",
             _ => "application/json",
         }
     }
@@ -77,6 +91,9 @@ pub struct ImportReport {
     pub unsupported: Vec<(String, String, String)>,
     /// The host answered 304 to the validators sent.
     pub not_modified: bool,
+    /// (identifier, name, URL) of registries a catalog names: reported for
+    /// an operator to add as peers, never followed.
+    pub registries: Vec<(String, String, String)>,
 }
 
 /// The URL of the document to read for `url`.
@@ -171,6 +188,7 @@ impl InvocationService {
             ImportFormat::AgentProtocol => {
                 vec![ap_descriptor(&doc, url).map_err(|e| bad_document(url, e))?]
             }
+            ImportFormat::AiCatalog => self.catalog_agents(url, &doc, &mut report).await?,
         };
         let mut kept = BTreeSet::new();
         for meta in agents {
@@ -193,6 +211,101 @@ impl InvocationService {
             }
         }
         Ok(report)
+    }
+
+    /// The agents of a catalog: its inline records, the documents its
+    /// entries point at (fetched through the outbound guard and mapped by
+    /// their format's importer), and nested catalogs, breadth first, at
+    /// most `MAX_CATALOG_DEPTH` deep and `MAX_CATALOG_DOCUMENTS` in all.
+    /// An entry whose document cannot be read is skipped, not fatal.
+    async fn catalog_agents(
+        &self,
+        url: &Url,
+        doc: &Value,
+        report: &mut ImportReport,
+    ) -> Result<Vec<AgentMetadata>> {
+        let allow_http = self.outbound().policy.allow_http;
+        let mut agents = Vec::new();
+        let mut queue = vec![(url.clone(), doc.clone(), 0usize)];
+        let mut read = 1usize;
+        while let Some((at, doc, depth)) = queue.pop() {
+            let catalog = match read_catalog(&doc, &at, allow_http) {
+                Ok(c) => c,
+                Err(e) if depth == 0 => return Err(bad_document(&at, e)),
+                Err(e) => {
+                    report
+                        .skipped
+                        .push((at.to_string(), String::new(), e.to_string()));
+                    continue;
+                }
+            };
+            for (identifier, reason) in catalog.skipped {
+                report.skipped.push((identifier, String::new(), reason));
+            }
+            for r in catalog.registries {
+                report
+                    .registries
+                    .push((r.identifier, r.display_name, r.url));
+            }
+            for item in catalog.items {
+                match item {
+                    CatalogItem::Record(meta) => agents.push(*meta),
+                    CatalogItem::Fetch { format, url, entry } => {
+                        match self.fetch_json(&url, "application/json").await {
+                            Ok(doc) => match map_document(format, &doc, &url, allow_http) {
+                                Ok(list) => agents
+                                    .extend(list.into_iter().map(|m| merge(m, &entry, format))),
+                                Err(e) => report.skipped.push((
+                                    entry.id.clone(),
+                                    String::new(),
+                                    bad_document(&url, e).to_string(),
+                                )),
+                            },
+                            Err(e) => report.skipped.push((
+                                entry.id.clone(),
+                                String::new(),
+                                e.to_string(),
+                            )),
+                        }
+                    }
+                    CatalogItem::Catalog { identifier, url } => {
+                        if depth + 1 > MAX_CATALOG_DEPTH || read >= MAX_CATALOG_DOCUMENTS {
+                            report.skipped.push((
+                                identifier,
+                                String::new(),
+                                format!("nested catalogs are followed {MAX_CATALOG_DEPTH} deep and {MAX_CATALOG_DOCUMENTS} documents at most"),
+                            ));
+                            continue;
+                        }
+                        read += 1;
+                        match self
+                            .fetch_json(&url, ImportFormat::AiCatalog.accept())
+                            .await
+                        {
+                            Ok(doc) => queue.insert(0, (url, doc, depth + 1)),
+                            Err(e) => {
+                                report
+                                    .skipped
+                                    .push((identifier, String::new(), e.to_string()))
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Ok(agents)
+    }
+
+    /// A JSON document read through the outbound guard.
+    async fn fetch_json(&self, url: &Url, accept: &str) -> Result<Value> {
+        let fetched = self.outbound().fetch(url, accept, &[]).await?;
+        if fetched.status != 200 {
+            return Err(ServiceError::BadUpstream(format!(
+                "{url} answered {}",
+                fetched.status
+            )));
+        }
+        serde_json::from_slice(&fetched.body).map_err(|e| bad_document(url, e))
     }
 
     /// Creates, updates or leaves alone one imported record.

@@ -823,3 +823,219 @@ async fn ard_federation_modes_reach_a_peer_registry() {
     a.stop().await;
     b.stop().await;
 }
+
+#[tokio::test]
+async fn another_registry_imports_the_catalog_and_serves_the_same_urns() {
+    let (b, bh) = start().await;
+    directory(&bh).await;
+    let a = TestServer::start_with(|c| {
+        c.identity.authority = Some("a.example".into());
+        c.gateway.outbound.allow = vec!["127.0.0.1".into()];
+        c.gateway.outbound.allow_http = true;
+    })
+    .await;
+    let h = Http::new(&a.http);
+    let import = || {
+        let h = &h;
+        let url = b.http.clone();
+        async move {
+            let (status, report) = h
+                .call(
+                    Method::POST,
+                    "/import/ai-catalog",
+                    Some(ALICE),
+                    Some(json!({"url": url})),
+                )
+                .await
+                .expect("imported");
+            assert_eq!(status, 200, "{report}");
+            report
+        }
+    };
+    let report = import().await;
+    let outcomes: Vec<(String, String)> = report["agents"]
+        .as_array()
+        .expect("agents")
+        .iter()
+        .map(|a| {
+            (
+                a["id"].as_str().unwrap().to_string(),
+                a["outcome"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let mut ids: Vec<&str> = outcomes.iter().map(|(i, _)| i.as_str()).collect();
+    ids.sort();
+    assert_eq!(
+        ids,
+        [
+            "urn:air:acme.com:travel:flights",
+            "urn:air:registry.example.org:agents:hotels",
+            "urn:air:registry.example.org:agents:translator__v2",
+            "urn:air:registry.example.org:agents:weather",
+        ],
+        "{report:#}"
+    );
+    assert!(outcomes.iter().all(|(_, o)| o == "created"), "{report:#}");
+    assert_eq!(
+        report["registries"][0]["url"],
+        format!("{}/ard", b.http),
+        "{report:#}"
+    );
+    // The AIDIP record came whole; the cards gave their bindings.
+    let (_, weather) = h
+        .call(
+            Method::GET,
+            &format!("/agents/{}", Http::url_id(&minted("weather"))),
+            None,
+            None,
+        )
+        .await
+        .expect("imported record");
+    assert_eq!(
+        weather["examples"][0]["text"],
+        "Will it rain in Paris tomorrow?"
+    );
+    let (_, flights) = h
+        .call(
+            Method::GET,
+            &format!(
+                "/agents/{}",
+                Http::url_id("urn:air:acme.com:travel:flights")
+            ),
+            None,
+            None,
+        )
+        .await
+        .expect("imported record");
+    assert_eq!(flights["bindings"][0]["protocol"], "a2a");
+    assert_eq!(
+        flights["source"]["catalog"]["identifier"],
+        "urn:air:acme.com:travel:flights"
+    );
+    // Found at a.example under the publisher's URN.
+    let (_, found) = h
+        .call(
+            Method::POST,
+            "/ard/search",
+            None,
+            Some(
+                json!({"query": {"text": "will it rain in Paris tomorrow"}, "federation": "none"}),
+            ),
+        )
+        .await
+        .expect("search");
+    assert_eq!(
+        found["results"][0]["identifier"],
+        minted("weather"),
+        "{found:#}"
+    );
+    // A second crawl of an unchanged catalog changes nothing.
+    let again = import().await;
+    assert!(
+        again["agents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|a| a["outcome"] == "unchanged"),
+        "{again:#}"
+    );
+    a.stop().await;
+    b.stop().await;
+}
+
+/// The count of answers with `code` to `GET /.well-known/ai-catalog.json`
+/// in this process (instruments are process-wide).
+async fn catalog_answers(h: &Http, code: &str) -> u64 {
+    let text = h
+        .client
+        .get(format!("{}/metrics", h.base))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    text.lines()
+        .filter(|l| {
+            l.starts_with("agentry_requests_total{")
+                && l.contains("/.well-known/ai-catalog.json")
+                && l.contains(&format!("code=\"{code}\""))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+#[tokio::test]
+async fn a_configured_catalog_is_crawled_with_conditional_gets() {
+    // The crawler waits at least the catalog's max-age between crawls.
+    let b = TestServer::start_with(|c| {
+        c.identity.authority = Some(AUTHORITY.into());
+        c.gateway.woa_max_age_secs = 1;
+    })
+    .await;
+    let bh = Http::new(&b.http);
+    directory(&bh).await;
+    let url = b.http.clone();
+    let a = TestServer::start_with(move |c| {
+        c.identity.authority = Some("a.example".into());
+        c.gateway.outbound.allow = vec!["127.0.0.1".into()];
+        c.gateway.outbound.allow_http = true;
+        c.gateway.woa_sources = vec![agentry::config::WoaSourceConfig {
+            url,
+            interval_secs: 1,
+            owner: "crawler".into(),
+            format: agentry::config::SourceFormat::AiCatalog,
+        }];
+    })
+    .await;
+    let h = Http::new(&a.http);
+    let path = format!("/agents/{}", Http::url_id(&minted("weather")));
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok((_, rec)) = h.call(Method::GET, &path, None, None).await {
+            assert_eq!(rec["registry"]["owner"], "crawler");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the catalog was never crawled"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Later crawls revalidate (304) instead of reading the catalog again.
+    while catalog_answers(&bh, "304").await == 0 {
+        assert!(
+            std::time::Instant::now() < deadline + Duration::from_secs(10),
+            "no conditional GET was answered 304"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // A new agent at b reaches a on a later crawl.
+    bh.call(
+        Method::POST,
+        "/agents",
+        Some(ALICE),
+        Some(agent(
+            "news",
+            "News Digest",
+            "Summarises today's news.",
+            "https",
+            &["news"],
+            &["What happened today?", "Top stories"],
+        )),
+    )
+    .await
+    .expect("registered at b");
+    let path = format!("/agents/{}", Http::url_id(&minted("news")));
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while h.call(Method::GET, &path, None, None).await.is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the change never reached a"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    a.stop().await;
+    b.stop().await;
+}

@@ -1005,6 +1005,7 @@ async fn configured_woa_hosts_are_crawled_with_conditional_gets() {
             url: base,
             interval_secs: 1,
             owner: "crawler".into(),
+            format: Default::default(),
         }];
     })
     .await;

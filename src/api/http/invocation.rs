@@ -279,6 +279,7 @@ pub(super) async fn import(
             "agents": r.agents.iter().map(|a| json!({"id": a.id, "outcome": a.outcome})).collect::<Vec<_>>(),
             "skipped": r.skipped.iter().map(problem).collect::<Vec<_>>(),
             "unsupported_transports": r.unsupported_transports.iter().map(problem).collect::<Vec<_>>(),
+            "registries": r.registries.iter().map(|g| json!({"identifier": g.identifier, "displayName": g.display_name, "url": g.url})).collect::<Vec<_>>(),
         }),
     ))
 }

@@ -2,7 +2,8 @@
 //!
 //! Three formats describe agents the registry indexes and the gateway
 //! invokes: Web of Agents documents (`/.well-known/woa.json`), A2A Agent
-//! Cards and Agent Protocol `AgentDescriptor`s. Each agent becomes one
+//! Cards and Agent Protocol `AgentDescriptor`s; AI Catalog manifests
+//! (`ai_catalog`) point at documents of those formats. Each agent becomes one
 //! [`AgentMetadata`](crate::domain::AgentMetadata) (SPECS.md "One agent record"; ADP "Mapping to Existing
 //! Formats" gives the table), and the source is kept in the record's
 //! `source` member (`{format, url, document}`) so anyone can see what the
@@ -38,10 +39,14 @@ use crate::domain::FieldError;
 
 mod a2a;
 mod agent_protocol;
+mod ai_catalog;
 mod woa;
 
 pub use a2a::a2a_card;
 pub use agent_protocol::ap_descriptor;
+pub use ai_catalog::{
+    map_document, merge, read_catalog, CatalogItem, CatalogRead, EntryFormat, RegistryRef,
+};
 pub use woa::{is_woa_agent_id, woa_document, woa_token, Skipped, UnsupportedTransport, WoaImport};
 
 /// Binding protocol of a WoA REST transport: POST the WoA invocation
