@@ -1,12 +1,14 @@
 //! Benchmarks that print their figures: committed writes against etcd,
 //! discovery latency against PostgreSQL and LanceDB, signature throughput,
-//! federated discovery, invocation gateway overheads, and the cost of TLS
-//! and token checks.
+//! federated discovery, invocation gateway overheads, the cost of TLS
+//! and token checks, and the discovery standards' surfaces (ARD, the AI
+//! Catalog, the MCP registry).
 
 pub mod discover;
 pub mod federation;
 pub mod gateway;
 pub mod signatures;
+pub mod standards;
 pub mod trust;
 mod writes;
 

@@ -292,6 +292,20 @@ pub enum BenchCommand {
         #[arg(long)]
         no_peers: bool,
     },
+    /// The discovery standards over HTTP: ARD search against ADP discover
+    /// on the same queries, the AI Catalog document (build, cached, 304,
+    /// after a change), MCP registry pages of 100.
+    Standards {
+        /// Agents in the directory.
+        #[arg(long, default_value_t = 10_000)]
+        agents: usize,
+        /// Query texts (each asked of both routes, twice).
+        #[arg(long, default_value_t = 1000)]
+        queries: usize,
+        /// MCP servers published for the paging figures.
+        #[arg(long, default_value_t = 100_000)]
+        servers: usize,
+    },
     /// The latency federated discovery adds over local discovery (three
     /// registries in one process, peers on loopback).
     Federation {
@@ -383,6 +397,19 @@ pub async fn run_bench(args: BenchArgs) -> Result<(), CliError> {
                     .await
                     .map_err(local)?;
             out!("{}", crate::bench::federation::report(&r));
+            return Ok(());
+        }
+        BenchCommand::Standards {
+            agents,
+            queries,
+            servers,
+        } => {
+            let temp = tempfile_dir(None)?;
+            let r =
+                crate::bench::standards::run(temp.path(), agents.max(1), queries.max(1), servers)
+                    .await
+                    .map_err(local)?;
+            out!("{}", crate::bench::standards::report(&r));
             return Ok(());
         }
         BenchCommand::Gateway { calls, clients } => {

@@ -451,7 +451,13 @@ impl ArdService {
         let request = DiscoveryRequest {
             query: text.to_string(),
             limit: depth.clamp(1, MAX_MATCHED),
-            detail: Detail::Full,
+            // Local entries come from the catalog cache; only peers'
+            // candidates are rendered from their metadata.
+            detail: if scope == Scope::Federated {
+                Detail::Full
+            } else {
+                Detail::Minimal
+            },
             scope,
             any_of: clauses,
             local_publisher: Some(self.publisher()),
