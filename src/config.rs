@@ -488,6 +488,9 @@ pub struct Config {
     pub federation: FederationConfig,
     /// The invocation gateway and its outbound policy.
     pub gateway: GatewayConfig,
+    /// The MCP Registry API: upstream registries mirrored
+    /// (`[[mcp_registry.upstreams]]`).
+    pub mcp_registry: crate::service::McpRegistryConfig,
     /// Register the demo directory (the MetaTool agents) on start.
     pub demo: bool,
     /// Bootstrap admin key (normally from `AGENTRY_ADMIN_KEY`).
@@ -563,6 +566,7 @@ impl Default for Config {
             identity: IdentityConfig::default(),
             federation: FederationConfig::default(),
             gateway: GatewayConfig::default(),
+            mcp_registry: Default::default(),
             demo: false,
             admin_key: None,
         }
@@ -694,6 +698,7 @@ impl Config {
         self.discovery.validate().map_err(ConfigError::Invalid)?;
         self.federation.validate()?;
         self.gateway.validate()?;
+        self.mcp_registry.validate().map_err(ConfigError::Invalid)?;
         for k in &self.api_keys {
             let err = |m: &str| ConfigError::ApiKey {
                 name: k.name.clone(),
@@ -726,6 +731,31 @@ mod tests {
         c.validate().unwrap();
         std::fs::write(&p, "anonymous_read = false\n").unwrap();
         assert!(Config::from_file(&p).is_err());
+    }
+
+    #[test]
+    fn mcp_upstreams_take_defaults_and_are_validated() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("m.toml");
+        std::fs::write(
+            &p,
+            "[[mcp_registry.upstreams]]\nurl = \"https://registry.modelcontextprotocol.io\"\n",
+        )
+        .unwrap();
+        let c = Config::from_file(&p).unwrap();
+        let u = &c.mcp_registry.upstreams[0];
+        assert_eq!(
+            (u.poll_interval_secs, u.owner.as_str(), u.page_limit),
+            (300, "mcp-mirror", 100)
+        );
+        assert!(u.namespaces.is_empty());
+        c.validate().unwrap();
+        std::fs::write(
+            &p,
+            "[[mcp_registry.upstreams]]\nurl = \"https://up.example\"\npoll_interval_secs = 0\n",
+        )
+        .unwrap();
+        assert!(Config::from_file(&p).unwrap().validate().is_err());
     }
 
     #[test]

@@ -422,6 +422,9 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
             shutdown_rx.clone(),
         ));
     }
+    // The MCP registry mirrors read upstreams through the gateway's
+    // outbound guard.
+    let mirror_gateway = gateway.clone();
     let invocation = InvocationApi::new(gateway);
     // The AI Catalog, ARD and MCP registry APIs name the same public base
     // as woa.json.
@@ -436,6 +439,15 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
         Duration::from_secs(config.gateway.woa_max_age_secs),
     ));
     let mcp = crate::service::McpService::new(service.clone(), public_base);
+    for upstream in &config.mcp_registry.upstreams {
+        tokio::spawn(crate::service::mcp_mirror(
+            mirror_gateway.clone(),
+            mcp.clone(),
+            audit.clone(),
+            upstream.clone(),
+            shutdown_rx.clone(),
+        ));
+    }
     let api = RegistryApi::new(service);
     let cluster = ClusterApi::new(
         ClusterService::new(

@@ -90,6 +90,15 @@ pub enum Command {
     /// Changes nothing but the audit trail: records an admin action that
     /// took effect outside the state machine (a membership change).
     Note { now: String },
+    /// Moves a named cursor of a follower of another registry forward (the
+    /// MCP registry mirror's `updatedAt`, `mcp-upstream:<url>`): kept with
+    /// the federation cursors, so snapshots and backups carry it and a new
+    /// leader resumes where the last one stopped. Never moves back.
+    Cursor {
+        name: String,
+        value: u64,
+        now: String,
+    },
     /// Founds the cluster id (when there is none) and records members' data
     /// directory incarnations (those without one); `membership_check`.
     Cluster {
@@ -112,6 +121,7 @@ impl Command {
             Self::Identity { .. }
             | Self::PublisherKey { .. }
             | Self::Note { .. }
+            | Self::Cursor { .. }
             | Self::Cluster { .. } => None,
         }
     }
@@ -127,6 +137,7 @@ impl Command {
             | Self::Identity { now, .. }
             | Self::Federate { now, .. }
             | Self::Note { now }
+            | Self::Cursor { now, .. }
             | Self::Cluster { now, .. } => now,
             Self::Audited { command, .. } => command.now(),
         }

@@ -689,6 +689,182 @@ pub fn decode_cursor(cursor: &str) -> Option<(String, usize)> {
     Some((name.to_string(), i.parse().ok()?))
 }
 
+/// The member of `EXTENSION` that marks a server mirrored from an upstream
+/// registry: the upstream's base URL. Such a record is a read-only copy;
+/// only the mirror of that upstream changes it.
+pub const UPSTREAM: &str = "upstream";
+
+/// The upstream registry a server is mirrored from (none: published here).
+pub fn upstream(m: &AgentMetadata) -> Option<&str> {
+    m.extra.get(EXTENSION)?.get(UPSTREAM)?.as_str()
+}
+
+/// Why an upstream's version was not mirrored.
+#[derive(Debug, Clone, PartialEq)]
+pub enum MirrorRefusal {
+    /// The upstream's `ServerResponse` is none this registry can keep
+    /// (the member to blame named).
+    Invalid(FieldError),
+    /// The record is no copy of this upstream (published here, mirrored
+    /// from another upstream, or no MCP server): the mirror never
+    /// overwrites it.
+    NotMirrored(String),
+}
+
+impl std::fmt::Display for MirrorRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Invalid(e) => write!(f, "{e}"),
+            Self::NotMirrored(m) => f.write_str(m),
+        }
+    }
+}
+
+/// One upstream `ServerResponse` as this registry keeps it: the
+/// `server.json` as the upstream serves it and the registry-managed fields
+/// of its `_meta[OFFICIAL]`, the upstream's times kept as they are (so a
+/// mirror of the mirror sees the same `updatedAt`s). `isLatest` is not
+/// kept: this registry decides it by the same rule over what it holds.
+pub fn upstream_version(response: &Value) -> Result<StoredVersion, FieldError> {
+    let server = response
+        .get("server")
+        .filter(|s| s.is_object())
+        .ok_or_else(|| refuse("/server", "is required (a server.json object)"))?;
+    validate_server(server).map_err(|e| refuse(&format!("/server{}", e.pointer), e.message))?;
+    let official = response
+        .get("_meta")
+        .and_then(|m| m.get(OFFICIAL))
+        .and_then(Value::as_object)
+        .ok_or_else(|| refuse(&format!("/_meta/{OFFICIAL}"), "is required (an object)"))?;
+    let at = |key: &str| -> Result<Option<String>, FieldError> {
+        let pointer = format!("/_meta/{OFFICIAL}/{key}");
+        match text(official, key).map_err(|_| refuse(&pointer, "must be a string"))? {
+            None => Ok(None),
+            Some(t) if super::time::parse(t).is_some() => Ok(Some(t.to_string())),
+            Some(t) => Err(refuse(&pointer, format!("'{t}' is not an RFC 3339 time"))),
+        }
+    };
+    // `updatedAt` is what a mirror's cursor follows: it must be there.
+    let updated_at = at("updatedAt")?.ok_or_else(|| {
+        refuse(
+            &format!("/_meta/{OFFICIAL}/updatedAt"),
+            "is required (an RFC 3339 time)",
+        )
+    })?;
+    let published_at = at("publishedAt")?.unwrap_or_else(|| updated_at.clone());
+    let status_changed_at = at("statusChangedAt")?.unwrap_or_else(|| published_at.clone());
+    let status = match text(official, "status") {
+        Ok(None) => McpStatus::Active,
+        Ok(Some(s)) => McpStatus::parse(s).ok_or_else(|| {
+            refuse(
+                &format!("/_meta/{OFFICIAL}/status"),
+                format!("'{s}' is not a status (active, deprecated or deleted)"),
+            )
+        })?,
+        Err(_) => {
+            return Err(refuse(
+                &format!("/_meta/{OFFICIAL}/status"),
+                "must be a string",
+            ))
+        }
+    };
+    let status_message = text(official, "statusMessage")
+        .map_err(|_| {
+            refuse(
+                &format!("/_meta/{OFFICIAL}/statusMessage"),
+                "must be a string",
+            )
+        })?
+        .map(String::from);
+    Ok(StoredVersion {
+        server: server.clone(),
+        status,
+        status_message,
+        status_changed_at,
+        published_at,
+        updated_at,
+    })
+}
+
+fn time_of(t: &str) -> Option<time::OffsetDateTime> {
+    super::time::parse(t)
+}
+
+/// The record after mirroring one upstream `ServerResponse` onto what the
+/// record holds (`current`, none for a server new here), marked as a copy
+/// of `upstream`; `None` when it already holds exactly that version (or a
+/// newer state of it), so reading a page again writes nothing.
+///
+/// A version new here is appended (in the order the upstream lists it), a
+/// known one takes the upstream's status, message, server.json and times. The record's fields follow the latest version,
+/// as for published servers, and its `updated_at` is the newest
+/// `updatedAt` of its versions (the upstream's clock, not this
+/// registry's, so the result depends on nothing but the inputs).
+pub fn mirror_version(
+    current: Option<&AgentMetadata>,
+    response: &Value,
+    upstream_url: &str,
+) -> Result<Option<AgentMetadata>, MirrorRefusal> {
+    let incoming = upstream_version(response).map_err(MirrorRefusal::Invalid)?;
+    let name = incoming.name().to_string();
+    if let Some(m) = current {
+        if !is_server(m) {
+            return Err(MirrorRefusal::NotMirrored(format!(
+                "'{}' is the id of an agent that is no MCP server",
+                m.id
+            )));
+        }
+        match upstream(m) {
+            Some(u) if u == upstream_url => {}
+            Some(u) => {
+                return Err(MirrorRefusal::NotMirrored(format!(
+                    "'{name}' is mirrored from {u}, not from {upstream_url}"
+                )))
+            }
+            None => {
+                return Err(MirrorRefusal::NotMirrored(format!(
+                    "'{name}' is published at this registry; the upstream's copy is not kept"
+                )))
+            }
+        }
+    }
+    let mut all = current.map(versions).unwrap_or_default();
+    match all.iter().position(|v| v.version() == incoming.version()) {
+        Some(i) => {
+            let stored = &all[i];
+            let older = match (time_of(&incoming.updated_at), time_of(&stored.updated_at)) {
+                (Some(n), Some(o)) => n < o,
+                _ => false,
+            };
+            if older || *stored == incoming {
+                return Ok(None);
+            }
+            all[i] = incoming;
+        }
+        // Appended, as published versions are: list cursors are positions
+        // in this order and must stay valid (the upstream lists a server's
+        // versions in its publish order, so a first poll keeps that order).
+        None => all.push(incoming),
+    }
+    let newest = all
+        .iter()
+        .filter_map(|v| time_of(&v.updated_at).map(|t| (t, v.updated_at.clone())))
+        .max_by_key(|(t, _)| *t)
+        .map(|(_, s)| s)
+        .unwrap_or_default();
+    let mut m = metadata(all, current, &newest).map_err(MirrorRefusal::Invalid)?;
+    if let Some(Value::Object(x)) = m.extra.get_mut(EXTENSION) {
+        x.insert(UPSTREAM.into(), json!(upstream_url));
+    }
+    Ok(Some(m))
+}
+
+/// Whether a server name is among a mirror's `namespaces` (name
+/// prefixes; none: every name).
+pub fn in_namespaces(name: &str, namespaces: &[String]) -> bool {
+    namespaces.is_empty() || namespaces.iter().any(|p| name.starts_with(p.as_str()))
+}
+
 /// This registry's own `_meta` key: its authority in reverse-DNS order,
 /// then `/agentry` (`registry.example.org` → `org.example.registry/agentry`).
 pub fn own_meta_key(publisher: &str) -> String {
@@ -876,5 +1052,104 @@ mod tests {
             own_meta_key("registry.example.org"),
             "org.example.registry/agentry"
         );
+    }
+
+    const UP: &str = "https://registry.modelcontextprotocol.io";
+
+    fn upstream_response(version: &str, status: &str, published: &str, updated: &str) -> Value {
+        json!({
+            "server": server("io.acme/weather", version),
+            "_meta": {OFFICIAL: {
+                "status": status, "statusChangedAt": updated, "publishedAt": published,
+                "updatedAt": updated, "isLatest": true
+            }}
+        })
+    }
+
+    #[test]
+    fn mirroring_keeps_the_upstreams_versions_and_times() {
+        let r1 = upstream_response("1.0.0", "active", T1, T1);
+        let m = mirror_version(None, &r1, UP).unwrap().unwrap();
+        assert_eq!(m.id, "mcp:io.acme/weather");
+        assert_eq!(upstream(&m), Some(UP));
+        assert_eq!(m.updated_at.as_deref(), Some(T1), "the upstream's clock");
+        // The same response again changes nothing.
+        assert_eq!(mirror_version(Some(&m), &r1, UP).unwrap(), None);
+        // A version seen later is appended (list cursors stay valid), with
+        // the upstream's times; isLatest is this registry's rule.
+        let r0 = upstream_response("0.9.0", "active", "2026-10-01T00:00:00Z", T2);
+        let m = mirror_version(Some(&m), &r0, UP).unwrap().unwrap();
+        let all = versions(&m);
+        assert_eq!(
+            all.iter().map(StoredVersion::version).collect::<Vec<_>>(),
+            ["1.0.0", "0.9.0"]
+        );
+        assert_eq!(all[1].published_at, "2026-10-01T00:00:00Z");
+        assert_eq!(all[1].updated_at, T2);
+        assert_eq!(m.updated_at.as_deref(), Some(T2));
+        assert_eq!(latest(&all), Some(0));
+        // A deletion upstream is a status; the record follows the latest.
+        let gone = upstream_response("1.0.0", "deleted", T1, T3);
+        let m = mirror_version(Some(&m), &gone, UP).unwrap().unwrap();
+        let all = versions(&m);
+        assert_eq!(all[0].status, McpStatus::Deleted);
+        assert_eq!(all[0].published_at, T1);
+        assert_eq!(latest(&all), Some(1));
+        assert_eq!(m.version.as_deref(), Some("0.9.0"));
+        assert_eq!(upstream(&m), Some(UP), "the mark survives a change");
+        // An older state of a known version never wins.
+        assert_eq!(mirror_version(Some(&m), &r1, UP).unwrap(), None);
+    }
+
+    #[test]
+    fn mirroring_never_overwrites_what_it_does_not_own() {
+        let local = publish(None, server("io.acme/weather", "1.0.0"), T1).unwrap();
+        let r = upstream_response("2.0.0", "active", T2, T2);
+        assert!(matches!(
+            mirror_version(Some(&local), &r, UP),
+            Err(MirrorRefusal::NotMirrored(_))
+        ));
+        let theirs = mirror_version(None, &r, "https://other.example")
+            .unwrap()
+            .unwrap();
+        assert!(matches!(
+            mirror_version(Some(&theirs), &r, UP),
+            Err(MirrorRefusal::NotMirrored(_))
+        ));
+        let agent = AgentMetadata {
+            id: "mcp:io.acme/weather".into(),
+            ..Default::default()
+        };
+        assert!(matches!(
+            mirror_version(Some(&agent), &r, UP),
+            Err(MirrorRefusal::NotMirrored(_))
+        ));
+        // Responses this registry cannot keep name the member.
+        let mut bad = r.clone();
+        bad["server"]["version"] = json!("^2.0.0");
+        assert_eq!(
+            mirror_version(None, &bad, UP),
+            Err(MirrorRefusal::Invalid(FieldError::new(
+                "/server/version",
+                "'^2.0.0' is a version range; publish a specific version"
+            )))
+        );
+        let mut bad = r.clone();
+        bad["_meta"][OFFICIAL]["updatedAt"] = json!("yesterday");
+        match mirror_version(None, &bad, UP) {
+            Err(MirrorRefusal::Invalid(e)) => {
+                assert_eq!(e.pointer, format!("/_meta/{OFFICIAL}/updatedAt"))
+            }
+            other => panic!("{other:?}"),
+        }
+        let mut bad = r;
+        bad["_meta"][OFFICIAL]["status"] = json!("gone");
+        assert!(matches!(
+            mirror_version(None, &bad, UP),
+            Err(MirrorRefusal::Invalid(_))
+        ));
+        assert!(in_namespaces("io.acme/weather", &[]));
+        assert!(in_namespaces("io.acme/weather", &["io.acme/".into()]));
+        assert!(!in_namespaces("io.other/weather", &["io.acme/".into()]));
     }
 }

@@ -38,6 +38,18 @@ fn not_found() -> ServiceError {
     ServiceError::NotFound("Server not found".into())
 }
 
+/// A server mirrored from an upstream registry is a read-only copy: its
+/// versions and statuses change only there (and reach this registry by
+/// the mirror), so a write here would be overwritten or diverge.
+fn refuse_mirrored(m: &crate::domain::AgentMetadata, name: &str) -> Result<()> {
+    match mcp::upstream(m) {
+        Some(upstream) => Err(ServiceError::Conflict(format!(
+            "'{name}' is a read-only copy mirrored from {upstream}; publish and change its status there"
+        ))),
+        None => Ok(()),
+    }
+}
+
 impl McpService {
     pub fn new(registry: RegistryService, base: String) -> Self {
         Self {
@@ -203,11 +215,28 @@ impl McpService {
         name: &str,
         change: impl Fn(Option<&AgentRecord>) -> Result<crate::domain::AgentMetadata>,
     ) -> Result<AgentRecord> {
+        self.merge_if(principal, name, |live| change(live).map(Some))
+            .await?
+            .ok_or_else(|| ServiceError::Internal("a merge wrote nothing".into()))
+    }
+
+    /// `merge` for a change that may find nothing to write (`Ok(None)`:
+    /// the record already is so; then nothing is proposed and `None`
+    /// returned). Shared with the upstream mirror (`mcp_mirror`), whose
+    /// re-read pages must write nothing.
+    pub(super) async fn merge_if(
+        &self,
+        principal: Option<&Principal>,
+        name: &str,
+        change: impl Fn(Option<&AgentRecord>) -> Result<Option<crate::domain::AgentMetadata>>,
+    ) -> Result<Option<AgentRecord>> {
         let id = mcp::record_id(name);
         for attempt in 0..ATTEMPTS {
             let current = self.registry.reader().get(&id)?;
             let live = current.as_ref().filter(|r| !r.envelope.deleted);
-            let metadata = change(live)?;
+            let Some(metadata) = change(live)? else {
+                return Ok(None);
+            };
             let expected = current.as_ref().map_or(0, |r| r.envelope.revision);
             let mode = if live.is_some() {
                 WriteMode::Update
@@ -219,7 +248,7 @@ impl McpService {
                 .put_if(principal, metadata, expected, mode)
                 .await?
             {
-                Ok(record) => return Ok(record),
+                Ok(record) => return Ok(Some(record)),
                 Err(Rejection::RevisionChanged { .. }) => {
                     debug!(attempt, "the server changed meanwhile; merging again");
                 }
@@ -253,6 +282,9 @@ impl McpService {
                         "'{}' is the id of an agent that is no MCP server",
                         r.metadata.id
                     )));
+                }
+                if let Some(r) = live {
+                    refuse_mirrored(&r.metadata, &name)?;
                 }
                 Ok(mcp::publish(
                     live.map(|r| &r.metadata),
@@ -288,6 +320,7 @@ impl McpService {
                 let r = live
                     .filter(|r| mcp::is_server(&r.metadata))
                     .ok_or_else(not_found)?;
+                refuse_mirrored(&r.metadata, name)?;
                 let (m, which) =
                     mcp::set_status(&r.metadata, version, status, message.clone(), &now).map_err(
                         |e| match e {

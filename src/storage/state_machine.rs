@@ -331,6 +331,7 @@ impl StateMachine {
             | Command::PublisherKey { .. }
             | Command::Audited { .. }
             | Command::Note { .. }
+            | Command::Cursor { .. }
             | Command::Cluster { .. } => {
                 // Routed to their own appliers by `apply`; never here.
                 return CommandResult::Internal;
@@ -767,6 +768,21 @@ impl StateMachine {
                     CommandResult::Internal
                 }
                 EntryPayload::Normal(Command::Note { .. }) => CommandResult::Internal,
+                EntryPayload::Normal(Command::Cursor { name, value, .. }) => {
+                    // Kept with the federation cursors (same map, same
+                    // snapshot and backup member); only ever forward.
+                    let cursors = match cursors.as_mut() {
+                        Some(c) => c,
+                        None => cursors.insert(
+                            get_json(&self.db, CF_SM, KEY_FEDERATION_CURSORS)
+                                .map_err(sm_read)?
+                                .unwrap_or_default(),
+                        ),
+                    };
+                    let slot = cursors.entry(name).or_insert(0);
+                    *slot = (*slot).max(value);
+                    CommandResult::Internal
+                }
                 EntryPayload::Normal(Command::Cluster {
                     cluster_id,
                     incarnations,
@@ -1253,6 +1269,46 @@ mod tests {
             )
             .unwrap();
         assert_eq!(entries.iter().map(|e| e.seq).collect::<Vec<_>>(), [1, 2]);
+    }
+
+    #[tokio::test]
+    async fn named_cursors_only_move_forward_and_travel_in_snapshots() {
+        let leader = openraft::CommittedLeaderId::new(1, 1);
+        let dir = tempfile::tempdir().unwrap();
+        let mut sm = StateMachine::open(
+            crate::storage::open(&dir.path().join("a"), crate::storage::DEFAULT_MAX_WAL_BYTES)
+                .unwrap(),
+            dir.path().join("a-snap"),
+            1000,
+        )
+        .unwrap();
+        let cursor = |index: u64, value: u64| Entry {
+            log_id: openraft::LogId::new(leader, index),
+            payload: EntryPayload::Normal(Command::Cursor {
+                name: "mcp-upstream:https://up.example".into(),
+                value,
+                now: "2026-11-26T00:00:00Z".into(),
+            }),
+        };
+        // In one batch and across batches, a lower value never wins.
+        sm.apply([cursor(1, 20), cursor(2, 10)]).await.unwrap();
+        sm.apply([cursor(3, 15)]).await.unwrap();
+        let reader = sm.reader();
+        assert_eq!(
+            reader
+                .federation_cursor("mcp-upstream:https://up.example")
+                .unwrap(),
+            20
+        );
+        sm.apply([cursor(4, 30)]).await.unwrap();
+        let (fresh, _) = restored_from_snapshot(&mut sm, dir.path()).await;
+        assert_eq!(
+            fresh
+                .reader()
+                .federation_cursor("mcp-upstream:https://up.example")
+                .unwrap(),
+            30
+        );
     }
 
     fn e_context() -> crate::domain::audit::AuditContext {

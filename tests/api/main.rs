@@ -13,6 +13,7 @@ mod embedders;
 mod harness;
 mod invocation;
 mod mcp;
+mod mcp_mirror;
 mod mcp_registry;
 mod peer_tls;
 mod restart;
