@@ -128,21 +128,7 @@ async fn raw(
     body: Option<Value>,
     headers: &[(&str, &str)],
 ) -> (u16, reqwest::header::HeaderMap, Value) {
-    let mut req = h.client.request(method, format!("{}{path}", h.base));
-    if let Some(k) = key {
-        req = req.bearer_auth(k);
-    }
-    if let Some(b) = body {
-        req = req.json(&b);
-    }
-    for (k, v) in headers {
-        req = req.header(*k, *v);
-    }
-    let resp = req.send().await.expect("sent");
-    let status = resp.status().as_u16();
-    let headers = resp.headers().clone();
-    let body = resp.json().await.unwrap_or(Value::Null);
-    (status, headers, body)
+    h.send(method, path, key, body, headers).await
 }
 
 /// Asserts an ARD error (`{errorCode, message}`, nothing else) and returns

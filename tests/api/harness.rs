@@ -135,6 +135,32 @@ impl Http {
         url::form_urlencoded::byte_serialize(id.as_bytes()).collect()
     }
 
+    /// A request whose answer is taken as it comes (any status, any error
+    /// shape): (status, headers, JSON body or null).
+    pub async fn send(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        key: Option<&str>,
+        body: Option<Value>,
+        headers: &[(&str, &str)],
+    ) -> (u16, reqwest::header::HeaderMap, Value) {
+        let mut req = self.client.request(method, format!("{}{path}", self.base));
+        if let Some(k) = key {
+            req = req.bearer_auth(k);
+        }
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let resp = req.send().await.expect("HTTP request is sent");
+        let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        (status, headers, resp.json().await.unwrap_or(Value::Null))
+    }
+
     pub async fn call(
         &self,
         method: reqwest::Method,

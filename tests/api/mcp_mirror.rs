@@ -152,16 +152,8 @@ async fn call(
     key: Option<&str>,
     body: Option<Value>,
 ) -> (u16, Value) {
-    let mut req = h.client.request(method, format!("{}{path}", h.base));
-    if let Some(k) = key {
-        req = req.bearer_auth(k);
-    }
-    if let Some(b) = body {
-        req = req.json(&b);
-    }
-    let resp = req.send().await.expect("sent");
-    let status = resp.status().as_u16();
-    (status, resp.json().await.unwrap_or(Value::Null))
+    let (status, _, body) = h.send(method, path, key, body, &[]).await;
+    (status, body)
 }
 
 /// The versions of a server this registry serves, newest first.

@@ -42,17 +42,7 @@ fn error_code(status: u16) -> &'static str {
 /// ARD's error body for a problem body of the one error mapping.
 pub(super) fn ard_error(problem: &Value) -> Value {
     let status = problem.get("status").and_then(Value::as_u64).unwrap_or(500);
-    let mut message = problem
-        .get("message")
-        .and_then(Value::as_str)
-        .unwrap_or("error")
-        .to_string();
-    if let Some(field) = problem.get("field").and_then(Value::as_str) {
-        if !field.is_empty() && !message.starts_with(field) {
-            message = format!("{field}: {message}");
-        }
-    }
-    json!({"errorCode": error_code(status as u16), "message": message})
+    json!({"errorCode": error_code(status as u16), "message": super::problem_message(problem)})
 }
 
 /// A JSON object body whose members are all among `allowed`.

@@ -24,17 +24,7 @@ pub(super) fn is_mcp_path(path: &str) -> bool {
 
 /// The MCP registry's error body for a problem body of the one mapping.
 pub(super) fn mcp_error(problem: &Value) -> Value {
-    let mut message = problem
-        .get("message")
-        .and_then(Value::as_str)
-        .unwrap_or("error")
-        .to_string();
-    if let Some(field) = problem.get("field").and_then(Value::as_str) {
-        if !field.is_empty() && !message.starts_with(field) {
-            message = format!("{field}: {message}");
-        }
-    }
-    json!({ "error": message })
+    json!({ "error": super::problem_message(problem) })
 }
 
 fn who(caller: &Caller) -> Option<crate::domain::Principal> {

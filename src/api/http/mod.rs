@@ -110,6 +110,22 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// The message of a problem body with the member it blames in front, for
+/// the standards whose error bodies have no member of their own for it
+/// (ARD, the MCP registry).
+fn problem_message(problem: &Value) -> String {
+    let message = problem
+        .get("message")
+        .and_then(Value::as_str)
+        .unwrap_or("error");
+    match problem.get("field").and_then(Value::as_str) {
+        Some(field) if !field.is_empty() && !message.starts_with(field) => {
+            format!("{field}: {message}")
+        }
+        _ => message.to_string(),
+    }
+}
+
 /// Fills the problem body's `instance` with the request path, so every
 /// error names the resource it concerns; on ARD and MCP registry routes
 /// the error takes that standard's shape instead (`ard::ard_error`,

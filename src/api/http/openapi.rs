@@ -45,30 +45,32 @@ mod tests {
             .collect();
         let accepted: BTreeSet<&str> = names(Surface::AidipSearch).collect();
         assert_eq!(documented, accepted, "POST /agents/search filters");
-        let constraints = schemas["DiscoverRequest"]["properties"]["constraints"]["description"]
-            .as_str()
-            .expect("constraints description");
-        let listed: BTreeSet<&str> = constraints
-            .split(';')
-            .next()
-            .unwrap_or_default()
-            .split(',')
-            .map(str::trim)
-            .collect();
-        let supported: BTreeSet<&str> = names(Surface::AdpConstraint).collect();
-        assert_eq!(listed, supported, "POST /discover constraints");
-        let ard = schemas["ArdQuery"]["properties"]["filter"]["description"]
-            .as_str()
-            .expect("ARD filter description");
-        let listed: BTreeSet<&str> = ard
-            .split(';')
-            .next()
-            .unwrap_or_default()
-            .split(',')
-            .map(str::trim)
-            .collect();
-        let supported: BTreeSet<&str> = names(Surface::Ard).collect();
-        assert_eq!(listed, supported, "POST /ard/search filter paths");
+        // A description that starts with the list of names it accepts,
+        // comma-separated, up to the first ';'.
+        let listed = |schema: &str, pointer: &str| -> BTreeSet<String> {
+            schemas[schema]
+                .pointer(pointer)
+                .and_then(serde_json::Value::as_str)
+                .unwrap_or_else(|| panic!("{schema}{pointer} is described"))
+                .split(';')
+                .next()
+                .unwrap_or_default()
+                .split(',')
+                .map(|n| n.trim().to_string())
+                .collect()
+        };
+        let supported =
+            |surface| -> BTreeSet<String> { names(surface).map(String::from).collect() };
+        assert_eq!(
+            listed("DiscoverRequest", "/properties/constraints/description"),
+            supported(Surface::AdpConstraint),
+            "POST /discover constraints"
+        );
+        assert_eq!(
+            listed("ArdQuery", "/properties/filter/description"),
+            supported(Surface::Ard),
+            "POST /ard/search filter paths"
+        );
     }
 
     #[test]
