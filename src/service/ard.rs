@@ -402,9 +402,12 @@ impl ArdService {
         principal: Option<&Principal>,
         plan: SearchPlan,
     ) -> Result<SearchPage> {
+        // `auto` without a peer to ask is a local search (a federated one
+        // would re-rank the local pool for nothing).
+        let peers_to_ask = self.registry.peers().all().iter().any(|p| p.fan_out);
         let scope = match plan.federation {
-            Federation::Auto => Scope::Federated,
-            Federation::Referrals | Federation::None => Scope::Local,
+            Federation::Auto if peers_to_ask => Scope::Federated,
+            Federation::Auto | Federation::Referrals | Federation::None => Scope::Local,
         };
         let matched = self
             .ranked(
