@@ -546,3 +546,109 @@ async fn concurrent_publishes_of_one_server_all_land() {
     assert_eq!(from_mcp, ["io.acme/busy"]);
     s.stop().await;
 }
+
+#[tokio::test]
+async fn one_filter_selects_the_same_servers_on_all_four_routes() {
+    let (s, h) = start().await;
+    for n in ["io.acme/weather", "io.acme/rain", "io.other/forecast"] {
+        let (status, body) = call(
+            &h,
+            Method::POST,
+            "/v0.1/publish",
+            Some(ALICE),
+            Some(server(n, "1.0.0")),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    // Two agents that are no MCP servers, about the same thing.
+    for id in ["weather-agent", "rain-agent"] {
+        h.call(
+            Method::POST,
+            "/agents",
+            Some(ALICE),
+            Some(json!({"id": id, "name": id, "description": "Weather forecasts and rain warnings for any city.",
+                        "bindings": [{"protocol": "https", "endpoint": format!("https://{id}.example/invoke")}]})),
+        )
+        .await
+        .expect("registered");
+    }
+    let sorted = |mut v: Vec<String>| {
+        v.sort();
+        v
+    };
+    let want = sorted(
+        ["io.acme/rain", "io.acme/weather", "io.other/forecast"]
+            .map(|n| format!("mcp:{n}"))
+            .to_vec(),
+    );
+    // MCP list: every server (its latest version).
+    let (_, mcp) = call(&h, Method::GET, "/v0.1/servers?version=latest", None, None).await;
+    let from_mcp = sorted(
+        mcp["servers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| format!("mcp:{}", s["server"]["name"].as_str().unwrap()))
+            .collect(),
+    );
+    assert_eq!(from_mcp, want);
+    // The same set by the servers' tag through AIDIP search, ADP discover
+    // and ARD search, with a query that also fits the other agents.
+    let query = "weather forecasts for a city";
+    let (_, aidip) = h
+        .call(
+            Method::POST,
+            "/agents/search",
+            None,
+            Some(json!({"query": query, "filters": {"tags": ["mcp-server"]}})),
+        )
+        .await
+        .expect("AIDIP search");
+    let from_aidip = sorted(
+        aidip
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a["id"].as_str().unwrap().to_string())
+            .collect(),
+    );
+    assert_eq!(from_aidip, want);
+    let (_, adp) = h
+        .call(
+            Method::POST,
+            "/discover",
+            None,
+            Some(json!({"query": query, "required_tags": ["mcp-server"]})),
+        )
+        .await
+        .expect("discover");
+    let from_adp = sorted(
+        adp["candidates"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["id"].as_str().unwrap().to_string())
+            .collect(),
+    );
+    assert_eq!(from_adp, want);
+    let (_, ard) = h
+        .call(
+            Method::POST,
+            "/ard/search",
+            None,
+            Some(json!({"query": {"text": query, "filter": {"tags": "mcp-server"}}, "federation": "none"})),
+        )
+        .await
+        .expect("ARD search");
+    let from_ard = sorted(
+        ard["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["metadata"]["id"].as_str().unwrap().to_string())
+            .collect(),
+    );
+    assert_eq!(from_ard, want);
+    s.stop().await;
+}
