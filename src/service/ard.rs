@@ -18,7 +18,7 @@
 //! form of the manifest without `signature`. The keys are those published
 //! at `/.well-known/agentry.json`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
@@ -469,13 +469,6 @@ impl ArdService {
         let result = self.registry.discover(principal, request).await?;
         self.fresh().await?;
         let signer = self.registry.reader().signer();
-        let peer_urls: HashMap<String, String> = self
-            .registry
-            .peers()
-            .all()
-            .iter()
-            .filter_map(|p| Some((p.authority.clone(), p.ard_url()?)))
-            .collect();
         let mut out = Vec::with_capacity(result.candidates.len());
         for c in result.candidates {
             let score = ard_score(c.hit.score);
@@ -498,9 +491,11 @@ impl ArdService {
                     let Some(signer) = signer.as_deref() else {
                         continue;
                     };
-                    let peer_ard = peer_urls.get(&p.origin_authority).cloned();
-                    let source = peer_ard
-                        .clone()
+                    let source = self
+                        .registry
+                        .peers()
+                        .get(&p.origin_authority)
+                        .and_then(|peer| peer.ard_url())
                         .unwrap_or_else(|| format!("https://{}", p.origin_authority));
                     let base = source.trim_end_matches("/ard").to_string();
                     let record = AgentRecord {

@@ -1101,6 +1101,13 @@ mod tests {
         );
     }
 
+    /// A state machine with its database under `dir/a`.
+    fn state_machine_in(dir: &std::path::Path) -> StateMachine {
+        let db =
+            crate::storage::open(&dir.join("a"), crate::storage::DEFAULT_MAX_WAL_BYTES).unwrap();
+        StateMachine::open(db, dir.join("a-snap"), 1000).unwrap()
+    }
+
     /// A new state machine (database under `dir/b`) brought up by a
     /// snapshot `sm` builds now, as a follower is by InstallSnapshot.
     async fn restored_from_snapshot(
@@ -1217,13 +1224,7 @@ mod tests {
         };
         let leader = openraft::CommittedLeaderId::new(1, 1);
         let dir = tempfile::tempdir().unwrap();
-        let mut sm = StateMachine::open(
-            crate::storage::open(&dir.path().join("a"), crate::storage::DEFAULT_MAX_WAL_BYTES)
-                .unwrap(),
-            dir.path().join("a-snap"),
-            1000,
-        )
-        .unwrap();
+        let mut sm = state_machine_in(dir.path());
         sm.apply([Entry {
             log_id: openraft::LogId::new(leader, 1),
             payload: EntryPayload::Normal(audited),
@@ -1275,13 +1276,7 @@ mod tests {
     async fn named_cursors_only_move_forward_and_travel_in_snapshots() {
         let leader = openraft::CommittedLeaderId::new(1, 1);
         let dir = tempfile::tempdir().unwrap();
-        let mut sm = StateMachine::open(
-            crate::storage::open(&dir.path().join("a"), crate::storage::DEFAULT_MAX_WAL_BYTES)
-                .unwrap(),
-            dir.path().join("a-snap"),
-            1000,
-        )
-        .unwrap();
+        let mut sm = state_machine_in(dir.path());
         let cursor = |index: u64, value: u64| Entry {
             log_id: openraft::LogId::new(leader, index),
             payload: EntryPayload::Normal(Command::Cursor {

@@ -119,18 +119,6 @@ async fn start() -> (TestServer, Http) {
     (server, h)
 }
 
-/// A request whose answer may be an ARD error: (status, headers, body).
-async fn raw(
-    h: &Http,
-    method: Method,
-    path: &str,
-    key: Option<&str>,
-    body: Option<Value>,
-    headers: &[(&str, &str)],
-) -> (u16, reqwest::header::HeaderMap, Value) {
-    h.send(method, path, key, body, headers).await
-}
-
 /// Asserts an ARD error (`{errorCode, message}`, nothing else) and returns
 /// its message.
 fn ard_error(status: u16, body: &Value, want_status: u16, code: &str) -> String {
@@ -231,8 +219,7 @@ async fn check_trust(h: &Http, entry: &Value, key_id: &str, key: &VerifyingKey) 
 }
 
 async fn catalog(h: &Http, headers: &[(&str, &str)]) -> (u16, reqwest::header::HeaderMap, Value) {
-    raw(
-        h,
+    h.send(
         Method::GET,
         "/.well-known/ai-catalog.json",
         None,
@@ -336,7 +323,9 @@ async fn the_ai_catalog_lists_public_agents_with_verifiable_trust_manifests() {
 }
 
 async fn search(h: &Http, body: Value) -> Value {
-    let (status, _, v) = raw(h, Method::POST, "/ard/search", None, Some(body), &[]).await;
+    let (status, _, v) = h
+        .send(Method::POST, "/ard/search", None, Some(body), &[])
+        .await;
     assert_eq!(status, 200, "{v}");
     v
 }
@@ -367,15 +356,15 @@ async fn ard_search_explore_list_and_get_agree_over_http_and_grpc() {
         "another publisher's private agent stays hidden"
     );
     // Bob sees his own.
-    let (_, _, bobs) = raw(
-        &h,
-        Method::POST,
-        "/ard/search",
-        Some(BOB),
-        Some(json!({"query": {"text": "rain in Paris"}, "federation": "none"})),
-        &[],
-    )
-    .await;
+    let (_, _, bobs) = h
+        .send(
+            Method::POST,
+            "/ard/search",
+            Some(BOB),
+            Some(json!({"query": {"text": "rain in Paris"}, "federation": "none"})),
+            &[],
+        )
+        .await;
     assert!(
         identifiers(&bobs["results"]).contains(&minted("secret-weather")),
         "{bobs}"
@@ -426,20 +415,19 @@ async fn ard_search_explore_list_and_get_agree_over_http_and_grpc() {
         first["results"][0]["identifier"],
         second["results"][0]["identifier"]
     );
-    let (status, _, e) = raw(
-        &h,
-        Method::POST,
-        "/ard/search",
-        None,
-        Some(json!({"query": {"text": "weather"}, "pageToken": token})),
-        &[],
-    )
-    .await;
+    let (status, _, e) = h
+        .send(
+            Method::POST,
+            "/ard/search",
+            None,
+            Some(json!({"query": {"text": "weather"}, "pageToken": token})),
+            &[],
+        )
+        .await;
     ard_error(status, &e, 400, "INVALID_ARGUMENT");
 
     // Explore: facets over every visible entry, or the relevant ones.
-    let (status, _, facets) = raw(
-        &h,
+    let (status, _, facets) = h.send(
         Method::POST,
         "/ard/explore",
         None,
@@ -462,8 +450,7 @@ async fn ard_search_explore_list_and_get_agree_over_http_and_grpc() {
         facets["facets"]["publisher"]["buckets"],
         json!([{"value": AUTHORITY, "count": 3}, {"value": "acme.com", "count": 1}])
     );
-    let (_, _, narrowed) = raw(
-        &h,
+    let (_, _, narrowed) = h.send(
         Method::POST,
         "/ard/explore",
         None,
@@ -498,7 +485,7 @@ async fn ard_search_explore_list_and_get_agree_over_http_and_grpc() {
                 format!("&pageToken={token}")
             }
         );
-        let (status, _, page) = raw(&h, Method::GET, &path, None, None, &[]).await;
+        let (status, _, page) = h.send(Method::GET, &path, None, None, &[]).await;
         assert_eq!(status, 200, "{page}");
         assert_eq!(page["total"], 3);
         for item in page["items"].as_array().unwrap() {
@@ -517,30 +504,24 @@ async fn ard_search_explore_list_and_get_agree_over_http_and_grpc() {
         "/ard/agents/{}",
         url::form_urlencoded::byte_serialize(minted("weather").as_bytes()).collect::<String>()
     );
-    let (status, headers, weather) = raw(&h, Method::GET, &path, None, None, &[]).await;
+    let (status, headers, weather) = h.send(Method::GET, &path, None, None, &[]).await;
     assert_eq!(status, 200, "{weather}");
     assert_eq!(weather["displayName"], "Weather Forecaster");
     assert_valid(&entry_schema, &weather);
     let etag = headers["etag"].to_str().unwrap().to_string();
-    let (status, _, _) = raw(
-        &h,
-        Method::GET,
-        &path,
-        None,
-        None,
-        &[("if-none-match", &etag)],
-    )
-    .await;
+    let (status, _, _) = h
+        .send(Method::GET, &path, None, None, &[("if-none-match", &etag)])
+        .await;
     assert_eq!(status, 304);
-    let (status, _, _) = raw(
-        &h,
-        Method::GET,
-        "/ard/agents/urn:air:acme.com:travel:flights",
-        None,
-        None,
-        &[],
-    )
-    .await;
+    let (status, _, _) = h
+        .send(
+            Method::GET,
+            "/ard/agents/urn:air:acme.com:travel:flights",
+            None,
+            None,
+            &[],
+        )
+        .await;
     assert_eq!(status, 200);
 
     // The same over gRPC.
@@ -604,7 +585,7 @@ async fn bad_ard_requests_get_ard_errors_and_change_nothing() {
         .expect("list");
     let post = |path: &'static str, body: Value| {
         let h = &h;
-        async move { raw(h, Method::POST, path, None, Some(body), &[]).await }
+        async move { h.send(Method::POST, path, None, Some(body), &[]).await }
     };
     let (s, _, e) = post("/ard/search", json!({"query": {"text": "x", "filter": {"trustManifest.attestations.type": ["SOC2-Type2"]}}})).await;
     let m = ard_error(s, &e, 400, "INVALID_ARGUMENT");
@@ -641,68 +622,64 @@ async fn bad_ard_requests_get_ard_errors_and_change_nothing() {
     )
     .await;
     assert!(ard_error(s, &e, 400, "INVALID_ARGUMENT").contains("metadata.cost"));
-    let (s, _, e) = raw(
-        &h,
-        Method::GET,
-        "/ard/agents?filter=colour%20%3D%20red",
-        None,
-        None,
-        &[],
-    )
-    .await;
+    let (s, _, e) = h
+        .send(
+            Method::GET,
+            "/ard/agents?filter=colour%20%3D%20red",
+            None,
+            None,
+            &[],
+        )
+        .await;
     assert!(ard_error(s, &e, 400, "INVALID_ARGUMENT").contains("colour"));
-    let (s, _, e) = raw(
-        &h,
-        Method::GET,
-        "/ard/agents?pageSize=1000",
-        None,
-        None,
-        &[],
-    )
-    .await;
+    let (s, _, e) = h
+        .send(Method::GET, "/ard/agents?pageSize=1000", None, None, &[])
+        .await;
     ard_error(s, &e, 400, "INVALID_ARGUMENT");
-    let (s, _, e) = raw(&h, Method::GET, "/ard/agents/not-a-urn", None, None, &[]).await;
+    let (s, _, e) = h
+        .send(Method::GET, "/ard/agents/not-a-urn", None, None, &[])
+        .await;
     ard_error(s, &e, 400, "INVALID_ARGUMENT");
-    let (s, _, e) = raw(
-        &h,
-        Method::GET,
-        &format!("/ard/agents/{}", minted("nobody")),
-        None,
-        None,
-        &[],
-    )
-    .await;
+    let (s, _, e) = h
+        .send(
+            Method::GET,
+            &format!("/ard/agents/{}", minted("nobody")),
+            None,
+            None,
+            &[],
+        )
+        .await;
     ard_error(s, &e, 404, "NOT_FOUND");
     // Another publisher's private agent reads as absent.
-    let (s, _, e) = raw(
-        &h,
-        Method::GET,
-        &format!("/ard/agents/{}", minted("secret-weather")),
-        Some(ALICE),
-        None,
-        &[],
-    )
-    .await;
+    let (s, _, e) = h
+        .send(
+            Method::GET,
+            &format!("/ard/agents/{}", minted("secret-weather")),
+            Some(ALICE),
+            None,
+            &[],
+        )
+        .await;
     ard_error(s, &e, 404, "NOT_FOUND");
-    let (s, _, e) = raw(
-        &h,
-        Method::POST,
-        "/ard/search",
-        Some("wrong-key"),
-        Some(json!({"query": {"text": "x"}})),
-        &[],
-    )
-    .await;
+    let (s, _, e) = h
+        .send(
+            Method::POST,
+            "/ard/search",
+            Some("wrong-key"),
+            Some(json!({"query": {"text": "x"}})),
+            &[],
+        )
+        .await;
     ard_error(s, &e, 401, "UNAUTHENTICATED");
-    let (s, _, e) = raw(
-        &h,
-        Method::POST,
-        "/ard/nothing-here",
-        None,
-        Some(json!({})),
-        &[],
-    )
-    .await;
+    let (s, _, e) = h
+        .send(
+            Method::POST,
+            "/ard/nothing-here",
+            None,
+            Some(json!({})),
+            &[],
+        )
+        .await;
     ard_error(s, &e, 404, "NOT_FOUND");
     let (_, after) = h
         .call(Method::GET, "/agents", None, None)
@@ -795,15 +772,15 @@ async fn ard_federation_modes_reach_a_peer_registry() {
         }])
     );
     // The referral answers as an ARD registry.
-    let (status, _, at_b) = raw(
-        &Http::new(&b.http),
-        Method::POST,
-        "/ard/search",
-        None,
-        Some(json!({"query": {"text": text}, "federation": "none"})),
-        &[],
-    )
-    .await;
+    let (status, _, at_b) = Http::new(&b.http)
+        .send(
+            Method::POST,
+            "/ard/search",
+            None,
+            Some(json!({"query": {"text": text}, "federation": "none"})),
+            &[],
+        )
+        .await;
     assert_eq!(status, 200);
     assert_eq!(at_b["results"][0]["metadata"]["id"], "flights-b");
     a.stop().await;

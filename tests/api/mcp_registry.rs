@@ -573,25 +573,29 @@ async fn one_filter_selects_the_same_servers_on_all_four_routes() {
         .await
         .expect("registered");
     }
-    let sorted = |mut v: Vec<String>| {
+    // The sorted strings at `pointer` in each element of `list`.
+    let ids = |list: &Value, pointer: &str| -> Vec<String> {
+        let mut v: Vec<String> = list
+            .as_array()
+            .expect("a list")
+            .iter()
+            .map(|e| {
+                e.pointer(pointer)
+                    .and_then(Value::as_str)
+                    .expect("an id")
+                    .to_string()
+            })
+            .collect();
         v.sort();
         v
     };
-    let want = sorted(
-        ["io.acme/rain", "io.acme/weather", "io.other/forecast"]
-            .map(|n| format!("mcp:{n}"))
-            .to_vec(),
-    );
+    let want = ["io.acme/rain", "io.acme/weather", "io.other/forecast"].map(|n| format!("mcp:{n}"));
     // MCP list: every server (its latest version).
     let (_, mcp) = call(&h, Method::GET, "/v0.1/servers?version=latest", None, None).await;
-    let from_mcp = sorted(
-        mcp["servers"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|s| format!("mcp:{}", s["server"]["name"].as_str().unwrap()))
-            .collect(),
-    );
+    let from_mcp: Vec<String> = ids(&mcp["servers"], "/server/name")
+        .into_iter()
+        .map(|n| format!("mcp:{n}"))
+        .collect();
     assert_eq!(from_mcp, want);
     // The same set by the servers' tag through AIDIP search, ADP discover
     // and ARD search, with a query that also fits the other agents.
@@ -605,15 +609,7 @@ async fn one_filter_selects_the_same_servers_on_all_four_routes() {
         )
         .await
         .expect("AIDIP search");
-    let from_aidip = sorted(
-        aidip
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|a| a["id"].as_str().unwrap().to_string())
-            .collect(),
-    );
-    assert_eq!(from_aidip, want);
+    assert_eq!(ids(&aidip, "/id"), want);
     let (_, adp) = h
         .call(
             Method::POST,
@@ -623,15 +619,7 @@ async fn one_filter_selects_the_same_servers_on_all_four_routes() {
         )
         .await
         .expect("discover");
-    let from_adp = sorted(
-        adp["candidates"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|c| c["id"].as_str().unwrap().to_string())
-            .collect(),
-    );
-    assert_eq!(from_adp, want);
+    assert_eq!(ids(&adp["candidates"], "/id"), want);
     let (_, ard) = h
         .call(
             Method::POST,
@@ -641,14 +629,7 @@ async fn one_filter_selects_the_same_servers_on_all_four_routes() {
         )
         .await
         .expect("ARD search");
-    let from_ard = sorted(
-        ard["results"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|e| e["metadata"]["id"].as_str().unwrap().to_string())
-            .collect(),
-    );
+    let from_ard = ids(&ard["results"], "/metadata/id");
     assert_eq!(from_ard, want);
     s.stop().await;
 }

@@ -45,40 +45,13 @@ pub(super) fn ard_error(problem: &Value) -> Value {
     json!({"errorCode": error_code(status as u16), "message": super::problem_message(problem)})
 }
 
-/// A JSON object body whose members are all among `allowed`.
-fn object<'a>(
-    v: &'a Value,
-    pointer: &str,
-    allowed: &[&str],
-) -> Result<&'a Map<String, Value>, super::ApiError> {
-    let Value::Object(o) = v else {
-        return Err(invalid(
-            Some(pointer),
-            format!("{pointer}: must be an object"),
-        ));
-    };
-    if let Some(k) = o.keys().find(|k| !allowed.contains(&k.as_str())) {
-        return Err(invalid(
-            Some(&format!("{pointer}/{k}")),
-            format!("unknown member '{k}' (allowed: {})", allowed.join(", ")),
-        ));
-    }
-    Ok(o)
-}
-
+/// A string member; absent or null is empty.
 fn text_member(
     o: &Map<String, Value>,
     key: &str,
     pointer: &str,
 ) -> Result<String, super::ApiError> {
-    match o.get(key) {
-        None | Some(Value::Null) => Ok(String::new()),
-        Some(Value::String(s)) => Ok(s.clone()),
-        Some(_) => Err(invalid(
-            Some(pointer),
-            format!("{pointer}: must be a string"),
-        )),
-    }
+    Ok(super::string_member(o, key, pointer)?.unwrap_or_default())
 }
 
 fn count_member(
@@ -108,7 +81,7 @@ fn query_model(
     let Some(q) = body.get("query") else {
         return Ok((String::new(), None));
     };
-    let q = object(q, "/query", &["text", "filter"])?;
+    let q = super::json_object(q, "/query", &["text", "filter"])?;
     let text = text_member(q, "text", "/query/text")?;
     let filter = match q.get("filter") {
         None | Some(Value::Null) => None,
@@ -131,7 +104,7 @@ pub(super) async fn search(
     body: Body,
 ) -> ApiResult {
     let v = json_body(&s, &headers, body).await?;
-    let o = object(&v, "", &["query", "federation", "pageSize", "pageToken"])?;
+    let o = super::json_object(&v, "", &["query", "federation", "pageSize", "pageToken"])?;
     if !o.contains_key("query") {
         return Err(invalid(Some("/query"), "/query: is required"));
     }
@@ -174,12 +147,12 @@ pub(super) async fn explore(
     body: Body,
 ) -> ApiResult {
     let v = json_body(&s, &headers, body).await?;
-    let o = object(&v, "", &["query", "resultType"])?;
+    let o = super::json_object(&v, "", &["query", "resultType"])?;
     let (text, filter) = query_model(o)?;
     let Some(result_type) = o.get("resultType") else {
         return Err(invalid(Some("/resultType"), "/resultType: is required"));
     };
-    let rt = object(result_type, "/resultType", &["facets"])?;
+    let rt = super::json_object(result_type, "/resultType", &["facets"])?;
     let Some(Value::Array(list)) = rt.get("facets") else {
         return Err(invalid(
             Some("/resultType/facets"),
@@ -189,7 +162,7 @@ pub(super) async fn explore(
     let mut facets = Vec::with_capacity(list.len());
     for (i, f) in list.iter().enumerate() {
         let at = format!("/resultType/facets/{i}");
-        let f = object(f, &at, &["field", "limit", "minCount"])?;
+        let f = super::json_object(f, &at, &["field", "limit", "minCount"])?;
         let field = text_member(f, "field", &format!("{at}/field"))?;
         if field.is_empty() {
             return Err(invalid(
@@ -322,8 +295,7 @@ pub(super) async fn catalog(
     caller: Caller,
     headers: HeaderMap,
 ) -> ApiResult {
-    let req = grpc_request(&caller, ());
-    let who = crate::api::grpc::principal(&req);
+    let who = caller.principal();
     let service = s.ard.service();
     let doc = service.catalog(who.as_ref()).await?;
     let ims = headers

@@ -200,8 +200,7 @@ pub(super) async fn woa_document(
     caller: Caller,
     headers: HeaderMap,
 ) -> ApiResult {
-    let req = grpc_request(&caller, ());
-    let who = crate::api::grpc::principal(&req);
+    let who = caller.principal();
     let service = s.invocation.service();
     service.registry().require_reader(who.as_ref())?;
     let doc = service.woa().document(service.registry()).await?;

@@ -11,8 +11,8 @@ use axum::http::{HeaderMap, StatusCode};
 use serde_json::{json, Value};
 
 use super::{
-    grpc_request, invalid, json_body, json_response, parse_bool, query_params, single, ApiResult,
-    Caller, HttpState,
+    invalid, json_body, json_response, parse_bool, query_params, single, ApiResult, Caller,
+    HttpState,
 };
 use crate::domain::mcp::{self, ListFilter, McpStatus};
 use crate::service::ServiceError;
@@ -25,10 +25,6 @@ pub(super) fn is_mcp_path(path: &str) -> bool {
 /// The MCP registry's error body for a problem body of the one mapping.
 pub(super) fn mcp_error(problem: &Value) -> Value {
     json!({ "error": super::problem_message(problem) })
-}
-
-fn who(caller: &Caller) -> Option<crate::domain::Principal> {
-    crate::api::grpc::principal(&grpc_request(caller, ()))
 }
 
 /// `GET /v0.1/servers`.
@@ -71,7 +67,7 @@ pub(super) async fn list(
     let page = s
         .mcp
         .list(
-            who(&caller).as_ref(),
+            caller.principal().as_ref(),
             filter,
             single(&pairs, "cursor").as_deref(),
             limit,
@@ -98,7 +94,7 @@ pub(super) async fn versions(
     let include_deleted = parse_bool(single(&pairs, "include_deleted"), "/include_deleted")?;
     let servers = s
         .mcp
-        .versions(who(&caller).as_ref(), &name, include_deleted)
+        .versions(caller.principal().as_ref(), &name, include_deleted)
         .await?;
     Ok(json_response(
         StatusCode::OK,
@@ -114,7 +110,7 @@ pub(super) async fn version(
 ) -> ApiResult {
     let server = s
         .mcp
-        .version(who(&caller).as_ref(), &name, &version)
+        .version(caller.principal().as_ref(), &name, &version)
         .await?;
     Ok(json_response(StatusCode::OK, &server))
 }
@@ -127,24 +123,13 @@ pub(super) async fn publish(
     body: Body,
 ) -> ApiResult {
     let server = json_body(&s, &headers, body).await?;
-    let published = s.mcp.publish(who(&caller).as_ref(), server).await?;
+    let published = s.mcp.publish(caller.principal().as_ref(), server).await?;
     Ok(json_response(StatusCode::OK, &published))
 }
 
 /// The body of both status routes.
 fn status_body(v: &Value) -> Result<(McpStatus, Option<String>), super::ApiError> {
-    let Value::Object(o) = v else {
-        return Err(invalid(Some(""), "the body must be a JSON object"));
-    };
-    if let Some(k) = o
-        .keys()
-        .find(|k| !["status", "statusMessage"].contains(&k.as_str()))
-    {
-        return Err(invalid(
-            Some(&format!("/{k}")),
-            format!("unknown member '{k}' (allowed: status, statusMessage)"),
-        ));
-    }
+    let o = super::json_object(v, "", &["status", "statusMessage"])?;
     let status = o
         .get("status")
         .and_then(Value::as_str)
@@ -155,16 +140,7 @@ fn status_body(v: &Value) -> Result<(McpStatus, Option<String>), super::ApiError
                 "/status: must be active, deprecated or deleted",
             )
         })?;
-    let message = match o.get("statusMessage") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(m)) => Some(m.clone()),
-        Some(_) => {
-            return Err(invalid(
-                Some("/statusMessage"),
-                "/statusMessage: must be a string",
-            ))
-        }
-    };
+    let message = super::string_member(o, "statusMessage", "/statusMessage")?;
     Ok((status, message))
 }
 
@@ -180,7 +156,7 @@ pub(super) async fn version_status(
     let mut changed = s
         .mcp
         .set_status(
-            who(&caller).as_ref(),
+            caller.principal().as_ref(),
             &name,
             Some(&version),
             status,
@@ -204,7 +180,7 @@ pub(super) async fn server_status(
     let (status, message) = status_body(&json_body(&s, &headers, body).await?)?;
     let servers = s
         .mcp
-        .set_status(who(&caller).as_ref(), &name, None, status, message)
+        .set_status(caller.principal().as_ref(), &name, None, status, message)
         .await?;
     Ok(json_response(
         StatusCode::OK,

@@ -239,6 +239,46 @@ async fn json_bytes(state: &HttpState, headers: &HeaderMap, body: Body) -> Resul
 }
 
 /// Parses agent metadata JSON, naming the member with the wrong type.
+/// A JSON object (the body, at pointer "", or a member of it) whose
+/// members are all among `allowed`.
+fn json_object<'a>(
+    v: &'a Value,
+    pointer: &str,
+    allowed: &[&str],
+) -> Result<&'a serde_json::Map<String, Value>, ApiError> {
+    let Value::Object(o) = v else {
+        let message = if pointer.is_empty() {
+            "the body must be a JSON object".to_string()
+        } else {
+            format!("{pointer}: must be an object")
+        };
+        return Err(invalid(Some(pointer), message));
+    };
+    if let Some(k) = o.keys().find(|k| !allowed.contains(&k.as_str())) {
+        return Err(invalid(
+            Some(&format!("{pointer}/{k}")),
+            format!("unknown member '{k}' (allowed: {})", allowed.join(", ")),
+        ));
+    }
+    Ok(o)
+}
+
+/// An optional string member; null counts as absent.
+fn string_member(
+    o: &serde_json::Map<String, Value>,
+    key: &str,
+    pointer: &str,
+) -> Result<Option<String>, ApiError> {
+    match o.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(_) => Err(invalid(
+            Some(pointer),
+            format!("{pointer}: must be a string"),
+        )),
+    }
+}
+
 fn parse_metadata(v: Value) -> Result<pb::AgentMetadata, ApiError> {
     crate::convert::metadata_from_json(v).map_err(|e| ServiceError::from(e).into())
 }
@@ -617,25 +657,8 @@ async fn search_agents(
     body: Body,
 ) -> ApiResult {
     let v = json_body(&s, &headers, body).await?;
-    let Value::Object(obj) = &v else {
-        return Err(invalid(
-            Some(""),
-            "the search request must be a JSON object",
-        ));
-    };
-    for k in obj.keys() {
-        if !["filters", "query", "top"].contains(&k.as_str()) {
-            return Err(invalid(
-                Some(&format!("/{k}")),
-                format!("unknown member '{k}' (allowed: filters, query, top)"),
-            ));
-        }
-    }
-    let query = match obj.get("query") {
-        None | Some(Value::Null) => String::new(),
-        Some(Value::String(q)) => q.clone(),
-        Some(_) => return Err(invalid(Some("/query"), "/query: must be a string")),
-    };
+    let obj = json_object(&v, "", &["filters", "query", "top"])?;
+    let query = string_member(obj, "query", "/query")?.unwrap_or_default();
     let top = match obj.get("top") {
         None | Some(Value::Null) => 10,
         Some(t) => t
@@ -1146,6 +1169,14 @@ type RouteClasses = HashMap<String, OpClass>;
 /// The caller as the gate identified it. A handler reached without passing
 /// the gate fails here instead of running as anonymous.
 struct Caller(Identity);
+
+impl Caller {
+    /// For the routes that call a use case directly (documents, the MCP
+    /// registry) rather than a gRPC handler.
+    fn principal(&self) -> Option<crate::domain::Principal> {
+        self.0 .0.clone()
+    }
+}
 
 impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Caller {
     type Rejection = ApiError;
