@@ -53,7 +53,11 @@ impl Ard for ArdApi {
         .map_err(invalid)?;
         let page = self.service.search(who.as_ref(), plan).await?;
         Ok(Response::new(pb::ArdSearchResponse {
-            results: page.results.iter().map(map_to_struct).collect(),
+            results: page
+                .results
+                .iter()
+                .map(|h| map_to_struct(&h.to_map()))
+                .collect(),
             referrals: page.referrals.iter().map(map_to_struct).collect(),
             page_token: page.page_token,
         }))

@@ -130,7 +130,12 @@ impl StoredVersion {
         if let Some((key, v)) = own {
             meta.insert(key.into(), v);
         }
-        json!({"server": self.server, "_meta": meta})
+        // Built member by member: `json!` would re-serialise the whole
+        // server.json through serde, the larger part of a list page's cost.
+        let mut response = Map::new();
+        response.insert("server".into(), self.server.clone());
+        response.insert("_meta".into(), Value::Object(meta));
+        Value::Object(response)
     }
 }
 
@@ -139,7 +144,7 @@ pub fn versions(m: &AgentMetadata) -> Vec<StoredVersion> {
     m.extra
         .get(EXTENSION)
         .and_then(|x| x.get("versions"))
-        .and_then(|v| serde_json::from_value(v.clone()).ok())
+        .and_then(|v| Vec::<StoredVersion>::deserialize(v).ok())
         .unwrap_or_default()
 }
 

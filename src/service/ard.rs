@@ -85,10 +85,71 @@ struct Cache {
     document: Option<Arc<CatalogDocument>>,
 }
 
+/// One search result: an entry with its `score` and `source`.
+#[derive(Debug, Clone)]
+pub struct SearchHit {
+    pub score: u8,
+    pub source: String,
+    pub entry: HitEntry,
+}
+
+/// A result's entry: a local agent's from the cache (shared, never
+/// copied: the facade writes its cached bytes), a peer's built for the
+/// answer.
+#[derive(Debug, Clone)]
+pub enum HitEntry {
+    Cached(Arc<Item>),
+    Built(Map<String, Value>),
+}
+
+impl SearchHit {
+    /// The entry without `score` and `source`.
+    pub fn entry(&self) -> &Map<String, Value> {
+        match &self.entry {
+            HitEntry::Cached(item) => &item.entry,
+            HitEntry::Built(entry) => entry,
+        }
+    }
+
+    /// The entry with `score` and `source`.
+    pub fn to_map(&self) -> Map<String, Value> {
+        let mut e = self.entry().clone();
+        e.insert("score".into(), json!(self.score));
+        e.insert("source".into(), json!(self.source));
+        e
+    }
+
+    /// Appends the result as JSON: `score` and `source`, then the entry's
+    /// members (a local agent's straight from the cached bytes).
+    pub fn write_json(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(b"{\"score\":");
+        out.extend_from_slice(self.score.to_string().as_bytes());
+        out.extend_from_slice(b",\"source\":");
+        // Serialising a string into a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut *out, &self.source);
+        let built;
+        let entry: &[u8] = match &self.entry {
+            HitEntry::Cached(item) => &item.json,
+            HitEntry::Built(entry) => {
+                built = serde_json::to_vec(entry).unwrap_or_default();
+                &built
+            }
+        };
+        // `entry` is an object, `{}` or `{"k":...}`: splice its members.
+        match entry.get(1..) {
+            Some(b"}") | Some([]) | None => out.push(b'}'),
+            Some(members) => {
+                out.push(b',');
+                out.extend_from_slice(members);
+            }
+        }
+    }
+}
+
 /// One page of search results.
 #[derive(Debug, Clone, Default)]
 pub struct SearchPage {
-    pub results: Vec<Map<String, Value>>,
+    pub results: Vec<SearchHit>,
     pub referrals: Vec<Map<String, Value>>,
     pub page_token: String,
 }
@@ -450,7 +511,7 @@ impl ArdService {
         clauses: Vec<crate::domain::filter::AnyOf>,
         depth: u32,
         scope: Scope,
-    ) -> Result<Vec<Map<String, Value>>> {
+    ) -> Result<Vec<SearchHit>> {
         let request = DiscoveryRequest {
             query: text.to_string(),
             limit: depth.clamp(1, MAX_MATCHED),
@@ -479,13 +540,13 @@ impl ArdService {
                 .provenance
                 .as_ref()
                 .filter(|p| p.origin_envelope.is_null());
-            let (mut entry, source) = match remote {
+            let (entry, source) = match remote {
                 None => {
                     let cached = read(&self.cache).items.get(&c.hit.id).cloned();
                     let Some(item) = cached else {
                         continue;
                     };
-                    (item.entry.clone(), self.ard_url())
+                    (HitEntry::Cached(item), self.ard_url())
                 }
                 Some(p) => {
                     let Some(signer) = signer.as_deref() else {
@@ -512,12 +573,14 @@ impl ArdService {
                         publisher: &urn_publisher(&p.origin_authority),
                         signer,
                     };
-                    (ctx.entry(&record), source)
+                    (HitEntry::Built(ctx.entry(&record)), source)
                 }
             };
-            entry.insert("score".into(), json!(score));
-            entry.insert("source".into(), json!(source));
-            out.push(entry);
+            out.push(SearchHit {
+                score,
+                source,
+                entry,
+            });
         }
         Ok(out)
     }
@@ -573,7 +636,7 @@ impl ArdService {
             return Ok(plan
                 .facets
                 .iter()
-                .map(|f| facet(f, matched.iter()))
+                .map(|f| facet(f, matched.iter().map(SearchHit::entry)))
                 .collect());
         }
         self.fresh().await?;

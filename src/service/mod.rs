@@ -22,7 +22,9 @@ mod tenancy;
 mod woa_host;
 
 pub use agent_protocol::{ApAnswer, ApEvents};
-pub use ard::{ArdService, CatalogDocument, ListPage as ArdListPage, SearchPage};
+pub use ard::{
+    ArdService, CatalogDocument, HitEntry, ListPage as ArdListPage, SearchHit, SearchPage,
+};
 pub use audit::{AuditConfig, AuditLog};
 pub use cluster::{BackupPart, ClusterService, ClusterView, MemberView};
 pub use crawl::crawl;

@@ -14,8 +14,9 @@ use super::{
     HttpState,
 };
 use crate::convert::{map_to_struct, struct_to_map};
+use crate::domain::catalog::SearchPlan;
 use crate::pb::{self, ard_server::Ard};
-use crate::service::{http_date, not_modified};
+use crate::service::{http_date, not_modified, SearchHit, ServiceError};
 
 /// Paths whose errors are ARD's.
 pub(super) fn is_ard_path(path: &str) -> bool {
@@ -75,17 +76,15 @@ fn count_member(
 }
 
 /// `query` of a search or explore: `text` and `filter`.
-fn query_model(
-    body: &Map<String, Value>,
-) -> Result<(String, Option<prost_types::Struct>), super::ApiError> {
+fn query_model(body: &Map<String, Value>) -> Result<(String, Map<String, Value>), super::ApiError> {
     let Some(q) = body.get("query") else {
-        return Ok((String::new(), None));
+        return Ok((String::new(), Map::new()));
     };
     let q = super::json_object(q, "/query", &["text", "filter"])?;
     let text = text_member(q, "text", "/query/text")?;
     let filter = match q.get("filter") {
-        None | Some(Value::Null) => None,
-        Some(Value::Object(f)) => Some(map_to_struct(f)),
+        None | Some(Value::Null) => Map::new(),
+        Some(Value::Object(f)) => f.clone(),
         Some(_) => {
             return Err(invalid(
                 Some("/query/filter"),
@@ -96,7 +95,10 @@ fn query_model(
     Ok((text, filter))
 }
 
-/// `POST /ard/search`.
+/// `POST /ard/search`. The plan and the search are the gRPC handler's
+/// (`SearchPlan::new`, `ArdService::search`); the answer is written here
+/// from the cached entries' bytes, since a round trip through
+/// `google.protobuf.Struct` would cost more than the ranking itself.
 pub(super) async fn search(
     State(s): State<HttpState>,
     caller: Caller,
@@ -109,34 +111,57 @@ pub(super) async fn search(
         return Err(invalid(Some("/query"), "/query: is required"));
     }
     let (text, filter) = query_model(o)?;
-    let req = pb::ArdSearchRequest {
-        text,
-        filter,
-        federation: text_member(o, "federation", "/federation")?,
-        page_size: match count_member(o, "pageSize", "/pageSize")? {
-            Some(0) => {
-                return Err(invalid(
-                    Some("/pageSize"),
-                    "/pageSize: must be from 1 to 100",
-                ))
-            }
-            n => n.unwrap_or(0),
-        },
-        page_token: text_member(o, "pageToken", "/pageToken")?,
+    let page_size = match count_member(o, "pageSize", "/pageSize")? {
+        Some(0) => {
+            return Err(invalid(
+                Some("/pageSize"),
+                "/pageSize: must be from 1 to 100",
+            ))
+        }
+        n => n.unwrap_or(0),
     };
-    let resp = s.ard.search(grpc_request(&caller, req)).await?.into_inner();
-    let mut out = json!({"results": resp.results.iter().map(|e| Value::Object(struct_to_map(e))).collect::<Vec<_>>()});
-    if !resp.referrals.is_empty() {
-        out["referrals"] = resp
-            .referrals
-            .iter()
-            .map(|e| Value::Object(struct_to_map(e)))
-            .collect();
+    let plan = SearchPlan::new(
+        &text,
+        &filter,
+        &text_member(o, "federation", "/federation")?,
+        page_size,
+        &text_member(o, "pageToken", "/pageToken")?,
+    )
+    .map_err(ServiceError::from)?;
+    let page = s
+        .ard
+        .service()
+        .search(caller.principal().as_ref(), plan)
+        .await?;
+    let mut out = Vec::with_capacity(2048 * (page.results.len() + 1));
+    out.extend_from_slice(b"{\"results\":[");
+    write_hits(&mut out, &page.results);
+    out.push(b']');
+    if !page.referrals.is_empty() {
+        out.extend_from_slice(b",\"referrals\":");
+        // Serialising JSON values into a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut out, &page.referrals);
     }
-    if !resp.page_token.is_empty() {
-        out["pageToken"] = json!(resp.page_token);
+    if !page.page_token.is_empty() {
+        out.extend_from_slice(b",\"pageToken\":");
+        let _ = serde_json::to_writer(&mut out, &page.page_token);
     }
-    Ok(json_response(StatusCode::OK, &out))
+    out.push(b'}');
+    Ok((
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json")],
+        out,
+    )
+        .into_response())
+}
+
+fn write_hits(out: &mut Vec<u8>, hits: &[SearchHit]) {
+    for (i, hit) in hits.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        hit.write_json(out);
+    }
 }
 
 /// `POST /ard/explore`.
@@ -178,7 +203,7 @@ pub(super) async fn explore(
     }
     let req = pb::ArdExploreRequest {
         text,
-        filter,
+        filter: (!filter.is_empty()).then(|| map_to_struct(&filter)),
         facets,
     };
     let resp = s
