@@ -9,6 +9,7 @@ pub mod federation;
 pub mod filter;
 pub mod invoke;
 pub mod mcp;
+pub mod protocol;
 pub mod record;
 pub mod resolve;
 pub mod time;
@@ -16,5 +17,6 @@ pub mod urn;
 pub mod validate;
 pub mod write;
 
+pub use protocol::Protocol;
 pub use record::*;
 pub use validate::{FieldError, Limits};

@@ -186,22 +186,23 @@ impl ResolvePolicy {
     /// The binding to use: acceptable protocol, lowest `priority` first
     /// (bindings without one after those with one), then declaration order.
     pub fn binding<'a>(&self, record: &'a AgentRecord) -> Option<&'a Binding> {
-        preferred_binding(&record.metadata.bindings, |p| {
-            self.protocols.is_empty() || self.protocols.iter().any(|a| a == p)
+        preferred_binding(&record.metadata.bindings, |b| {
+            let p = b.protocol.to_ascii_lowercase();
+            self.protocols.is_empty() || self.protocols.contains(&p)
         })
     }
 }
 
-/// The binding to call among those whose (lower-case) protocol passes
-/// `acceptable`: lowest `priority` first (bindings without one after those
-/// with one), then declaration order.
+/// The binding to call among those `acceptable` passes: lowest `priority`
+/// first (bindings without one after those with one), then declaration
+/// order.
 pub fn preferred_binding(
     bindings: &[Binding],
-    acceptable: impl Fn(&str) -> bool,
+    acceptable: impl Fn(&Binding) -> bool,
 ) -> Option<&Binding> {
     bindings
         .iter()
-        .filter(|b| acceptable(&b.protocol.to_ascii_lowercase()))
+        .filter(|b| acceptable(b))
         .min_by_key(|b| b.priority.unwrap_or(i64::MAX))
 }
 

@@ -368,8 +368,10 @@ fn descriptor(record: &AgentRecord) -> Value {
 
 /// The AP binding of an agent that speaks AP.
 fn ap_endpoint(record: &AgentRecord) -> Option<String> {
-    preferred_binding(&record.metadata.bindings, |p| p == "agent-protocol")
-        .map(|b| b.endpoint.clone())
+    preferred_binding(&record.metadata.bindings, |b| {
+        b.known_protocol() == Some(crate::domain::Protocol::AgentProtocol)
+    })
+    .map(|b| b.endpoint.clone())
 }
 
 /// A proxied agent's events as our events; a whole answer (a refusal)

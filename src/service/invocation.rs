@@ -424,8 +424,9 @@ impl InvocationService {
             .iter()
             .map(|p| p.to_ascii_lowercase())
             .collect();
-        let binding = preferred_binding(&meta.bindings, |p| {
-            transport::speaks(p) && (accepted.is_empty() || accepted.iter().any(|a| a == p))
+        let binding = preferred_binding(&meta.bindings, |b| {
+            let p = b.protocol.to_ascii_lowercase();
+            transport::callable(b) && (accepted.is_empty() || accepted.contains(&p))
         })
         .ok_or_else(|| no_binding(record, &accepted))?;
         let binding = meta
@@ -639,7 +640,8 @@ fn no_binding(record: &AgentRecord, accepted: &[String]) -> ServiceError {
         .iter()
         .map(|b| b.protocol.as_str())
         .collect();
-    if !accepted.is_empty() && offered.iter().any(|p| transport::speaks(p)) {
+    let callable = record.metadata.bindings.iter().any(transport::callable);
+    if !accepted.is_empty() && callable {
         return ServiceError::InvalidRequest {
             field: Some("/protocols".into()),
             message: format!(
@@ -654,7 +656,7 @@ fn no_binding(record: &AgentRecord, accepted: &[String]) -> ServiceError {
         "agent '{}' offers only bindings the gateway cannot call ({}); the gateway speaks {}",
         record.metadata.id,
         offered.join(", "),
-        transport::PROTOCOLS.join(", ")
+        crate::domain::Protocol::ALL.map(|p| p.as_str()).join(", ")
     ))
 }
 

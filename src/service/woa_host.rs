@@ -137,10 +137,7 @@ fn hosted(r: &AgentRecord) -> bool {
             r.metadata.effective_status(),
             AgentStatus::Active | AgentStatus::Deprecated
         )
-        && r.metadata
-            .bindings
-            .iter()
-            .any(|b| transport::speaks(&b.protocol))
+        && r.metadata.bindings.iter().any(transport::callable)
 }
 
 /// WoA requires `inputs` and `outputs`; an agent that declares none

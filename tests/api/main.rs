@@ -1,6 +1,7 @@
 //! Integration tests: real servers (RocksDB, Raft, gRPC and HTTP listeners)
 //! on loopback ports they pick themselves.
 
+mod a2a;
 mod agent_protocol;
 mod agents;
 mod ap_agent;

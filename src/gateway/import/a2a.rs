@@ -1,24 +1,27 @@
-//! A2A: an Agent Card (v0.3 members) mapped into a record, so A2A agents are
-//! found by the same discovery as native ones and invoked through the
+//! A2A: an Agent Card (1.0, or 0.3) mapped into a record, so A2A agents
+//! are found by the same discovery as native ones and invoked through the
 //! gateway's A2A client. The card's skills, interfaces and security schemes
 //! are read here, because only this format has them.
+//!
+//! A 1.0 card lists its interfaces in `supportedInterfaces` (`url`,
+//! `protocolBinding`, `protocolVersion`) and has no top-level `url`; a 0.3
+//! card has `url` with `preferredTransport` and `additionalInterfaces`, in
+//! the card's `protocolVersion`. Either way every interface becomes a
+//! binding with its `transport` and `protocolVersion`, which is what the
+//! gateway calls it with.
 
 use std::collections::HashSet;
 
 use serde_json::{json, Map, Value};
 use url::Url;
 
-use super::{
-    add_tag, http_url, ptr, source, tag_problem, text_problem, Dropped, Obj, Result, PROTOCOL_A2A,
-};
+use super::{add_tag, http_url, ptr, source, tag_problem, text_problem, Dropped, Obj, Result};
 use crate::domain::validate::{validate_url, MAX_EXAMPLES, MAX_EXAMPLE_TEXT_LEN};
 use crate::domain::{
-    AgentMetadata, AuthRequirement, Binding, FieldError, Limits, Operation, TaskExample,
+    AgentMetadata, AuthRequirement, Binding, FieldError, Limits, Operation, Protocol, TaskExample,
 };
 
-/// Maps an A2A Agent Card (v0.3 members) into a record, so A2A agents are
-/// found by the same discovery as native ones and invoked through the
-/// gateway's A2A client.
+/// Maps an A2A Agent Card into a record.
 ///
 /// Skills give the searchable signals (tags, example tasks) and one
 /// operation each; every interface becomes a binding, the card's preferred
@@ -29,7 +32,6 @@ pub fn a2a_card(card: &Value, card_url: &Url) -> Result<AgentMetadata> {
     let c = Obj::of(card, "", "a JSON object (an A2A Agent Card)")?;
     let name = c.text("name")?;
     let description = c.text("description")?;
-    let url = http_url(&c, "url", true)?;
     let version = c.opt_text("version")?;
     let publisher = match c.object("provider", "an object ({organization, url})")? {
         Some(p) => p.opt_text("organization")?,
@@ -37,7 +39,7 @@ pub fn a2a_card(card: &Value, card_url: &Url) -> Result<AgentMetadata> {
     };
     let mut dropped = Dropped::default();
     let (tags, examples, operations) = a2a_skills(&c, &mut dropped)?;
-    let bindings = a2a_bindings(&c, url.as_str(), &mut dropped)?;
+    let bindings = a2a_bindings(&c, &mut dropped)?;
     let authentication = a2a_auth(&c)?;
     let mut meta = AgentMetadata {
         id: card_url.to_string(),
@@ -116,9 +118,10 @@ fn a2a_skills(
     Ok((tags, examples, operations))
 }
 
-/// One binding per interface: the card's `url` (priority 0) and each
-/// distinct additional interface (1, 2, ...).
-fn a2a_bindings(c: &Obj, url: &str, dropped: &mut Dropped) -> Result<Vec<Binding>> {
+/// One binding per interface, in the card's order of preference: a 1.0
+/// card's `supportedInterfaces`, else a 0.3 card's `url` (priority 0) and
+/// each distinct additional interface (1, 2, ...).
+fn a2a_bindings(c: &Obj, dropped: &mut Dropped) -> Result<Vec<Binding>> {
     let streaming = match c.object("capabilities", "an object")? {
         None => false,
         Some(caps) => match caps.get("streaming") {
@@ -146,27 +149,59 @@ fn a2a_bindings(c: &Obj, url: &str, dropped: &mut Dropped) -> Result<Vec<Binding
     } else {
         "request-response"
     };
-    let binding = |endpoint: &str, transport: String, priority: i64| Binding {
-        protocol: PROTOCOL_A2A.into(),
+    let binding = |endpoint: &str, transport: String, version: &str, priority: i64| Binding {
+        protocol: Protocol::A2a.as_str().into(),
         endpoint: endpoint.into(),
         media_types: media_types.clone(),
         interaction_model: Some(interaction.into()),
         priority: Some(priority),
-        extra: Map::from_iter([("transport".to_string(), Value::String(transport))]),
+        extra: Map::from_iter([
+            ("transport".to_string(), Value::String(transport)),
+            ("protocolVersion".to_string(), json!(version)),
+        ]),
     };
-    let preferred = c
-        .opt_text("preferredTransport")?
-        .map_or_else(|| "JSONRPC".to_string(), a2a_transport);
-    let mut bindings = vec![binding(url, preferred, 0)];
-    for (i, interface) in c.array("additionalInterfaces")?.iter().enumerate() {
-        let o = Obj::of(
-            interface,
-            ptr("/additionalInterfaces", i),
-            "an interface object ({url, transport})",
-        )?;
-        let raw = o.text("url")?;
-        let transport = a2a_transport(o.text("transport")?);
-        let storable = Url::parse(raw)
+    // (pointer of the url, url, transport, version) of each interface.
+    let mut interfaces: Vec<(String, String, String, String)> = Vec::new();
+    let supported = c.array("supportedInterfaces")?;
+    if supported.is_empty() {
+        let url = http_url(c, "url", true)?;
+        let version = c
+            .opt_text("protocolVersion")?
+            .unwrap_or("0.3.0")
+            .to_string();
+        let preferred = c
+            .opt_text("preferredTransport")?
+            .map_or_else(|| "JSONRPC".to_string(), a2a_transport);
+        interfaces.push((c.at("url"), url.into(), preferred, version.clone()));
+        for (i, interface) in c.array("additionalInterfaces")?.iter().enumerate() {
+            let o = Obj::of(
+                interface,
+                ptr("/additionalInterfaces", i),
+                "an interface object ({url, transport})",
+            )?;
+            let transport = a2a_transport(o.text("transport")?);
+            interfaces.push((
+                o.at("url"),
+                o.text("url")?.into(),
+                transport,
+                version.clone(),
+            ));
+        }
+    } else {
+        for (i, interface) in supported.iter().enumerate() {
+            let o = Obj::of(
+                interface,
+                ptr("/supportedInterfaces", i),
+                "an interface object ({url, protocolBinding, protocolVersion})",
+            )?;
+            let transport = a2a_transport(o.text("protocolBinding")?);
+            let version = o.opt_text("protocolVersion")?.unwrap_or("1.0").to_string();
+            interfaces.push((o.at("url"), o.text("url")?.into(), transport, version));
+        }
+    }
+    let mut bindings: Vec<Binding> = Vec::new();
+    for (at, raw, transport, version) in interfaces {
+        let storable = Url::parse(&raw)
             .map_err(|e| format!("is not an absolute URL ({e})"))
             .and_then(|u| {
                 validate_url(u.as_str(), "", &Limits::default())
@@ -176,19 +211,25 @@ fn a2a_bindings(c: &Obj, url: &str, dropped: &mut Dropped) -> Result<Vec<Binding
         let endpoint = match storable {
             Ok(endpoint) => endpoint,
             Err(why) => {
-                dropped.note(o.at("url"), format!("interface not kept: its URL {why}"));
+                dropped.note(at, format!("interface not kept: its URL {why}"));
                 continue;
             }
         };
-        // A2A asks cards to repeat the main interface here.
+        // A2A asks 0.3 cards to repeat the main interface.
         let known = bindings.iter().any(|b| {
             b.endpoint == endpoint
                 && b.extra.get("transport").and_then(Value::as_str) == Some(transport.as_str())
         });
         if !known {
             let priority = i64::try_from(bindings.len()).unwrap_or(i64::MAX);
-            bindings.push(binding(&endpoint, transport, priority));
+            bindings.push(binding(&endpoint, transport, &version, priority));
         }
+    }
+    if bindings.is_empty() {
+        return Err(FieldError::new(
+            "/supportedInterfaces",
+            "the card declares no interface the registry can keep",
+        ));
     }
     Ok(bindings)
 }
@@ -207,13 +248,31 @@ fn a2a_auth(c: &Obj) -> Result<AuthRequirement> {
         "securitySchemes",
         "an object mapping scheme names to security scheme objects",
     )?;
-    let mut chosen: Option<AuthRequirement> = None;
-    for (i, requirement) in c.array("security")?.iter().enumerate() {
-        let r = Obj::of(
-            requirement,
-            ptr("/security", i),
+    // 1.0: `securityRequirements: [{schemes: {name: {list: [scope]}}}]`;
+    // 0.3: `security: [{name: [scope]}]`.
+    let v1 = !c.array("securityRequirements")?.is_empty();
+    let (key, what) = if v1 {
+        (
+            "securityRequirements",
+            "a security requirement object ({schemes: {name: {list}}})",
+        )
+    } else {
+        (
+            "security",
             "a security requirement object (scheme name → scopes)",
-        )?;
+        )
+    };
+    let mut chosen: Option<AuthRequirement> = None;
+    for (i, requirement) in c.array(key)?.iter().enumerate() {
+        let outer = Obj::of(requirement, ptr(&format!("/{key}"), i), what)?;
+        let r = if v1 {
+            match outer.object("schemes", "an object mapping scheme names to scopes")? {
+                Some(r) => r,
+                None => continue,
+            }
+        } else {
+            outer
+        };
         let mut auth = AuthRequirement::default();
         let mut names = Vec::new();
         for name in r.map.keys() {
@@ -230,7 +289,15 @@ fn a2a_auth(c: &Obj) -> Result<AuthRequirement> {
             )?;
             let kind = a2a_scheme(&scheme, &mut auth)?;
             auth.kind.get_or_insert(kind);
-            for (_, scope) in r.strings(name)? {
+            let scopes = if v1 {
+                match r.object(name, "an object ({list: [scope]})")? {
+                    Some(list) => list.strings("list")?,
+                    None => Vec::new(),
+                }
+            } else {
+                r.strings(name)?
+            };
+            for (_, scope) in scopes {
                 if !auth.scopes.iter().any(|s| s == scope) {
                     auth.scopes.push(scope.into());
                 }
@@ -257,6 +324,9 @@ fn a2a_auth(c: &Obj) -> Result<AuthRequirement> {
 /// the first scheme of a requirement writes its details into `auth`.
 fn a2a_scheme(scheme: &Obj, auth: &mut AuthRequirement) -> Result<String> {
     let first = auth.kind.is_none();
+    if scheme.get("type").is_none() {
+        return a2a_scheme_v1(scheme, auth, first);
+    }
     Ok(match scheme.text("type")? {
         "oauth2" | "openIdConnect" => "oauth2_bearer".into(),
         "http" => match scheme.text("scheme")?.to_ascii_lowercase().as_str() {
@@ -278,6 +348,41 @@ fn a2a_scheme(scheme: &Obj, auth: &mut AuthRequirement) -> Result<String> {
         "mutualTLS" => "mtls".into(),
         other => other.to_ascii_lowercase(),
     })
+}
+
+/// A 1.0 security scheme: an object with one member naming its kind.
+fn a2a_scheme_v1(scheme: &Obj, auth: &mut AuthRequirement, first: bool) -> Result<String> {
+    if let Some(http) = scheme.object("httpAuthSecurityScheme", "an object ({scheme})")? {
+        return Ok(match http.text("scheme")?.to_ascii_lowercase().as_str() {
+            "bearer" => "oauth2_bearer".into(),
+            other => format!("http_{other}"),
+        });
+    }
+    if let Some(key) = scheme.object("apiKeySecurityScheme", "an object ({location, name})")? {
+        let place = key.text("location")?;
+        let name = key.text("name")?;
+        if first {
+            auth.extra.insert("in".into(), json!(place));
+            auth.extra.insert("name".into(), json!(name));
+            if place == "header" {
+                auth.extra.insert("header".into(), json!(name));
+            }
+        }
+        return Ok("api_key".into());
+    }
+    for (member, kind) in [
+        ("oauth2SecurityScheme", "oauth2_bearer"),
+        ("openIdConnectSecurityScheme", "oauth2_bearer"),
+        ("mtlsSecurityScheme", "mtls"),
+    ] {
+        if scheme.get(member).is_some() {
+            return Ok(kind.into());
+        }
+    }
+    Err(FieldError::new(
+        scheme.at.clone(),
+        "is not a security scheme this registry knows (httpAuthSecurityScheme, apiKeySecurityScheme, oauth2SecurityScheme, openIdConnectSecurityScheme, mtlsSecurityScheme)",
+    ))
 }
 
 #[cfg(test)]
@@ -626,6 +731,58 @@ mod tests {
     }
 
     #[test]
+    fn a_1_0_card_keeps_every_supported_interface_and_its_security() {
+        let card = json!({
+            "name": "Echo Agent",
+            "description": "Echoes every message back as an artifact.",
+            "version": "1.2.3",
+            "supportedInterfaces": [
+                {"url": "https://echo.example/jsonrpc", "protocolBinding": "JSONRPC", "protocolVersion": "1.0"},
+                {"url": "https://echo.example/rest", "protocolBinding": "HTTP+JSON", "protocolVersion": "1.0"},
+                {"url": "https://echo.example/grpc", "protocolBinding": "GRPC", "protocolVersion": "1.0"}
+            ],
+            "capabilities": {"streaming": true},
+            "securitySchemes": {
+                "bearer": {"httpAuthSecurityScheme": {"scheme": "Bearer"}},
+                "key": {"apiKeySecurityScheme": {"location": "header", "name": "X-Key"}}
+            },
+            "securityRequirements": [{"schemes": {"key": {"list": []}}}, {"schemes": {"bearer": {}}}],
+            "skills": [{"id": "echo", "name": "Echo", "description": "Echoes.", "tags": ["echo"],
+                "examples": ["hello"]}]
+        });
+        let m = a2a_card(
+            &card,
+            &url("https://echo.example/.well-known/agent-card.json"),
+        )
+        .unwrap();
+        let got: Vec<(&str, &str, &str)> = m
+            .bindings
+            .iter()
+            .map(|b| {
+                (
+                    b.endpoint.as_str(),
+                    b.extra["transport"].as_str().unwrap(),
+                    b.extra["protocolVersion"].as_str().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("https://echo.example/jsonrpc", "JSONRPC", "1.0"),
+                ("https://echo.example/rest", "HTTP+JSON", "1.0"),
+                ("https://echo.example/grpc", "GRPC", "1.0"),
+            ]
+        );
+        let auth = m.authentication.unwrap();
+        assert_eq!(auth.kind.as_deref(), Some("api_key"));
+        assert_eq!(auth.extra["header"], "X-Key");
+        // A 0.3 card's bindings carry its version.
+        let old = a2a_card(&route_planner_card(), &url(CARD_URL)).unwrap();
+        assert_eq!(old.bindings[0].extra["protocolVersion"], "0.3.0");
+    }
+
+    #[test]
     fn a2a_errors_name_the_member() {
         type Edit = fn(&mut Value);
         let cases: Vec<(Edit, &str)> = vec![
@@ -723,7 +880,8 @@ mod tests {
                         .unwrap()
                         .remove("type");
                 },
-                "/securitySchemes/google/type",
+                // Without `type` it is read as a 1.0 scheme, and is none.
+                "/securitySchemes/google",
             ),
             (
                 |c| c["securitySchemes"]["google"] = json!({"type": "apiKey", "in": "header"}),

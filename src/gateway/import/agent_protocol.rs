@@ -8,9 +8,9 @@ use std::collections::HashSet;
 use serde_json::{json, Map, Value};
 use url::Url;
 
-use super::{add_tag, ptr, source, Dropped, Obj, Result, PROTOCOL_AGENT_PROTOCOL};
+use super::{add_tag, ptr, source, Dropped, Obj, Result};
 use crate::domain::validate::compile_schema;
-use crate::domain::{AgentMetadata, Binding, FieldError, Operation};
+use crate::domain::{AgentMetadata, Binding, FieldError, Operation, Protocol};
 
 /// Keywords that make an Agent Protocol schema object a JSON Schema rather
 /// than a casual "field → type name" map.
@@ -53,7 +53,7 @@ pub fn ap_descriptor(desc: &Value, describe_url: &Url) -> Result<AgentMetadata> 
     let name = d.text("name")?;
     let description = d.text("purpose")?;
     let mut dropped = Dropped::default();
-    let mut tags = vec![PROTOCOL_AGENT_PROTOCOL.to_string()];
+    let mut tags = vec![Protocol::AgentProtocol.as_str().to_string()];
     for (i, tool) in d.array("tools")?.iter().enumerate() {
         let p = ptr("/tools", i);
         match tool.as_str() {
@@ -110,7 +110,7 @@ pub fn ap_descriptor(desc: &Value, describe_url: &Url) -> Result<AgentMetadata> 
         tags,
         operations,
         bindings: vec![Binding {
-            protocol: PROTOCOL_AGENT_PROTOCOL.into(),
+            protocol: Protocol::AgentProtocol.as_str().into(),
             endpoint: base,
             priority: Some(0),
             ..Default::default()

@@ -49,16 +49,6 @@ pub use ai_catalog::{
 };
 pub use woa::{is_woa_agent_id, woa_document, woa_token, Skipped, UnsupportedTransport, WoaImport};
 
-/// Binding protocol of a WoA REST transport: POST the WoA invocation
-/// envelope to the endpoint.
-pub const PROTOCOL_WOA_REST: &str = "woa-rest";
-/// Binding protocol of a WoA MCP transport (streamable HTTP server).
-pub const PROTOCOL_MCP: &str = "mcp";
-/// Binding protocol of an A2A interface; its `transport` is in the extra.
-pub const PROTOCOL_A2A: &str = "a2a";
-/// Binding protocol of an Agent Protocol agent; the endpoint is its base URL.
-pub const PROTOCOL_AGENT_PROTOCOL: &str = "agent-protocol";
-
 type Result<T> = std::result::Result<T, FieldError>;
 
 /// Appends one reference token to a JSON pointer (RFC 6901 escaping).

@@ -13,11 +13,9 @@ use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
 use url::Url;
 
-use super::{
-    add_tag, http_url, ptr, source, Dropped, Obj, Result, PROTOCOL_MCP, PROTOCOL_WOA_REST,
-};
+use super::{add_tag, http_url, ptr, source, Dropped, Obj, Result};
 use crate::domain::validate::{compile_schema, normalise_and_validate};
-use crate::domain::{AgentMetadata, Binding, FieldError, Limits, Operation};
+use crate::domain::{AgentMetadata, Binding, FieldError, Limits, Operation, Protocol};
 
 /// Longest readable prefix a [`woa_token`] keeps before its hash.
 const WOA_TOKEN_PREFIX_LEN: usize = 40;
@@ -344,7 +342,7 @@ fn woa_agent(
         let mut extra = Map::from_iter([("woa_agent".to_string(), json!(id))]);
         let (protocol, endpoint, priority) = match transport {
             Transport::Rest { base, invoke_path } => (
-                PROTOCOL_WOA_REST,
+                Protocol::WoaRest.as_str(),
                 rest_url(base, invoke_path, id).map_err(|m| FieldError::new(p, m))?,
                 0,
             ),
@@ -355,7 +353,7 @@ fn woa_agent(
             } => {
                 extra.insert("tool_namespace".into(), json!(namespace));
                 extra.insert("tool_field".into(), json!(field));
-                (PROTOCOL_MCP, server.clone(), 1)
+                (Protocol::Mcp.as_str(), server.clone(), 1)
             }
             Transport::Unsupported(reason) => {
                 unsupported.push((t, reason.as_str()));

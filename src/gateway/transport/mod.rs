@@ -1,13 +1,21 @@
-//! The wire protocols the gateway calls agents with, one per binding
-//! protocol: AIDIP REST (`https`, `http`: the plain input is the body), WoA
-//! REST (`woa-rest`: the invocation envelope), MCP (`mcp`: the envelope
-//! becomes a `tools/call` over Streamable HTTP, WoA 5.3) and the Agent
-//! Protocol (`agent-protocol`: a ChatRequest on `stream_request`, its events
-//! collected until RunCompleted).
+//! The wire protocols the gateway calls agents with, one module per
+//! binding protocol behind one interface (`call` for a whole answer,
+//! `open_stream` for events): `rest` (AIDIP REST, `https`/`http`: the
+//! plain input is the body), `woa` (WoA REST: the invocation envelope),
+//! `mcp` (the envelope becomes a `tools/call` over Streamable HTTP, WoA
+//! 5.3), `agent_protocol` (a ChatRequest on `stream_request`, its events
+//! collected until RunCompleted) and `a2a` (`SendMessage` over JSON-RPC or
+//! HTTP+JSON, A2A 1.0 or 0.3).
 //!
 //! Answers are classified here once: a 2xx JSON body is the agent's output,
 //! a 4xx JSON body is passed through as the agent's own refusal, 503 is
 //! "overloaded", other 5xx and anything that is not JSON are bad answers.
+
+mod a2a;
+mod agent_protocol;
+mod mcp;
+mod rest;
+mod woa;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,17 +23,22 @@ use std::time::Duration;
 use axum::body::Bytes;
 use futures::stream::BoxStream;
 use futures::StreamExt;
-use serde_json::{json, Map, Value};
+use serde_json::Value;
 use url::Url;
 
+pub use agent_protocol::ap_url;
+
 use super::outbound::{classify, read_limited, redacted, Lookup, OutboundError, OutboundPolicy};
-use crate::domain::Binding;
+use crate::domain::{Binding, Protocol};
 
-/// Binding protocols the gateway can call.
-pub const PROTOCOLS: &[&str] = &["https", "http", "woa-rest", "mcp", "agent-protocol"];
-
-pub fn speaks(protocol: &str) -> bool {
-    PROTOCOLS.contains(&protocol)
+/// Whether the gateway can call a binding: a protocol it speaks, in a
+/// form it supports (an A2A interface over gRPC is not).
+pub fn callable(b: &Binding) -> bool {
+    match b.known_protocol() {
+        Some(Protocol::A2a) => a2a::callable(b),
+        Some(_) => true,
+        None => false,
+    }
 }
 
 /// Why a call produced no usable answer.
@@ -184,45 +197,7 @@ pub enum Started {
     Whole(Answer),
 }
 
-fn woa_agent(b: &Binding) -> Result<&str, GatewayError> {
-    b.extra
-        .get("woa_agent")
-        .and_then(Value::as_str)
-        .ok_or_else(|| {
-            GatewayError::Unsupported(format!(
-                "the {} binding to {} names no 'woa_agent' (the agent's id at its WoA host)",
-                b.protocol, b.endpoint
-            ))
-        })
-}
-
-/// The JSON body a REST binding receives.
-fn rest_body(spec: &CallSpec<'_>) -> Result<Value, GatewayError> {
-    Ok(match spec.binding.protocol.as_str() {
-        "woa-rest" => {
-            let mut env = Map::new();
-            env.insert("agent".into(), json!(woa_agent(spec.binding)?));
-            if let Some(op) = spec.operation {
-                env.insert("operation".into(), json!(op));
-            }
-            env.insert("input".into(), spec.input.clone());
-            if spec.stream {
-                env.insert("stream".into(), json!(true));
-            }
-            Value::Object(env)
-        }
-        _ => match (spec.input, spec.operation) {
-            (Value::Object(m), Some(op)) if spec.name_operation && !m.contains_key("operation") => {
-                let mut m = m.clone();
-                m.insert("operation".into(), json!(op));
-                Value::Object(m)
-            }
-            (v, _) => v.clone(),
-        },
-    })
-}
-
-fn endpoint(b: &Binding) -> Result<Url, GatewayError> {
+pub(super) fn endpoint(b: &Binding) -> Result<Url, GatewayError> {
     Url::parse(&b.endpoint).map_err(|e| {
         GatewayError::Unsupported(format!(
             "the binding endpoint {} is not a URL: {e}",
@@ -238,19 +213,19 @@ fn retry_after(resp: &reqwest::Response) -> Option<u32> {
         .and_then(|v| v.trim().parse().ok())
 }
 
-/// Sends a REST call and waits for the response head.
-async fn send_rest(
+/// POSTs `body` to the binding's endpoint and waits for the response head.
+async fn post(
     out: &Outbound,
     spec: &CallSpec<'_>,
+    body: &Value,
     accept: &str,
 ) -> Result<(reqwest::Response, Url), GatewayError> {
     let url = endpoint(spec.binding)?;
-    let body = rest_body(spec)?;
     let resp = exchange(
         out,
         reqwest::Method::POST,
         &url,
-        Some(&body),
+        Some(body),
         &spec.headers,
         accept,
     )
@@ -394,38 +369,32 @@ fn classify_answer(
 
 /// Calls the agent and waits for its whole answer.
 pub async fn call(out: &Outbound, spec: &CallSpec<'_>) -> Result<Answer, GatewayError> {
-    match spec.binding.protocol.as_str() {
+    match protocol(spec.binding)? {
+        Protocol::Https | Protocol::Http => rest::call(out, spec).await,
+        Protocol::WoaRest => woa::call(out, spec).await,
         // Boxed: rmcp's session future is large and deeply nested.
-        "mcp" => Box::pin(call_mcp(out, spec)).await,
-        "agent-protocol" => call_ap(out, spec).await,
-        "https" | "http" | "woa-rest" => {
-            let (resp, url) = send_rest(out, spec, "application/json").await?;
-            whole_answer(out, resp, &url).await
-        }
-        other => Err(GatewayError::Unsupported(format!(
-            "the gateway cannot call '{other}' bindings"
-        ))),
+        Protocol::Mcp => Box::pin(mcp::call(out, spec)).await,
+        Protocol::AgentProtocol => agent_protocol::call(out, spec).await,
+        Protocol::A2a => a2a::call(out, spec).await,
     }
 }
 
 /// Calls the agent asking for a stream of events. Agents that answer with
 /// one JSON body (and MCP tools) give a whole answer instead.
 pub async fn open_stream(out: &Outbound, spec: &CallSpec<'_>) -> Result<Started, GatewayError> {
-    if spec.binding.protocol == "mcp" {
-        return Box::pin(call_mcp(out, spec)).await.map(Started::Whole);
+    match protocol(spec.binding)? {
+        Protocol::Https | Protocol::Http => rest::open_stream(out, spec).await,
+        Protocol::WoaRest => woa::open_stream(out, spec).await,
+        Protocol::Mcp => Box::pin(mcp::call(out, spec)).await.map(Started::Whole),
+        Protocol::AgentProtocol => agent_protocol::open_stream(out, spec).await,
+        Protocol::A2a => a2a::open_stream(out, spec).await,
     }
-    if spec.binding.protocol == "agent-protocol" {
-        let (resp, url) = ap_stream_request(out, spec).await?;
-        return events_or_answer(out, resp, &url).await;
-    }
-    if !matches!(
-        spec.binding.protocol.as_str(),
-        "https" | "http" | "woa-rest"
-    ) {
-        return call(out, spec).await.map(Started::Whole);
-    }
-    let (resp, url) = send_rest(out, spec, "text/event-stream, application/json").await?;
-    events_or_answer(out, resp, &url).await
+}
+
+fn protocol(b: &Binding) -> Result<Protocol, GatewayError> {
+    b.known_protocol().ok_or_else(|| {
+        GatewayError::Unsupported(format!("the gateway cannot call '{}' bindings", b.protocol))
+    })
 }
 
 /// The agent's server-sent events, one at a time, each within `idle` of
@@ -484,240 +453,12 @@ fn relay(
     .boxed()
 }
 
-/// An AP agent's route (`base` + `/` + `route`).
-pub fn ap_url(base: &str, route: &str) -> Result<Url, GatewayError> {
-    Url::parse(&format!("{}/{route}", base.trim_end_matches('/'))).map_err(|e| {
-        GatewayError::Unsupported(format!("the AP agent URL {base} is not a URL: {e}"))
-    })
-}
-
-/// Starts an AP run for an invocation: a ChatRequest whose `input` is the
-/// caller's `input` text, else the whole input as JSON text.
-async fn ap_stream_request(
-    out: &Outbound,
-    spec: &CallSpec<'_>,
-) -> Result<(reqwest::Response, Url), GatewayError> {
-    let url = ap_url(&spec.binding.endpoint, "stream_request")?;
-    let text = match spec.input.get("input") {
-        Some(Value::String(s)) => s.clone(),
-        _ => spec.input.to_string(),
-    };
-    let request = json!({"type": "ChatRequest", "input": text});
-    let resp = exchange(
-        out,
-        reqwest::Method::POST,
-        &url,
-        Some(&request),
-        &spec.headers,
-        "text/event-stream, application/json",
-    )
-    .await?;
-    Ok((resp, url))
-}
-
-/// An AP run as one answer: `{output, finish_reason, run_id, thread_id}`
-/// from its events (RunCompleted's `result`, else the TextOutputs).
-async fn call_ap(out: &Outbound, spec: &CallSpec<'_>) -> Result<Answer, GatewayError> {
-    let (resp, url) = ap_stream_request(out, spec).await?;
-    let mut events = match events_or_answer(out, resp, &url).await? {
-        Started::Whole(a) if a.status >= 400 => return Ok(a),
-        Started::Whole(_) => {
-            return Err(GatewayError::BadAnswer(format!(
-                "the AP agent at {} did not stream its run",
-                redacted(&url)
-            )))
-        }
-        Started::Events(e) => e,
-    };
-    let mut text = Vec::new();
-    let mut ids = (Value::Null, Value::Null);
-    while let Some(e) = events.next().await {
-        let event: Value = serde_json::from_str(&e?.data).unwrap_or(Value::Null);
-        if ids.0.is_null() {
-            ids = (event["run_id"].clone(), event["thread_id"].clone());
-        }
-        match event["type"].as_str().unwrap_or_default() {
-            "TextOutput" => text.push(event["content"].as_str().unwrap_or_default().to_string()),
-            "WaitForInput" => {
-                return Err(GatewayError::BadAnswer(
-                    "the AP agent asked for input (WaitForInput); run it through the Agent Protocol routes to answer".into(),
-                ))
-            }
-            "RunCompleted" => {
-                let reason = event["finish_reason"].as_str().unwrap_or("success");
-                if reason != "success" {
-                    return Err(GatewayError::BadAnswer(format!(
-                        "the AP agent's run ended with finish_reason '{reason}'"
-                    )));
-                }
-                let output = match &event["result"] {
-                    Value::Null => json!(text.join("")),
-                    r => r.clone(),
-                };
-                let json = json!({"output": output, "finish_reason": reason, "run_id": ids.0, "thread_id": ids.1});
-                return Ok(Answer {
-                    status: 200,
-                    body: Bytes::from(json.to_string()),
-                    json,
-                    content_type: "application/json".into(),
-                    retry_after: None,
-                });
-            }
-            _ => {}
-        }
-    }
-    Err(GatewayError::BadAnswer(format!(
-        "the AP agent at {} ended its stream without RunCompleted",
-        redacted(&url)
-    )))
-}
-
-/// The MCP tool a WoA envelope maps to (WoA 4.3.2): the envelope member
-/// `tool_field` names (`agent`: the host's agent id; `operation`: the
-/// operation's name).
-fn mcp_tool(spec: &CallSpec<'_>) -> Result<String, GatewayError> {
-    let b = spec.binding;
-    let field = b
-        .extra
-        .get("tool_field")
-        .and_then(Value::as_str)
-        .unwrap_or("agent");
-    let tool = match field {
-        "agent" => woa_agent(b).ok().map(String::from),
-        "operation" => spec.operation.map(String::from),
-        other => b.extra.get(other).and_then(Value::as_str).map(String::from),
-    };
-    tool.or_else(|| {
-        b.extra
-            .get("tool")
-            .and_then(Value::as_str)
-            .map(String::from)
-    })
-    .ok_or_else(|| {
-        GatewayError::Unsupported(format!(
-            "the mcp binding to {} cannot name a tool (tool_field '{field}' has no value)",
-            b.endpoint
-        ))
-    })
-}
-
-/// A WoA envelope as an MCP `tools/call` over Streamable HTTP (rmcp, on
-/// the guarded client): initialise, call, close the session.
-async fn call_mcp(out: &Outbound, spec: &CallSpec<'_>) -> Result<Answer, GatewayError> {
-    use rmcp::model::CallToolRequestParams;
-    use rmcp::transport::streamable_http_client::{
-        StreamableHttpClientTransport, StreamableHttpClientTransportConfig,
-    };
-    use rmcp::ServiceExt;
-
-    let url = endpoint(spec.binding)?;
-    out.preflight(&url).await?;
-    let tool = mcp_tool(spec)?;
-    let arguments = match spec.input {
-        Value::Object(m) => Some(m.clone()),
-        _ => None,
-    };
-    // rmcp sends one credential, as `Authorization: Bearer`.
-    let auth_header = spec
-        .headers
-        .iter()
-        .find(|(h, _)| h.eq_ignore_ascii_case("authorization"))
-        .map(|(_, v)| v.strip_prefix("Bearer ").unwrap_or(v).to_string());
-    let target = redacted(&url);
-    let timeout = out.policy.timeout;
-    let run = async {
-        let transport = StreamableHttpClientTransport::with_client(
-            out.client.clone(),
-            StreamableHttpClientTransportConfig {
-                uri: url.as_str().into(),
-                auth_header,
-                ..Default::default()
-            },
-        );
-        let client =
-            ().serve(transport)
-                .await
-                .map_err(|e| OutboundError::Unreachable {
-                    target: target.clone(),
-                    reason: format!("the MCP session did not start: {e}"),
-                })?;
-        let result = client
-            .call_tool(CallToolRequestParams {
-                meta: None,
-                name: tool.clone().into(),
-                arguments,
-                task: None,
-            })
-            .await;
-        if let Err(e) = client.cancel().await {
-            tracing::debug!(error = %e, "closing the MCP session failed");
-        }
-        result.map_err(|e| {
-            GatewayError::BadAnswer(format!(
-                "the MCP server at {target} refused tools/call '{tool}': {e}"
-            ))
-        })
-    };
-    let result =
-        tokio::time::timeout(timeout, run)
-            .await
-            .map_err(|_| OutboundError::Timeout {
-                target: target.clone(),
-                ms: timeout.as_millis(),
-            })??;
-    mcp_answer(result, &target, out.policy.max_response_bytes)
-}
-
-/// The tool's result as the agent's JSON output: its structured content,
-/// else a single text item that is JSON, else the content list itself.
-fn mcp_answer(
-    result: rmcp::model::CallToolResult,
-    target: &str,
-    limit: usize,
-) -> Result<Answer, GatewayError> {
-    let text = |r: &rmcp::model::CallToolResult| -> Vec<String> {
-        r.content
-            .iter()
-            .filter_map(|c| c.as_text().map(|t| t.text.clone()))
-            .collect()
-    };
-    if result.is_error == Some(true) {
-        let mut why = text(&result).join(" ");
-        why.truncate(300);
-        return Err(GatewayError::BadAnswer(format!(
-            "the MCP tool at {target} reported an error: {why}"
-        )));
-    }
-    let json = match (&result.structured_content, text(&result).as_slice()) {
-        (Some(v), _) => v.clone(),
-        (None, [one]) => serde_json::from_str::<Value>(one)
-            .ok()
-            .filter(Value::is_object)
-            .unwrap_or_else(|| json!({"content": result.content})),
-        _ => json!({"content": result.content}),
-    };
-    let body = serde_json::to_vec(&json).map_err(|e| GatewayError::BadAnswer(e.to_string()))?;
-    if body.len() > limit {
-        return Err(OutboundError::TooLarge {
-            target: target.into(),
-            limit,
-        }
-        .into());
-    }
-    Ok(Answer {
-        status: 200,
-        body: Bytes::from(body),
-        json,
-        content_type: "application/json".into(),
-        retry_after: None,
-    })
-}
-
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
+    use serde_json::json;
 
-    fn binding(protocol: &str, extra: Value) -> Binding {
+    pub(super) fn binding(protocol: &str, extra: Value) -> Binding {
         Binding {
             protocol: protocol.into(),
             endpoint: "https://agents.example/invoke".into(),
@@ -726,7 +467,12 @@ mod tests {
         }
     }
 
-    fn spec<'a>(b: &'a Binding, input: &'a Value, op: Option<&'a str>, many: bool) -> CallSpec<'a> {
+    pub(super) fn spec<'a>(
+        b: &'a Binding,
+        input: &'a Value,
+        op: Option<&'a str>,
+        many: bool,
+    ) -> CallSpec<'a> {
         CallSpec {
             binding: b,
             operation: op,
@@ -735,33 +481,6 @@ mod tests {
             stream: false,
             headers: Vec::new(),
         }
-    }
-
-    #[test]
-    fn each_protocol_gets_its_body() {
-        let input = json!({"text": "hi"});
-        let plain = binding("https", json!({}));
-        assert_eq!(
-            rest_body(&spec(&plain, &input, Some("t"), false)).unwrap(),
-            input
-        );
-        assert_eq!(
-            rest_body(&spec(&plain, &input, Some("t"), true)).unwrap(),
-            json!({"text": "hi", "operation": "t"})
-        );
-        let woa = binding("woa-rest", json!({"woa_agent": "summarizer"}));
-        assert_eq!(
-            rest_body(&spec(&woa, &input, Some("default"), false)).unwrap(),
-            json!({"agent": "summarizer", "operation": "default", "input": {"text": "hi"}})
-        );
-        assert!(rest_body(&spec(&binding("woa-rest", json!({})), &input, None, false)).is_err());
-        let mcp = binding("mcp", json!({"woa_agent": "echo", "tool_field": "agent"}));
-        assert_eq!(mcp_tool(&spec(&mcp, &input, None, false)).unwrap(), "echo");
-        let by_op = binding("mcp", json!({"tool_field": "operation"}));
-        assert_eq!(
-            mcp_tool(&spec(&by_op, &input, Some("sum"), false)).unwrap(),
-            "sum"
-        );
     }
 
     #[test]

@@ -1,0 +1,166 @@
+//! MCP (`mcp`): a WoA envelope becomes a `tools/call` over Streamable
+//! HTTP (WoA 5.3), one session per call on the guarded client.
+
+use axum::body::Bytes;
+use serde_json::{json, Value};
+
+use super::{endpoint, redacted, Answer, CallSpec, GatewayError, Outbound, OutboundError};
+
+/// The MCP tool a WoA envelope maps to (WoA 4.3.2): the envelope member
+/// `tool_field` names (`agent`: the host's agent id; `operation`: the
+/// operation's name).
+fn mcp_tool(spec: &CallSpec<'_>) -> Result<String, GatewayError> {
+    let b = spec.binding;
+    let field = b
+        .extra
+        .get("tool_field")
+        .and_then(Value::as_str)
+        .unwrap_or("agent");
+    let tool = match field {
+        "agent" => super::woa::woa_agent(b).ok().map(String::from),
+        "operation" => spec.operation.map(String::from),
+        other => b.extra.get(other).and_then(Value::as_str).map(String::from),
+    };
+    tool.or_else(|| {
+        b.extra
+            .get("tool")
+            .and_then(Value::as_str)
+            .map(String::from)
+    })
+    .ok_or_else(|| {
+        GatewayError::Unsupported(format!(
+            "the mcp binding to {} cannot name a tool (tool_field '{field}' has no value)",
+            b.endpoint
+        ))
+    })
+}
+
+/// A WoA envelope as an MCP `tools/call` over Streamable HTTP (rmcp, on
+/// the guarded client): initialise, call, close the session.
+pub(super) async fn call(out: &Outbound, spec: &CallSpec<'_>) -> Result<Answer, GatewayError> {
+    use rmcp::model::CallToolRequestParams;
+    use rmcp::transport::streamable_http_client::{
+        StreamableHttpClientTransport, StreamableHttpClientTransportConfig,
+    };
+    use rmcp::ServiceExt;
+
+    let url = endpoint(spec.binding)?;
+    out.preflight(&url).await?;
+    let tool = mcp_tool(spec)?;
+    let arguments = match spec.input {
+        Value::Object(m) => Some(m.clone()),
+        _ => None,
+    };
+    // rmcp sends one credential, as `Authorization: Bearer`.
+    let auth_header = spec
+        .headers
+        .iter()
+        .find(|(h, _)| h.eq_ignore_ascii_case("authorization"))
+        .map(|(_, v)| v.strip_prefix("Bearer ").unwrap_or(v).to_string());
+    let target = redacted(&url);
+    let timeout = out.policy.timeout;
+    let run = async {
+        let transport = StreamableHttpClientTransport::with_client(
+            out.client.clone(),
+            StreamableHttpClientTransportConfig {
+                uri: url.as_str().into(),
+                auth_header,
+                ..Default::default()
+            },
+        );
+        let client =
+            ().serve(transport)
+                .await
+                .map_err(|e| OutboundError::Unreachable {
+                    target: target.clone(),
+                    reason: format!("the MCP session did not start: {e}"),
+                })?;
+        let result = client
+            .call_tool(CallToolRequestParams {
+                meta: None,
+                name: tool.clone().into(),
+                arguments,
+                task: None,
+            })
+            .await;
+        if let Err(e) = client.cancel().await {
+            tracing::debug!(error = %e, "closing the MCP session failed");
+        }
+        result.map_err(|e| {
+            GatewayError::BadAnswer(format!(
+                "the MCP server at {target} refused tools/call '{tool}': {e}"
+            ))
+        })
+    };
+    let result =
+        tokio::time::timeout(timeout, run)
+            .await
+            .map_err(|_| OutboundError::Timeout {
+                target: target.clone(),
+                ms: timeout.as_millis(),
+            })??;
+    mcp_answer(result, &target, out.policy.max_response_bytes)
+}
+
+/// The tool's result as the agent's JSON output: its structured content,
+/// else a single text item that is JSON, else the content list itself.
+fn mcp_answer(
+    result: rmcp::model::CallToolResult,
+    target: &str,
+    limit: usize,
+) -> Result<Answer, GatewayError> {
+    let text = |r: &rmcp::model::CallToolResult| -> Vec<String> {
+        r.content
+            .iter()
+            .filter_map(|c| c.as_text().map(|t| t.text.clone()))
+            .collect()
+    };
+    if result.is_error == Some(true) {
+        let mut why = text(&result).join(" ");
+        why.truncate(300);
+        return Err(GatewayError::BadAnswer(format!(
+            "the MCP tool at {target} reported an error: {why}"
+        )));
+    }
+    let json = match (&result.structured_content, text(&result).as_slice()) {
+        (Some(v), _) => v.clone(),
+        (None, [one]) => serde_json::from_str::<Value>(one)
+            .ok()
+            .filter(Value::is_object)
+            .unwrap_or_else(|| json!({"content": result.content})),
+        _ => json!({"content": result.content}),
+    };
+    let body = serde_json::to_vec(&json).map_err(|e| GatewayError::BadAnswer(e.to_string()))?;
+    if body.len() > limit {
+        return Err(OutboundError::TooLarge {
+            target: target.into(),
+            limit,
+        }
+        .into());
+    }
+    Ok(Answer {
+        status: 200,
+        body: Bytes::from(body),
+        json,
+        content_type: "application/json".into(),
+        retry_after: None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{binding, spec};
+    use super::*;
+
+    #[test]
+    fn the_tool_is_named_by_the_field_the_binding_says() {
+        let input = json!({"text": "hi"});
+        let mcp = binding("mcp", json!({"woa_agent": "echo", "tool_field": "agent"}));
+        assert_eq!(mcp_tool(&spec(&mcp, &input, None, false)).unwrap(), "echo");
+        let by_op = binding("mcp", json!({"tool_field": "operation"}));
+        assert_eq!(
+            mcp_tool(&spec(&by_op, &input, Some("sum"), false)).unwrap(),
+            "sum"
+        );
+    }
+}

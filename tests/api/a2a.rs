@@ -1,0 +1,378 @@
+//! The gateway's `a2a` transport against real A2A agents: the official
+//! `a2a-sdk` (PyPI, `scripts/fetch-mcp.sh` installs it) serving
+//! `tests/fixtures/a2a_agent.py` in each of its modes — a 1.0 agent, a
+//! 0.3 agent, one that streams, one that asks for input, one that fails,
+//! and one that requires a key. Each is imported from its card and invoked
+//! through `POST /agents/{id}/invoke`.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde_json::{json, Value};
+
+use super::harness::{Http, TestServer, ALICE};
+use super::mcp::mcp_python;
+
+/// A running fixture agent; it stops when dropped.
+struct A2aAgent {
+    _child: tokio::process::Child,
+    base: String,
+}
+
+impl A2aAgent {
+    async fn start(mode: &str, key: Option<&str>) -> Self {
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/a2a_agent.py");
+        let mut cmd = tokio::process::Command::new(mcp_python());
+        cmd.arg(script).arg(port.to_string()).arg(mode);
+        if let Some(k) = key {
+            cmd.arg("--key").arg(k);
+        }
+        let child = cmd
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("the A2A agent starts");
+        let base = format!("http://127.0.0.1:{port}");
+        let card = format!("{base}/.well-known/agent-card.json");
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(r) = reqwest::get(&card).await {
+                if r.status().is_success() {
+                    break;
+                }
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the A2A agent ({mode}) did not serve its card"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Self {
+            _child: child,
+            base,
+        }
+    }
+
+    /// What the agent saw: `{requests: [...], cancelled: [...]}`.
+    async fn seen(&self) -> Value {
+        reqwest::get(format!("{}/_seen", self.base))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+}
+
+/// Imports an agent's card; returns the record id.
+async fn import(http: &Http, agent: &A2aAgent) -> String {
+    let (_, report) = http
+        .call(
+            reqwest::Method::POST,
+            "/import/a2a",
+            Some(ALICE),
+            Some(json!({"url": agent.base})),
+        )
+        .await
+        .expect("the card imports");
+    report["agents"][0]["id"].as_str().unwrap().to_string()
+}
+
+async fn invoke(s: &TestServer, id: &str, body: Value, headers: &[(&str, &str)]) -> (u16, Value) {
+    let mut req = reqwest::Client::new()
+        .post(format!("{}/agents/{}/invoke", s.http, Http::url_id(id)))
+        .bearer_auth(ALICE)
+        .json(&body);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let resp = req.send().await.unwrap();
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap_or(Value::Null))
+}
+
+fn artifact_text(task: &Value) -> Vec<String> {
+    task["artifacts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|a| a["parts"].as_array().cloned().unwrap_or_default())
+        .filter_map(|p| p["text"].as_str().map(String::from))
+        .collect()
+}
+
+async fn server() -> TestServer {
+    TestServer::start_with(|c| {
+        super::invocation::local_agents(c);
+        // A Python agent's first answer can take a moment.
+        c.gateway.outbound.timeout_ms = 10_000;
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a2a_1_0_and_0_3_agents_are_imported_and_called_over_both_wires() {
+    let (v1, legacy, failing) = tokio::join!(
+        A2aAgent::start("v1", None),
+        A2aAgent::start("compat", None),
+        A2aAgent::start("fail", None),
+    );
+    let s = server().await;
+    let http = Http::new(&s.http);
+
+    // A 1.0 card: no top-level url; each supported interface a binding.
+    let id = import(&http, &v1).await;
+    let (_, rec) = http
+        .call(
+            reqwest::Method::GET,
+            &format!("/agents/{}", Http::url_id(&id)),
+            Some(ALICE),
+            None,
+        )
+        .await
+        .unwrap();
+    let bindings = rec["bindings"].as_array().unwrap();
+    assert_eq!(bindings.len(), 2, "{rec}");
+    assert_eq!(bindings[0]["protocol"], "a2a");
+    assert_eq!(bindings[0]["transport"], "JSONRPC");
+    assert_eq!(bindings[0]["protocolVersion"], "1.0");
+    assert_eq!(bindings[1]["transport"], "HTTP+JSON");
+    assert_eq!(bindings[1]["endpoint"], format!("{}/rest", v1.base));
+    assert_eq!(rec["name"], "Echo Agent");
+
+    // Text in, the completed task out, over JSON-RPC with the 1.0 header.
+    let (status, body) = invoke(&s, &id, json!({"text": "hi"}), &[]).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["task"]["status"]["state"], "TASK_STATE_COMPLETED");
+    assert_eq!(artifact_text(&body["task"]), vec!["echo: hi"]);
+    let seen = v1.seen().await;
+    let call = seen["requests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["path"] == "/jsonrpc")
+        .cloned()
+        .expect("the agent was called over JSON-RPC");
+    assert_eq!(call["rpc_method"], "SendMessage");
+    assert_eq!(call["a2a_version"], "1.0");
+
+    // The HTTP+JSON interface, with a JSON object sent as a data part.
+    let mut rest = json!({
+        "id": "a2a-echo-rest", "name": "Echo over HTTP+JSON",
+        "description": "The echo agent reached through its HTTP+JSON interface.",
+        "bindings": [{"protocol": "a2a", "endpoint": format!("{}/rest", v1.base),
+            "transport": "HTTP+JSON", "protocolVersion": "1.0"}],
+    });
+    http.call(
+        reqwest::Method::POST,
+        "/agents",
+        Some(ALICE),
+        Some(rest.take()),
+    )
+    .await
+    .expect("registers");
+    let (status, body) = invoke(
+        &s,
+        "a2a-echo-rest",
+        json!({"city": "Paris", "nights": "two"}),
+        &[],
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let part = &body["task"]["artifacts"][0]["parts"][0]["data"]["echo"];
+    assert_eq!(
+        (part["city"].as_str(), part["nights"].as_str()),
+        (Some("Paris"), Some("two")),
+        "{body}"
+    );
+    let seen = v1.seen().await;
+    assert!(
+        seen["requests"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["path"] == "/rest/message:send" && r["a2a_version"] == "1.0"),
+        "{seen}"
+    );
+
+    // A 0.3 agent: its card's version decides the method names and shape;
+    // the answer comes back in the same `{task}` wrapping.
+    let id = import(&http, &legacy).await;
+    let (status, body) = invoke(&s, &id, json!({"text": "old"}), &[]).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["task"]["status"]["state"], "completed");
+    assert_eq!(artifact_text(&body["task"]), vec!["echo: old"]);
+    let seen = legacy.seen().await;
+    let call = seen["requests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["path"] == "/jsonrpc")
+        .cloned()
+        .unwrap();
+    assert_eq!(call["rpc_method"], "message/send");
+    assert!(call["a2a_version"].is_null(), "{call}");
+
+    // A failed task is the agent's failure: 502 with its reason.
+    let id = import(&http, &failing).await;
+    let (status, body) = invoke(&s, &id, json!({"text": "anything"}), &[]).await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (502, Some("bad_gateway")),
+        "{body}"
+    );
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("the backend is down"),
+        "{body}"
+    );
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a2a_streams_are_relayed_and_a_dropped_stream_cancels_the_task() {
+    let counting = A2aAgent::start("stream", None).await;
+    let s = server().await;
+    let http = Http::new(&s.http);
+    let id = import(&http, &counting).await;
+    let url = format!("{}/agents/{}/invoke?stream=true", s.http, Http::url_id(&id));
+
+    let resp = reqwest::Client::new()
+        .post(&url)
+        .bearer_auth(ALICE)
+        .json(&json!({"text": "go"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(resp.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/event-stream"));
+    let text = resp.text().await.unwrap();
+    let events: Vec<(&str, &str)> = text
+        .split("\n\n")
+        .filter_map(|block| {
+            let event = block.lines().find_map(|l| l.strip_prefix("event: "))?;
+            let data = block
+                .lines()
+                .find_map(|l| l.strip_prefix("data: "))
+                .unwrap_or("");
+            Some((event, data))
+        })
+        .collect();
+    let names: Vec<&str> = events.iter().map(|(e, _)| *e).collect();
+    assert_eq!(names.first(), Some(&"task"), "{text}");
+    assert_eq!(
+        names.iter().filter(|n| **n == "artifactUpdate").count(),
+        3,
+        "{text}"
+    );
+    assert_eq!(names.last(), Some(&"end"), "{text}");
+    assert!(
+        text.contains("tick 3") && text.contains("TASK_STATE_COMPLETED"),
+        "{text}"
+    );
+
+    // A caller that leaves mid-stream: the gateway cancels the task.
+    let resp = reqwest::Client::new()
+        .post(&url)
+        .bearer_auth(ALICE)
+        .json(&json!({"text": "slow"}))
+        .send()
+        .await
+        .unwrap();
+    let mut body = resp.bytes_stream();
+    let mut got = String::new();
+    while !got.contains("artifactUpdate") {
+        let chunk = tokio::time::timeout(Duration::from_secs(10), body.next())
+            .await
+            .expect("events arrive")
+            .expect("the stream is open")
+            .unwrap();
+        got.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    drop(body);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let seen = counting.seen().await;
+        if seen["cancelled"].as_array().is_some_and(|c| c.len() == 1) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the upstream task was not cancelled: {seen}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a2a_declared_auth_is_applied_and_input_required_is_an_answer() {
+    let (locked, asking) = tokio::join!(
+        A2aAgent::start("v1", Some("s3cret")),
+        A2aAgent::start("ask", None),
+    );
+    let s = server().await;
+    let http = Http::new(&s.http);
+
+    // The 1.0 card's bearer scheme becomes the record's authentication.
+    let id = import(&http, &locked).await;
+    let (_, rec) = http
+        .call(
+            reqwest::Method::GET,
+            &format!("/agents/{}", Http::url_id(&id)),
+            Some(ALICE),
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(rec["authentication"]["type"], "oauth2_bearer", "{rec}");
+    // Without a credential nothing is sent.
+    let before = locked.seen().await["requests"].as_array().unwrap().len();
+    let (status, body) = invoke(&s, &id, json!({"text": "hi"}), &[]).await;
+    assert_eq!(status, 401, "{body}");
+    assert_eq!(
+        locked.seen().await["requests"].as_array().unwrap().len(),
+        before
+    );
+    // The caller's Agent-Authorization reaches the agent.
+    let (status, body) = invoke(
+        &s,
+        &id,
+        json!({"text": "hi"}),
+        &[("agent-authorization", "Bearer s3cret")],
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(artifact_text(&body["task"]), vec!["echo: hi"]);
+    let seen = locked.seen().await;
+    assert!(
+        seen["requests"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["rpc_method"] == "SendMessage" && r["authorization"] == "Bearer s3cret"),
+        "{seen}"
+    );
+
+    // A task waiting for input is a valid answer: the caller sees the
+    // state and the agent's question.
+    let id = import(&http, &asking).await;
+    let (status, body) = invoke(&s, &id, json!({"text": "book a table"}), &[]).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["task"]["status"]["state"], "TASK_STATE_INPUT_REQUIRED");
+    assert_eq!(
+        body["task"]["status"]["message"]["parts"][0]["text"],
+        "Which date?"
+    );
+    s.stop().await;
+}
