@@ -22,4 +22,5 @@ mod signatures;
 mod tenants;
 mod tokens;
 mod trust;
+mod ui;
 mod watch;
