@@ -8,5 +8,7 @@ source scripts/setup.sh
 scripts/fetch-minilm.sh
 # The gateway's MCP test runs the official MCP Python SDK as its server.
 scripts/fetch-mcp.sh
+# The directory page's browser test (tests/api/ui.rs) drives headless Chromium.
+scripts/fetch-chromium.sh
 export AGENTRY_MCP_PYTHON="${AGENTRY_MCP_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/agentry/mcp-venv}/bin/python"
 cargo test --all-targets "$@"

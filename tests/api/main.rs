@@ -23,4 +23,5 @@ mod signatures;
 mod tenants;
 mod tokens;
 mod trust;
+mod ui;
 mod watch;

@@ -38,6 +38,7 @@ mod invocation;
 mod mcp_registry;
 mod metrics;
 mod openapi;
+mod ui;
 
 pub use openapi::OPENAPI_JSON;
 
@@ -1099,6 +1100,15 @@ pub fn routes() -> Routes {
     .add(OpClass::Read, "GET", "/readyz", routing::get(readyz))
     .add(OpClass::Read, "GET", "/metrics", routing::get(metrics_page))
     .add(OpClass::Read, "GET", "/openapi.json", routing::get(openapi))
+    // The directory page: static, so a Read route any caller may load (its
+    // script then calls the API with the caller's own token).
+    .add(OpClass::Read, "GET", "/ui", routing::get(ui::page))
+    .add(
+        OpClass::Read,
+        "GET",
+        "/ui/assets/{name}",
+        routing::get(ui::asset),
+    )
 }
 
 /// Fails a request that runs past the deadline with a problem body.
