@@ -8,5 +8,7 @@ source scripts/setup.sh
 scripts/fetch-minilm.sh
 # The gateway's MCP test runs the official MCP Python SDK as its server.
 scripts/fetch-mcp.sh
+# The MCP server test also drives the MCP Inspector CLI and conformance suite.
+scripts/fetch-node-tools.sh
 export AGENTRY_MCP_PYTHON="${AGENTRY_MCP_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/agentry/mcp-venv}/bin/python"
 cargo test --all-targets "$@"

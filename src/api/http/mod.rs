@@ -1099,6 +1099,14 @@ pub fn routes() -> Routes {
     .add(OpClass::Read, "GET", "/readyz", routing::get(readyz))
     .add(OpClass::Read, "GET", "/metrics", routing::get(metrics_page))
     .add(OpClass::Read, "GET", "/openapi.json", routing::get(openapi))
+    // The registry as an MCP server. Every message is charged as a read
+    // here; a tool call adds its tool's class (`mcp_server`).
+    .add(
+        OpClass::Read,
+        "POST",
+        super::mcp_server::MCP_PATH,
+        routing::post(super::mcp_server::serve),
+    )
 }
 
 /// Fails a request that runs past the deadline with a problem body.
