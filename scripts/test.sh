@@ -10,5 +10,7 @@ scripts/fetch-minilm.sh
 scripts/fetch-mcp.sh
 # The directory page's browser test (tests/api/ui.rs) drives headless Chromium.
 scripts/fetch-chromium.sh
+# The MCP server test also drives the MCP Inspector CLI and conformance suite.
+scripts/fetch-node-tools.sh
 export AGENTRY_MCP_PYTHON="${AGENTRY_MCP_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/agentry/mcp-venv}/bin/python"
 cargo test --all-targets "$@"

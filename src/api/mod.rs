@@ -13,4 +13,5 @@ pub mod grpc;
 pub mod http;
 pub mod invocation;
 pub mod jwt;
+pub mod mcp_server;
 pub mod peering;

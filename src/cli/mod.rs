@@ -69,7 +69,7 @@ pub struct Cli {
 }
 
 /// The default log filter: Agentry's info lines, openraft's warnings.
-pub const DEFAULT_LOG: &str = "info,openraft=warn";
+pub const DEFAULT_LOG: &str = "info,openraft=warn,rmcp=warn";
 
 #[derive(Debug, Subcommand)]
 pub enum Command {

@@ -3,5 +3,6 @@
 //! an agent (or a crawl of a host) goes through.
 
 pub mod import;
+pub mod mcp_tools;
 pub mod outbound;
 pub mod transport;

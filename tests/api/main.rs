@@ -16,6 +16,7 @@ mod invocation;
 mod mcp;
 mod mcp_mirror;
 mod mcp_registry;
+mod mcp_server;
 mod peer_tls;
 mod restart;
 mod scenario;

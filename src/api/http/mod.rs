@@ -1109,6 +1109,14 @@ pub fn routes() -> Routes {
         "/ui/assets/{name}",
         routing::get(ui::asset),
     )
+    // The registry as an MCP server. Every message is charged as a read
+    // here; a tool call adds its tool's class (`mcp_server`).
+    .add(
+        OpClass::Read,
+        "POST",
+        super::mcp_server::MCP_PATH,
+        routing::post(super::mcp_server::serve),
+    )
 }
 
 /// Fails a request that runs past the deadline with a problem body.

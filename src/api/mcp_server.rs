@@ -1,0 +1,767 @@
+//! `/mcp`: the registry as an MCP server, over Streamable HTTP (rmcp's
+//! server half), so an MCP client — a coding assistant, an agent framework
+//! — can find agents, read their signed records, call them through the
+//! gateway and see what the MCP servers in the directory offer.
+//!
+//! Four tools, each a translation to the use case the facade's own routes
+//! call, so an answer here is the answer there:
+//! - `discover_agents` → `Discovery.Discover` (the `POST /discover`
+//!   handler; `structuredContent` is the same ADP Discovery Response);
+//! - `get_agent` → `Registry.Get` (the record as `GET /agents/{id}` gives
+//!   it, with the registry's signature);
+//! - `invoke_agent` → `Gateway.Invoke` (schema checks, bindings, outbound
+//!   guard: `POST /agents/{id}/invoke`);
+//! - `list_agent_tools` → `tools/list` on an MCP server record's endpoint
+//!   through the gateway's guarded client (`gateway::mcp_tools`).
+//!
+//! Who may do what is decided exactly as for every other request: `/mcp`
+//! is a facade route, so `gate_http` authenticates each HTTP request
+//! (bearer API key or JWT, else anonymous), charges it as a read and puts
+//! the `Identity` in its extensions; rmcp hands the request's `Parts` to
+//! the tool, which charges the tool's own class (discover, invoke) to the
+//! same gate before running, and calls the handler with that identity, so
+//! entitlements (private records, anonymous reads and invocations) are the
+//! service layer's as always.
+//!
+//! The server is stateless (no `Mcp-Session-Id`): every POST carries one
+//! JSON-RPC message and is answered on its own, so any node of a cluster
+//! can answer any request behind a plain load balancer, and nothing is
+//! kept per client between requests. Failures are mapped once, in
+//! `tool_error`: a tool that fails answers a result with `isError` and the
+//! problem body of SPECS.md as `structuredContent` (MCP's "tool execution
+//! error", which the model can read and correct); only a request for a
+//! tool that does not exist is a JSON-RPC error.
+
+use std::sync::{Arc, OnceLock};
+
+use axum::extract::{Request, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResult, Implementation, InitializeRequestParams,
+    InitializeResult, ListToolsResult, PaginatedRequestParams, ProtocolVersion, ServerCapabilities,
+    ServerInfo, Tool, ToolAnnotations,
+};
+use rmcp::service::RequestContext;
+use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
+use serde_json::{json, Map, Value};
+use tonic::Status;
+use tracing::Instrument;
+
+use super::auth::Identity;
+use super::error::{detail_of, problem_body, transport_refusal};
+use super::gate::OpClass;
+use super::http::HttpState;
+use crate::convert::discovery::{discover_request_from_json, discover_response_to_json};
+use crate::convert::record_pb_to_json;
+use crate::domain::discovery::MAX_LIMIT;
+use crate::domain::filter::{self, Surface};
+use crate::domain::validate::{check_instance, compile_schema};
+use crate::domain::Principal;
+use crate::listener::Peer;
+use crate::pb::{
+    self, discovery_server::Discovery, gateway_server::Gateway, registry_server::Registry,
+};
+use crate::service::{Consistency, ServiceError};
+
+/// The route, also the `instance` of the problem bodies tools answer with.
+pub const MCP_PATH: &str = "/mcp";
+
+/// Protocol revisions this server answers in: the client's own when it is
+/// one of these, else the newest rmcp models (structured tool output needs
+/// 2025-06-18 or later).
+const PROTOCOL_VERSIONS: [&str; 4] = ["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
+
+/// The four tools, by name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ToolName {
+    DiscoverAgents,
+    GetAgent,
+    InvokeAgent,
+    ListAgentTools,
+}
+
+impl ToolName {
+    const ALL: [ToolName; 4] = [
+        ToolName::DiscoverAgents,
+        ToolName::GetAgent,
+        ToolName::InvokeAgent,
+        ToolName::ListAgentTools,
+    ];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            ToolName::DiscoverAgents => "discover_agents",
+            ToolName::GetAgent => "get_agent",
+            ToolName::InvokeAgent => "invoke_agent",
+            ToolName::ListAgentTools => "list_agent_tools",
+        }
+    }
+
+    fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.as_str() == name)
+    }
+
+    /// The gate class charged for a call, beyond the read every `/mcp`
+    /// request is charged by its route (so `get_agent` adds nothing).
+    fn class(self) -> Option<OpClass> {
+        match self {
+            ToolName::DiscoverAgents => Some(OpClass::Discover),
+            ToolName::GetAgent => None,
+            // Listing a server's tools calls it through the gateway.
+            ToolName::InvokeAgent | ToolName::ListAgentTools => Some(OpClass::Invoke),
+        }
+    }
+}
+
+/// An array of non-blank strings.
+fn strings(description: &str) -> Value {
+    json!({"type": "array", "items": {"type": "string", "minLength": 1}, "description": description})
+}
+
+/// A string, or an array of them (the ADP constraints that take either).
+fn string_or_strings(description: &str) -> Value {
+    json!({
+        "anyOf": [
+            {"type": "string", "minLength": 1},
+            {"type": "array", "items": {"type": "string", "minLength": 1}}
+        ],
+        "description": description
+    })
+}
+
+/// The schema of one ADP constraint this registry applies, by name. The
+/// names come from the filter engine's one list, so the tool accepts
+/// exactly what `POST /discover` does.
+fn constraint_schema(name: &str) -> Value {
+    match name {
+        "verified_only" => json!({"type": "boolean",
+            "description": "Only agents whose publisher signature this registry verified."}),
+        "allow_stale" => json!({"type": "boolean",
+            "description": "Also return agents past their expires_at (marked in freshness)."}),
+        "max_results_age_seconds" => json!({"type": "integer", "minimum": 0,
+            "description": "Only agents whose metadata was updated at most this many seconds ago."}),
+        "status" => json!({
+            "anyOf": [
+                {"type": "string", "enum": ["active", "deprecated", "inactive", "deleted"]},
+                {"type": "array", "items": {"type": "string", "enum": ["active", "deprecated", "inactive", "deleted"]}}
+            ],
+            "description": "Only agents in these statuses (default: active and deprecated)."
+        }),
+        "region" => string_or_strings("Only agents that declare one of these regions."),
+        "language" => string_or_strings(
+            "Only agents that support one of these languages (BCP 47, e.g. 'en').",
+        ),
+        "capabilities" => string_or_strings("Only agents that declare all of these capabilities."),
+        other => string_or_strings(&format!("The ADP constraint '{other}'.")),
+    }
+}
+
+fn discover_input_schema() -> Value {
+    let names: Vec<&str> = filter::names(Surface::AdpConstraint).collect();
+    let constraints: Map<String, Value> = names
+        .iter()
+        .map(|n| (n.to_string(), constraint_schema(n)))
+        .collect();
+    json!({
+        "type": "object",
+        "properties": {
+            "task": {
+                "type": "string", "minLength": 1, "maxLength": crate::domain::discovery::MAX_QUERY_CHARS,
+                "description": "The task you need an agent for, in plain language, e.g. 'translate a German contract into English'. Agents are ranked by what they say they do and by their example tasks, not by keywords alone."
+            },
+            "required_tags": strings("Only agents carrying every one of these tags."),
+            "preferred_tags": strings("Agents carrying these tags rank higher; others still qualify."),
+            "excluded_tags": strings("No agent carrying any of these tags."),
+            "protocols": strings("Only agents reachable over one of these binding protocols, e.g. 'https', 'woa-rest', 'mcp', 'agent-protocol', 'a2a'."),
+            "constraints": {
+                "type": "object",
+                "properties": constraints,
+                "description": format!("ADP hard filters: {}; a name this registry does not apply is not an error, it is listed in the answer's unsupported_filters.", names.join(", "))
+            },
+            "limit": {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "default": 10,
+                "description": "How many agents to return, best first."},
+            "include_evidence": {"type": "boolean", "default": true,
+                "description": "Explain each ranking: score components, matched tags and the example tasks that matched."},
+            "detail": {"type": "string", "enum": ["minimal", "summary", "full"], "default": "summary",
+                "description": "How much of each agent's record to include."},
+            "scope": {"type": "string", "enum": ["local", "federated"], "default": "local",
+                "description": "'federated' also asks this registry's peer registries."}
+        },
+        "required": ["task"],
+        "additionalProperties": false
+    })
+}
+
+fn id_schema(description: &str) -> Value {
+    json!({"type": "string", "minLength": 1, "maxLength": 1024, "description": description})
+}
+
+fn agent_authorization_schema() -> Value {
+    json!({"type": "string", "minLength": 1,
+        "description": "Your own credential for the agent, if it needs one (sent to the agent, never to this registry)."})
+}
+
+/// One tool as listed, with the validator of its arguments.
+struct ToolDef {
+    name: ToolName,
+    tool: Tool,
+    validator: jsonschema::Validator,
+}
+
+fn object(v: Value) -> Arc<Map<String, Value>> {
+    match v {
+        Value::Object(m) => Arc::new(m),
+        _ => Arc::new(Map::new()),
+    }
+}
+
+fn annotations(title: &str, read_only: bool, open_world: bool) -> ToolAnnotations {
+    ToolAnnotations {
+        title: Some(title.to_string()),
+        read_only_hint: Some(read_only),
+        destructive_hint: (!read_only).then_some(false),
+        idempotent_hint: Some(read_only),
+        open_world_hint: Some(open_world),
+    }
+}
+
+fn definitions() -> Result<Vec<ToolDef>, String> {
+    let specs = [
+        (
+            ToolName::DiscoverAgents,
+            "Find agents for a task: describe the task in plain language (and optionally filter by tags, protocols or ADP constraints) to get agents ranked best first, each with its score, the evidence for it, its bindings and freshness. Call get_agent for a candidate's full signed record and invoke_agent to call it.",
+            discover_input_schema(),
+            json!({"type": "object", "required": ["candidates"],
+                "properties": {"candidates": {"type": "array", "items": {"type": "object"}},
+                               "unsupported_filters": {"type": "array"}, "warnings": {"type": "array"}}}),
+            annotations("Discover agents", true, false),
+        ),
+        (
+            ToolName::GetAgent,
+            "Get one agent's full record as the registry stores it: metadata (operations with their input/output JSON Schemas, bindings, auth), owner, visibility, revision and the registry's ed25519 signature over the canonical record.",
+            json!({
+                "type": "object",
+                "properties": {
+                    "id": id_schema("The agent's id, as discover_agents returns it."),
+                    "consistency": {"type": "string", "enum": ["local", "linearizable"], "default": "local",
+                        "description": "'linearizable' waits until this node has every committed change (slower)."}
+                },
+                "required": ["id"],
+                "additionalProperties": false
+            }),
+            json!({"type": "object", "required": ["id"]}),
+            annotations("Get an agent's signed record", true, false),
+        ),
+        (
+            ToolName::InvokeAgent,
+            "Call an agent through the registry's gateway. The input is checked against the agent's input schema before the agent is contacted, and its output against the output schema (reported in output_check). For an agent with several operations, name one. An MCP server in the directory is called the same way: the operation is the tool's name (see list_agent_tools).",
+            json!({
+                "type": "object",
+                "properties": {
+                    "agent_id": id_schema("The agent to call."),
+                    "input": {"type": "object", "description": "The input, as the operation's input schema in the agent's record describes it."},
+                    "operation": {"type": "string", "minLength": 1, "maxLength": 256,
+                        "description": "The operation to call; needed when the agent declares more than one."},
+                    "idempotency_key": {"type": "string", "minLength": 1, "maxLength": 256,
+                        "description": "Repeat a call with the same key to get the first answer again instead of a second call."},
+                    "agent_authorization": agent_authorization_schema()
+                },
+                "required": ["agent_id", "input"],
+                "additionalProperties": false
+            }),
+            json!({"type": "object", "required": ["agent_id", "status", "output_check"],
+                "properties": {"status": {"type": "integer"}, "output_check": {"type": "object"}}}),
+            annotations("Invoke an agent", false, true),
+        ),
+        (
+            ToolName::ListAgentTools,
+            "List the tools an MCP server in the directory offers (its tools/list, fetched live through the gateway): each tool's name, description and input schema. Call one with invoke_agent, the tool's name as the operation.",
+            json!({
+                "type": "object",
+                "properties": {
+                    "agent_id": id_schema("The MCP server's record id (a record with an 'mcp' binding)."),
+                    "agent_authorization": agent_authorization_schema()
+                },
+                "required": ["agent_id"],
+                "additionalProperties": false
+            }),
+            json!({"type": "object", "required": ["agent_id", "endpoint", "tools"],
+                "properties": {"tools": {"type": "array", "items": {"type": "object", "required": ["name", "inputSchema"]}}}}),
+            annotations("List an MCP server's tools", true, true),
+        ),
+    ];
+    specs
+        .into_iter()
+        .map(|(name, description, input, output, annotations)| {
+            let validator = compile_schema(&input, name.as_str()).map_err(|e| e.to_string())?;
+            let tool = Tool {
+                name: name.as_str().into(),
+                title: annotations.title.clone(),
+                description: Some(description.into()),
+                input_schema: object(input),
+                output_schema: Some(object(output)),
+                annotations: Some(annotations),
+                execution: None,
+                icons: None,
+                meta: None,
+            };
+            Ok(ToolDef {
+                name,
+                tool,
+                validator,
+            })
+        })
+        .collect()
+}
+
+/// The tool list, built once (the schemas are constants; a unit test
+/// checks that they compile).
+fn catalog() -> Result<&'static [ToolDef], Status> {
+    static CATALOG: OnceLock<Result<Vec<ToolDef>, String>> = OnceLock::new();
+    CATALOG
+        .get_or_init(definitions)
+        .as_deref()
+        .map_err(|e| ServiceError::Internal(format!("the MCP tool schemas: {e}")).into())
+}
+
+/// The one mapping of a failed tool call: MCP's tool execution error with
+/// the problem body every other surface answers with.
+fn tool_error(status: &Status) -> CallToolResult {
+    let detail = detail_of(status);
+    CallToolResult::structured_error(problem_body(&detail, MCP_PATH))
+}
+
+/// A request to a gRPC handler, carrying the caller as the gate found it.
+fn grpc_request<T>(identity: &Identity, msg: T) -> tonic::Request<T> {
+    let mut req = tonic::Request::new(msg);
+    req.extensions_mut().insert(identity.clone());
+    req
+}
+
+/// A member the schema check already found to be a string, if present.
+fn text(args: &Map<String, Value>, key: &str) -> Option<String> {
+    args.get(key).and_then(Value::as_str).map(String::from)
+}
+
+/// `discover_agents`: the arguments become an ADP Discovery Request
+/// (`task` is its `query`; evidence unless declined) and go through the
+/// same conversion and handler as `POST /discover`.
+async fn discover_agents(
+    state: &HttpState,
+    identity: &Identity,
+    mut args: Map<String, Value>,
+) -> Result<Value, Status> {
+    let task = args.remove("task").unwrap_or(Value::Null);
+    args.insert("query".into(), task);
+    args.entry("include_evidence").or_insert(Value::Bool(true));
+    let req = discover_request_from_json(Value::Object(args)).map_err(ServiceError::from)?;
+    let resp = Discovery::discover(&state.api, grpc_request(identity, req))
+        .await?
+        .into_inner();
+    Ok(discover_response_to_json(&resp).map_err(ServiceError::from)?)
+}
+
+/// `get_agent`: `Registry.Get`, the record in its JSON form.
+async fn get_agent(
+    state: &HttpState,
+    identity: &Identity,
+    args: Map<String, Value>,
+) -> Result<Value, Status> {
+    let consistency = match args.get("consistency").and_then(Value::as_str) {
+        Some("linearizable") => pb::ReadConsistency::Linearizable,
+        _ => pb::ReadConsistency::Local,
+    };
+    let req = pb::GetRequest {
+        id: text(&args, "id").unwrap_or_default(),
+        consistency: consistency as i32,
+    };
+    let resp = Registry::get(&state.api, grpc_request(identity, req))
+        .await?
+        .into_inner();
+    let record = resp
+        .record
+        .ok_or_else(|| ServiceError::Internal("the handler returned no record".into()))?;
+    Ok(record_pb_to_json(&record).map_err(|e| ServiceError::Internal(e.to_string()))?)
+}
+
+/// The JSON of an agent's answer, or its text when it is not JSON.
+fn answer_json(body: &[u8]) -> Value {
+    serde_json::from_slice(body).unwrap_or_else(|_| json!(String::from_utf8_lossy(body)))
+}
+
+/// `invoke_agent`: `Gateway.Invoke` with a WoA envelope naming the agent,
+/// so the input is always one call's input (never read as a batch or as an
+/// envelope of its own) and schema errors point into `/input`. An answer
+/// the agent refused (4xx passed through) is a tool error with the
+/// agent's own body.
+async fn invoke_agent(
+    state: &HttpState,
+    identity: &Identity,
+    args: Map<String, Value>,
+) -> Result<(Value, bool), Status> {
+    let agent_id = text(&args, "agent_id").unwrap_or_default();
+    let operation = text(&args, "operation");
+    let mut envelope = json!({"agent": agent_id, "input": args.get("input").cloned().unwrap_or_else(|| json!({}))});
+    if let Some(op) = &operation {
+        envelope["operation"] = json!(op);
+    }
+    let req = pb::InvokeRequest {
+        agent_id: agent_id.clone(),
+        body: envelope.to_string().into_bytes(),
+        operation: operation.unwrap_or_default(),
+        idempotency_key: text(&args, "idempotency_key").unwrap_or_default(),
+        agent_authorization: text(&args, "agent_authorization").unwrap_or_default(),
+        ..Default::default()
+    };
+    let resp = Gateway::invoke(&state.invocation, grpc_request(identity, req))
+        .await?
+        .into_inner();
+    let r = resp
+        .result
+        .ok_or_else(|| ServiceError::Internal("the gateway answered no result".into()))?;
+    let check = match &r.output_check {
+        Some(c) if c.state == "invalid" => {
+            json!({"state": c.state, "pointer": c.pointer, "message": c.message})
+        }
+        Some(c) => json!({"state": c.state}),
+        None => json!({"state": "unchecked"}),
+    };
+    let refused = r.status >= 400;
+    let mut out = json!({
+        "agent_id": agent_id,
+        "status": r.status,
+        "output_check": check,
+        "protocol": r.protocol,
+        "replayed": resp.replayed,
+    });
+    out[if refused { "error" } else { "output" }] = answer_json(&r.body);
+    if let Some(s) = resp.retry_after {
+        out["retry_after"] = json!(s);
+    }
+    Ok((out, refused))
+}
+
+/// `list_agent_tools`: the record (as the caller may see it), its MCP
+/// binding over Streamable HTTP, and that server's `tools/list` through
+/// the gateway's guarded client.
+async fn list_agent_tools(
+    state: &HttpState,
+    principal: Option<&Principal>,
+    args: Map<String, Value>,
+) -> Result<Value, Status> {
+    if principal.is_none() {
+        return Err(ServiceError::Unauthorized(
+            "listing a server's tools calls it through the gateway; send an API key (Authorization: Bearer <key>)".into(),
+        )
+        .into());
+    }
+    let id = text(&args, "agent_id").unwrap_or_default();
+    let service = state.invocation.service();
+    let (record, _) = service
+        .registry()
+        .get(principal, &id, Consistency::Local)
+        .await?;
+    let mcp: Vec<_> = record
+        .metadata
+        .bindings
+        .iter()
+        .filter(|b| b.protocol.eq_ignore_ascii_case("mcp"))
+        .collect();
+    let binding = mcp
+        .iter()
+        .find(|b| {
+            b.interaction_model
+                .as_deref()
+                .is_none_or(|m| m.eq_ignore_ascii_case("streamable-http"))
+        })
+        .ok_or_else(|| {
+            if mcp.is_empty() {
+                ServiceError::InvalidRequest {
+                    field: Some("/agent_id".into()),
+                    message: format!("agent '{id}' is not an MCP server (it has no 'mcp' binding)"),
+                }
+            } else {
+                ServiceError::Unsupported(format!(
+                    "agent '{id}' is reachable over MCP's SSE transport only; the gateway speaks Streamable HTTP"
+                ))
+            }
+        })?;
+    let bearer = text(&args, "agent_authorization");
+    let tools =
+        crate::gateway::mcp_tools::list_tools(service.outbound(), &binding.endpoint, bearer)
+            .await
+            .map_err(ServiceError::from)?;
+    let tools: Vec<Value> = tools
+        .iter()
+        .map(|t| {
+            let mut v = json!({"name": t.name, "inputSchema": *t.input_schema});
+            for (k, x) in [
+                ("title", t.title.as_ref().map(|s| json!(s))),
+                ("description", t.description.as_ref().map(|s| json!(s))),
+                ("outputSchema", t.output_schema.as_ref().map(|s| json!(**s))),
+            ] {
+                if let Some(x) = x {
+                    v[k] = x;
+                }
+            }
+            v
+        })
+        .collect();
+    Ok(json!({
+        "agent_id": record.metadata.id,
+        "endpoint": binding.endpoint,
+        "tools": tools,
+    }))
+}
+
+/// One MCP session's handler (a fresh one per request: the server is
+/// stateless).
+#[derive(Clone)]
+struct AgentryMcp {
+    state: HttpState,
+}
+
+impl AgentryMcp {
+    /// Runs one tool call: the caller from the HTTP request, the tool's
+    /// gate class, the schema check, the use case.
+    async fn call(
+        &self,
+        tool: &ToolDef,
+        args: Map<String, Value>,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, Status> {
+        let parts = context
+            .extensions
+            .get::<axum::http::request::Parts>()
+            .ok_or_else(|| {
+                ServiceError::Internal("the MCP request carries no HTTP request".into())
+            })?;
+        let mut identity =
+            parts.extensions.get::<Identity>().cloned().ok_or_else(|| {
+                ServiceError::Internal("the request did not pass the gate".into())
+            })?;
+        if let Some(class) = tool.name.class() {
+            let peer = parts.extensions.get::<Peer>();
+            identity = self.state.gate.admit(&parts.headers, peer, class).await?;
+        }
+        let args_value = Value::Object(args);
+        check_instance(&tool.validator, &args_value, "").map_err(ServiceError::from)?;
+        let Value::Object(args) = args_value else {
+            return Err(ServiceError::Internal("arguments stopped being an object".into()).into());
+        };
+        let state = &self.state;
+        Ok(match tool.name {
+            ToolName::DiscoverAgents => {
+                CallToolResult::structured(discover_agents(state, &identity, args).await?)
+            }
+            ToolName::GetAgent => {
+                CallToolResult::structured(get_agent(state, &identity, args).await?)
+            }
+            ToolName::InvokeAgent => match invoke_agent(state, &identity, args).await? {
+                (out, false) => CallToolResult::structured(out),
+                (out, true) => CallToolResult::structured_error(out),
+            },
+            ToolName::ListAgentTools => CallToolResult::structured(
+                list_agent_tools(state, identity.0.as_ref(), args).await?,
+            ),
+        })
+    }
+}
+
+impl ServerHandler for AgentryMcp {
+    fn get_info(&self) -> ServerInfo {
+        ServerInfo {
+            protocol_version: ProtocolVersion::V_2025_06_18,
+            capabilities: ServerCapabilities::builder().enable_tools().build(),
+            server_info: Implementation {
+                name: "agentry".into(),
+                title: Some("Agentry agent registry".into()),
+                version: env!("CARGO_PKG_VERSION").into(),
+                description: Some(
+                    "A federated registry of AI agents: discover, inspect and invoke them.".into(),
+                ),
+                icons: None,
+                website_url: None,
+            },
+            instructions: Some(
+                "Use discover_agents with a plain-language task to find agents, get_agent for one agent's signed record, invoke_agent to call an agent through the registry's gateway, and list_agent_tools to see the tools of an MCP server in the directory (then call one with invoke_agent, the tool's name as the operation).".into(),
+            ),
+        }
+    }
+
+    async fn initialize(
+        &self,
+        request: InitializeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<InitializeResult, McpError> {
+        let asked = request.protocol_version.to_string();
+        let mut info = self.get_info();
+        if PROTOCOL_VERSIONS.contains(&asked.as_str()) {
+            info.protocol_version = request.protocol_version.clone();
+        }
+        if context.peer.peer_info().is_none() {
+            context.peer.set_peer_info(request);
+        }
+        Ok(info)
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, McpError> {
+        let catalog =
+            catalog().map_err(|s| McpError::internal_error(s.message().to_string(), None))?;
+        Ok(ListToolsResult::with_all_items(
+            catalog.iter().map(|d| d.tool.clone()).collect(),
+        ))
+    }
+
+    fn get_tool(&self, name: &str) -> Option<Tool> {
+        let catalog = catalog().ok()?;
+        catalog
+            .iter()
+            .find(|d| d.tool.name == name)
+            .map(|d| d.tool.clone())
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, McpError> {
+        let catalog =
+            catalog().map_err(|s| McpError::internal_error(s.message().to_string(), None))?;
+        let Some(tool) =
+            ToolName::parse(&request.name).and_then(|n| catalog.iter().find(|d| d.name == n))
+        else {
+            return Err(McpError::invalid_params(
+                format!(
+                    "unknown tool '{}' (this server has discover_agents, get_agent, invoke_agent and list_agent_tools)",
+                    request.name
+                ),
+                None,
+            ));
+        };
+        let span = tracing::info_span!(
+            "mcp.tool",
+            tool = tool.name.as_str(),
+            is_error = tracing::field::Empty
+        );
+        let args = request.arguments.unwrap_or_default();
+        async {
+            let result = self
+                .call(tool, args, &context)
+                .await
+                .unwrap_or_else(|status| tool_error(&status));
+            tracing::Span::current().record("is_error", result.is_error.unwrap_or(false));
+            Ok(result)
+        }
+        .instrument(span)
+        .await
+    }
+}
+
+/// A refusal before the MCP layer is reached, in the facade's problem body.
+fn refusal(status: Status) -> Response {
+    let d = detail_of(&status);
+    let code = StatusCode::from_u16(u16::try_from(d.http_status).unwrap_or(500))
+        .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (
+        code,
+        [(header::CONTENT_TYPE, "application/problem+json")],
+        problem_body(&d, MCP_PATH).to_string(),
+    )
+        .into_response()
+}
+
+/// `POST /mcp`. The gate has admitted the request; the body is read within
+/// the facade's size limit (rmcp itself reads bodies unbounded) and the
+/// JSON-RPC message answered by a stateless Streamable HTTP service.
+pub async fn serve(State(state): State<HttpState>, req: Request) -> Response {
+    let (parts, body) = req.into_parts();
+    let bytes = match axum::body::to_bytes(body, state.max_body).await {
+        Ok(b) => b,
+        Err(_) => {
+            return refusal(transport_refusal(
+                413,
+                format!(
+                    "request body is larger than the limit of {} bytes",
+                    state.max_body
+                ),
+            ))
+        }
+    };
+    let req = Request::from_parts(parts, axum::body::Body::from(bytes));
+    let service = StreamableHttpService::new(
+        move || {
+            Ok(AgentryMcp {
+                state: state.clone(),
+            })
+        },
+        Arc::new(NeverSessionManager::default()),
+        StreamableHttpServerConfig {
+            stateful_mode: false,
+            sse_keep_alive: None,
+            sse_retry: None,
+            ..Default::default()
+        },
+    );
+    service.handle(req).await.map(axum::body::Body::new)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tool_schemas_compile_and_name_every_tool() {
+        let defs = definitions().unwrap();
+        let names: Vec<&str> = defs.iter().map(|d| d.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "discover_agents",
+                "get_agent",
+                "invoke_agent",
+                "list_agent_tools"
+            ]
+        );
+        for d in &defs {
+            assert_eq!(d.tool.input_schema["type"], "object");
+            assert_eq!(d.tool.input_schema["additionalProperties"], false);
+            assert!(d.tool.description.as_ref().is_some_and(|s| s.len() > 40));
+        }
+    }
+
+    #[test]
+    fn discover_constraints_are_the_filter_engines() {
+        let schema = discover_input_schema();
+        let listed: Vec<&str> = schema["properties"]["constraints"]["properties"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        let engine: Vec<&str> = filter::names(Surface::AdpConstraint).collect();
+        assert_eq!(listed, engine);
+    }
+
+    #[test]
+    fn arguments_are_checked_against_the_schema() {
+        let defs = definitions().unwrap();
+        let discover = &defs[0].validator;
+        assert!(check_instance(discover, &json!({"task": "translate"}), "").is_ok());
+        let e = check_instance(discover, &json!({"task": 3}), "").unwrap_err();
+        assert!(e.to_string().contains("/task"), "{e}");
+        assert!(check_instance(discover, &json!({}), "").is_err());
+        assert!(check_instance(discover, &json!({"task": "x", "limit": 0}), "").is_err());
+        assert!(check_instance(discover, &json!({"task": "x", "bogus": 1}), "").is_err());
+        let invoke = &defs[2].validator;
+        assert!(check_instance(invoke, &json!({"agent_id": "a", "input": {}}), "").is_ok());
+        assert!(check_instance(invoke, &json!({"agent_id": "a", "input": [1]}), "").is_err());
+    }
+}

@@ -1,0 +1,610 @@
+//! The registry as an MCP server (`/mcp`), driven by real MCP clients: the
+//! official Python SDK (`tests/fixtures/mcp_client.py`), the MCP Inspector
+//! in CLI mode and the MCP conformance suite (`scripts/fetch-node-tools.sh`
+//! installs the last two), plus raw JSON-RPC for the gate's refusals.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tokio::io::AsyncWriteExt;
+
+use super::agents::Agents;
+use super::harness::{Http, TestServer, ALICE, BOB};
+use super::mcp::mcp_python;
+
+/// Where `scripts/fetch-node-tools.sh` put Node.js 22 and the tools.
+fn node_bin() -> PathBuf {
+    let dir = std::env::var_os("AGENTRY_NODE_TOOLS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let home = std::env::var_os("HOME").unwrap_or_default();
+            std::path::Path::new(&home).join(".cache/agentry/node-tools")
+        });
+    let bin = dir.join("node_modules/.bin");
+    assert!(
+        bin.join("mcp-inspector").exists() && bin.join("conformance").exists(),
+        "the MCP Inspector and conformance suite are not installed in {}: run scripts/fetch-node-tools.sh (scripts/test.sh does)",
+        dir.display()
+    );
+    bin
+}
+
+/// A command from the node tools, with their Node.js first on PATH.
+fn node_tool(name: &str) -> tokio::process::Command {
+    let bin = node_bin();
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let mut paths = vec![bin.clone()];
+    paths.extend(std::env::split_paths(&path));
+    let mut cmd = tokio::process::Command::new(bin.join(name));
+    cmd.env("PATH", std::env::join_paths(paths).unwrap())
+        .kill_on_drop(true);
+    cmd
+}
+
+/// The SDK's example MCP server (`tests/fixtures/mcp_server.py`) on a free
+/// port; it stops when the child is dropped.
+async fn start_sdk_server() -> (tokio::process::Child, u16) {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/mcp_server.py");
+    let child = tokio::process::Command::new(mcp_python())
+        .arg(script)
+        .arg(port.to_string())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the MCP server starts");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the MCP server did not listen"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    (child, port)
+}
+
+/// Runs the Python SDK client with `steps`; one JSON answer per step.
+async fn python_client(url: &str, key: Option<&str>, steps: Value) -> Vec<Value> {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/mcp_client.py");
+    let mut cmd = tokio::process::Command::new(mcp_python());
+    cmd.arg(script).arg(url);
+    if let Some(k) = key {
+        cmd.arg(k);
+    }
+    let mut child = cmd
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the Python client starts");
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(steps.to_string().as_bytes()).await.unwrap();
+    drop(stdin);
+    let out = tokio::time::timeout(Duration::from_secs(120), child.wait_with_output())
+        .await
+        .expect("the Python client finishes")
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str::<Vec<Value>>(text.trim()).unwrap_or_else(|e| {
+        panic!(
+            "the client printed no JSON ({e}): {text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+/// One JSON-RPC request to `/mcp` as raw HTTP (the server is stateless, so
+/// no session is needed): (HTTP status, the JSON-RPC answer or the body).
+async fn raw_rpc(s: &TestServer, key: Option<&str>, method: &str, params: Value) -> (u16, Value) {
+    let mut req = reqwest::Client::new()
+        .post(format!("{}/mcp", s.http))
+        .header("accept", "application/json, text/event-stream")
+        .json(&json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}));
+    if let Some(k) = key {
+        req = req.bearer_auth(k);
+    }
+    let resp = req.send().await.unwrap();
+    let status = resp.status().as_u16();
+    let text = resp.text().await.unwrap();
+    let data = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .map(str::trim)
+        .find(|d| !d.is_empty())
+        .map(String::from)
+        .unwrap_or(text);
+    (
+        status,
+        serde_json::from_str(&data).unwrap_or(Value::String(data)),
+    )
+}
+
+async fn register(s: &TestServer, key: &str, query: &str, meta: Value) {
+    Http::new(&s.http)
+        .call(
+            reqwest::Method::POST,
+            &format!("/agents{query}"),
+            Some(key),
+            Some(meta),
+        )
+        .await
+        .expect("agent registers");
+}
+
+/// The agents of the scenario: a public echo agent over HTTP, a private
+/// one of Alice's, and the SDK's MCP server as a directory entry whose
+/// operations are its tools.
+async fn directory(s: &TestServer, agents: &Agents, mcp_port: u16) {
+    register(
+        s,
+        ALICE,
+        "",
+        json!({
+            "id": "echo-agent",
+            "name": "Echo agent",
+            "description": "Repeats back the text it is sent, word for word, as an echo.",
+            "tags": ["echo", "text"],
+            "bindings": [{"protocol": "http", "endpoint": format!("{}/echo", agents.base)}],
+            "operations": [{
+                "name": "echo",
+                "description": "Echoes its input.",
+                "inputs": {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
+                "outputs": {"type": "object", "properties": {"echo": {"type": "object"}}, "required": ["echo"]}
+            }]
+        }),
+    )
+    .await;
+    register(
+        s,
+        ALICE,
+        "?visibility=private",
+        json!({
+            "id": "private-echo",
+            "name": "Private echo agent",
+            "description": "Repeats back the text it is sent, only for its owner.",
+            "tags": ["echo", "text"],
+            "bindings": [{"protocol": "http", "endpoint": format!("{}/echo", agents.base)}]
+        }),
+    )
+    .await;
+    let text =
+        json!({"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]});
+    register(
+        s,
+        ALICE,
+        "",
+        json!({
+            "id": "sdk-mcp-server",
+            "name": "Translation tools",
+            "description": "An MCP server with text tools: translate text and count words.",
+            "tags": ["mcp", "translation"],
+            "bindings": [{"protocol": "mcp", "endpoint": format!("http://127.0.0.1:{mcp_port}/mcp"), "tool_field": "operation"}],
+            "operations": [
+                {"name": "translate", "description": "Translates text.",
+                 "inputs": {"type": "object", "properties": {"text": {"type": "string"}, "target_language": {"type": "string"}}, "required": ["text", "target_language"]},
+                 "outputs": {"type": "object", "properties": {"translated_text": {"type": "string"}}, "required": ["translated_text"]}},
+                {"name": "word_count", "description": "Counts words.", "inputs": text}
+            ]
+        }),
+    )
+    .await;
+    // Discovery's index follows the log; wait until it has the three.
+    let http = Http::new(&s.http);
+    for _ in 0..100 {
+        let (_, body) = http
+            .call(
+                reqwest::Method::POST,
+                "/discover",
+                Some(ALICE),
+                Some(json!({"query": "echo text", "limit": 10})),
+            )
+            .await
+            .unwrap();
+        if body["candidates"].as_array().map_or(0, Vec::len) >= 3 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the agents were not indexed");
+}
+
+async fn start() -> (TestServer, Agents, tokio::process::Child, u16) {
+    let (sdk, port) = start_sdk_server().await;
+    let agents = Agents::start().await;
+    let s = TestServer::start_with(|c| {
+        super::invocation::local_agents(c);
+        c.gateway.outbound.timeout_ms = 10_000;
+    })
+    .await;
+    directory(&s, &agents, port).await;
+    (s, agents, sdk, port)
+}
+
+/// The answer to POST /discover without its per-answer members.
+fn stable(mut v: Value) -> Value {
+    if let Value::Object(m) = &mut v {
+        m.remove("request_id");
+        m.remove("generated_at");
+    }
+    v
+}
+
+#[tokio::test]
+async fn mcp_server_tools_through_the_python_sdk() {
+    let (s, agents, _sdk, port) = start().await;
+    let url = format!("{}/mcp", s.http);
+    let out = python_client(
+        &url,
+        Some(ALICE),
+        json!([
+            {"list": true},
+            {"call": "discover_agents", "arguments": {"task": "repeat my text back", "limit": 5}},
+            {"call": "get_agent", "arguments": {"id": "echo-agent"}},
+            {"call": "invoke_agent", "arguments": {"agent_id": "echo-agent", "input": {"text": "hello"}}},
+            {"call": "invoke_agent", "arguments": {"agent_id": "echo-agent", "input": {"words": 3}}},
+            {"call": "discover_agents", "arguments": {"task": 42}},
+            {"call": "list_agent_tools", "arguments": {"agent_id": "sdk-mcp-server"}},
+            {"call": "invoke_agent", "arguments": {"agent_id": "sdk-mcp-server", "operation": "translate",
+                "input": {"text": "hello", "target_language": "fr"}}},
+            {"call": "no_such_tool", "arguments": {}}
+        ]),
+    )
+    .await;
+    assert_eq!(out.len(), 9, "{out:?}");
+
+    // The four tools, with precise input schemas and output schemas.
+    let tools = out[0]["tools"].as_array().expect("tools/list answers");
+    let names: Vec<&str> = tools.iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        [
+            "discover_agents",
+            "get_agent",
+            "invoke_agent",
+            "list_agent_tools"
+        ]
+    );
+    for t in tools {
+        assert_eq!(t["inputSchema"]["type"], "object", "{t}");
+        assert_eq!(t["inputSchema"]["additionalProperties"], false, "{t}");
+        assert!(t["outputSchema"].is_object(), "{t}");
+    }
+    assert_eq!(tools[0]["inputSchema"]["required"], json!(["task"]));
+
+    // discover_agents: the ADP answer of POST /discover, as structured
+    // content and as its JSON text; Alice sees her private agent.
+    let found = &out[1];
+    assert_eq!(found["isError"], false, "{found}");
+    let sc = found["structuredContent"].clone();
+    let text: Value = serde_json::from_str(found["text"][0].as_str().unwrap()).unwrap();
+    assert_eq!(text, sc);
+    let ids: Vec<&str> = sc["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["id"].as_str().unwrap())
+        .collect();
+    assert!(
+        ids.contains(&"echo-agent") && ids.contains(&"private-echo"),
+        "{ids:?}"
+    );
+    assert!(
+        sc["candidates"][0]["score_components"].is_object(),
+        "evidence: {sc}"
+    );
+    let (_, direct) = Http::new(&s.http)
+        .call(
+            reqwest::Method::POST,
+            "/discover",
+            Some(ALICE),
+            Some(json!({"query": "repeat my text back", "limit": 5, "include_evidence": true})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(stable(sc), stable(direct), "MCP and POST /discover agree");
+
+    // get_agent: the signed record, as GET /agents/{id} gives it.
+    let rec = &out[2]["structuredContent"];
+    assert_eq!(out[2]["isError"], false, "{}", out[2]);
+    let (_, direct) = Http::new(&s.http)
+        .call(
+            reqwest::Method::GET,
+            "/agents/echo-agent",
+            Some(ALICE),
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(rec, &direct);
+    assert!(rec.to_string().contains("signature"), "{rec}");
+
+    // invoke_agent: through the gateway, output checked.
+    let called = &out[3];
+    assert_eq!(called["isError"], false, "{called}");
+    assert_eq!(called["structuredContent"]["status"], 200);
+    assert_eq!(
+        called["structuredContent"]["output"],
+        json!({"echo": {"text": "hello"}})
+    );
+    assert_eq!(
+        called["structuredContent"]["output_check"]["state"],
+        "valid"
+    );
+
+    // Input that breaks the agent's schema is a tool error, and the agent
+    // is not called.
+    let bad = &out[4];
+    assert_eq!(bad["isError"], true, "{bad}");
+    assert_eq!(bad["structuredContent"]["code"], "invalid_request", "{bad}");
+    assert!(
+        bad["structuredContent"]["field"]
+            .as_str()
+            .unwrap()
+            .starts_with("/input"),
+        "{bad}"
+    );
+    assert_eq!(agents.calls(), 1, "only the valid call reached the agent");
+
+    // Arguments that break the tool's own schema: a tool error too.
+    let bad = &out[5];
+    assert_eq!(bad["isError"], true, "{bad}");
+    assert_eq!(bad["structuredContent"]["code"], "invalid_request", "{bad}");
+    assert_eq!(bad["structuredContent"]["field"], "/task", "{bad}");
+
+    // list_agent_tools: the SDK server's tools, fetched live.
+    let listed = &out[6];
+    assert_eq!(listed["isError"], false, "{listed}");
+    let sc = &listed["structuredContent"];
+    assert_eq!(sc["endpoint"], format!("http://127.0.0.1:{port}/mcp"));
+    let names: Vec<&str> = sc["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["translate", "word_count", "explode"], "{sc}");
+    assert!(sc["tools"][0]["inputSchema"]["properties"]["target_language"].is_object());
+
+    // ... and one of them called through invoke_agent.
+    let translated = &out[7];
+    assert_eq!(translated["isError"], false, "{translated}");
+    assert_eq!(
+        translated["structuredContent"]["output"],
+        json!({"translated_text": "[fr] olleh"})
+    );
+
+    // A tool that does not exist is a JSON-RPC error.
+    assert!(out[8]["exception"].as_str().is_some(), "{}", out[8]);
+
+    // Bob is not entitled to Alice's private agent: discovery leaves it out
+    // and get_agent does not find it.
+    let out = python_client(
+        &url,
+        Some(BOB),
+        json!([
+            {"call": "discover_agents", "arguments": {"task": "repeat my text back", "limit": 5}},
+            {"call": "get_agent", "arguments": {"id": "private-echo"}}
+        ]),
+    )
+    .await;
+    let ids: Vec<&str> = out[0]["structuredContent"]["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["id"].as_str().unwrap())
+        .collect();
+    assert!(
+        ids.contains(&"echo-agent") && !ids.contains(&"private-echo"),
+        "{ids:?}"
+    );
+    assert_eq!(out[1]["isError"], true, "{}", out[1]);
+    assert_eq!(out[1]["structuredContent"]["code"], "not_found");
+
+    // Without credentials: reads are open (anonymous_reads), invocation is
+    // not; with a wrong key, nothing is (HTTP 401 before any MCP).
+    let out = python_client(
+        &url,
+        None,
+        json!([
+            {"call": "invoke_agent", "arguments": {"agent_id": "echo-agent", "input": {"text": "hi"}}},
+            {"call": "list_agent_tools", "arguments": {"agent_id": "sdk-mcp-server"}}
+        ]),
+    )
+    .await;
+    for o in &out {
+        assert_eq!(o["isError"], true, "{o}");
+        assert_eq!(o["structuredContent"]["code"], "unauthorized", "{o}");
+    }
+    let out = python_client(&url, Some("not-a-key-at-all"), json!([{"list": true}])).await;
+    assert!(out[0]["exception"].as_str().is_some(), "{out:?}");
+    assert_eq!(agents.calls(), 1, "refused calls never reached the agent");
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn mcp_server_refusals_and_rate_limits_are_the_gates() {
+    let s = TestServer::start_with(|c| {
+        c.rate_limits.enabled = true;
+        c.rate_limits.authenticated.discover = agentry::api::gate::Rate {
+            per_second: 1,
+            burst: 2,
+        };
+    })
+    .await;
+    // A wrong key: 401 with the problem body, before any MCP.
+    let (status, body) = raw_rpc(&s, Some("wrong-key-000000000"), "tools/list", json!({})).await;
+    assert_eq!(status, 401, "{body}");
+    assert_eq!(body["code"], "unauthorized", "{body}");
+    // A stateless server: tools/list needs no session.
+    let (status, body) = raw_rpc(&s, Some(ALICE), "tools/list", json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["result"]["tools"].as_array().unwrap().len(),
+        4,
+        "{body}"
+    );
+    // Discovery through MCP draws on the caller's discover bucket.
+    let mut codes = Vec::new();
+    for _ in 0..4 {
+        let (status, body) = raw_rpc(
+            &s,
+            Some(ALICE),
+            "tools/call",
+            json!({"name": "discover_agents", "arguments": {"task": "anything"}}),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        let r = &body["result"];
+        codes.push(if r["isError"] == true {
+            r["structuredContent"]["code"].as_str().unwrap().to_string()
+        } else {
+            "ok".to_string()
+        });
+    }
+    assert_eq!(codes[..2], ["ok", "ok"], "{codes:?}");
+    assert!(codes.contains(&"rate_limited".to_string()), "{codes:?}");
+    s.stop().await;
+}
+
+/// Runs the Inspector's CLI against `url` as Alice; its JSON answer.
+async fn inspector(url: &str, args: &[&str]) -> Value {
+    let mut cmd = node_tool("mcp-inspector");
+    cmd.arg("--cli")
+        .arg(url)
+        .args(["--transport", "http", "--header"])
+        .arg(format!("Authorization: Bearer {ALICE}"))
+        .args(args);
+    let out = tokio::time::timeout(Duration::from_secs(120), cmd.output())
+        .await
+        .expect("the inspector finishes")
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "inspector {args:?} failed: {text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str::<Value>(text.trim())
+        .unwrap_or_else(|e| panic!("inspector printed no JSON ({e}): {text}"))
+}
+
+#[tokio::test]
+async fn mcp_server_through_the_inspector_cli() {
+    let (s, agents, _sdk, _port) = start().await;
+    let url = format!("{}/mcp", s.http);
+    let listed = inspector(&url, &["--method", "tools/list"]).await;
+    let names: Vec<&str> = listed["tools"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{listed}"))
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "discover_agents",
+            "get_agent",
+            "invoke_agent",
+            "list_agent_tools"
+        ]
+    );
+    let found = inspector(
+        &url,
+        &[
+            "--method",
+            "tools/call",
+            "--tool-name",
+            "discover_agents",
+            "--tool-arg",
+            "task=repeat my text back",
+            "limit=3",
+        ],
+    )
+    .await;
+    assert_ne!(found["isError"], true, "{found}");
+    assert!(
+        found["structuredContent"]["candidates"]
+            .to_string()
+            .contains("echo-agent"),
+        "{found}"
+    );
+    let called = inspector(
+        &url,
+        &[
+            "--method",
+            "tools/call",
+            "--tool-name",
+            "invoke_agent",
+            "--tool-arg",
+            "agent_id=echo-agent",
+            r#"input={"text":"from the inspector"}"#,
+        ],
+    )
+    .await;
+    assert_ne!(called["isError"], true, "{called}");
+    assert_eq!(
+        called["structuredContent"]["output"]["echo"]["text"], "from the inspector",
+        "{called}"
+    );
+    assert_eq!(agents.calls(), 1);
+    s.stop().await;
+}
+
+/// The conformance suite's server scenarios that apply to a server with
+/// tools only (no resources, prompts, logging, completion, sampling or
+/// elicitation) and that must pass; `docs/conformance.md` lists them all.
+const MUST_PASS: &[&str] = &["server-initialize", "ping", "tools-list"];
+
+#[tokio::test]
+async fn mcp_server_conformance_suite() {
+    let s = TestServer::start().await;
+    let url = format!("{}/mcp", s.http);
+    let results = tempfile::tempdir().unwrap();
+    let out = tokio::time::timeout(
+        Duration::from_secs(300),
+        node_tool("conformance")
+            .args(["server", "--url", &url, "-o"])
+            .arg(results.path())
+            .output(),
+    )
+    .await
+    .expect("the conformance suite finishes")
+    .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    // Each scenario leaves its checks in <output>/server-<scenario>-*/checks.json.
+    let mut verdicts = std::collections::BTreeMap::new();
+    for entry in std::fs::read_dir(results.path()).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name().to_string_lossy().to_string();
+        let Ok(checks) = std::fs::read_to_string(entry.path().join("checks.json")) else {
+            continue;
+        };
+        let checks: Vec<Value> = serde_json::from_str(&checks).unwrap_or_default();
+        let failed: Vec<String> = checks
+            .iter()
+            .filter(|c| c["status"] == "FAILURE")
+            .map(|c| format!("{}: {}", c["id"], c["errorMessage"]))
+            .collect();
+        verdicts.insert(name, failed);
+    }
+    println!("conformance output:\n{text}\nverdicts: {verdicts:#?}");
+    for scenario in MUST_PASS {
+        let prefix = format!("server-{scenario}-");
+        let (_, failed) = verdicts
+            .iter()
+            .find(|(name, _)| name.starts_with(&prefix) || name.as_str() == *scenario)
+            .unwrap_or_else(|| panic!("scenario {scenario} did not run: {text}"));
+        assert!(failed.is_empty(), "{scenario} failed: {failed:?}\n{text}");
+    }
+    s.stop().await;
+}
