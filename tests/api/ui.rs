@@ -354,6 +354,22 @@ async fn a_browser_searches_opens_agents_and_sees_the_cluster_only_as_admin() {
     );
     let search_png = b.screenshot("ui-search.png").await;
 
+    // The filters reach the request: the demo's publishers are
+    // self-asserted, and none of its agents speaks MCP.
+    b.click("#verified").await;
+    b.click("#go").await;
+    b.wait_for("document.getElementById('search-status').textContent === '0 results'")
+        .await;
+    b.click("#verified").await;
+    b.type_into("#protocols", "mcp").await;
+    b.click("#go").await;
+    b.wait_for("document.getElementById('search-status').textContent === '0 results'")
+        .await;
+    b.type_into("#protocols", "https").await;
+    b.click("#go").await;
+    b.wait_for("document.querySelector('#results li.result[data-id=\"WeatherTool\"]')")
+        .await;
+
     // Its agent page.
     b.click("#results li.result:first-child a.name").await;
     b.wait_for("document.getElementById('agent-name') && document.getElementById('agent-name').textContent === 'WeatherTool'")
