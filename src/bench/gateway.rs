@@ -1,7 +1,10 @@
 //! What the invocation gateway adds: the same local echo agent called
 //! directly and through `POST /agents/{id}/invoke` (HTTP facade → gRPC
 //! handler → record, schema checks, outbound guard → agent), alternating
-//! run by run, with one keep-alive HTTP client each way.
+//! run by run, with one keep-alive HTTP client each way. With `a2a` the
+//! agent is an A2A 1.0 JSON-RPC agent: the direct call is the same
+//! `SendMessage` the gateway sends, so the difference is what the gateway
+//! adds (building the message, the version header, reading the result).
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -19,6 +22,7 @@ const ADMIN: &str = "bench-admin-key-0000001";
 pub struct GatewayReport {
     pub calls: usize,
     pub runs: Vec<(usize, Measured, Measured)>,
+    pub kind: Agent,
 }
 
 /// The echo agent: answers `{"echo": <input>}`.
@@ -39,13 +43,52 @@ async fn start_echo() -> Result<String, String> {
     Ok(format!("http://{addr}/echo"))
 }
 
+/// An A2A 1.0 JSON-RPC agent: `SendMessage` answers a completed task whose
+/// artifact echoes the message's parts.
+async fn start_a2a_echo() -> Result<String, String> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| e.to_string())?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let app = Router::new().route(
+        "/jsonrpc",
+        post(|Json(v): Json<Value>| async move {
+            let parts = v["params"]["message"]["parts"].clone();
+            Json(json!({"jsonrpc": "2.0", "id": v["id"], "result": {"task": {
+                "id": "t", "contextId": "c",
+                "status": {"state": "TASK_STATE_COMPLETED"},
+                "artifacts": [{"artifactId": "a", "name": "echo", "parts": parts}],
+            }}}))
+        }),
+    );
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!(error = %e, "A2A echo agent stopped");
+        }
+    });
+    Ok(format!("http://{addr}/jsonrpc"))
+}
+
+/// Which echo agent the run calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Agent {
+    /// AIDIP REST (`http`), input and output schemas checked.
+    Rest,
+    /// A2A 1.0 over JSON-RPC.
+    A2a,
+}
+
 /// Runs `calls` calls at each concurrency, direct and through the gateway.
 pub async fn run(
     dir: &Path,
     calls: usize,
     concurrencies: &[usize],
+    kind: Agent,
 ) -> Result<GatewayReport, String> {
-    let echo = start_echo().await?;
+    let echo = match kind {
+        Agent::Rest => start_echo().await?,
+        Agent::A2a => start_a2a_echo().await?,
+    };
     let mut c = config(dir);
     c.gateway.outbound.allow = vec!["127.0.0.1".into()];
     c.gateway.outbound.allow_http = true;
@@ -57,17 +100,26 @@ pub async fn run(
         .pool_max_idle_per_host(1024)
         .build()
         .map_err(|e| e.to_string())?;
-    let agent = json!({
-        "id": "echo",
-        "name": "Echo",
-        "description": "Answers with its input.",
-        "bindings": [{"protocol": "http", "endpoint": echo}],
-        "operations": [{
-            "name": "echo",
-            "inputs": {"type": "object", "properties": {"text": {"type": "string"}, "n": {"type": "integer"}}, "required": ["text"]},
-            "outputs": {"type": "object", "properties": {"echo": {"type": "object"}}, "required": ["echo"]}
-        }]
-    });
+    let agent = match kind {
+        Agent::Rest => json!({
+            "id": "echo",
+            "name": "Echo",
+            "description": "Answers with its input.",
+            "bindings": [{"protocol": "http", "endpoint": echo}],
+            "operations": [{
+                "name": "echo",
+                "inputs": {"type": "object", "properties": {"text": {"type": "string"}, "n": {"type": "integer"}}, "required": ["text"]},
+                "outputs": {"type": "object", "properties": {"echo": {"type": "object"}}, "required": ["echo"]}
+            }]
+        }),
+        Agent::A2a => json!({
+            "id": "echo",
+            "name": "Echo",
+            "description": "Answers with its input, over A2A.",
+            "bindings": [{"protocol": "a2a", "endpoint": echo,
+                "transport": "JSONRPC", "protocolVersion": "1.0"}],
+        }),
+    };
     let resp = client
         .post(format!("{base}/agents"))
         .bearer_auth(ADMIN)
@@ -80,18 +132,26 @@ pub async fn run(
     }
     let invoke = format!("{base}/agents/echo/invoke");
     let call = |through_gateway: bool, k: usize| {
-        let req = if through_gateway {
-            client.post(&invoke).bearer_auth(ADMIN)
-        } else {
-            client.post(&echo)
+        let (req, body) = match (through_gateway, kind) {
+            (true, Agent::Rest) => (
+                client.post(&invoke).bearer_auth(ADMIN),
+                json!({"text": "measure me", "n": k}),
+            ),
+            (true, Agent::A2a) => (
+                client.post(&invoke).bearer_auth(ADMIN),
+                json!({"text": format!("measure me {k}")}),
+            ),
+            (false, Agent::Rest) => (client.post(&echo), json!({"text": "measure me", "n": k})),
+            (false, Agent::A2a) => (
+                client.post(&echo).header("A2A-Version", "1.0"),
+                json!({"jsonrpc": "2.0", "id": k, "method": "SendMessage", "params": {"message": {
+                    "messageId": format!("m{k}"), "role": "ROLE_USER",
+                    "parts": [{"text": format!("measure me {k}")}]}}}),
+            ),
         };
         async move {
             let started = Instant::now();
-            let resp = req
-                .json(&json!({"text": "measure me", "n": k}))
-                .send()
-                .await
-                .map_err(|e| e.to_string())?;
+            let resp = req.json(&body).send().await.map_err(|e| e.to_string())?;
             let status = resp.status();
             let body = resp.bytes().await.map_err(|e| e.to_string())?;
             if !status.is_success() {
@@ -128,12 +188,16 @@ pub async fn run(
         runs.push((clients, direct, gateway));
     }
     server.shutdown().await;
-    Ok(GatewayReport { calls, runs })
+    Ok(GatewayReport { calls, runs, kind })
 }
 
 pub fn report(r: &GatewayReport) -> String {
+    let agent = match r.kind {
+        Agent::Rest => "a local echo agent (AIDIP REST, input and output schema checked)",
+        Agent::A2a => "a local A2A 1.0 echo agent (JSON-RPC SendMessage)",
+    };
     let mut out = format!(
-        "Invocation gateway overhead: a local echo agent called directly and through POST /agents/{{id}}/invoke (input and output schema checked), HTTP/1.1 keep-alive on loopback, {} calls per run\n\n",
+        "Invocation gateway overhead: {agent} called directly and through POST /agents/{{id}}/invoke, HTTP/1.1 keep-alive on loopback, {} calls per run\n\n",
         r.calls
     );
     out.push_str("| clients | direct p50 | direct p99 | gateway p50 | gateway p99 | added p50 | added p99 | direct calls/s | gateway calls/s |\n|---|---|---|---|---|---|---|---|---|\n");

@@ -328,6 +328,9 @@ pub enum BenchCommand {
         /// Client concurrencies, comma-separated.
         #[arg(long, value_delimiter = ',', default_values_t = [1usize, 64])]
         clients: Vec<usize>,
+        /// Call an A2A 1.0 (JSON-RPC) echo agent instead of a REST one.
+        #[arg(long)]
+        a2a: bool,
     },
     /// What TLS and token checks cost: discover and register over plain
     /// text and TLS, with an API key and with a JWT, side by side.
@@ -412,9 +415,18 @@ pub async fn run_bench(args: BenchArgs) -> Result<(), CliError> {
             out!("{}", crate::bench::standards::report(&r));
             return Ok(());
         }
-        BenchCommand::Gateway { calls, clients } => {
+        BenchCommand::Gateway {
+            calls,
+            clients,
+            a2a,
+        } => {
             let temp = tempfile_dir(None)?;
-            let r = crate::bench::gateway::run(temp.path(), calls.max(1), &clients)
+            let kind = if a2a {
+                crate::bench::gateway::Agent::A2a
+            } else {
+                crate::bench::gateway::Agent::Rest
+            };
+            let r = crate::bench::gateway::run(temp.path(), calls.max(1), &clients, kind)
                 .await
                 .map_err(local)?;
             out!("{}", crate::bench::gateway::report(&r));
