@@ -310,11 +310,12 @@ mod tests {
         let uri = record("https://agents.example/echo", json!({}));
         let mut private = record("secret", json!({}));
         private.envelope.visibility = Visibility::Private;
-        let a2a_only = record(
+        // The gateway calls A2A over JSON-RPC and HTTP+JSON, not gRPC.
+        let grpc_only = record(
             "card",
-            json!({"bindings": [{"protocol": "a2a", "endpoint": "https://a.example/"}]}),
+            json!({"bindings": [{"protocol": "a2a", "endpoint": "https://a.example/", "transport": "GRPC"}]}),
         );
-        let hosted_records: Vec<AgentRecord> = [plain, uri, private, a2a_only]
+        let hosted_records: Vec<AgentRecord> = [plain, uri, private, grpc_only]
             .into_iter()
             .filter(hosted)
             .collect();
