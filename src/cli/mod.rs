@@ -306,6 +306,16 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 100_000)]
         servers: usize,
     },
+    /// The MCP server's `discover_agents` against `POST /discover` on the
+    /// same queries (the cost of `/mcp` over the JSON route).
+    Mcp {
+        /// Agents in the directory.
+        #[arg(long, default_value_t = 10_000)]
+        agents: usize,
+        /// Query texts (each asked of both, twice; the second pass counts).
+        #[arg(long, default_value_t = 500)]
+        queries: usize,
+    },
     /// The latency federated discovery adds over local discovery (three
     /// registries in one process, peers on loopback).
     Federation {
@@ -413,6 +423,14 @@ pub async fn run_bench(args: BenchArgs) -> Result<(), CliError> {
                     .await
                     .map_err(local)?;
             out!("{}", crate::bench::standards::report(&r));
+            return Ok(());
+        }
+        BenchCommand::Mcp { agents, queries } => {
+            let temp = tempfile_dir(None)?;
+            let r = crate::bench::mcp::run(temp.path(), agents.max(1), queries.max(1))
+                .await
+                .map_err(local)?;
+            out!("{}", crate::bench::mcp::report(&r));
             return Ok(());
         }
         BenchCommand::Gateway {

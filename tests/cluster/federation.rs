@@ -401,6 +401,22 @@ async fn three_organisations_federate_discovery_and_sync() {
         201
     );
     open_feed.send_replace(true);
+    // Each organisation's index follows its applied state asynchronously:
+    // wait until each finds its own agent before asking across them.
+    for (cl, node, id) in [
+        (&a, a_leader, "urn:a:weather"),
+        (&b, 1, "urn:b:translate"),
+        (&c, 1, "urn:c:currency"),
+    ] {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while !candidates(&discover(cl, node, "local").await).contains_key(id) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{id} was never indexed"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
 
     // Federated discovery at any node of a.example: all three organisations,
     // d.example's honest record only, provenance that verifies.
