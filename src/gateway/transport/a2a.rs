@@ -472,9 +472,14 @@ fn relay(
             if done {
                 return None;
             }
-            let upstream = match events.next().await? {
-                Ok(e) => e,
-                Err(e) => return Some((Err(e), (events, cancel, url, true))),
+            let upstream = match events.next().await {
+                Some(Ok(e)) => e,
+                Some(Err(e)) => return Some((Err(e), (events, cancel, url, true))),
+                // The agent closed the stream itself: nothing to cancel.
+                None => {
+                    cancel.finished = true;
+                    return None;
+                }
             };
             let parsed: Value = match serde_json::from_str(&upstream.data) {
                 Ok(v) => v,
