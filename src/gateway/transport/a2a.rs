@@ -369,6 +369,13 @@ struct Canceller {
     finished: bool,
 }
 
+impl Canceller {
+    /// The task needs no cancelling (it ended, or its stream did).
+    fn disarm(&mut self) {
+        self.finished = true;
+    }
+}
+
 impl Drop for Canceller {
     fn drop(&mut self) {
         let Some(task) = self.task.take().filter(|_| !self.finished) else {
@@ -477,7 +484,7 @@ fn relay(
                 Some(Err(e)) => return Some((Err(e), (events, cancel, url, true))),
                 // The agent closed the stream itself: nothing to cancel.
                 None => {
-                    cancel.finished = true;
+                    cancel.disarm();
                     return None;
                 }
             };
