@@ -3,6 +3,7 @@
 
 use axum::body::Bytes;
 use serde_json::{json, Value};
+use url::Url;
 
 use super::{endpoint, redacted, Answer, CallSpec, GatewayError, Outbound, OutboundError};
 
@@ -35,36 +36,35 @@ fn mcp_tool(spec: &CallSpec<'_>) -> Result<String, GatewayError> {
     })
 }
 
-/// A WoA envelope as an MCP `tools/call` over Streamable HTTP (rmcp, on
-/// the guarded client): initialise, call, close the session.
-pub(super) async fn call(out: &Outbound, spec: &CallSpec<'_>) -> Result<Answer, GatewayError> {
-    use rmcp::model::CallToolRequestParams;
+/// The rmcp client of one session.
+pub(crate) type Session = rmcp::service::RunningService<rmcp::RoleClient, ()>;
+
+/// One request in its own MCP session over Streamable HTTP on the guarded
+/// client: the address checked by the outbound policy first, initialise,
+/// `request`, close the session, all within the policy's timeout. `what`
+/// names the request in a refusal; `bearer` is sent as
+/// `Authorization: Bearer` (the one credential rmcp sends).
+pub(crate) async fn in_session<T>(
+    out: &Outbound,
+    url: &Url,
+    bearer: Option<String>,
+    what: &str,
+    request: impl AsyncFnOnce(&Session) -> Result<T, rmcp::ServiceError>,
+) -> Result<T, GatewayError> {
     use rmcp::transport::streamable_http_client::{
         StreamableHttpClientTransport, StreamableHttpClientTransportConfig,
     };
     use rmcp::ServiceExt;
 
-    let url = endpoint(spec.binding)?;
-    out.preflight(&url).await?;
-    let tool = mcp_tool(spec)?;
-    let arguments = match spec.input {
-        Value::Object(m) => Some(m.clone()),
-        _ => None,
-    };
-    // rmcp sends one credential, as `Authorization: Bearer`.
-    let auth_header = spec
-        .headers
-        .iter()
-        .find(|(h, _)| h.eq_ignore_ascii_case("authorization"))
-        .map(|(_, v)| v.strip_prefix("Bearer ").unwrap_or(v).to_string());
-    let target = redacted(&url);
+    out.preflight(url).await?;
+    let target = redacted(url);
     let timeout = out.policy.timeout;
     let run = async {
         let transport = StreamableHttpClientTransport::with_client(
             out.client.clone(),
             StreamableHttpClientTransportConfig {
                 uri: url.as_str().into(),
-                auth_header,
+                auth_header: bearer,
                 ..Default::default()
             },
         );
@@ -75,31 +75,50 @@ pub(super) async fn call(out: &Outbound, spec: &CallSpec<'_>) -> Result<Answer, 
                     target: target.clone(),
                     reason: format!("the MCP session did not start: {e}"),
                 })?;
-        let result = client
+        let result = request(&client).await;
+        if let Err(e) = client.cancel().await {
+            tracing::debug!(error = %e, "closing the MCP session failed");
+        }
+        result.map_err(|e| {
+            GatewayError::BadAnswer(format!("the MCP server at {target} refused {what}: {e}"))
+        })
+    };
+    tokio::time::timeout(timeout, run)
+        .await
+        .map_err(|_| OutboundError::Timeout {
+            target: target.clone(),
+            ms: timeout.as_millis(),
+        })?
+}
+
+/// A WoA envelope as an MCP `tools/call`: one session, one call.
+pub(super) async fn call(out: &Outbound, spec: &CallSpec<'_>) -> Result<Answer, GatewayError> {
+    use rmcp::model::CallToolRequestParams;
+
+    let url = endpoint(spec.binding)?;
+    let tool = mcp_tool(spec)?;
+    let arguments = match spec.input {
+        Value::Object(m) => Some(m.clone()),
+        _ => None,
+    };
+    let auth_header = spec
+        .headers
+        .iter()
+        .find(|(h, _)| h.eq_ignore_ascii_case("authorization"))
+        .map(|(_, v)| v.strip_prefix("Bearer ").unwrap_or(v).to_string());
+    let what = format!("tools/call '{tool}'");
+    let result = in_session(out, &url, auth_header, &what, async |client: &Session| {
+        client
             .call_tool(CallToolRequestParams {
                 meta: None,
                 name: tool.clone().into(),
                 arguments,
                 task: None,
             })
-            .await;
-        if let Err(e) = client.cancel().await {
-            tracing::debug!(error = %e, "closing the MCP session failed");
-        }
-        result.map_err(|e| {
-            GatewayError::BadAnswer(format!(
-                "the MCP server at {target} refused tools/call '{tool}': {e}"
-            ))
-        })
-    };
-    let result =
-        tokio::time::timeout(timeout, run)
             .await
-            .map_err(|_| OutboundError::Timeout {
-                target: target.clone(),
-                ms: timeout.as_millis(),
-            })??;
-    mcp_answer(result, &target, out.policy.max_response_bytes)
+    })
+    .await?;
+    mcp_answer(result, &redacted(&url), out.policy.max_response_bytes)
 }
 
 /// The tool's result as the agent's JSON output: its structured content,

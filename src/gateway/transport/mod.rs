@@ -27,6 +27,7 @@ use serde_json::Value;
 use url::Url;
 
 pub use agent_protocol::ap_url;
+pub(crate) use mcp::{in_session, Session};
 
 use super::outbound::{classify, read_limited, redacted, Lookup, OutboundError, OutboundPolicy};
 use crate::domain::{Binding, Protocol};
