@@ -12,13 +12,23 @@ use tonic::{Request, Response, Status};
 use super::grpc::principal;
 use super::invocation::{error_event, InvocationApi};
 use crate::pb::{self, agent_protocol_server::AgentProtocol};
-use crate::service::{ApAnswer, ApEvents, ServiceError};
+use crate::service::{ApEvents, ApReply, ServiceError};
 
-fn document(a: ApAnswer) -> Response<pb::ApDocument> {
-    Response::new(pb::ApDocument {
-        json: a.json.to_string(),
-        status: u32::from(a.status),
-    })
+/// A reply's status and JSON text (empty when it has no body): the
+/// gateway's own documents are 200, an accepted request 202, and a proxied
+/// agent's answer keeps the status the agent gave.
+fn status_and_json(reply: ApReply) -> (u32, String) {
+    match reply {
+        ApReply::Document(json) => (200, json.to_string()),
+        ApReply::Accepted => (202, String::new()),
+        ApReply::Relayed { status, json } if json.is_null() => (u32::from(status), String::new()),
+        ApReply::Relayed { status, json } => (u32::from(status), json.to_string()),
+    }
+}
+
+fn document(reply: ApReply) -> Response<pb::ApDocument> {
+    let (status, json) = status_and_json(reply);
+    Response::new(pb::ApDocument { json, status })
 }
 
 fn request_json(text: &str) -> Result<Value, ServiceError> {
@@ -78,10 +88,7 @@ impl AgentProtocol for InvocationApi {
     ) -> Result<Response<pb::ApDocument>, Status> {
         let who = principal(&req);
         let list = self.service().ap_agents(who.as_ref()).await?;
-        Ok(document(ApAnswer {
-            status: 200,
-            json: list,
-        }))
+        Ok(document(ApReply::Document(list)))
     }
 
     #[tracing::instrument(name = "grpc.ap.Describe", skip_all)]
@@ -115,14 +122,8 @@ impl AgentProtocol for InvocationApi {
                 some(r.agent_authorization),
             )
             .await?;
-        Ok(Response::new(pb::ApRunReply {
-            status: u32::from(a.status),
-            json: if a.json.is_null() {
-                String::new()
-            } else {
-                a.json.to_string()
-            },
-        }))
+        let (status, json) = status_and_json(a);
+        Ok(Response::new(pb::ApRunReply { status, json }))
     }
 
     #[tracing::instrument(name = "grpc.ap.GetEvents", skip_all)]

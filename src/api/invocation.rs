@@ -40,6 +40,7 @@ fn invoke_request(r: pb::InvokeRequest) -> InvokeRequest {
         protocols: r.protocols,
         idempotency_key: some(r.idempotency_key),
         agent_authorization: some(r.agent_authorization),
+        continues: None,
     }
 }
 

@@ -29,6 +29,7 @@ use crate::domain::resolve::preferred_binding;
 use crate::domain::validate::{check_instance, compile_schema};
 use crate::domain::{AgentRecord, AgentStatus, FieldError, Principal};
 use crate::gateway::outbound::OutboundError;
+use crate::gateway::transport::a2a::Continuation;
 use crate::gateway::transport::{self, Answer, CallSpec, Event, GatewayError, Outbound, Started};
 
 type Result<T> = std::result::Result<T, ServiceError>;
@@ -44,6 +45,9 @@ pub struct InvokeRequest {
     pub protocols: Vec<String>,
     pub idempotency_key: Option<String>,
     pub agent_authorization: Option<String>,
+    /// Answers the question of an A2A task that waits for input (set by
+    /// the Agent Protocol surface's ResumeWithInput).
+    pub continues: Option<Continuation>,
 }
 
 /// How an answer compares with the output schema.
@@ -158,6 +162,7 @@ struct Prepared {
     schemas: Arc<Schemas>,
     binding: usize,
     headers: Vec<(String, String)>,
+    continues: Option<Continuation>,
 }
 
 fn invalid(e: FieldError, prefix: &str) -> ServiceError {
@@ -331,6 +336,7 @@ impl InvocationService {
             input: &prepared.call.input,
             stream: true,
             headers: prepared.headers.clone(),
+            continues: prepared.continues.as_ref(),
         };
         let started = transport::open_stream(&self.inner.outbound, &spec).await?;
         Ok(match started {
@@ -411,7 +417,10 @@ impl InvocationService {
         let requested = call.operation.as_deref().or(req.operation.as_deref());
         let target = select_operation(meta, requested).map_err(|e| invalid(e, at))?;
         let schemas = self.schemas(record, &target)?;
-        if let Some(v) = &schemas.inputs {
+        // A follow-up answers the agent's question, not the operation's
+        // input schema.
+        let checked = schemas.inputs.as_ref().filter(|_| req.continues.is_none());
+        if let Some(v) = checked {
             let prefix = if call.envelope {
                 format!("{at}/input")
             } else {
@@ -445,6 +454,7 @@ impl InvocationService {
             schemas,
             binding,
             headers,
+            continues: req.continues.clone(),
         })
     }
 
@@ -459,6 +469,7 @@ impl InvocationService {
             input: &p.call.input,
             stream: false,
             headers: p.headers.clone(),
+            continues: p.continues.as_ref(),
         };
         let answer = transport::call(&self.inner.outbound, &spec).await?;
         Ok(finish(p, answer))

@@ -21,7 +21,7 @@ mod registry;
 mod tenancy;
 mod woa_host;
 
-pub use agent_protocol::{ApAnswer, ApEvents};
+pub use agent_protocol::{ApEvents, ApReply};
 pub use ard::{
     ArdService, CatalogDocument, HitEntry, ListPage as ArdListPage, SearchHit, SearchPage,
 };

@@ -10,6 +10,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use serde_json::{json, Value};
 
+use super::agent_protocol::Ap;
 use super::harness::{Http, TestServer, ALICE};
 use super::mcp::mcp_python;
 
@@ -316,7 +317,7 @@ async fn a2a_streams_are_relayed_and_a_dropped_stream_cancels_the_task() {
 }
 
 #[tokio::test]
-async fn a2a_declared_auth_is_applied_and_input_required_is_an_answer() {
+async fn a2a_declared_auth_is_applied_and_input_required_is_asked_and_resumed() {
     let (locked, asking) = tokio::join!(
         A2aAgent::start("v1", Some("s3cret")),
         A2aAgent::start("ask", None),
@@ -374,5 +375,45 @@ async fn a2a_declared_auth_is_applied_and_input_required_is_an_answer() {
         body["task"]["status"]["message"]["parts"][0]["text"],
         "Which date?"
     );
+
+    // Through the Agent Protocol surface the question is WaitForInput, and
+    // ResumeWithInput answers it on the same A2A task.
+    let ap = Ap::new(&s, &id, ALICE);
+    let events = ap
+        .stream(
+            "stream_request",
+            Some(json!({"type": "ChatRequest", "input": "book a table"})),
+            "WaitForInput",
+        )
+        .await;
+    let asked = events.last().unwrap();
+    assert_eq!(asked["type"], "WaitForInput", "{events:?}");
+    assert_eq!(asked["request_keys"]["input"], "Which date?");
+    let run_id = asked["run_id"].as_str().unwrap().to_string();
+    let (status, run) = ap.get(&format!("runs/{run_id}")).await;
+    assert_eq!((status, run["status"].as_str()), (200, Some("waiting")));
+    let (status, resumed) = ap
+        .run(json!({"type": "ResumeWithInput", "run_id": run_id, "request_keys": {"input": "Friday"}}))
+        .await;
+    assert_eq!(status, 200, "{resumed}");
+    let events = ap.until_completed(&run_id).await;
+    let done = events.last().unwrap();
+    assert_eq!(done["finish_reason"], "success", "{events:?}");
+    let result: Value = serde_json::from_str(done["result"].as_str().unwrap()).unwrap();
+    assert_eq!(result["task"]["status"]["state"], "TASK_STATE_COMPLETED");
+    assert_eq!(artifact_text(&result["task"]), vec!["booked for Friday"]);
+    // The follow-up went to the task that asked.
+    let first_task = &asked_task_id(&events);
+    assert_eq!(result["task"]["id"].as_str(), Some(first_task.as_str()));
     s.stop().await;
+}
+
+/// The id of the A2A task whose question a run's first TextOutput carries.
+fn asked_task_id(events: &[Value]) -> String {
+    let first = events
+        .iter()
+        .find(|e| e["type"] == "TextOutput")
+        .expect("the question was output");
+    let task: Value = serde_json::from_str(first["content"].as_str().unwrap()).unwrap();
+    task["task"]["id"].as_str().unwrap().to_string()
 }

@@ -20,14 +20,14 @@ fn local_agents(c: &mut agentry::config::Config) {
 }
 
 /// A client of the registry's AP routes for one agent.
-struct Ap<'a> {
+pub(super) struct Ap<'a> {
     s: &'a TestServer,
     path: String,
     key: &'a str,
 }
 
 impl<'a> Ap<'a> {
-    fn new(s: &'a TestServer, id: &str, key: &'a str) -> Self {
+    pub(super) fn new(s: &'a TestServer, id: &str, key: &'a str) -> Self {
         Self {
             s,
             path: format!("/agents/{}", Http::url_id(id)),
@@ -35,7 +35,7 @@ impl<'a> Ap<'a> {
         }
     }
 
-    async fn get(&self, route: &str) -> (u16, Value) {
+    pub(super) async fn get(&self, route: &str) -> (u16, Value) {
         let resp = reqwest::Client::new()
             .get(format!("{}{}/{route}", self.s.http, self.path))
             .bearer_auth(self.key)
@@ -48,7 +48,7 @@ impl<'a> Ap<'a> {
         )
     }
 
-    async fn run(&self, request: Value) -> (u16, Value) {
+    pub(super) async fn run(&self, request: Value) -> (u16, Value) {
         let resp = reqwest::Client::new()
             .post(format!("{}{}/run?wait=true", self.s.http, self.path))
             .bearer_auth(self.key)
@@ -63,7 +63,7 @@ impl<'a> Ap<'a> {
     }
 
     /// Polls get_events until RunCompleted; returns all the run's events.
-    async fn until_completed(&self, run_id: &str) -> Vec<Value> {
+    pub(super) async fn until_completed(&self, run_id: &str) -> Vec<Value> {
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         loop {
             let (status, events) = self.get(&format!("get_events/{run_id}")).await;
@@ -82,7 +82,7 @@ impl<'a> Ap<'a> {
 
     /// Opens an SSE stream (GET when `body` is None) and reads events until
     /// one of type `stop`.
-    async fn stream(&self, route: &str, body: Option<Value>, stop: &str) -> Vec<Value> {
+    pub(super) async fn stream(&self, route: &str, body: Option<Value>, stop: &str) -> Vec<Value> {
         let client = reqwest::Client::new();
         let url = format!("{}{}/{route}", self.s.http, self.path);
         let req = match body {

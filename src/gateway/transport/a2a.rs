@@ -12,8 +12,9 @@
 //! speaks.
 //!
 //! The caller's input becomes the message: a JSON string, or an object
-//! whose only member is the string `text`, is one text part; any other
-//! JSON value is one data part. A task that ends failed becomes a bad
+//! whose only member is the string `text` (or `input`, what the Agent
+//! Protocol surface makes of a chat to an agent without an input schema),
+//! is one text part; any other JSON value is one data part. A task that ends failed becomes a bad
 //! answer (502), a rejected one the agent's own refusal (422); a JSON-RPC
 //! error the agent's refusal when it is about the request (invalid params,
 //! unsupported content) and a bad answer otherwise.
@@ -82,7 +83,10 @@ pub fn callable(b: &Binding) -> bool {
 fn parts(input: &Value, version: Version) -> Vec<Value> {
     let text = match input {
         Value::String(s) => Some(s.as_str()),
-        Value::Object(m) if m.len() == 1 => m.get("text").and_then(Value::as_str),
+        Value::Object(m) if m.len() == 1 => m
+            .get("text")
+            .or_else(|| m.get("input"))
+            .and_then(Value::as_str),
         _ => None,
     };
     match (text, version) {
@@ -93,22 +97,62 @@ fn parts(input: &Value, version: Version) -> Vec<Value> {
     }
 }
 
+/// The task a message continues: A2A's follow-up to a task that asked for
+/// input names the task and its context (the same members in 0.3 and 1.0).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Continuation {
+    pub task_id: String,
+    pub context_id: Option<String>,
+}
+
+/// A task that stopped to ask its caller something.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InputRequest {
+    pub continuation: Continuation,
+    /// The text of the task's status message (empty when it gave none).
+    pub question: String,
+}
+
+/// The question of an answer whose task waits for input (`{task}` in
+/// either version's state spelling), or None.
+pub fn input_request(answer: &Value) -> Option<InputRequest> {
+    let task = answer.get("task")?;
+    if state(task) != "TASK_STATE_INPUT_REQUIRED" {
+        return None;
+    }
+    let text = |k: &str| task.get(k).and_then(Value::as_str).map(String::from);
+    Some(InputRequest {
+        continuation: Continuation {
+            task_id: text("id")?,
+            context_id: text("contextId"),
+        },
+        question: status_text(task),
+    })
+}
+
 /// `SendMessageRequest` (the JSON-RPC params, or the HTTP+JSON body).
-fn send_request(input: &Value, version: Version) -> Value {
+fn send_request(input: &Value, version: Version, continues: Option<&Continuation>) -> Value {
     let id = uuid::Uuid::new_v4().to_string();
-    match version {
-        Version::V1 => json!({"message": {
+    let mut message = match version {
+        Version::V1 => json!({
             "messageId": id,
             "role": "ROLE_USER",
             "parts": parts(input, version),
-        }}),
-        Version::V03 => json!({"message": {
+        }),
+        Version::V03 => json!({
             "kind": "message",
             "messageId": id,
             "role": "user",
             "parts": parts(input, version),
-        }}),
+        }),
+    };
+    if let Some(c) = continues {
+        message["taskId"] = json!(c.task_id);
+        if let Some(ctx) = &c.context_id {
+            message["contextId"] = json!(ctx);
+        }
     }
+    json!({ "message": message })
 }
 
 fn method(version: Version, stream: bool) -> &'static str {
@@ -149,7 +193,7 @@ async fn send(
     stream: bool,
 ) -> Result<(reqwest::Response, Url), GatewayError> {
     let base = endpoint(spec.binding)?;
-    let request = send_request(spec.input, iface.version);
+    let request = send_request(spec.input, iface.version, spec.continues);
     let accept = if stream {
         "text/event-stream, application/json"
     } else {
@@ -590,10 +634,15 @@ mod tests {
             parts(&json!({"text": "hi"}), Version::V03),
             vec![json!({"kind": "text", "text": "hi"})]
         );
+        assert_eq!(
+            parts(&json!({"input": "hi"}), Version::V1),
+            vec![json!({"text": "hi"})]
+        );
         let data = json!({"city": "Oslo", "days": 3});
         assert_eq!(parts(&data, Version::V1), vec![json!({"data": data})]);
-        let r = send_request(&json!("hi"), Version::V1);
+        let r = send_request(&json!("hi"), Version::V1, None);
         assert_eq!(r["message"]["role"], "ROLE_USER");
+        assert!(r["message"].get("taskId").is_none());
         assert!(r["message"]["messageId"]
             .as_str()
             .is_some_and(|s| !s.is_empty()));
@@ -624,6 +673,21 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("-32009"), "{e}");
+    }
+
+    #[test]
+    fn a_task_waiting_for_input_is_continued_by_its_ids() {
+        let asking = json!({"task": {"id": "t1", "contextId": "c1", "status": {
+            "state": "input-required", "message": {"parts": [{"kind": "text", "text": "Which date?"}]}}}});
+        let ask = input_request(&asking).unwrap();
+        assert_eq!(ask.question, "Which date?");
+        assert_eq!(ask.continuation.task_id, "t1");
+        let r = send_request(&json!("Friday"), Version::V03, Some(&ask.continuation));
+        assert_eq!(r["message"]["taskId"], "t1");
+        assert_eq!(r["message"]["contextId"], "c1");
+        let done = json!({"task": {"id": "t1", "status": {"state": "TASK_STATE_COMPLETED"}}});
+        assert!(input_request(&done).is_none());
+        assert!(input_request(&json!({"message": {"parts": []}})).is_none());
     }
 
     #[test]

@@ -11,7 +11,7 @@
 //! a 4xx JSON body is passed through as the agent's own refusal, 503 is
 //! "overloaded", other 5xx and anything that is not JSON are bad answers.
 
-mod a2a;
+pub mod a2a;
 mod agent_protocol;
 mod mcp;
 mod rest;
@@ -170,6 +170,8 @@ pub struct CallSpec<'a> {
     pub stream: bool,
     /// Credentials and the idempotency key, as (header, value).
     pub headers: Vec<(String, String)>,
+    /// The A2A task this call answers (other protocols have no tasks).
+    pub continues: Option<&'a a2a::Continuation>,
 }
 
 /// An answer the gateway returns: a success or the agent's own 4xx.
@@ -481,6 +483,7 @@ pub(super) mod tests {
             input,
             stream: false,
             headers: Vec::new(),
+            continues: None,
         }
     }
 

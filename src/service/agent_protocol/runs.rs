@@ -1,0 +1,514 @@
+//! Runs of the agents the gateway hosts: a ChatRequest starts a run whose
+//! events (RunStarted, WaitForInput, TextOutput, RunCompleted) record the
+//! invocation through the gateway; ResumeWithInput and CancelRequest move
+//! it on. Runs live in this node's memory, belong to the principal that
+//! started them, and are forgotten an hour after they complete.
+//!
+//! A run waits for input in two cases: the operation's schema requires
+//! members the request lacks (asked for by name, merged into the input on
+//! resume), or an A2A agent's task ended `input-required` (its question is
+//! asked as `input`, and the answer continues the same task).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use serde_json::{json, Map, Value};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use super::request::{chat_input, missing};
+use super::{bad_request, not_found, ApEvents, Result};
+use crate::domain::invoke::select_operation;
+use crate::domain::{AgentRecord, Principal, Protocol};
+use crate::gateway::transport::a2a::{self, Continuation};
+use crate::gateway::transport::Event;
+use crate::service::error::ServiceError;
+use crate::service::invocation::{InvocationService, InvokeRequest, Invoked, Outcome};
+
+/// Completed runs are kept this long for get_events and runs/{id}.
+const KEEP_COMPLETED: Duration = Duration::from_secs(3600);
+/// Runs kept at most on one node.
+const MAX_RUNS: usize = 10_000;
+/// The key an A2A agent's question is asked under.
+const A2A_ANSWER_KEY: &str = "input";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Status {
+    Running,
+    Waiting,
+    Completed,
+}
+
+impl Status {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Running => "running",
+            Self::Waiting => "waiting",
+            Self::Completed => "completed",
+        }
+    }
+}
+
+/// What a waiting run resumes with.
+enum Pending {
+    /// The operation's input so far; the keys asked for are merged in.
+    Members {
+        input: Map<String, Value>,
+        operation: Option<String>,
+    },
+    /// An A2A task's question; the answer is the next message of the task.
+    Task {
+        continues: Continuation,
+        operation: Option<String>,
+    },
+}
+
+struct RunState {
+    events: Vec<Value>,
+    status: Status,
+    finish_reason: Option<String>,
+    completed_at: Option<Instant>,
+    task: Option<JoinHandle<()>>,
+    pending: Option<Pending>,
+    agent_authorization: Option<String>,
+}
+
+/// One run of a gateway-hosted agent.
+pub(super) struct Run {
+    id: String,
+    thread_id: String,
+    agent_id: String,
+    agent_name: String,
+    owner: Option<Principal>,
+    state: Mutex<RunState>,
+    /// The number of events so far, for live readers.
+    published: watch::Sender<usize>,
+}
+
+impl Run {
+    fn lock(&self) -> std::sync::MutexGuard<'_, RunState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether the run is this principal's run of this agent.
+    fn belongs_to(&self, agent_id: &str, principal: Option<&Principal>) -> bool {
+        self.agent_id == agent_id
+            && self.owner.as_ref().map(|p| &p.name) == principal.map(|p| &p.name)
+    }
+
+    /// Appends an event with AP's base fields; returns it.
+    fn publish(&self, kind: &str, role: &str, fields: Value) -> Value {
+        let mut st = self.lock();
+        let mut event = json!({
+            "id": st.events.len(),
+            "run_id": self.id,
+            "thread_id": self.thread_id,
+            "agent": self.agent_name,
+            "type": kind,
+            "role": role,
+            "depth": 0,
+        });
+        if let (Value::Object(e), Value::Object(f)) = (&mut event, fields) {
+            e.extend(f);
+        }
+        if kind == "RunCompleted" {
+            st.status = Status::Completed;
+            st.finish_reason = event["finish_reason"].as_str().map(String::from);
+            st.completed_at = Some(Instant::now());
+        }
+        st.events.push(event.clone());
+        let n = st.events.len();
+        drop(st);
+        self.published.send_replace(n);
+        event
+    }
+
+    fn fail(&self, error: Value) {
+        self.publish(
+            "RunCompleted",
+            "assistant",
+            json!({"finish_reason": "error", "error": error}),
+        );
+    }
+
+    /// Stops to ask for `keys` (key → what to ask), to resume with
+    /// `pending`.
+    fn wait_for_input(&self, pending: Pending, keys: Map<String, Value>) {
+        {
+            let mut st = self.lock();
+            st.status = Status::Waiting;
+            st.pending = Some(pending);
+        }
+        self.publish("WaitForInput", "assistant", json!({"request_keys": keys}));
+    }
+
+    pub(super) fn status_json(&self) -> Value {
+        let st = self.lock();
+        json!({
+            "run_id": self.id,
+            "thread_id": self.thread_id,
+            "agent": self.agent_id,
+            "status": st.status.as_str(),
+            "finish_reason": st.finish_reason,
+            "events": st.events.len(),
+        })
+    }
+
+    pub(super) fn events_after(&self, since: Option<i64>) -> Vec<Value> {
+        let st = self.lock();
+        let from = since.map_or(0, |s| usize::try_from(s + 1).unwrap_or(0));
+        st.events.iter().skip(from).cloned().collect()
+    }
+}
+
+/// Runs and threads of gateway-hosted agents on this node.
+#[derive(Default)]
+pub struct ApRuns {
+    runs: Mutex<HashMap<String, Arc<Run>>>,
+    /// thread id → run ids in order.
+    threads: Mutex<HashMap<String, Vec<String>>>,
+}
+
+impl ApRuns {
+    fn get(&self, id: &str) -> Option<Arc<Run>> {
+        self.runs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(id)
+            .cloned()
+    }
+
+    /// Adds a run, forgetting completed runs past their time (and the
+    /// oldest completed ones when the node holds too many).
+    fn insert(&self, run: Arc<Run>) -> Result<()> {
+        let mut runs = self.runs.lock().unwrap_or_else(|e| e.into_inner());
+        runs.retain(|_, r| {
+            r.lock()
+                .completed_at
+                .is_none_or(|t| t.elapsed() < KEEP_COMPLETED)
+        });
+        if runs.len() >= MAX_RUNS {
+            let oldest = runs
+                .iter()
+                .filter_map(|(id, r)| r.lock().completed_at.map(|t| (t, id.clone())))
+                .min();
+            match oldest {
+                Some((_, id)) => {
+                    runs.remove(&id);
+                }
+                None => {
+                    return Err(ServiceError::Overloaded {
+                        message: format!("this node already runs {MAX_RUNS} Agent Protocol runs"),
+                        retry_after: Some(5),
+                    })
+                }
+            }
+        }
+        self.threads
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(run.thread_id.clone())
+            .or_default()
+            .push(run.id.clone());
+        runs.insert(run.id.clone(), run);
+        Ok(())
+    }
+
+    /// The principal's runs of the agent in one thread, in order.
+    pub(super) fn thread_runs(
+        &self,
+        thread: &str,
+        agent_id: &str,
+        principal: Option<&Principal>,
+    ) -> Vec<Arc<Run>> {
+        let ids = self
+            .threads
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(thread)
+            .cloned()
+            .unwrap_or_default();
+        ids.iter()
+            .filter_map(|id| self.get(id))
+            .filter(|r| r.belongs_to(agent_id, principal))
+            .collect()
+    }
+
+    /// The principal's threads with the agent, each with its run ids.
+    pub(super) fn threads(
+        &self,
+        agent_id: &str,
+        principal: Option<&Principal>,
+    ) -> Vec<(String, Vec<String>)> {
+        let all: Vec<(String, Vec<String>)> = self
+            .threads
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(t, ids)| (t.clone(), ids.clone()))
+            .collect();
+        let mut mine: Vec<_> = all
+            .into_iter()
+            .filter(|(_, ids)| {
+                ids.iter()
+                    .filter_map(|id| self.get(id))
+                    .any(|r| r.belongs_to(agent_id, principal))
+            })
+            .collect();
+        mine.sort();
+        mine
+    }
+
+    /// The principal's run of the agent.
+    pub(super) fn own(
+        &self,
+        run_id: &str,
+        agent_id: &str,
+        principal: Option<&Principal>,
+    ) -> Result<Arc<Run>> {
+        self.get(run_id)
+            .filter(|r| r.belongs_to(agent_id, principal))
+            .ok_or_else(|| not_found("run", run_id))
+    }
+}
+
+impl InvocationService {
+    /// Starts a run of a gateway-hosted agent; returns it and RunStarted.
+    pub(super) fn start_run(
+        &self,
+        principal: Option<&Principal>,
+        record: &AgentRecord,
+        input: Option<Value>,
+        thread_id: Option<String>,
+        operation: Option<String>,
+        auth: Option<String>,
+    ) -> Result<(Arc<Run>, Value)> {
+        let target = select_operation(&record.metadata, operation.as_deref())
+            .map_err(|e| bad_request(&e.pointer, e.message))?;
+        let runs = self.ap_runs();
+        let thread_id = match thread_id {
+            Some(t) => {
+                if runs
+                    .thread_runs(&t, &record.metadata.id, principal)
+                    .is_empty()
+                {
+                    return Err(not_found("thread", &t));
+                }
+                t
+            }
+            None => uuid::Uuid::new_v4().to_string(),
+        };
+        let (input, missing) = chat_input(target.inputs, input);
+        let run = Arc::new(Run {
+            id: uuid::Uuid::new_v4().to_string(),
+            thread_id,
+            agent_id: record.metadata.id.clone(),
+            agent_name: record.metadata.name.clone(),
+            owner: principal.cloned(),
+            state: Mutex::new(RunState {
+                events: Vec::new(),
+                status: Status::Running,
+                finish_reason: None,
+                completed_at: None,
+                task: None,
+                pending: None,
+                agent_authorization: auth,
+            }),
+            published: watch::channel(0).0,
+        });
+        runs.insert(run.clone())?;
+        let started = run.publish("RunStarted", "system", json!({}));
+        let operation = target.name().map(String::from);
+        if missing.is_empty() {
+            self.execute(&run, Value::Object(input), operation, None);
+        } else {
+            run.wait_for_input(Pending::Members { input, operation }, missing);
+        }
+        Ok((run, started))
+    }
+
+    /// Calls the agent through the gateway in a task of its own; the run's
+    /// events tell how it went.
+    fn execute(
+        &self,
+        run: &Arc<Run>,
+        input: Value,
+        operation: Option<String>,
+        continues: Option<Continuation>,
+    ) {
+        let service = self.clone();
+        let r = run.clone();
+        let auth = run.lock().agent_authorization.clone();
+        let task = tokio::spawn(async move {
+            let req = InvokeRequest {
+                agent_id: r.agent_id.clone(),
+                body: input.to_string().into(),
+                operation: operation.clone(),
+                agent_authorization: auth,
+                continues,
+                ..Default::default()
+            };
+            match service
+                .invoke(r.owner.as_ref(), req)
+                .await
+                .map(|i| i.outcome)
+            {
+                Ok(Outcome::Single(answer)) if (200..300).contains(&answer.status) => {
+                    answered(&r, &answer, operation);
+                }
+                Ok(Outcome::Single(answer)) => {
+                    let body: Value = serde_json::from_slice(&answer.body).unwrap_or(Value::Null);
+                    r.fail(json!({"status": answer.status, "body": body}));
+                }
+                Ok(Outcome::Batch(_)) => r.fail(json!({"message": "unexpected batch"})),
+                Err(e) => r.fail(json!({"message": e.to_string()})),
+            }
+        });
+        run.lock().task = Some(task);
+    }
+
+    pub(super) fn cancel_run(
+        &self,
+        principal: Option<&Principal>,
+        record: &AgentRecord,
+        run_id: &str,
+    ) -> Result<Value> {
+        let run = self.ap_runs().own(run_id, &record.metadata.id, principal)?;
+        let task = {
+            let mut st = run.lock();
+            if st.status == Status::Completed {
+                return Err(ServiceError::Conflict(format!(
+                    "run '{run_id}' has already completed"
+                )));
+            }
+            st.pending = None;
+            st.task.take()
+        };
+        // Aborting drops the call in flight, and with it the connection.
+        if let Some(t) = task {
+            t.abort();
+        }
+        Ok(run.publish(
+            "RunCompleted",
+            "assistant",
+            json!({"finish_reason": "canceled"}),
+        ))
+    }
+
+    pub(super) fn resume_run(
+        &self,
+        principal: Option<&Principal>,
+        record: &AgentRecord,
+        run_id: &str,
+        keys: Map<String, Value>,
+    ) -> Result<Value> {
+        let run = self.ap_runs().own(run_id, &record.metadata.id, principal)?;
+        let not_waiting =
+            || ServiceError::Conflict(format!("run '{run_id}' is not waiting for input"));
+        let pending = {
+            let mut st = run.lock();
+            if st.status != Status::Waiting {
+                return Err(not_waiting());
+            }
+            st.status = Status::Running;
+            st.pending.take()
+        };
+        match pending.ok_or_else(not_waiting)? {
+            Pending::Members {
+                mut input,
+                operation,
+            } => {
+                input.extend(keys);
+                let target = select_operation(&record.metadata, operation.as_deref())
+                    .map_err(|e| bad_request(&e.pointer, e.message))?;
+                let still = missing(target.inputs, &input);
+                if still.is_empty() {
+                    self.execute(&run, Value::Object(input), operation, None);
+                } else {
+                    run.wait_for_input(Pending::Members { input, operation }, still);
+                }
+            }
+            Pending::Task {
+                continues,
+                operation,
+            } => {
+                // The answer alone is the next message's text (or data);
+                // several keys go as one data part.
+                let answer = match keys.get(A2A_ANSWER_KEY) {
+                    Some(Value::String(text)) if keys.len() == 1 => json!({ "text": text }),
+                    Some(v @ Value::Object(_)) if keys.len() == 1 => v.clone(),
+                    _ => Value::Object(keys),
+                };
+                self.execute(&run, answer, operation, Some(continues));
+            }
+        }
+        Ok(run.status_json())
+    }
+}
+
+/// A successful answer: its text out, then the run completes, or (an A2A
+/// task that asks something) waits for the caller's answer.
+fn answered(run: &Run, answer: &Invoked, operation: Option<String>) {
+    let text = String::from_utf8_lossy(&answer.body).into_owned();
+    run.publish("TextOutput", "assistant", json!({"content": text}));
+    let asks = (answer.protocol == Protocol::A2a.as_str())
+        .then(|| serde_json::from_slice::<Value>(&answer.body).ok())
+        .flatten()
+        .and_then(|json| a2a::input_request(&json));
+    match asks {
+        Some(ask) => {
+            let question = if ask.question.is_empty() {
+                "the agent needs more input".to_string()
+            } else {
+                ask.question
+            };
+            run.wait_for_input(
+                Pending::Task {
+                    continues: ask.continuation,
+                    operation,
+                },
+                Map::from_iter([(A2A_ANSWER_KEY.to_string(), json!(question))]),
+            );
+        }
+        None => {
+            run.publish(
+                "RunCompleted",
+                "assistant",
+                json!({"finish_reason": "success", "result": text}),
+            );
+        }
+    }
+}
+
+/// A run's events after `since`, then each new one, ending after
+/// RunCompleted.
+pub(super) fn follow(run: Arc<Run>, since: Option<i64>) -> ApEvents {
+    let next = since.map_or(0, |s| usize::try_from(s + 1).unwrap_or(0));
+    let rx = run.published.subscribe();
+    futures::stream::unfold(
+        (run, rx, next, false),
+        |(run, mut rx, next, done)| async move {
+            if done {
+                return None;
+            }
+            loop {
+                let event = run.lock().events.get(next).cloned();
+                if let Some(e) = event {
+                    let last = e["type"] == "RunCompleted";
+                    let item = Event {
+                        event: e["type"].as_str().unwrap_or("message").to_string(),
+                        id: Some(next.to_string()),
+                        data: e.to_string(),
+                    };
+                    return Some((Ok(item), (run, rx, next + 1, last)));
+                }
+                if rx.changed().await.is_err() {
+                    return None;
+                }
+            }
+        },
+    )
+    .boxed()
+}
