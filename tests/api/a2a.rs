@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 
 use super::agent_protocol::Ap;
 use super::harness::{Http, TestServer, ALICE};
-use super::mcp::mcp_python;
+use super::mcp::python_fixture;
 
 /// A running fixture agent; it stops when dropped.
 struct A2aAgent {
@@ -22,41 +22,28 @@ struct A2aAgent {
 
 impl A2aAgent {
     async fn start(mode: &str, key: Option<&str>) -> Self {
-        let port = {
-            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            l.local_addr().unwrap().port()
-        };
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/a2a_agent.py");
-        let mut cmd = tokio::process::Command::new(mcp_python());
-        cmd.arg(script).arg(port.to_string()).arg(mode);
+        let mut args = vec![mode];
         if let Some(k) = key {
-            cmd.arg("--key").arg(k);
+            args.extend(["--key", k]);
         }
-        let child = cmd
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("the A2A agent starts");
-        let base = format!("http://127.0.0.1:{port}");
-        let card = format!("{base}/.well-known/agent-card.json");
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Ok(r) = reqwest::get(&card).await {
-                if r.status().is_success() {
-                    break;
-                }
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the A2A agent ({mode}) did not serve its card"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let (child, port) = python_fixture("a2a_agent.py", &args).await;
         Self {
             _child: child,
-            base,
+            base: format!("http://127.0.0.1:{port}"),
         }
+    }
+
+    /// The requests the agent saw, oldest first.
+    async fn requests(&self) -> Vec<Value> {
+        self.seen().await["requests"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// The first request the agent saw that `matches`.
+    async fn request(&self, matches: impl Fn(&Value) -> bool) -> Option<Value> {
+        self.requests().await.into_iter().find(|r| matches(r))
     }
 
     /// What the agent saw: `{requests: [...], cancelled: [...]}`.
@@ -151,13 +138,9 @@ async fn a2a_1_0_and_0_3_agents_are_imported_and_called_over_both_wires() {
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["task"]["status"]["state"], "TASK_STATE_COMPLETED");
     assert_eq!(artifact_text(&body["task"]), vec!["echo: hi"]);
-    let seen = v1.seen().await;
-    let call = seen["requests"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["path"] == "/jsonrpc")
-        .cloned()
+    let call = v1
+        .request(|r| r["path"] == "/jsonrpc")
+        .await
         .expect("the agent was called over JSON-RPC");
     assert_eq!(call["rpc_method"], "SendMessage");
     assert_eq!(call["a2a_version"], "1.0");
@@ -191,14 +174,12 @@ async fn a2a_1_0_and_0_3_agents_are_imported_and_called_over_both_wires() {
         (Some("Paris"), Some("two")),
         "{body}"
     );
-    let seen = v1.seen().await;
     assert!(
-        seen["requests"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|r| r["path"] == "/rest/message:send" && r["a2a_version"] == "1.0"),
-        "{seen}"
+        v1.request(|r| r["path"] == "/rest/message:send" && r["a2a_version"] == "1.0")
+            .await
+            .is_some(),
+        "{:?}",
+        v1.requests().await
     );
 
     // A 0.3 agent: its card's version decides the method names and shape;
@@ -208,14 +189,10 @@ async fn a2a_1_0_and_0_3_agents_are_imported_and_called_over_both_wires() {
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["task"]["status"]["state"], "completed");
     assert_eq!(artifact_text(&body["task"]), vec!["echo: old"]);
-    let seen = legacy.seen().await;
-    let call = seen["requests"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["path"] == "/jsonrpc")
-        .cloned()
-        .unwrap();
+    let call = legacy
+        .request(|r| r["path"] == "/jsonrpc")
+        .await
+        .expect("the agent was called over JSON-RPC");
     assert_eq!(call["rpc_method"], "message/send");
     assert!(call["a2a_version"].is_null(), "{call}");
 
@@ -338,13 +315,10 @@ async fn a2a_declared_auth_is_applied_and_input_required_is_asked_and_resumed() 
         .unwrap();
     assert_eq!(rec["authentication"]["type"], "oauth2_bearer", "{rec}");
     // Without a credential nothing is sent.
-    let before = locked.seen().await["requests"].as_array().unwrap().len();
+    let before = locked.requests().await.len();
     let (status, body) = invoke(&s, &id, json!({"text": "hi"}), &[]).await;
     assert_eq!(status, 401, "{body}");
-    assert_eq!(
-        locked.seen().await["requests"].as_array().unwrap().len(),
-        before
-    );
+    assert_eq!(locked.requests().await.len(), before);
     // The caller's Agent-Authorization reaches the agent.
     let (status, body) = invoke(
         &s,
@@ -355,14 +329,13 @@ async fn a2a_declared_auth_is_applied_and_input_required_is_asked_and_resumed() 
     .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(artifact_text(&body["task"]), vec!["echo: hi"]);
-    let seen = locked.seen().await;
     assert!(
-        seen["requests"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|r| r["rpc_method"] == "SendMessage" && r["authorization"] == "Bearer s3cret"),
-        "{seen}"
+        locked
+            .request(|r| r["rpc_method"] == "SendMessage" && r["authorization"] == "Bearer s3cret")
+            .await
+            .is_some(),
+        "{:?}",
+        locked.requests().await
     );
 
     // A task waiting for input is a valid answer: the caller sees the

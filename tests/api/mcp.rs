@@ -25,22 +25,26 @@ pub fn mcp_python() -> std::path::PathBuf {
     path
 }
 
-/// Starts the SDK's Streamable HTTP server on a free port; it stops when
-/// the child is dropped.
-async fn start_mcp_server() -> (tokio::process::Child, u16) {
+/// Starts `tests/fixtures/<script> PORT <args>` with the test virtualenv's
+/// Python on a free port and waits until it listens; it stops when the
+/// child is dropped.
+pub async fn python_fixture(script: &str, args: &[&str]) -> (tokio::process::Child, u16) {
     let port = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port()
     };
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/mcp_server.py");
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(script);
     let child = tokio::process::Command::new(mcp_python())
-        .arg(script)
+        .arg(path)
         .arg(port.to_string())
+        .args(args)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .kill_on_drop(true)
         .spawn()
-        .expect("the MCP server starts");
+        .unwrap_or_else(|e| panic!("{script} starts: {e}"));
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
@@ -48,11 +52,16 @@ async fn start_mcp_server() -> (tokio::process::Child, u16) {
     {
         assert!(
             std::time::Instant::now() < deadline,
-            "the MCP server did not listen"
+            "{script} {args:?} did not listen"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     (child, port)
+}
+
+/// The SDK's Streamable HTTP server (`tests/fixtures/mcp_server.py`).
+pub async fn start_mcp_server() -> (tokio::process::Child, u16) {
+    python_fixture("mcp_server.py", &[]).await
 }
 
 fn mcp_agent(id: &str, inputs: Value, outputs: Value) -> Value {
