@@ -106,12 +106,26 @@ async fn python_client(url: &str, key: Option<&str>, steps: Value) -> Vec<Value>
 /// One JSON-RPC request to `/mcp` as raw HTTP (the server is stateless, so
 /// no session is needed): (HTTP status, the JSON-RPC answer or the body).
 async fn raw_rpc(s: &TestServer, key: Option<&str>, method: &str, params: Value) -> (u16, Value) {
+    raw_rpc_with(s, key, method, params, &[]).await
+}
+
+/// `raw_rpc` with extra headers (`Host`, `Origin`).
+async fn raw_rpc_with(
+    s: &TestServer,
+    key: Option<&str>,
+    method: &str,
+    params: Value,
+    headers: &[(&str, &str)],
+) -> (u16, Value) {
     let mut req = reqwest::Client::new()
         .post(format!("{}/mcp", s.http))
         .header("accept", "application/json, text/event-stream")
         .json(&json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}));
     if let Some(k) = key {
         req = req.bearer_auth(k);
+    }
+    for (h, v) in headers {
+        req = req.header(*h, *v);
     }
     let resp = req.send().await.unwrap();
     let status = resp.status().as_u16();
@@ -476,6 +490,101 @@ async fn mcp_server_refusals_and_rate_limits_are_the_gates() {
     s.stop().await;
 }
 
+#[tokio::test]
+async fn mcp_server_refuses_foreign_hosts_and_origins() {
+    let agents = Agents::start().await;
+    let s = TestServer::start_with(|c| {
+        super::invocation::local_agents(c);
+        c.gateway.public_url = Some("https://registry.example.com".into());
+        c.mcp.allowed_hosts = vec!["agentry.internal".into()];
+        c.mcp.allowed_origins = vec!["https://app.example.org".into()];
+    })
+    .await;
+    register(
+        &s,
+        ALICE,
+        "",
+        json!({"id": "echo-agent", "name": "Echo agent", "description": "Repeats back the text it is sent.",
+            "bindings": [{"protocol": "http", "endpoint": format!("{}/echo", agents.base)}]}),
+    )
+    .await;
+    let port = s.http.rsplit(':').next().unwrap().to_string();
+    let local = format!("127.0.0.1:{port}");
+    let invoke = json!({"name": "invoke_agent", "arguments": {"agent_id": "echo-agent", "input": {"text": "hi"}}});
+
+    // A rebound name, a cross-site page, both together (what the
+    // conformance suite sends), a page with no origin: 403 with the
+    // facade's problem body, and the agent is never called.
+    let refused: [&[(&str, &str)]; 4] = [
+        &[("host", "evil.example.com")],
+        &[("origin", "http://evil.example.com")],
+        &[
+            ("host", "evil.example.com"),
+            ("origin", "http://evil.example.com"),
+        ],
+        &[("origin", "null")],
+    ];
+    for headers in refused {
+        let (status, body) =
+            raw_rpc_with(&s, Some(ALICE), "tools/call", invoke.clone(), headers).await;
+        assert_eq!(status, 403, "{headers:?}: {body}");
+        assert_eq!(body["code"], "forbidden", "{body}");
+        assert_eq!(body["instance"], "/mcp", "{body}");
+        assert!(body.get("jsonrpc").is_none(), "no MCP answer: {body}");
+        assert!(
+            body["message"]
+                .as_str()
+                .unwrap()
+                .contains("evil.example.com")
+                || body["message"].as_str().unwrap().contains("null"),
+            "{body}"
+        );
+    }
+    assert_eq!(agents.calls(), 0, "a refused request reaches nothing");
+
+    // Loopback on any port, an address, the public URL's host, the
+    // operator's names; the request's own origin, a loopback page, a listed
+    // page.
+    let admitted: [&[(&str, &str)]; 8] = [
+        &[],
+        &[("host", "localhost:1")],
+        &[("host", "10.0.0.7:8470")],
+        &[("host", "registry.example.com")],
+        &[("host", "agentry.internal:8470")],
+        &[
+            ("host", "registry.example.com"),
+            ("origin", "https://registry.example.com"),
+        ],
+        &[("host", &local), ("origin", "http://localhost:6274")],
+        &[("host", &local), ("origin", "https://app.example.org")],
+    ];
+    for headers in admitted {
+        let (status, body) = raw_rpc_with(&s, Some(ALICE), "tools/list", json!({}), headers).await;
+        assert_eq!(status, 200, "{headers:?}: {body}");
+        assert_eq!(
+            body["result"]["tools"].as_array().map(Vec::len),
+            Some(4),
+            "{body}"
+        );
+    }
+    let (status, body) = raw_rpc_with(
+        &s,
+        Some(ALICE),
+        "tools/call",
+        invoke,
+        &[("origin", "https://app.example.org")],
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["result"]["structuredContent"]["output"],
+        json!({"echo": {"text": "hi"}}),
+        "{body}"
+    );
+    assert_eq!(agents.calls(), 1);
+    s.stop().await;
+}
+
 /// Runs the Inspector's CLI against `url` as Alice; its JSON answer.
 async fn inspector(url: &str, args: &[&str]) -> Value {
     let mut cmd = node_tool("mcp-inspector");
@@ -563,7 +672,12 @@ async fn mcp_server_through_the_inspector_cli() {
 /// The conformance suite's server scenarios that apply to a server with
 /// tools only (no resources, prompts, logging, completion, sampling or
 /// elicitation) and that must pass; `docs/conformance.md` lists them all.
-const MUST_PASS: &[&str] = &["server-initialize", "ping", "tools-list"];
+const MUST_PASS: &[&str] = &[
+    "server-initialize",
+    "ping",
+    "tools-list",
+    "dns-rebinding-protection",
+];
 
 #[tokio::test]
 async fn mcp_server_conformance_suite() {
@@ -595,16 +709,18 @@ async fn mcp_server_conformance_suite() {
             .filter(|c| c["status"] == "FAILURE")
             .map(|c| format!("{}: {}", c["id"], c["errorMessage"]))
             .collect();
-        verdicts.insert(name, failed);
+        let passed = checks.iter().filter(|c| c["status"] == "SUCCESS").count();
+        verdicts.insert(name, (passed, failed));
     }
     println!("conformance output:\n{text}\nverdicts: {verdicts:#?}");
     for scenario in MUST_PASS {
         let prefix = format!("server-{scenario}-");
-        let (_, failed) = verdicts
+        let (_, (passed, failed)) = verdicts
             .iter()
             .find(|(name, _)| name.starts_with(&prefix) || name.as_str() == *scenario)
             .unwrap_or_else(|| panic!("scenario {scenario} did not run: {text}"));
         assert!(failed.is_empty(), "{scenario} failed: {failed:?}\n{text}");
+        assert!(*passed > 0, "{scenario} ran no check: {text}");
     }
     s.stop().await;
 }
