@@ -269,7 +269,7 @@ fn definitions() -> Result<Vec<ToolDef>, String> {
                     "agent_id": id_schema("The agent to call."),
                     "input": {"type": "object", "description": "The input, as the operation's input schema in the agent's record describes it."},
                     "operation": {"type": "string", "minLength": 1, "maxLength": 256,
-                        "description": "The operation to call; needed when the agent declares more than one."},
+                        "description": "The operation to call; needed when the agent declares more than one. For an MCP server, the name of the tool to call (as list_agent_tools lists it)."},
                     "idempotency_key": {"type": "string", "minLength": 1, "maxLength": 256,
                         "description": "Repeat a call with the same key to get the first answer again instead of a second call."},
                     "agent_authorization": agent_authorization_schema()

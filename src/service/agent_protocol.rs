@@ -23,7 +23,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::error::ServiceError;
-use super::invocation::{InvocationService, InvokeRequest, Outcome};
+use super::invocation::{call_binding, InvocationService, InvokeRequest, Outcome};
 use crate::domain::invoke::select_operation;
 use crate::domain::resolve::preferred_binding;
 use crate::domain::{AgentRecord, Principal};
@@ -543,8 +543,12 @@ impl InvocationService {
         operation: Option<String>,
         auth: Option<String>,
     ) -> Result<(Arc<Run>, Value)> {
-        let target = select_operation(&record.metadata, operation.as_deref())
-            .map_err(|e| bad_request(&e.pointer, e.message))?;
+        let target = select_operation(
+            &record.metadata,
+            call_binding(&record.metadata, &[]),
+            operation.as_deref(),
+        )
+        .map_err(|e| bad_request(&e.pointer, e.message))?;
         let runs = self.ap_runs();
         let thread_id = match thread_id {
             Some(t) => {
@@ -728,8 +732,12 @@ impl InvocationService {
             )));
         };
         input.extend(keys);
-        let target = select_operation(&record.metadata, operation.as_deref())
-            .map_err(|e| bad_request(&e.pointer, e.message))?;
+        let target = select_operation(
+            &record.metadata,
+            call_binding(&record.metadata, &[]),
+            operation.as_deref(),
+        )
+        .map_err(|e| bad_request(&e.pointer, e.message))?;
         let still = missing(target.inputs, &input);
         if still.is_empty() {
             self.execute(&run, input, operation);

@@ -585,6 +585,158 @@ async fn mcp_server_refuses_foreign_hosts_and_origins() {
     s.stop().await;
 }
 
+/// A server published through the MCP Registry API (`POST /v0.1/publish`):
+/// its record declares no operations and its remote is an `mcp` binding
+/// that names no tool, so a call names the tool as its operation.
+#[tokio::test]
+async fn mcp_server_calls_the_tools_of_a_published_mcp_server() {
+    let (_sdk, mcp_port) = start_sdk_server().await;
+    let agents = Agents::start().await;
+    let s = TestServer::start_with(|c| {
+        super::invocation::local_agents(c);
+        c.gateway.outbound.timeout_ms = 10_000;
+    })
+    .await;
+    let http = Http::new(&s.http);
+    let name = "io.agentry.test/text-tools";
+    let (status, _, body) = http
+        .send(
+            reqwest::Method::POST,
+            "/v0.1/publish",
+            Some(ALICE),
+            Some(json!({
+                "$schema": "https://static.modelcontextprotocol.io/schemas/2025-12-11/server.schema.json",
+                "name": name,
+                "description": "Text tools: translate text and count words.",
+                "version": "1.0.0",
+                "remotes": [{"type": "streamable-http", "url": format!("http://127.0.0.1:{mcp_port}/mcp")}]
+            })),
+            &[],
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let id = format!("mcp:{name}");
+    let (_, record) = http
+        .call(
+            reqwest::Method::GET,
+            &format!("/agents/{}", Http::url_id(&id)),
+            Some(ALICE),
+            None,
+        )
+        .await
+        .unwrap();
+    assert!(
+        record.get("operations").is_none_or(|o| o == &json!([])),
+        "a published server declares no operations: {record}"
+    );
+
+    let url = format!("{}/mcp", s.http);
+    let out = python_client(
+        &url,
+        Some(ALICE),
+        json!([
+            {"call": "list_agent_tools", "arguments": {"agent_id": id}},
+            {"call": "invoke_agent", "arguments": {"agent_id": id, "operation": "translate",
+                "input": {"text": "hello", "target_language": "fr"}}},
+            {"call": "invoke_agent", "arguments": {"agent_id": id, "operation": "word_count",
+                "input": {"text": "one two three"}}},
+            {"call": "invoke_agent", "arguments": {"agent_id": id, "input": {"text": "hello"}}},
+            {"call": "invoke_agent", "arguments": {"agent_id": id, "operation": "explode",
+                "input": {"text": "boom"}}}
+        ]),
+    )
+    .await;
+    assert_eq!(out.len(), 5, "{out:?}");
+    let names: Vec<&str> = out[0]["structuredContent"]["tools"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{}", out[0]))
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["translate", "word_count", "explode"]);
+
+    // The tool the operation names, its result as the output.
+    let translated = &out[1];
+    assert_eq!(translated["isError"], false, "{translated}");
+    let sc = &translated["structuredContent"];
+    assert_eq!(sc["status"], 200, "{sc}");
+    assert_eq!(sc["protocol"], "mcp", "{sc}");
+    assert_eq!(
+        sc["output"],
+        json!({"translated_text": "[fr] olleh"}),
+        "{sc}"
+    );
+    assert_eq!(
+        sc["output_check"]["state"], "unchecked",
+        "no local schema: {sc}"
+    );
+    let counted = &out[2]["structuredContent"];
+    assert_eq!(out[2]["isError"], false, "{}", out[2]);
+    assert!(
+        counted["output"].to_string().contains("3 words"),
+        "{counted}"
+    );
+
+    // No tool named: a 400 that says to name one; the server's own tool
+    // error: 502.
+    assert_eq!(out[3]["isError"], true, "{}", out[3]);
+    assert_eq!(
+        out[3]["structuredContent"]["code"], "invalid_request",
+        "{}",
+        out[3]
+    );
+    assert_eq!(
+        out[3]["structuredContent"]["field"], "/operation",
+        "{}",
+        out[3]
+    );
+    assert_eq!(out[4]["isError"], true, "{}", out[4]);
+    assert_eq!(
+        out[4]["structuredContent"]["code"], "bad_gateway",
+        "{}",
+        out[4]
+    );
+
+    // The same call over the facade's invoke route.
+    let (status, _, body) = http
+        .send(
+            reqwest::Method::POST,
+            &format!("/agents/{}/invoke?operation=translate", Http::url_id(&id)),
+            Some(ALICE),
+            Some(json!({"text": "abc", "target_language": "de"})),
+            &[],
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body, json!({"translated_text": "[de] cba"}));
+
+    // A REST agent that declares no operations still refuses a named one.
+    register(
+        &s,
+        ALICE,
+        "",
+        json!({"id": "plain-echo", "name": "Echo", "description": "Repeats back the text it is sent.",
+            "bindings": [{"protocol": "http", "endpoint": format!("{}/echo", agents.base)}]}),
+    )
+    .await;
+    let (status, _, body) = http
+        .send(
+            reqwest::Method::POST,
+            "/agents/plain-echo/invoke?operation=translate",
+            Some(ALICE),
+            Some(json!({"text": "abc"})),
+            &[],
+        )
+        .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["message"].as_str().unwrap().contains("declares none"),
+        "{body}"
+    );
+    assert_eq!(agents.calls(), 0);
+    s.stop().await;
+}
+
 /// Runs the Inspector's CLI against `url` as Alice; its JSON answer.
 async fn inspector(url: &str, args: &[&str]) -> Value {
     let mut cmd = node_tool("mcp-inspector");
