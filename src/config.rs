@@ -491,6 +491,9 @@ pub struct Config {
     /// The MCP Registry API: upstream registries mirrored
     /// (`[[mcp_registry.upstreams]]`).
     pub mcp_registry: crate::service::McpRegistryConfig,
+    /// The MCP server at `/mcp`: the host names and browser origins it
+    /// answers besides its defaults (DNS-rebinding protection).
+    pub mcp: crate::api::mcp_origin::McpConfig,
     /// Register the demo directory (the MetaTool agents) on start.
     pub demo: bool,
     /// Bootstrap admin key (normally from `AGENTRY_ADMIN_KEY`).
@@ -567,6 +570,7 @@ impl Default for Config {
             federation: FederationConfig::default(),
             gateway: GatewayConfig::default(),
             mcp_registry: Default::default(),
+            mcp: Default::default(),
             demo: false,
             admin_key: None,
         }
@@ -699,6 +703,7 @@ impl Config {
         self.federation.validate()?;
         self.gateway.validate()?;
         self.mcp_registry.validate().map_err(ConfigError::Invalid)?;
+        self.mcp.validate().map_err(ConfigError::Invalid)?;
         for k in &self.api_keys {
             let err = |m: &str| ConfigError::ApiKey {
                 name: k.name.clone(),

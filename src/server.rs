@@ -582,6 +582,7 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
         api,
         ard,
         mcp,
+        mcp_origins: Arc::new(mcp_origins(&config)?),
         cluster,
         federation,
         invocation,
@@ -617,6 +618,26 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
         service: service_handle,
         db: db_handle,
     })
+}
+
+/// The names `/mcp` answers to: `[mcp]` plus the hosts of the URLs this
+/// node's configuration gives for itself and its authority, names the
+/// operator controls (so no attacker can rebind them).
+fn mcp_origins(config: &Config) -> Result<crate::api::mcp_origin::OriginPolicy, ServerError> {
+    let urls = [
+        config.gateway.public_url.as_deref(),
+        config.identity.federation_endpoint.as_deref(),
+    ];
+    let own = urls
+        .into_iter()
+        .flatten()
+        .filter_map(|u| url::Url::parse(u).ok()?.host_str().map(String::from))
+        .chain(config.identity.authority.clone())
+        .collect();
+    let policy = crate::api::mcp_origin::OriginPolicy::new(&config.mcp, own)
+        .map_err(crate::config::ConfigError::Invalid)?;
+    tracing::info!(hosts = %policy.describe(), "/mcp answers requests addressed to these names");
+    Ok(policy)
 }
 
 /// The invocation gateway: its outbound guard, the WoA host served at

@@ -23,6 +23,11 @@
 //! entitlements (private records, anonymous reads and invocations) are the
 //! service layer's as always.
 //!
+//! Between the gate and the MCP layer, a request's `Host` and `Origin` must
+//! name this registry or a page allowed to call it (`mcp_origin`: MCP
+//! requires servers to validate `Origin`, against DNS rebinding); others
+//! are refused with 403 before their body is read.
+//!
 //! The server is stateless (no `Mcp-Session-Id`): every POST carries one
 //! JSON-RPC message and is answered on its own, so any node of a cluster
 //! can answer any request behind a plain load balancer, and nothing is
@@ -264,7 +269,7 @@ fn definitions() -> Result<Vec<ToolDef>, String> {
                     "agent_id": id_schema("The agent to call."),
                     "input": {"type": "object", "description": "The input, as the operation's input schema in the agent's record describes it."},
                     "operation": {"type": "string", "minLength": 1, "maxLength": 256,
-                        "description": "The operation to call; needed when the agent declares more than one."},
+                        "description": "The operation to call; needed when the agent declares more than one. For an MCP server, the name of the tool to call (as list_agent_tools lists it)."},
                     "idempotency_key": {"type": "string", "minLength": 1, "maxLength": 256,
                         "description": "Repeat a call with the same key to get the first answer again instead of a second call."},
                     "agent_authorization": agent_authorization_schema()
@@ -678,10 +683,16 @@ fn refusal(status: Status) -> Response {
         .into_response()
 }
 
-/// `POST /mcp`. The gate has admitted the request; the body is read within
+/// `POST /mcp`. The gate has admitted the request (so a refusal here is
+/// counted, audited and rate limited like any other); its `Host` and
+/// `Origin` are checked against the names the registry answers to
+/// (`mcp_origin`) before anything reads the body; the body is read within
 /// the facade's size limit (rmcp itself reads bodies unbounded) and the
 /// JSON-RPC message answered by a stateless Streamable HTTP service.
 pub async fn serve(State(state): State<HttpState>, req: Request) -> Response {
+    if let Err(e) = state.mcp_origins.check(req.headers(), req.uri()) {
+        return refusal(e.into());
+    }
     let (parts, body) = req.into_parts();
     let bytes = match axum::body::to_bytes(body, state.max_body).await {
         Ok(b) => b,

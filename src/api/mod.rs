@@ -13,5 +13,6 @@ pub mod grpc;
 pub mod http;
 pub mod invocation;
 pub mod jwt;
+pub mod mcp_origin;
 pub mod mcp_server;
 pub mod peering;

@@ -588,6 +588,16 @@ pub struct ServeArgs {
     /// Kubernetes secret); its keys are added and the last signs.
     #[arg(long, env = "AGENTRY_KEY_FILE")]
     pub key_file: Option<PathBuf>,
+    /// Host names `/mcp` answers besides loopback, IP addresses and this
+    /// node's public URL (`name`, `name:port`, `*.domain`, `*`),
+    /// comma-separated; replaces `[mcp] allowed_hosts`.
+    #[arg(long, env = "AGENTRY_MCP_ALLOWED_HOSTS", value_delimiter = ',')]
+    pub mcp_allowed_hosts: Vec<String>,
+    /// Browser origins whose pages may call `/mcp`
+    /// (`https://app.example.com`, `*`), comma-separated; replaces
+    /// `[mcp] allowed_origins`.
+    #[arg(long, env = "AGENTRY_MCP_ALLOWED_ORIGINS", value_delimiter = ',')]
+    pub mcp_allowed_origins: Vec<String>,
     /// Register the demo directory (199 MetaTool agents) on start.
     #[arg(long, env = "AGENTRY_DEMO")]
     pub demo: bool,
@@ -678,6 +688,12 @@ impl ServeArgs {
         }
         if self.no_embedder {
             c.discovery.embedder = "none".into();
+        }
+        if !self.mcp_allowed_hosts.is_empty() {
+            c.mcp.allowed_hosts = self.mcp_allowed_hosts.clone();
+        }
+        if !self.mcp_allowed_origins.is_empty() {
+            c.mcp.allowed_origins = self.mcp_allowed_origins.clone();
         }
         if self.demo {
             c.demo = true;

@@ -143,6 +143,19 @@ pub fn is_internal(ip: IpAddr) -> bool {
     }
 }
 
+/// Whether a lower-case host name matches a lower-case allow-list entry:
+/// the name itself, or `*.example.internal` for every name under that
+/// domain (not the domain itself). The one reading of host-name entries,
+/// for what the gateway may call and for the names `/mcp` answers to.
+pub fn host_pattern_matches(pattern: &str, host: &str) -> bool {
+    match pattern.strip_prefix("*.") {
+        Some(domain) => host
+            .strip_suffix(domain)
+            .is_some_and(|rest| rest.ends_with('.')),
+        None => pattern == host,
+    }
+}
+
 /// What may be contacted, and how patiently.
 #[derive(Debug, Clone)]
 pub struct OutboundPolicy {
@@ -207,12 +220,7 @@ impl OutboundPolicy {
         let host = host.trim_end_matches('.').to_ascii_lowercase();
         self.allowed_hosts
             .iter()
-            .any(|h| match h.strip_prefix("*.") {
-                Some(domain) => host
-                    .strip_suffix(domain)
-                    .is_some_and(|rest| rest.ends_with('.')),
-                None => *h == host,
-            })
+            .any(|h| host_pattern_matches(h, &host))
     }
 
     /// The checks that need no DNS: scheme, credentials in the URL, and IP

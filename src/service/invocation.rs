@@ -27,7 +27,7 @@ use crate::config::{CredentialConfig, GatewayConfig};
 use crate::domain::invoke::{parse_body, select_operation, Body, Call, Target};
 use crate::domain::resolve::preferred_binding;
 use crate::domain::validate::{check_instance, compile_schema};
-use crate::domain::{AgentRecord, AgentStatus, FieldError, Principal};
+use crate::domain::{AgentMetadata, AgentRecord, AgentStatus, Binding, FieldError, Principal};
 use crate::gateway::outbound::OutboundError;
 use crate::gateway::transport::a2a::Continuation;
 use crate::gateway::transport::{self, Answer, CallSpec, Event, GatewayError, Outbound, Started};
@@ -404,8 +404,9 @@ impl InvocationService {
         }
     }
 
-    /// Every check before a call: operation, input schema, binding,
-    /// authentication. `at` prefixes pointers for a batch element.
+    /// Every check before a call: binding, operation (which may depend on
+    /// the binding: `domain::invoke`), input schema, authentication. `at`
+    /// prefixes pointers for a batch element.
     fn prepare(
         &self,
         record: &Arc<AgentRecord>,
@@ -414,8 +415,15 @@ impl InvocationService {
         at: &str,
     ) -> Result<Prepared> {
         let meta = &record.metadata;
+        let accepted: Vec<String> = req
+            .protocols
+            .iter()
+            .map(|p| p.to_ascii_lowercase())
+            .collect();
+        let binding = call_binding(meta, &accepted).ok_or_else(|| no_binding(record, &accepted))?;
         let requested = call.operation.as_deref().or(req.operation.as_deref());
-        let target = select_operation(meta, requested).map_err(|e| invalid(e, at))?;
+        let target =
+            select_operation(meta, Some(binding), requested).map_err(|e| invalid(e, at))?;
         let schemas = self.schemas(record, &target)?;
         // A follow-up answers the agent's question, not the operation's
         // input schema.
@@ -428,16 +436,7 @@ impl InvocationService {
             };
             check_instance(v, &call.input, "").map_err(|e| invalid(e, &prefix))?;
         }
-        let accepted: Vec<String> = req
-            .protocols
-            .iter()
-            .map(|p| p.to_ascii_lowercase())
-            .collect();
-        let binding = preferred_binding(&meta.bindings, |b| {
-            let p = b.protocol.to_ascii_lowercase();
-            transport::callable(b) && (accepted.is_empty() || accepted.contains(&p))
-        })
-        .ok_or_else(|| no_binding(record, &accepted))?;
+        let operation = target.name().map(String::from);
         let binding = meta
             .bindings
             .iter()
@@ -449,7 +448,7 @@ impl InvocationService {
         }
         Ok(Prepared {
             record: record.clone(),
-            operation: target.name().map(String::from),
+            operation,
             call,
             schemas,
             binding,
@@ -495,11 +494,14 @@ impl InvocationService {
         })
     }
 
+    /// The compiled schemas of a target, cached per declared operation (a
+    /// tool name a caller makes up selects no schema of its own, so it
+    /// neither needs nor gets an entry).
     fn schemas(&self, record: &AgentRecord, target: &Target<'_>) -> Result<Arc<Schemas>> {
         let key = (
             record.metadata.id.clone(),
             record.envelope.revision,
-            target.name().unwrap_or_default().to_string(),
+            target.operation.map(|o| o.name.clone()).unwrap_or_default(),
         );
         if let Some(s) = self
             .inner
@@ -641,6 +643,18 @@ fn credential(c: &CredentialConfig) -> std::result::Result<Credential, String> {
         agent: c.agent.clone(),
         header: c.header.clone().unwrap_or_else(|| "Authorization".into()),
         value,
+    })
+}
+
+/// The binding a call goes over: the preferred one the gateway can call,
+/// among the protocols the caller accepts (empty: any).
+pub(super) fn call_binding<'a>(
+    meta: &'a AgentMetadata,
+    accepted: &[String],
+) -> Option<&'a Binding> {
+    preferred_binding(&meta.bindings, |b| {
+        let p = b.protocol.to_ascii_lowercase();
+        transport::callable(b) && (accepted.is_empty() || accepted.contains(&p))
     })
 }
 

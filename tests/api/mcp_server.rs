@@ -11,7 +11,7 @@ use tokio::io::AsyncWriteExt;
 
 use super::agents::Agents;
 use super::harness::{Http, TestServer, ALICE, BOB};
-use super::mcp::mcp_python;
+use super::mcp::{mcp_python, start_mcp_server};
 
 /// Where `scripts/fetch-node-tools.sh` put Node.js 22 and the tools.
 fn node_bin() -> PathBuf {
@@ -40,36 +40,6 @@ fn node_tool(name: &str) -> tokio::process::Command {
     cmd.env("PATH", std::env::join_paths(paths).unwrap())
         .kill_on_drop(true);
     cmd
-}
-
-/// The SDK's example MCP server (`tests/fixtures/mcp_server.py`) on a free
-/// port; it stops when the child is dropped.
-async fn start_sdk_server() -> (tokio::process::Child, u16) {
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/mcp_server.py");
-    let child = tokio::process::Command::new(mcp_python())
-        .arg(script)
-        .arg(port.to_string())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("the MCP server starts");
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .is_err()
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the MCP server did not listen"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    (child, port)
 }
 
 /// Runs the Python SDK client with `steps`; one JSON answer per step.
@@ -106,12 +76,26 @@ async fn python_client(url: &str, key: Option<&str>, steps: Value) -> Vec<Value>
 /// One JSON-RPC request to `/mcp` as raw HTTP (the server is stateless, so
 /// no session is needed): (HTTP status, the JSON-RPC answer or the body).
 async fn raw_rpc(s: &TestServer, key: Option<&str>, method: &str, params: Value) -> (u16, Value) {
+    raw_rpc_with(s, key, method, params, &[]).await
+}
+
+/// `raw_rpc` with extra headers (`Host`, `Origin`).
+async fn raw_rpc_with(
+    s: &TestServer,
+    key: Option<&str>,
+    method: &str,
+    params: Value,
+    headers: &[(&str, &str)],
+) -> (u16, Value) {
     let mut req = reqwest::Client::new()
         .post(format!("{}/mcp", s.http))
         .header("accept", "application/json, text/event-stream")
         .json(&json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}));
     if let Some(k) = key {
         req = req.bearer_auth(k);
+    }
+    for (h, v) in headers {
+        req = req.header(*h, *v);
     }
     let resp = req.send().await.unwrap();
     let status = resp.status().as_u16();
@@ -219,7 +203,7 @@ async fn directory(s: &TestServer, agents: &Agents, mcp_port: u16) {
 }
 
 async fn start() -> (TestServer, Agents, tokio::process::Child, u16) {
-    let (sdk, port) = start_sdk_server().await;
+    let (sdk, port) = start_mcp_server().await;
     let agents = Agents::start().await;
     let s = TestServer::start_with(|c| {
         super::invocation::local_agents(c);
@@ -476,6 +460,253 @@ async fn mcp_server_refusals_and_rate_limits_are_the_gates() {
     s.stop().await;
 }
 
+#[tokio::test]
+async fn mcp_server_refuses_foreign_hosts_and_origins() {
+    let agents = Agents::start().await;
+    let s = TestServer::start_with(|c| {
+        super::invocation::local_agents(c);
+        c.gateway.public_url = Some("https://registry.example.com".into());
+        c.mcp.allowed_hosts = vec!["agentry.internal".into()];
+        c.mcp.allowed_origins = vec!["https://app.example.org".into()];
+    })
+    .await;
+    register(
+        &s,
+        ALICE,
+        "",
+        json!({"id": "echo-agent", "name": "Echo agent", "description": "Repeats back the text it is sent.",
+            "bindings": [{"protocol": "http", "endpoint": format!("{}/echo", agents.base)}]}),
+    )
+    .await;
+    let port = s.http.rsplit(':').next().unwrap().to_string();
+    let local = format!("127.0.0.1:{port}");
+    let invoke = json!({"name": "invoke_agent", "arguments": {"agent_id": "echo-agent", "input": {"text": "hi"}}});
+
+    // A rebound name, a cross-site page, both together (what the
+    // conformance suite sends), a page with no origin: 403 with the
+    // facade's problem body, and the agent is never called.
+    let refused: [&[(&str, &str)]; 4] = [
+        &[("host", "evil.example.com")],
+        &[("origin", "http://evil.example.com")],
+        &[
+            ("host", "evil.example.com"),
+            ("origin", "http://evil.example.com"),
+        ],
+        &[("origin", "null")],
+    ];
+    for headers in refused {
+        let (status, body) =
+            raw_rpc_with(&s, Some(ALICE), "tools/call", invoke.clone(), headers).await;
+        assert_eq!(status, 403, "{headers:?}: {body}");
+        assert_eq!(body["code"], "forbidden", "{body}");
+        assert_eq!(body["instance"], "/mcp", "{body}");
+        assert!(body.get("jsonrpc").is_none(), "no MCP answer: {body}");
+        assert!(
+            body["message"]
+                .as_str()
+                .unwrap()
+                .contains("evil.example.com")
+                || body["message"].as_str().unwrap().contains("null"),
+            "{body}"
+        );
+    }
+    assert_eq!(agents.calls(), 0, "a refused request reaches nothing");
+
+    // Loopback on any port, an address, the public URL's host, the
+    // operator's names; the request's own origin, a loopback page, a listed
+    // page.
+    let admitted: [&[(&str, &str)]; 8] = [
+        &[],
+        &[("host", "localhost:1")],
+        &[("host", "10.0.0.7:8470")],
+        &[("host", "registry.example.com")],
+        &[("host", "agentry.internal:8470")],
+        &[
+            ("host", "registry.example.com"),
+            ("origin", "https://registry.example.com"),
+        ],
+        &[("host", &local), ("origin", "http://localhost:6274")],
+        &[("host", &local), ("origin", "https://app.example.org")],
+    ];
+    for headers in admitted {
+        let (status, body) = raw_rpc_with(&s, Some(ALICE), "tools/list", json!({}), headers).await;
+        assert_eq!(status, 200, "{headers:?}: {body}");
+        assert_eq!(
+            body["result"]["tools"].as_array().map(Vec::len),
+            Some(4),
+            "{body}"
+        );
+    }
+    let (status, body) = raw_rpc_with(
+        &s,
+        Some(ALICE),
+        "tools/call",
+        invoke,
+        &[("origin", "https://app.example.org")],
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["result"]["structuredContent"]["output"],
+        json!({"echo": {"text": "hi"}}),
+        "{body}"
+    );
+    assert_eq!(agents.calls(), 1);
+    s.stop().await;
+}
+
+/// A server published through the MCP Registry API (`POST /v0.1/publish`):
+/// its record declares no operations and its remote is an `mcp` binding
+/// that names no tool, so a call names the tool as its operation.
+#[tokio::test]
+async fn mcp_server_calls_the_tools_of_a_published_mcp_server() {
+    let (_sdk, mcp_port) = start_mcp_server().await;
+    let agents = Agents::start().await;
+    let s = TestServer::start_with(|c| {
+        super::invocation::local_agents(c);
+        c.gateway.outbound.timeout_ms = 10_000;
+    })
+    .await;
+    let http = Http::new(&s.http);
+    let name = "io.agentry.test/text-tools";
+    let (status, _, body) = http
+        .send(
+            reqwest::Method::POST,
+            "/v0.1/publish",
+            Some(ALICE),
+            Some(json!({
+                "$schema": "https://static.modelcontextprotocol.io/schemas/2025-12-11/server.schema.json",
+                "name": name,
+                "description": "Text tools: translate text and count words.",
+                "version": "1.0.0",
+                "remotes": [{"type": "streamable-http", "url": format!("http://127.0.0.1:{mcp_port}/mcp")}]
+            })),
+            &[],
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let id = format!("mcp:{name}");
+    let (_, record) = http
+        .call(
+            reqwest::Method::GET,
+            &format!("/agents/{}", Http::url_id(&id)),
+            Some(ALICE),
+            None,
+        )
+        .await
+        .unwrap();
+    assert!(
+        record.get("operations").is_none_or(|o| o == &json!([])),
+        "a published server declares no operations: {record}"
+    );
+
+    let url = format!("{}/mcp", s.http);
+    let out = python_client(
+        &url,
+        Some(ALICE),
+        json!([
+            {"call": "list_agent_tools", "arguments": {"agent_id": id}},
+            {"call": "invoke_agent", "arguments": {"agent_id": id, "operation": "translate",
+                "input": {"text": "hello", "target_language": "fr"}}},
+            {"call": "invoke_agent", "arguments": {"agent_id": id, "operation": "word_count",
+                "input": {"text": "one two three"}}},
+            {"call": "invoke_agent", "arguments": {"agent_id": id, "input": {"text": "hello"}}},
+            {"call": "invoke_agent", "arguments": {"agent_id": id, "operation": "explode",
+                "input": {"text": "boom"}}}
+        ]),
+    )
+    .await;
+    assert_eq!(out.len(), 5, "{out:?}");
+    let names: Vec<&str> = out[0]["structuredContent"]["tools"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{}", out[0]))
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["translate", "word_count", "explode"]);
+
+    // The tool the operation names, its result as the output.
+    let translated = &out[1];
+    assert_eq!(translated["isError"], false, "{translated}");
+    let sc = &translated["structuredContent"];
+    assert_eq!(sc["status"], 200, "{sc}");
+    assert_eq!(sc["protocol"], "mcp", "{sc}");
+    assert_eq!(
+        sc["output"],
+        json!({"translated_text": "[fr] olleh"}),
+        "{sc}"
+    );
+    assert_eq!(
+        sc["output_check"]["state"], "unchecked",
+        "no local schema: {sc}"
+    );
+    let counted = &out[2]["structuredContent"];
+    assert_eq!(out[2]["isError"], false, "{}", out[2]);
+    assert!(
+        counted["output"].to_string().contains("3 words"),
+        "{counted}"
+    );
+
+    // No tool named: a 400 that says to name one; the server's own tool
+    // error: 502.
+    assert_eq!(out[3]["isError"], true, "{}", out[3]);
+    assert_eq!(
+        out[3]["structuredContent"]["code"], "invalid_request",
+        "{}",
+        out[3]
+    );
+    assert_eq!(
+        out[3]["structuredContent"]["field"], "/operation",
+        "{}",
+        out[3]
+    );
+    assert_eq!(out[4]["isError"], true, "{}", out[4]);
+    assert_eq!(
+        out[4]["structuredContent"]["code"], "bad_gateway",
+        "{}",
+        out[4]
+    );
+
+    // The same call over the facade's invoke route.
+    let (status, _, body) = http
+        .send(
+            reqwest::Method::POST,
+            &format!("/agents/{}/invoke?operation=translate", Http::url_id(&id)),
+            Some(ALICE),
+            Some(json!({"text": "abc", "target_language": "de"})),
+            &[],
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body, json!({"translated_text": "[de] cba"}));
+
+    // A REST agent that declares no operations still refuses a named one.
+    register(
+        &s,
+        ALICE,
+        "",
+        json!({"id": "plain-echo", "name": "Echo", "description": "Repeats back the text it is sent.",
+            "bindings": [{"protocol": "http", "endpoint": format!("{}/echo", agents.base)}]}),
+    )
+    .await;
+    let (status, _, body) = http
+        .send(
+            reqwest::Method::POST,
+            "/agents/plain-echo/invoke?operation=translate",
+            Some(ALICE),
+            Some(json!({"text": "abc"})),
+            &[],
+        )
+        .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["message"].as_str().unwrap().contains("declares none"),
+        "{body}"
+    );
+    assert_eq!(agents.calls(), 0);
+    s.stop().await;
+}
+
 /// Runs the Inspector's CLI against `url` as Alice; its JSON answer.
 async fn inspector(url: &str, args: &[&str]) -> Value {
     let mut cmd = node_tool("mcp-inspector");
@@ -563,7 +794,12 @@ async fn mcp_server_through_the_inspector_cli() {
 /// The conformance suite's server scenarios that apply to a server with
 /// tools only (no resources, prompts, logging, completion, sampling or
 /// elicitation) and that must pass; `docs/conformance.md` lists them all.
-const MUST_PASS: &[&str] = &["server-initialize", "ping", "tools-list"];
+const MUST_PASS: &[&str] = &[
+    "server-initialize",
+    "ping",
+    "tools-list",
+    "dns-rebinding-protection",
+];
 
 #[tokio::test]
 async fn mcp_server_conformance_suite() {
@@ -595,16 +831,18 @@ async fn mcp_server_conformance_suite() {
             .filter(|c| c["status"] == "FAILURE")
             .map(|c| format!("{}: {}", c["id"], c["errorMessage"]))
             .collect();
-        verdicts.insert(name, failed);
+        let passed = checks.iter().filter(|c| c["status"] == "SUCCESS").count();
+        verdicts.insert(name, (passed, failed));
     }
     println!("conformance output:\n{text}\nverdicts: {verdicts:#?}");
     for scenario in MUST_PASS {
         let prefix = format!("server-{scenario}-");
-        let (_, failed) = verdicts
+        let (_, (passed, failed)) = verdicts
             .iter()
             .find(|(name, _)| name.starts_with(&prefix) || name.as_str() == *scenario)
             .unwrap_or_else(|| panic!("scenario {scenario} did not run: {text}"));
         assert!(failed.is_empty(), "{scenario} failed: {failed:?}\n{text}");
+        assert!(*passed > 0, "{scenario} ran no check: {text}");
     }
     s.stop().await;
 }

@@ -48,6 +48,8 @@ pub struct HttpState {
     pub api: RegistryApi,
     pub ard: super::ard::ArdApi,
     pub mcp: crate::service::McpService,
+    /// The names and origins `/mcp` answers (DNS-rebinding protection).
+    pub mcp_origins: Arc<super::mcp_origin::OriginPolicy>,
     pub cluster: super::cluster::ClusterApi,
     pub federation: super::federation::FederationApi,
     pub invocation: super::invocation::InvocationApi,

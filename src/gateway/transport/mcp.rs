@@ -7,31 +7,14 @@ use url::Url;
 
 use super::{endpoint, redacted, Answer, CallSpec, GatewayError, Outbound, OutboundError};
 
-/// The MCP tool a WoA envelope maps to (WoA 4.3.2): the envelope member
-/// `tool_field` names (`agent`: the host's agent id; `operation`: the
-/// operation's name).
-fn mcp_tool(spec: &CallSpec<'_>) -> Result<String, GatewayError> {
-    let b = spec.binding;
-    let field = b
-        .extra
-        .get("tool_field")
-        .and_then(Value::as_str)
-        .unwrap_or("agent");
-    let tool = match field {
-        "agent" => super::woa::woa_agent(b).ok().map(String::from),
-        "operation" => spec.operation.map(String::from),
-        other => b.extra.get(other).and_then(Value::as_str).map(String::from),
-    };
-    tool.or_else(|| {
-        b.extra
-            .get("tool")
-            .and_then(Value::as_str)
-            .map(String::from)
-    })
-    .ok_or_else(|| {
+/// The MCP tool a call goes to, read from the binding as the domain reads
+/// it (`domain::invoke::mcp_tool`), so a call that passed operation
+/// selection names its tool here.
+fn mcp_tool<'a>(spec: &CallSpec<'a>) -> Result<&'a str, GatewayError> {
+    crate::domain::invoke::mcp_tool(spec.binding, spec.operation).ok_or_else(|| {
         GatewayError::Unsupported(format!(
-            "the mcp binding to {} cannot name a tool (tool_field '{field}' has no value)",
-            b.endpoint
+            "the mcp binding to {} names no tool, and the call names no operation",
+            spec.binding.endpoint
         ))
     })
 }
@@ -107,6 +90,7 @@ pub(super) async fn call(out: &Outbound, spec: &CallSpec<'_>) -> Result<Answer, 
         .find(|(h, _)| h.eq_ignore_ascii_case("authorization"))
         .map(|(_, v)| v.strip_prefix("Bearer ").unwrap_or(v).to_string());
     let what = format!("tools/call '{tool}'");
+    let tool = tool.to_string();
     let result = in_session(out, &url, auth_header, &what, async |client: &Session| {
         client
             .call_tool(CallToolRequestParams {
@@ -181,5 +165,13 @@ mod tests {
             mcp_tool(&spec(&by_op, &input, Some("sum"), false)).unwrap(),
             "sum"
         );
+        // A binding that fixes no tool (a published MCP server's remote)
+        // calls the tool the operation names, and without one, none.
+        let remote = binding("mcp", json!({}));
+        assert_eq!(
+            mcp_tool(&spec(&remote, &input, Some("forecast"), false)).unwrap(),
+            "forecast"
+        );
+        assert!(mcp_tool(&spec(&remote, &input, None, false)).is_err());
     }
 }

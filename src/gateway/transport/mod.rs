@@ -161,7 +161,8 @@ pub struct Fetched {
 /// One call to one binding.
 pub struct CallSpec<'a> {
     pub binding: &'a Binding,
-    /// The operation called, if the agent declares operations.
+    /// The operation called: a declared one, or the MCP tool a call to an
+    /// MCP server without declared operations names (`domain::invoke`).
     pub operation: Option<&'a str>,
     /// The agent declares several operations: AIDIP REST then names the
     /// one called in the body (AIDIP 5: `"operation": ...`).

@@ -20,12 +20,14 @@ use tokio::task::JoinHandle;
 
 use super::request::{chat_input, missing};
 use super::{bad_request, not_found, ApEvents, Result};
-use crate::domain::invoke::select_operation;
+use crate::domain::invoke::{select_operation, Target};
 use crate::domain::{AgentRecord, Principal, Protocol};
 use crate::gateway::transport::a2a::{self, Continuation};
 use crate::gateway::transport::Event;
 use crate::service::error::ServiceError;
-use crate::service::invocation::{InvocationService, InvokeRequest, Invoked, Outcome};
+use crate::service::invocation::{
+    call_binding, InvocationService, InvokeRequest, Invoked, Outcome,
+};
 
 /// Completed runs are kept this long for get_events and runs/{id}.
 const KEEP_COMPLETED: Duration = Duration::from_secs(3600);
@@ -274,6 +276,16 @@ impl ApRuns {
     }
 }
 
+/// The operation a run calls, through the binding the gateway would use.
+fn target<'a>(record: &'a AgentRecord, operation: Option<&'a str>) -> Result<Target<'a>> {
+    select_operation(
+        &record.metadata,
+        call_binding(&record.metadata, &[]),
+        operation,
+    )
+    .map_err(|e| bad_request(&e.pointer, e.message))
+}
+
 impl InvocationService {
     /// Starts a run of a gateway-hosted agent; returns it and RunStarted.
     pub(super) fn start_run(
@@ -285,8 +297,7 @@ impl InvocationService {
         operation: Option<String>,
         auth: Option<String>,
     ) -> Result<(Arc<Run>, Value)> {
-        let target = select_operation(&record.metadata, operation.as_deref())
-            .map_err(|e| bad_request(&e.pointer, e.message))?;
+        let target = target(record, operation.as_deref())?;
         let runs = self.ap_runs();
         let thread_id = match thread_id {
             Some(t) => {
@@ -421,8 +432,7 @@ impl InvocationService {
                 operation,
             } => {
                 input.extend(keys);
-                let target = select_operation(&record.metadata, operation.as_deref())
-                    .map_err(|e| bad_request(&e.pointer, e.message))?;
+                let target = target(record, operation.as_deref())?;
                 let still = missing(target.inputs, &input);
                 if still.is_empty() {
                     self.execute(&run, Value::Object(input), operation, None);
