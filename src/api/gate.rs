@@ -18,6 +18,7 @@ use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use serde::Deserialize;
 
 use super::auth::{Authenticator, Identity};
+use crate::domain::Principal;
 use crate::listener::Peer;
 use crate::service::audit::Scope;
 use crate::service::{AuditLog, ServiceError};
@@ -332,34 +333,49 @@ impl Gate {
         class: OpClass,
     ) -> Result<Identity, ServiceError> {
         let identity = self.auth.identify(headers, peer).await;
-        let Some(limiter) = &self.limiter else {
-            return identity;
-        };
-        let charged = match (&identity, peer) {
-            (Ok(Identity(Some(p))), _) => limiter.charge_principal(class, &p.name),
-            (_, Some(peer)) => limiter.charge_address(class, peer.remote.ip()),
-            // In-process callers have no connection; nothing to charge.
-            (_, None) => Ok(()),
-        };
-        if let Err(wait) = charged {
-            let retry_after = u32::try_from(wait.as_secs_f64().ceil() as u64)
-                .unwrap_or(u32::MAX)
-                .max(1);
-            let who = match &identity {
-                Ok(Identity(Some(p))) => format!("principal '{}'", p.name),
-                _ => peer
-                    .map(|p| format!("address {}", address_key(p.remote.ip())))
-                    .unwrap_or_default(),
-            };
-            return Err(ServiceError::RateLimited {
-                message: format!(
-                    "rate limit for {} requests of {who} exceeded; retry in {retry_after} s",
-                    class.as_str()
-                ),
-                retry_after,
-            });
-        }
+        let principal = identity.as_ref().ok().and_then(|i| i.0.as_ref());
+        self.charge(principal, peer, class)?;
         identity
+    }
+
+    /// Charges a caller already identified for one more operation of
+    /// `class`: a request that carries operations of other classes (an MCP
+    /// tool call inside `/mcp`) pays for each without being authenticated
+    /// again. `None` is an anonymous caller, charged by address.
+    pub fn charge(
+        &self,
+        principal: Option<&Principal>,
+        peer: Option<&Peer>,
+        class: OpClass,
+    ) -> Result<(), ServiceError> {
+        let Some(limiter) = &self.limiter else {
+            return Ok(());
+        };
+        let charged = match (principal, peer) {
+            (Some(p), _) => limiter.charge_principal(class, &p.name),
+            (None, Some(peer)) => limiter.charge_address(class, peer.remote.ip()),
+            // In-process callers have no connection; nothing to charge.
+            (None, None) => Ok(()),
+        };
+        let Err(wait) = charged else {
+            return Ok(());
+        };
+        let retry_after = u32::try_from(wait.as_secs_f64().ceil() as u64)
+            .unwrap_or(u32::MAX)
+            .max(1);
+        let who = match principal {
+            Some(p) => format!("principal '{}'", p.name),
+            None => peer
+                .map(|p| format!("address {}", address_key(p.remote.ip())))
+                .unwrap_or_default(),
+        };
+        Err(ServiceError::RateLimited {
+            message: format!(
+                "rate limit for {} requests of {who} exceeded; retry in {retry_after} s",
+                class.as_str()
+            ),
+            retry_after,
+        })
     }
 }
 

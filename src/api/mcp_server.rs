@@ -544,13 +544,13 @@ impl AgentryMcp {
             .ok_or_else(|| {
                 ServiceError::Internal("the MCP request carries no HTTP request".into())
             })?;
-        let mut identity =
+        let identity =
             parts.extensions.get::<Identity>().cloned().ok_or_else(|| {
                 ServiceError::Internal("the request did not pass the gate".into())
             })?;
         if let Some(class) = tool.name.class() {
             let peer = parts.extensions.get::<Peer>();
-            identity = self.state.gate.admit(&parts.headers, peer, class).await?;
+            self.state.gate.charge(identity.0.as_ref(), peer, class)?;
         }
         let args_value = Value::Object(args);
         check_instance(&tool.validator, &args_value, "").map_err(ServiceError::from)?;
