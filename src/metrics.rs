@@ -40,6 +40,11 @@ struct Instruments {
     commit_seconds: Histogram,
     apply_seconds: Histogram,
     log_sync_seconds: Histogram,
+    log_append_seconds: Histogram,
+    log_appended: Counter,
+    replicate_seconds: Histogram,
+    replicated: Counter,
+    applied: Counter,
     snapshot_seconds: Family<SnapshotLabels, Histogram, fn() -> Histogram>,
     backup_seconds: Histogram,
     backup_bytes: Counter,
@@ -64,6 +69,11 @@ fn instruments() -> &'static Instruments {
         commit_seconds: latency(),
         apply_seconds: latency(),
         log_sync_seconds: latency(),
+        log_append_seconds: latency(),
+        log_appended: Counter::default(),
+        replicate_seconds: latency(),
+        replicated: Counter::default(),
+        applied: Counter::default(),
         snapshot_seconds: Family::new_with_constructor(long),
         backup_seconds: long(),
         backup_bytes: Counter::default(),
@@ -84,14 +94,33 @@ pub fn observe_commit(took: Duration) {
     instruments().commit_seconds.observe(took.as_secs_f64());
 }
 
-/// The state machine's time to apply one batch of committed entries.
-pub fn observe_apply(took: Duration) {
-    instruments().apply_seconds.observe(took.as_secs_f64());
+/// The state machine's time to apply one batch of `entries` committed
+/// entries.
+pub fn observe_apply(took: Duration, entries: u64) {
+    let i = instruments();
+    i.apply_seconds.observe(took.as_secs_f64());
+    i.applied.inc_by(entries);
 }
 
 /// One WAL sync of the Raft log (it may cover many appends).
 pub fn observe_log_sync(took: Duration) {
     instruments().log_sync_seconds.observe(took.as_secs_f64());
+}
+
+/// One append of `entries` entries to the Raft log (the write, before the
+/// sync that makes it durable).
+pub fn observe_log_append(took: Duration, entries: u64) {
+    let i = instruments();
+    i.log_append_seconds.observe(took.as_secs_f64());
+    i.log_appended.inc_by(entries);
+}
+
+/// Leader: one AppendEntries round trip to a follower carrying `entries`
+/// entries (the follower's append and sync included).
+pub fn observe_replicate(took: Duration, entries: u64) {
+    let i = instruments();
+    i.replicate_seconds.observe(took.as_secs_f64());
+    i.replicated.inc_by(entries);
 }
 
 /// A Raft snapshot built or installed.
@@ -136,6 +165,31 @@ pub fn register(registry: &mut Registry) {
         "agentry_raft_log_sync_duration_seconds",
         "Time of one WAL sync of the Raft log (one sync covers every append queued meanwhile).",
         i.log_sync_seconds.clone(),
+    );
+    registry.register(
+        "agentry_raft_log_append_duration_seconds",
+        "Time of one append to the Raft log, before the sync that makes it durable.",
+        i.log_append_seconds.clone(),
+    );
+    registry.register(
+        "agentry_raft_log_appended_entries",
+        "Entries appended to this node's Raft log.",
+        i.log_appended.clone(),
+    );
+    registry.register(
+        "agentry_raft_replicate_duration_seconds",
+        "Leader: one AppendEntries round trip that carried entries, the follower's append and sync included.",
+        i.replicate_seconds.clone(),
+    );
+    registry.register(
+        "agentry_raft_replicated_entries",
+        "Leader: entries sent to followers in AppendEntries.",
+        i.replicated.clone(),
+    );
+    registry.register(
+        "agentry_raft_applied_entries",
+        "Entries applied to this node's state machine.",
+        i.applied.clone(),
     );
     registry.register(
         "agentry_raft_snapshot_duration_seconds",

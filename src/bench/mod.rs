@@ -12,6 +12,7 @@ pub mod mcp;
 pub mod signatures;
 pub mod standards;
 pub mod trust;
+mod write_stages;
 mod writes;
 
 pub use writes::{report, Row, WriteBench};

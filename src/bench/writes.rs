@@ -18,6 +18,8 @@ use crate::etcd_pb::{
 };
 use crate::pb::{registry_client::RegistryClient, RegisterRequest};
 
+use super::write_stages::{self, NodeStages, Sample};
+
 /// Benchmark failures (setup problems; slow results are figures, not errors).
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
@@ -56,6 +58,40 @@ pub struct Row {
     pub per_sec: f64,
     pub p50_ms: f64,
     pub p99_ms: f64,
+    /// CPU per committed write on the leader and on one follower.
+    pub cpu_us: (f64, f64),
+    /// Agentry's stages on the leader and on one follower.
+    pub stages: Option<(NodeStages, NodeStages)>,
+}
+
+/// A cluster member the benchmark watches: its process and, for Agentry,
+/// its HTTP address (for `/metrics`).
+struct Member {
+    pid: u32,
+    http: Option<String>,
+}
+
+/// The leader and one follower, read before and after each level.
+struct Watched {
+    leader: Member,
+    follower: Member,
+    key: String,
+}
+
+impl Watched {
+    async fn read(&self, m: &Member) -> Sample {
+        match &m.http {
+            Some(http) => write_stages::sample(http, &self.key, m.pid).await,
+            None => write_stages::cpu_sample(m.pid),
+        }
+    }
+
+    async fn take(&self) -> (Sample, Sample) {
+        (
+            self.read(&self.leader).await,
+            self.read(&self.follower).await,
+        )
+    }
 }
 
 /// Child processes killed when dropped.
@@ -162,6 +198,8 @@ fn row(system: &'static str, clients: usize, run: (Duration, Vec<Duration>, usiz
         per_sec: lat.len() as f64 / elapsed.as_secs_f64(),
         p50_ms: percentile(&lat, 0.50),
         p99_ms: percentile(&lat, 0.99),
+        cpu_us: (0.0, 0.0),
+        stages: None,
     }
 }
 
@@ -199,8 +237,9 @@ where
 
 impl WriteBench {
     /// Warms up, then measures every concurrency level; `put(prefix)` makes
-    /// the operation writing record `i` under a key prefix.
-    async fn measure<P, F, Fut>(&self, system: &'static str, put: P) -> Vec<Row>
+    /// the operation writing record `i` under a key prefix. The watched
+    /// members are read before and after each level.
+    async fn measure<P, F, Fut>(&self, system: &'static str, put: P, watched: &Watched) -> Vec<Row>
     where
         P: Fn(String) -> F,
         F: Fn(usize) -> Fut + Send + Sync + 'static,
@@ -210,8 +249,17 @@ impl WriteBench {
         let mut rows = Vec::new();
         for &clients in &self.concurrencies {
             let total = self.writes.max(clients * 20);
+            let (leader_before, follower_before) = watched.take().await;
             let run = drive(clients, total, put(format!("c{clients}"))).await;
-            rows.push(row(system, clients, run));
+            let (leader_after, follower_after) = watched.take().await;
+            let mut r = row(system, clients, run);
+            let leader = write_stages::stages(&leader_before, &leader_after, r.writes);
+            let follower = write_stages::stages(&follower_before, &follower_after, r.writes);
+            r.cpu_us = (leader.cpu_us, follower.cpu_us);
+            if watched.leader.http.is_some() {
+                r.stages = Some((leader, follower));
+            }
+            rows.push(r);
         }
         rows
     }
@@ -269,6 +317,7 @@ impl WriteBench {
             .map(|p| format!("http://127.0.0.1:{}", p.0))
             .collect();
         let mut leader_url = String::new();
+        let mut leader = 0;
         let deadline = Instant::now() + Duration::from_secs(30);
         while leader_url.is_empty() {
             if Instant::now() > deadline {
@@ -281,7 +330,8 @@ impl WriteBench {
                 if let Ok(s) = c.status(crate::pb::ClusterStatusRequest {}).await {
                     let l = s.into_inner().leader_id;
                     if l != 0 {
-                        leader_url = urls[(l - 1) as usize].clone();
+                        leader = (l - 1) as usize;
+                        leader_url = urls[leader].clone();
                     }
                 }
             }
@@ -315,7 +365,16 @@ impl WriteBench {
                 }
             }
         };
-        let rows = self.measure("agentry", put).await;
+        let member = |i: usize| Member {
+            pid: procs.0[i].id(),
+            http: Some(format!("http://127.0.0.1:{}", ports[i].1)),
+        };
+        let watched = Watched {
+            leader: member(leader),
+            follower: member((leader + 1) % ports.len()),
+            key: key.to_string(),
+        };
+        let rows = self.measure("agentry", put, &watched).await;
         drop(procs);
         Ok(rows)
     }
@@ -400,7 +459,16 @@ impl WriteBench {
                 }
             }
         };
-        let rows = self.measure("etcd", put).await;
+        let member = |i: usize| Member {
+            pid: procs.0[i].id(),
+            http: None,
+        };
+        let watched = Watched {
+            leader: member(leader),
+            follower: member((leader + 1) % ports.len()),
+            key: String::new(),
+        };
+        let rows = self.measure("etcd", put, &watched).await;
         drop(procs);
         Ok(rows)
     }
@@ -431,13 +499,21 @@ impl WriteBench {
 pub fn report(rows: &[Row], value_bytes: usize) -> String {
     let mut out = format!(
         "3-node clusters on loopback, {value_bytes}-byte records, fsync on, gRPC clients talking to the leader\n\
-         {:<8} {:>7} {:>7} {:>6} {:>10} {:>8} {:>8}\n",
-        "system", "clients", "writes", "errors", "writes/s", "p50 ms", "p99 ms"
+         {:<8} {:>7} {:>7} {:>6} {:>10} {:>8} {:>8} {:>12} {:>12}\n",
+        "system", "clients", "writes", "errors", "writes/s", "p50 ms", "p99 ms", "leader CPU", "follower CPU"
     );
     for r in rows {
         out.push_str(&format!(
-            "{:<8} {:>7} {:>7} {:>6} {:>10.1} {:>8.2} {:>8.2}\n",
-            r.system, r.clients, r.writes, r.errors, r.per_sec, r.p50_ms, r.p99_ms
+            "{:<8} {:>7} {:>7} {:>6} {:>10.1} {:>8.2} {:>8.2} {:>9.0} µs {:>9.0} µs\n",
+            r.system,
+            r.clients,
+            r.writes,
+            r.errors,
+            r.per_sec,
+            r.p50_ms,
+            r.p99_ms,
+            r.cpu_us.0,
+            r.cpu_us.1
         ));
     }
     for a in rows.iter().filter(|r| r.system == "agentry") {
@@ -452,6 +528,11 @@ pub fn report(rows: &[Row], value_bytes: usize) -> String {
                 a.p50_ms / e.p50_ms.max(f64::MIN_POSITIVE),
                 a.p99_ms / e.p99_ms.max(f64::MIN_POSITIVE),
             ));
+        }
+    }
+    for r in rows {
+        if let Some((leader, follower)) = &r.stages {
+            out.push_str(&write_stages::render(r.clients, leader, follower));
         }
     }
     out

@@ -378,6 +378,7 @@ impl RaftNetwork<TypeConfig> for Connection {
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
         let entries = rpc.entries.len() as u64;
+        let started = std::time::Instant::now();
         let answer: AppendEntriesResponse<NodeId> = self
             .call::<_, _, openraft::error::Infallible>(
                 Rpc::AppendEntries,
@@ -386,6 +387,9 @@ impl RaftNetwork<TypeConfig> for Connection {
                 option.hard_ttl(),
             )
             .await?;
+        if entries > 0 {
+            crate::metrics::observe_replicate(started.elapsed(), entries);
+        }
         let sent_up_to = rpc.entries.last().map(|e| e.log_id).or(rpc.prev_log_id);
         let mut table = self
             .network

@@ -226,18 +226,22 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
+        let started = std::time::Instant::now();
         let log = cf(&self.db, CF_LOG).map_err(write_err)?;
         let mut batch = WriteBatch::default();
+        let mut count = 0;
         for entry in entries {
             batch.put_cf(
                 log,
                 u64_key(entry.log_id.index),
                 serde_json::to_vec(&entry).map_err(write_err)?,
             );
+            count += 1;
         }
         // Not synced here: the syncer thread syncs the WAL before reporting
         // the entries flushed.
         self.db.write(batch).map_err(write_err)?;
+        crate::metrics::observe_log_append(started.elapsed(), count);
         if let Err(mpsc::SendError(callback)) = self.syncer.send(callback) {
             callback.log_io_completed(Err(std::io::Error::other("the log syncer has stopped")));
         }

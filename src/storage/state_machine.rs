@@ -1024,7 +1024,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     {
         let started = std::time::Instant::now();
         let applied = self.apply_batch(entries);
-        crate::metrics::observe_apply(started.elapsed());
+        let count = applied.as_ref().map_or(0, |r| r.len() as u64);
+        crate::metrics::observe_apply(started.elapsed(), count);
         applied
     }
 
