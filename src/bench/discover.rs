@@ -118,6 +118,77 @@ pub(crate) fn measured(what: String, mut lat: Vec<Duration>, wall: Duration) -> 
     }
 }
 
+/// `measured` of requests sent one after another: the wall time is the sum
+/// of their latencies.
+pub(crate) fn measured_serial(what: &str, lat: Vec<Duration>) -> Measured {
+    let wall = lat.iter().sum();
+    measured(what.into(), lat, wall)
+}
+
+impl Measured {
+    /// The row of a `| request | p50 µs | p99 µs | per second |` table.
+    pub(crate) fn row(&self) -> String {
+        format!(
+            "| {} | {:.0} | {:.0} | {:.0} |\n",
+            self.what, self.p50_us, self.p99_us, self.per_second
+        )
+    }
+}
+
+/// Times two requests for each query text, `a` then `b` for even ones and
+/// `b` then `a` for odd ones, so neither always runs on the other's warm
+/// caches. A first pass warms both (connections, caches); the second pass
+/// is returned, one latency per text for each.
+pub(crate) async fn paired<A, FA, B, FB>(
+    texts: &[(String, Option<String>)],
+    a: A,
+    b: B,
+) -> Result<(Vec<Duration>, Vec<Duration>), String>
+where
+    A: Fn(usize, &str) -> FA,
+    FA: std::future::Future<Output = Result<Duration, String>>,
+    B: Fn(usize, &str) -> FB,
+    FB: std::future::Future<Output = Result<Duration, String>>,
+{
+    let (mut xs, mut ys) = (Vec::new(), Vec::new());
+    for _pass in 0..2 {
+        xs.clear();
+        ys.clear();
+        for (i, (text, _)) in texts.iter().enumerate() {
+            let (x, y) = if i % 2 == 0 {
+                let x = a(i, text).await?;
+                (x, b(i, text).await?)
+            } else {
+                let y = b(i, text).await?;
+                (a(i, text).await?, y)
+            };
+            xs.push(x);
+            ys.push(y);
+        }
+    }
+    Ok((xs, ys))
+}
+
+/// A node on the benchmark configuration under `dir` holding corpus agents
+/// `0..agents`, all indexed; with the base URL of its HTTP listener.
+pub(crate) async fn corpus_node(
+    dir: &Path,
+    agents: usize,
+) -> Result<(crate::server::RunningServer, String), String> {
+    let server = crate::server::start(config(dir))
+        .await
+        .map_err(|e| e.to_string())?;
+    let base = format!("http://{}", server.http_addr);
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", server.grpc_addr))
+        .map_err(|e| e.to_string())?
+        .connect()
+        .await
+        .map_err(|e| e.to_string())?;
+    register_corpus(&channel, &sources(), 0..agents, 64).await?;
+    wait_indexed(server.service()).await;
+    Ok((server, base))
+}
+
 /// Writes the corpus and queries, with the very vectors Agentry uses, for
 /// `scripts/bench-peers.py`.
 fn export(

@@ -11,9 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::discover::{
-    config, measured, queries, register_corpus, sources, wait_indexed, Measured,
-};
+use super::discover::{corpus_node, measured_serial, paired, queries, Measured};
 
 /// The figures of one run.
 #[derive(Debug)]
@@ -49,71 +47,39 @@ async fn timed(
 }
 
 pub async fn run(dir: &Path, agents: usize, query_count: usize) -> Result<McpReport, String> {
-    let server = crate::server::start(config(dir))
-        .await
-        .map_err(|e| e.to_string())?;
-    let base = format!("http://{}", server.http_addr);
-    let channel = tonic::transport::Channel::from_shared(format!("http://{}", server.grpc_addr))
-        .map_err(|e| e.to_string())?
-        .connect()
-        .await
-        .map_err(|e| e.to_string())?;
-    let src = sources();
-    register_corpus(&channel, &src, 0..agents, 64).await?;
-    wait_indexed(server.service()).await;
+    let (server, base) = corpus_node(dir, agents).await?;
     let http = reqwest::Client::new();
-    let qs = queries(query_count);
-    let (mut d, mut m) = (Vec::new(), Vec::new());
-    let (mut d_wall, mut m_wall) = (Duration::ZERO, Duration::ZERO);
-    // The first pass warms both paths (connections, caches); the second
-    // is measured.
-    for pass in 0..2 {
-        if pass == 1 {
-            d.clear();
-            m.clear();
-            d_wall = Duration::ZERO;
-            m_wall = Duration::ZERO;
-        }
-        for (i, (text, _)) in qs.iter().enumerate() {
-            let discover = json!({"query": text, "limit": 10, "include_evidence": true});
-            let call = json!({"jsonrpc": "2.0", "id": i, "method": "tools/call",
+    let (direct, mcp) = (format!("{base}/discover"), format!("{base}/mcp"));
+    let (d, m) = paired(
+        &queries(query_count),
+        |_, text| {
+            let body = json!({"query": text, "limit": 10, "include_evidence": true});
+            let (http, url) = (&http, &direct);
+            async move { timed(http, url, &body, false).await }
+        },
+        |i, text| {
+            let body = json!({"jsonrpc": "2.0", "id": i, "method": "tools/call",
                 "params": {"name": "discover_agents", "arguments": {"task": text, "limit": 10}}});
-            let direct = format!("{base}/discover");
-            let mcp = format!("{base}/mcp");
-            let (x, y) = if i % 2 == 0 {
-                let x = timed(&http, &direct, &discover, false).await?;
-                (x, timed(&http, &mcp, &call, true).await?)
-            } else {
-                let y = timed(&http, &mcp, &call, true).await?;
-                (timed(&http, &direct, &discover, false).await?, y)
-            };
-            d.push(x);
-            m.push(y);
-            d_wall += x;
-            m_wall += y;
-        }
-    }
+            let (http, url) = (&http, &mcp);
+            async move { timed(http, url, &body, true).await }
+        },
+    )
+    .await?;
     server.shutdown().await;
     Ok(McpReport {
         agents,
-        discover: measured("POST /discover".into(), d, d_wall),
-        mcp: measured("MCP tools/call discover_agents".into(), m, m_wall),
+        discover: measured_serial("POST /discover", d),
+        mcp: measured_serial("MCP tools/call discover_agents", m),
     })
 }
 
 pub fn report(r: &McpReport) -> String {
-    let row = |m: &Measured| {
-        format!(
-            "| {} | {:.0} | {:.0} | {:.0} |\n",
-            m.what, m.p50_us, m.p99_us, m.per_second
-        )
-    };
     let mut out = format!(
         "MCP discover_agents against POST /discover, HTTP on loopback, one node, {} agents\n\n| request | p50 µs | p99 µs | per second (1 client) |\n|---|---:|---:|---:|\n",
         r.agents
     );
-    out.push_str(&row(&r.discover));
-    out.push_str(&row(&r.mcp));
+    out.push_str(&r.discover.row());
+    out.push_str(&r.mcp.row());
     out.push_str(&format!(
         "\nMCP - discover: p50 {:+.0} µs, p99 {:+.0} µs\n",
         r.mcp.p50_us - r.discover.p50_us,

@@ -18,7 +18,7 @@ use futures::{stream, StreamExt};
 use serde_json::{json, Value};
 
 use super::discover::{
-    config, corpus_agent, measured, queries, register_corpus, sources, wait_indexed, Measured,
+    corpus_agent, corpus_node, measured_serial, paired, queries, sources, Measured,
 };
 
 /// The figures of one run.
@@ -96,51 +96,27 @@ pub async fn run(
     query_count: usize,
     servers: usize,
 ) -> Result<StandardsReport, String> {
-    let server = crate::server::start(config(dir))
-        .await
-        .map_err(|e| e.to_string())?;
-    let base = format!("http://{}", server.http_addr);
-    let channel = tonic::transport::Channel::from_shared(format!("http://{}", server.grpc_addr))
-        .map_err(|e| e.to_string())?
-        .connect()
-        .await
-        .map_err(|e| e.to_string())?;
-    let src = sources();
-    register_corpus(&channel, &src, 0..agents, 64).await?;
-    wait_indexed(server.service()).await;
+    let (server, base) = corpus_node(dir, agents).await?;
     let http = reqwest::Client::new();
 
     // ARD search against ADP discover, the same texts, alternating.
-    let qs = queries(query_count);
-    let (mut d, mut a) = (Vec::new(), Vec::new());
-    let (mut d_wall, mut a_wall) = (Duration::ZERO, Duration::ZERO);
-    for pass in 0..2 {
-        if pass == 1 {
-            d.clear();
-            a.clear();
-            d_wall = Duration::ZERO;
-            a_wall = Duration::ZERO;
-        }
-        for (i, (text, _)) in qs.iter().enumerate() {
-            let discover = json!({"query": text, "limit": 10});
-            let ard = json!({"query": {"text": text}, "federation": "none", "pageSize": 10});
-            let (first, second) = if i % 2 == 0 {
-                let x = timed_post(&http, &format!("{base}/discover"), &discover).await?;
-                let y = timed_post(&http, &format!("{base}/ard/search"), &ard).await?;
-                (x, y)
-            } else {
-                let y = timed_post(&http, &format!("{base}/ard/search"), &ard).await?;
-                let x = timed_post(&http, &format!("{base}/discover"), &discover).await?;
-                (x, y)
-            };
-            d.push(first);
-            a.push(second);
-            d_wall += first;
-            a_wall += second;
-        }
-    }
-    let discover = measured("POST /discover".into(), d, d_wall);
-    let ard_search = measured("POST /ard/search".into(), a, a_wall);
+    let (discover_url, ard_url) = (format!("{base}/discover"), format!("{base}/ard/search"));
+    let (d, a) = paired(
+        &queries(query_count),
+        |_, text| {
+            let body = json!({"query": text, "limit": 10});
+            let (http, url) = (&http, &discover_url);
+            async move { timed_post(http, url, &body).await }
+        },
+        |_, text| {
+            let body = json!({"query": {"text": text}, "federation": "none", "pageSize": 10});
+            let (http, url) = (&http, &ard_url);
+            async move { timed_post(http, url, &body).await }
+        },
+    )
+    .await?;
+    let discover = measured_serial("POST /discover", d);
+    let ard_search = measured_serial("POST /ard/search", a);
 
     // The AI Catalog document.
     let catalog = format!("{base}/.well-known/ai-catalog.json");
@@ -150,11 +126,9 @@ pub async fn run(
         cached.push(timed_get(&http, &catalog, None).await?.0);
         not_modified.push(timed_get(&http, &catalog, etag.as_deref()).await?.0);
     }
-    let wall: Duration = cached.iter().sum();
-    let catalog_cached = measured("catalog, cached".into(), cached, wall);
-    let wall: Duration = not_modified.iter().sum();
-    let catalog_not_modified = measured("catalog, 304".into(), not_modified, wall);
-    let mut extra = corpus_agent(&src, agents + 1);
+    let catalog_cached = measured_serial("catalog, cached", cached);
+    let catalog_not_modified = measured_serial("catalog, 304", not_modified);
+    let mut extra = corpus_agent(&sources(), agents + 1);
     extra["id"] = json!("bench-catalog-change");
     timed_post(&http, &format!("{base}/agents"), &extra).await?;
     // At most one build a second while the registry changes.
@@ -208,8 +182,7 @@ pub async fn run(
             pages.push(timed_get(&http, &url, None).await?.0);
         }
     }
-    let wall: Duration = pages.iter().sum();
-    let mcp_page = measured("GET /v0.1/servers, 100 a page".into(), pages, wall);
+    let mcp_page = measured_serial("GET /v0.1/servers, 100 a page", pages);
     server.shutdown().await;
     Ok(StandardsReport {
         agents,
@@ -227,18 +200,12 @@ pub async fn run(
 }
 
 pub fn report(r: &StandardsReport) -> String {
-    let row = |m: &Measured| {
-        format!(
-            "| {} | {:.0} | {:.0} | {:.0} |\n",
-            m.what, m.p50_us, m.p99_us, m.per_second
-        )
-    };
     let mut out = format!(
         "Discovery standards over HTTP on loopback, one node, {} agents\n\n| request | p50 µs | p99 µs | per second (1 client) |\n|---|---:|---:|---:|\n",
         r.agents
     );
-    out.push_str(&row(&r.discover));
-    out.push_str(&row(&r.ard_search));
+    out.push_str(&r.discover.row());
+    out.push_str(&r.ard_search.row());
     out.push_str(&format!(
         "\nARD search / discover: p50 {:.2}×, p99 {:.2}×\n",
         r.ard_search.p50_us / r.discover.p50_us.max(1.0),
@@ -251,14 +218,14 @@ pub fn report(r: &StandardsReport) -> String {
         r.catalog_after_change.as_secs_f64() * 1e3
     ));
     out.push_str("\n| request | p50 µs | p99 µs | per second |\n|---|---:|---:|---:|\n");
-    out.push_str(&row(&r.catalog_cached));
-    out.push_str(&row(&r.catalog_not_modified));
+    out.push_str(&r.catalog_cached.row());
+    out.push_str(&r.catalog_not_modified.row());
     out.push_str(&format!(
         "\nMCP registry: {} servers published in {:.1} s ({:.0}/s)\n\n| request | p50 µs | p99 µs | per second |\n|---|---:|---:|---:|\n",
         r.servers,
         r.publish_secs,
         r.servers as f64 / r.publish_secs.max(1e-9)
     ));
-    out.push_str(&row(&r.mcp_page));
+    out.push_str(&r.mcp_page.row());
     out
 }
