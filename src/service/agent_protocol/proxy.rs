@@ -65,6 +65,41 @@ impl InvocationService {
         Ok(transport::exchange(self.outbound(), method, url, body, &headers, accept).await?)
     }
 
+    /// One request whose answer is a whole JSON document, passed on with
+    /// the agent's status.
+    async fn relayed(
+        &self,
+        record: &AgentRecord,
+        method: reqwest::Method,
+        url: &url::Url,
+        body: Option<&Value>,
+        auth: Option<String>,
+    ) -> Result<ApReply> {
+        let resp = self
+            .ap_send(record, method, url, body, auth, "application/json")
+            .await?;
+        let a = transport::whole_answer(self.outbound(), resp, url).await?;
+        Ok(ApReply::Relayed {
+            status: a.status,
+            json: a.json,
+        })
+    }
+
+    /// One request whose answer is an event stream (or a refusal).
+    async fn events(
+        &self,
+        record: &AgentRecord,
+        method: reqwest::Method,
+        url: &url::Url,
+        body: Option<&Value>,
+        auth: Option<String>,
+    ) -> Result<ApEvents> {
+        let resp = self
+            .ap_send(record, method, url, body, auth, "text/event-stream")
+            .await?;
+        started_events(transport::events_or_answer(self.outbound(), resp, url).await?)
+    }
+
     /// A GET of `route` under the agent's AP endpoint.
     pub(super) async fn proxy_get(
         &self,
@@ -73,21 +108,8 @@ impl InvocationService {
         route: &str,
     ) -> Result<ApReply> {
         let url = ap_url(base, route)?;
-        let resp = self
-            .ap_send(
-                record,
-                reqwest::Method::GET,
-                &url,
-                None,
-                None,
-                "application/json",
-            )
-            .await?;
-        let a = transport::whole_answer(self.outbound(), resp, &url).await?;
-        Ok(ApReply::Relayed {
-            status: a.status,
-            json: a.json,
-        })
+        self.relayed(record, reqwest::Method::GET, &url, None, None)
+            .await
     }
 
     /// `run`, holding one of the agent's in-flight permits.
@@ -103,21 +125,8 @@ impl InvocationService {
         let mut url = ap_url(base, "run")?;
         url.query_pairs_mut()
             .append_pair("wait", if wait { "true" } else { "false" });
-        let resp = self
-            .ap_send(
-                record,
-                reqwest::Method::POST,
-                &url,
-                Some(request),
-                auth,
-                "application/json",
-            )
-            .await?;
-        let a = transport::whole_answer(self.outbound(), resp, &url).await?;
-        Ok(ApReply::Relayed {
-            status: a.status,
-            json: a.json,
-        })
+        self.relayed(record, reqwest::Method::POST, &url, Some(request), auth)
+            .await
     }
 
     /// `get_events?stream=true`.
@@ -133,17 +142,8 @@ impl InvocationService {
         if let Some(s) = since {
             url.query_pairs_mut().append_pair("since", &s.to_string());
         }
-        let resp = self
-            .ap_send(
-                record,
-                reqwest::Method::GET,
-                &url,
-                None,
-                None,
-                "text/event-stream",
-            )
-            .await?;
-        started_events(transport::events_or_answer(self.outbound(), resp, &url).await?)
+        self.events(record, reqwest::Method::GET, &url, None, None)
+            .await
     }
 
     /// `stream_request`; the agent's permit is held while the events flow.
@@ -156,18 +156,9 @@ impl InvocationService {
     ) -> Result<ApEvents> {
         let permit = self.permit(&record.metadata.id)?;
         let url = ap_url(base, "stream_request")?;
-        let resp = self
-            .ap_send(
-                record,
-                reqwest::Method::POST,
-                &url,
-                Some(request),
-                auth,
-                "text/event-stream",
-            )
+        let events = self
+            .events(record, reqwest::Method::POST, &url, Some(request), auth)
             .await?;
-        let events =
-            started_events(transport::events_or_answer(self.outbound(), resp, &url).await?)?;
         Ok(events
             .map(move |e| {
                 let _held = &permit;
