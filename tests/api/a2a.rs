@@ -115,15 +115,7 @@ async fn a2a_1_0_and_0_3_agents_are_imported_and_called_over_both_wires() {
 
     // A 1.0 card: no top-level url; each supported interface a binding.
     let id = import(&http, &v1).await;
-    let (_, rec) = http
-        .call(
-            reqwest::Method::GET,
-            &format!("/agents/{}", Http::url_id(&id)),
-            Some(ALICE),
-            None,
-        )
-        .await
-        .unwrap();
+    let rec = http.record(&id, ALICE).await;
     let bindings = rec["bindings"].as_array().unwrap();
     assert_eq!(bindings.len(), 2, "{rec}");
     assert_eq!(bindings[0]["protocol"], "a2a");
@@ -304,15 +296,7 @@ async fn a2a_declared_auth_is_applied_and_input_required_is_asked_and_resumed() 
 
     // The 1.0 card's bearer scheme becomes the record's authentication.
     let id = import(&http, &locked).await;
-    let (_, rec) = http
-        .call(
-            reqwest::Method::GET,
-            &format!("/agents/{}", Http::url_id(&id)),
-            Some(ALICE),
-            None,
-        )
-        .await
-        .unwrap();
+    let rec = http.record(&id, ALICE).await;
     assert_eq!(rec["authentication"]["type"], "oauth2_bearer", "{rec}");
     // Without a credential nothing is sent.
     let before = locked.requests().await.len();

@@ -135,6 +135,16 @@ impl Http {
         url::form_urlencoded::byte_serialize(id.as_bytes()).collect()
     }
 
+    /// The record `GET /agents/{id}` serves to `key`'s holder (the id is
+    /// escaped for the path); it must exist.
+    pub async fn record(&self, id: &str, key: &str) -> Value {
+        let path = format!("/agents/{}", Self::url_id(id));
+        self.call(reqwest::Method::GET, &path, Some(key), None)
+            .await
+            .unwrap_or_else(|e| panic!("GET {path}: {e:?}"))
+            .1
+    }
+
     /// A request whose answer is taken as it comes (any status, any error
     /// shape): (status, headers, JSON body or null).
     pub async fn send(

@@ -931,15 +931,7 @@ async fn woa_hosts_and_agent_cards_are_imported_and_invoked() {
         .await
         .expect("card imports");
     let id = card["agents"][0]["id"].as_str().unwrap().to_string();
-    let (_, rec) = http
-        .call(
-            reqwest::Method::GET,
-            &format!("/agents/{}", Http::url_id(&id)),
-            Some(ALICE),
-            None,
-        )
-        .await
-        .unwrap();
+    let rec = http.record(&id, ALICE).await;
     assert_eq!(rec["name"], "Currency Agent");
     assert_eq!(rec["publisher"], "Example Finance");
     let tags: Vec<&str> = rec["tags"]

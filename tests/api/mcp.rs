@@ -112,15 +112,7 @@ async fn woa_mcp_agents_are_called_over_streamable_http() {
         .expect("the WoA document imports");
     assert_eq!(report["agents"].as_array().unwrap().len(), 3, "{report}");
     let id = |name: &str| format!("{}/.well-known/woa.json#{name}", agents.base);
-    let (_, rec) = http
-        .call(
-            reqwest::Method::GET,
-            &format!("/agents/{}", Http::url_id(&id("translate"))),
-            Some(ALICE),
-            None,
-        )
-        .await
-        .unwrap();
+    let rec = http.record(&id("translate"), ALICE).await;
     assert_eq!(rec["bindings"][0]["protocol"], "mcp", "{rec}");
 
     let call = |name: &str, input: Value| {

@@ -586,15 +586,7 @@ async fn mcp_server_calls_the_tools_of_a_published_mcp_server() {
         .await;
     assert_eq!(status, 200, "{body}");
     let id = format!("mcp:{name}");
-    let (_, record) = http
-        .call(
-            reqwest::Method::GET,
-            &format!("/agents/{}", Http::url_id(&id)),
-            Some(ALICE),
-            None,
-        )
-        .await
-        .unwrap();
+    let record = http.record(&id, ALICE).await;
     assert!(
         record.get("operations").is_none_or(|o| o == &json!([])),
         "a published server declares no operations: {record}"
