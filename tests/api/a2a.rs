@@ -11,7 +11,7 @@ use futures::StreamExt;
 use serde_json::{json, Value};
 
 use super::agent_protocol::Ap;
-use super::harness::{Http, TestServer, ALICE};
+use super::harness::{eventually, Http, TestServer, ALICE};
 use super::mcp::python_fixture;
 
 /// A running fixture agent; it stops when dropped.
@@ -270,18 +270,16 @@ async fn a2a_streams_are_relayed_and_a_dropped_stream_cancels_the_task() {
         got.push_str(&String::from_utf8_lossy(&chunk));
     }
     drop(body);
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let seen = counting.seen().await;
-        if seen["cancelled"].as_array().is_some_and(|c| c.len() == 1) {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the upstream task was not cancelled: {seen}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually(
+        Duration::from_secs(10),
+        "the gateway cancels the upstream task",
+        || async {
+            counting.seen().await["cancelled"]
+                .as_array()
+                .is_some_and(|c| c.len() == 1)
+        },
+    )
+    .await;
     s.stop().await;
 }
 

@@ -1,6 +1,8 @@
 //! Starts a real registry in-process on ephemeral loopback ports, and the two
 //! client transports the scenarios run over.
 
+use std::time::Duration;
+
 use agentry::api::error::detail_of;
 use agentry::config::{ApiKeyConfig, Config};
 use agentry::convert::{metadata_from_json, record_pb_to_json};
@@ -539,4 +541,18 @@ pub fn minimal(id: &str) -> Value {
         "description": "Answers short factual questions.",
         "bindings": [{"protocol": "https", "endpoint": "https://example.net/agent/invoke"}]
     })
+}
+
+/// Waits until `ok` holds, polling every 100 ms, or fails naming `what`
+/// once `timeout` has passed.
+pub async fn eventually<F, Fut>(timeout: Duration, what: &str, mut ok: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    while !ok().await {
+        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

@@ -15,6 +15,9 @@ use serde_json::{json, Value};
 
 use crate::harness::*;
 
+/// How long the mirror gets to reach a state.
+const PATIENCE: Duration = Duration::from_secs(30);
+
 const OFFICIAL: &str = "io.modelcontextprotocol.registry/official";
 const T1: &str = "2026-11-01T08:00:00Z";
 const T2: &str = "2026-11-01T09:00:00Z";
@@ -174,19 +177,6 @@ fn version_names(list: &[Value]) -> Vec<String> {
         .collect()
 }
 
-/// Waits until `ok` holds (polling the registry), or fails naming `what`.
-async fn eventually<F, Fut>(what: &str, mut ok: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while !ok().await {
-        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 fn requests(u: &Arc<Mutex<Upstream>>) -> Vec<(Option<String>, Option<String>)> {
     u.lock().unwrap().requests.clone()
 }
@@ -238,7 +228,7 @@ async fn an_upstream_registry_is_mirrored_and_followed_across_a_restart() {
     assert_eq!(status, 200, "{body}");
 
     // Every version mirrored, with the upstream's times; one is latest.
-    eventually("the upstream mirrored", || async {
+    eventually(PATIENCE, "the upstream mirrored", || async {
         versions(&h, "io.acme/weather", false).await.len() == 3
             && versions(&h, "io.acme/echo", false).await.len() == 1
     })
@@ -305,7 +295,7 @@ async fn an_upstream_registry_is_mirrored_and_followed_across_a_restart() {
     // The next polls ask from the cursor (less an overlap) and re-read the
     // burst, which writes nothing.
     let clock = revision(&h, "mcp:io.acme/clock").await;
-    eventually("two polls from the cursor", || async {
+    eventually(PATIENCE, "two polls from the cursor", || async {
         polls_since(&upstream, "2026-11-01T10:59:59Z") >= 2
     })
     .await;
@@ -351,7 +341,7 @@ async fn an_upstream_registry_is_mirrored_and_followed_across_a_restart() {
             .push(response("io.acme/fox", "1.0.0", BURST, BURST));
         u.entries.push(response("io.alice/notes", "9.0.0", T5, T5));
     }
-    eventually("the upstream's changes followed", || async {
+    eventually(PATIENCE, "the upstream's changes followed", || async {
         versions(&h, "io.acme/weather", true).await.len() == 4
             && versions(&h, "io.acme/fox", false).await.len() == 1
             && polls_since(&upstream, "2026-11-02T11:59:59Z") >= 1
@@ -426,7 +416,7 @@ async fn an_upstream_registry_is_mirrored_and_followed_across_a_restart() {
         .await
         .expect("server restarts");
     let h = Http::new(&format!("http://{}", server.http_addr));
-    eventually("a poll after the restart", || async {
+    eventually(PATIENCE, "a poll after the restart", || async {
         requests(&upstream).len() > before
     })
     .await;
@@ -436,7 +426,7 @@ async fn an_upstream_registry_is_mirrored_and_followed_across_a_restart() {
         "the first poll after the restart asks from the stored cursor"
     );
     // A second poll starts only once the first has ended.
-    eventually("a whole poll after the restart", || async {
+    eventually(PATIENCE, "a whole poll after the restart", || async {
         requests(&upstream)[before..]
             .iter()
             .filter(|(_, c)| c.is_none())
