@@ -38,8 +38,41 @@ pub struct LogStore {
     /// Last committed index openraft reported, for status and metrics.
     committed: Arc<AtomicU64>,
     /// Flush callbacks waiting for the next WAL sync.
-    syncer: mpsc::Sender<LogFlushed<TypeConfig>>,
+    syncer: Arc<Syncer>,
     incarnation: Arc<str>,
+}
+
+/// The syncer thread's handle. Dropped with the last `LogStore` clone, it
+/// closes the queue and joins the thread, so the thread's reference to the
+/// database is gone before the caller goes on. Otherwise the thread could
+/// close RocksDB after `main` returned, racing RocksDB's static destructors
+/// ("pthread lock: Invalid argument", an abort at exit).
+struct Syncer {
+    queue: Option<mpsc::Sender<LogFlushed<TypeConfig>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Syncer {
+    fn send(&self, callback: LogFlushed<TypeConfig>) {
+        let refused = match &self.queue {
+            Some(queue) => queue.send(callback).err().map(|mpsc::SendError(c)| c),
+            None => Some(callback),
+        };
+        if let Some(callback) = refused {
+            callback.log_io_completed(Err(std::io::Error::other("the log syncer has stopped")));
+        }
+    }
+}
+
+impl Drop for Syncer {
+    fn drop(&mut self) {
+        drop(self.queue.take());
+        if let Some(thread) = self.thread.take() {
+            if thread.join().is_err() {
+                tracing::error!("the raft log syncer thread panicked");
+            }
+        }
+    }
 }
 
 /// Syncs the WAL for every batch of queued callbacks, then completes them.
@@ -95,15 +128,18 @@ impl LogStore {
                 made
             }
         };
-        let (syncer, queue) = mpsc::channel();
+        let (sender, queue) = mpsc::channel();
         let sync_db = db.clone();
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("raft-log-sync".into())
             .spawn(move || run_syncer(sync_db, queue))?;
         Ok(Self {
             db,
             committed: Arc::new(AtomicU64::new(index)),
-            syncer,
+            syncer: Arc::new(Syncer {
+                queue: Some(sender),
+                thread: Some(thread),
+            }),
             incarnation: incarnation.into(),
         })
     }
@@ -242,9 +278,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // the entries flushed.
         self.db.write(batch).map_err(write_err)?;
         crate::metrics::observe_log_append(started.elapsed(), count);
-        if let Err(mpsc::SendError(callback)) = self.syncer.send(callback) {
-            callback.log_io_completed(Err(std::io::Error::other("the log syncer has stopped")));
-        }
+        self.syncer.send(callback);
         Ok(())
     }
 
