@@ -45,6 +45,8 @@ struct Instruments {
     replicate_seconds: Histogram,
     replicated: Counter,
     applied: Counter,
+    refresh_entries: Counter,
+    refreshes: Counter,
     snapshot_seconds: Family<SnapshotLabels, Histogram, fn() -> Histogram>,
     backup_seconds: Histogram,
     backup_bytes: Counter,
@@ -74,6 +76,8 @@ fn instruments() -> &'static Instruments {
         replicate_seconds: latency(),
         replicated: Counter::default(),
         applied: Counter::default(),
+        refresh_entries: Counter::default(),
+        refreshes: Counter::default(),
         snapshot_seconds: Family::new_with_constructor(long),
         backup_seconds: long(),
         backup_bytes: Counter::default(),
@@ -113,6 +117,13 @@ pub fn observe_log_append(took: Duration, entries: u64) {
     let i = instruments();
     i.log_append_seconds.observe(took.as_secs_f64());
     i.log_appended.inc_by(entries);
+}
+
+/// One log entry proposed by this node carrying `refreshes` refreshes.
+pub fn observe_refresh_batch(refreshes: usize) {
+    let i = instruments();
+    i.refresh_entries.inc();
+    i.refreshes.inc_by(refreshes as u64);
 }
 
 /// Leader: one AppendEntries round trip to a follower carrying `entries`
@@ -175,6 +186,16 @@ pub fn register(registry: &mut Registry) {
         "agentry_raft_log_appended_entries",
         "Entries appended to this node's Raft log.",
         i.log_appended.clone(),
+    );
+    registry.register(
+        "agentry_refresh_entries",
+        "Log entries of batched refreshes this node proposed.",
+        i.refresh_entries.clone(),
+    );
+    registry.register(
+        "agentry_refreshes",
+        "Refreshes this node proposed (divided by agentry_refresh_entries_total: refreshes per entry).",
+        i.refreshes.clone(),
     );
     registry.register(
         "agentry_raft_replicate_duration_seconds",

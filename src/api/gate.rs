@@ -73,8 +73,12 @@ pub fn grpc_class(path: &str) -> Option<OpClass> {
         ("grpc.health.v1.Health", _) => Read,
         ("grpc.reflection.v1.ServerReflection", _)
         | ("grpc.reflection.v1alpha.ServerReflection", _) => Read,
-        ("agentry.v1.Registry", "Register" | "Update" | "Delete" | "SetStatus") => Write,
-        ("agentry.v1.Registry", "Get" | "List" | "Watch") => Read,
+        (
+            "agentry.v1.Registry",
+            "Register" | "Update" | "Delete" | "SetStatus" | "Refresh" | "RefreshLease"
+            | "RevokeLease",
+        ) => Write,
+        ("agentry.v1.Registry", "Get" | "List" | "Watch" | "GetLease") => Read,
         ("agentry.v1.Discovery", "Discover" | "Resolve") => Discover,
         ("agentry.v1.Ard", "Search" | "Explore") => Discover,
         ("agentry.v1.Ard", "ListAgents" | "GetAgent") => Read,

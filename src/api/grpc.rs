@@ -246,4 +246,71 @@ impl Registry for RegistryApi {
         });
         Ok(Response::new(Box::pin(stream)))
     }
+
+    #[tracing::instrument(name = "grpc.Refresh", skip_all)]
+    async fn refresh(
+        &self,
+        req: Request<pb::RefreshRequest>,
+    ) -> Result<Response<pb::LeaseResponse>, Status> {
+        let who = principal(&req);
+        let req = req.into_inner();
+        let state = self
+            .service
+            .refresh_agent(who.as_ref(), &req.id, req.ttl_seconds, req.lease)
+            .await?;
+        Ok(Response::new(lease_to_pb(state)))
+    }
+
+    #[tracing::instrument(name = "grpc.RefreshLease", skip_all)]
+    async fn refresh_lease(
+        &self,
+        req: Request<pb::RefreshLeaseRequest>,
+    ) -> Result<Response<pb::LeaseResponse>, Status> {
+        let who = principal(&req);
+        let req = req.into_inner();
+        let state = self
+            .service
+            .refresh_lease(who.as_ref(), &req.lease, req.ttl_seconds)
+            .await?;
+        Ok(Response::new(lease_to_pb(state)))
+    }
+
+    #[tracing::instrument(name = "grpc.GetLease", skip_all)]
+    async fn get_lease(
+        &self,
+        req: Request<pb::GetLeaseRequest>,
+    ) -> Result<Response<pb::LeaseResponse>, Status> {
+        let who = principal(&req);
+        let req = req.into_inner();
+        let state = self
+            .service
+            .get_lease(who.as_ref(), &req.lease, consistency(req.consistency)?)
+            .await?;
+        Ok(Response::new(lease_to_pb(state)))
+    }
+
+    #[tracing::instrument(name = "grpc.RevokeLease", skip_all)]
+    async fn revoke_lease(
+        &self,
+        req: Request<pb::RevokeLeaseRequest>,
+    ) -> Result<Response<pb::LeaseResponse>, Status> {
+        let who = principal(&req);
+        let state = self
+            .service
+            .revoke_lease(who.as_ref(), &req.get_ref().lease)
+            .await?;
+        Ok(Response::new(lease_to_pb(state)))
+    }
+}
+
+fn lease_to_pb(s: crate::domain::lease::LeaseState) -> pb::LeaseResponse {
+    pb::LeaseResponse {
+        id: s.agent,
+        lease: s.lease,
+        ttl_seconds: s.ttl_seconds,
+        expires_at: time::OffsetDateTime::from_unix_timestamp(s.expires_unix)
+            .map(crate::domain::time::format)
+            .unwrap_or_default(),
+        agents: s.agents,
+    }
 }

@@ -121,10 +121,11 @@ pub async fn run_snapshot(args: SnapshotArgs) -> Result<(), CliError> {
             let summary = storage::restore(file, data_dir, &target, config.storage.max_wal_bytes)
                 .map_err(local)?;
             println!(
-                "restored {} records, {} changes, {} audit entries ({} bytes) into {} as node {node_id} of {:?} in {:.1} s",
+                "restored {} records, {} changes, {} audit entries, {} leases and holds ({} bytes) into {} as node {node_id} of {:?} in {:.1} s",
                 summary.counts.records,
                 summary.counts.changes,
                 summary.counts.audit,
+                summary.counts.leases,
                 summary.bytes,
                 data_dir.display(),
                 target.members.keys().collect::<Vec<_>>(),
@@ -299,6 +300,7 @@ fn status(file: &Path, json: bool) -> Result<(), CliError> {
         "records": end.records,
         "changes": end.changes,
         "audit_entries": end.audit,
+        "leases": end.leases,
         "publisher_keys": header.publisher_keys.len(),
         "identity": header.identity.is_some(),
         "sha256": end.sha256,

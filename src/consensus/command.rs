@@ -11,6 +11,7 @@ use super::NodeId;
 use crate::crypto::{IdentityChange, IdentityRefusal};
 use crate::domain::audit::AuditContext;
 use crate::domain::federation::FederatedChange;
+use crate::domain::lease::{LeaseState, Refresh};
 use crate::domain::write::{Quota, Rejection, WriteMode};
 use crate::domain::{
     AgentMetadata, AgentStatus, Change, Principal, PublisherKey, PublisherVerification, ReadGrant,
@@ -99,6 +100,19 @@ pub enum Command {
         value: u64,
         now: String,
     },
+    /// Refreshes agents' and shared leases' expiry (`domain::lease`): the
+    /// refreshes of many clients, gathered by the proposing node into one
+    /// small entry. Records are not touched.
+    Refresh {
+        refreshes: Vec<Refresh>,
+        now: String,
+    },
+    /// Revokes a shared lease; the agents it held expire.
+    RevokeLease {
+        name: String,
+        principal: Principal,
+        now: String,
+    },
     /// Founds the cluster id (when there is none) and records members' data
     /// directory incarnations (those without one); `membership_check`.
     Cluster {
@@ -122,6 +136,8 @@ impl Command {
             | Self::PublisherKey { .. }
             | Self::Note { .. }
             | Self::Cursor { .. }
+            | Self::Refresh { .. }
+            | Self::RevokeLease { .. }
             | Self::Cluster { .. } => None,
         }
     }
@@ -138,6 +154,8 @@ impl Command {
             | Self::Federate { now, .. }
             | Self::Note { now }
             | Self::Cursor { now, .. }
+            | Self::Refresh { now, .. }
+            | Self::RevokeLease { now, .. }
             | Self::Cluster { now, .. } => now,
             Self::Audited { command, .. } => command.now(),
         }
@@ -182,6 +200,8 @@ pub enum CommandResult {
     },
     /// The identity change was refused; nothing changed.
     IdentityRefused(IdentityRefusal),
+    /// Each refresh's outcome, in order, or a revocation's.
+    Leases(Vec<Result<LeaseState, Rejection>>),
     /// A blank or membership entry; there is no client to answer.
     Internal,
 }

@@ -117,10 +117,14 @@ impl Rejection {
     /// the same rejection to the same code through `ServiceError`).
     pub fn code(&self) -> &'static str {
         match self {
-            Self::NotFound { .. } | Self::Deleted { .. } | Self::KeyNotFound { .. } => "not_found",
-            Self::Forbidden { .. } | Self::KeyForbidden { .. } | Self::QuotaExceeded { .. } => {
-                "forbidden"
-            }
+            Self::NotFound { .. }
+            | Self::Deleted { .. }
+            | Self::KeyNotFound { .. }
+            | Self::LeaseNotFound { .. } => "not_found",
+            Self::Forbidden { .. }
+            | Self::KeyForbidden { .. }
+            | Self::LeaseForbidden { .. }
+            | Self::QuotaExceeded { .. } => "forbidden",
             Self::Stale { .. } => "stale_metadata",
             Self::OwnedByOther { .. }
             | Self::IncompatibleBindings { .. }

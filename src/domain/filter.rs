@@ -451,7 +451,21 @@ impl HardFilters {
         principal: Option<&Principal>,
         now_unix: i64,
     ) -> bool {
-        !record.envelope.deleted && self.admit(&AgentFacts::of(record), principal, now_unix)
+        self.admit_record_leased(record, None, principal, now_unix)
+    }
+
+    /// [`Self::admit_record`] for an agent whose lease, if it holds one,
+    /// expires at `lease_expiry` (`domain::lease`).
+    pub fn admit_record_leased(
+        &self,
+        record: &AgentRecord,
+        lease_expiry: Option<i64>,
+        principal: Option<&Principal>,
+        now_unix: i64,
+    ) -> bool {
+        let facts = AgentFacts::of(record);
+        let expires = lease_expiry.or(facts.expires_unix);
+        !record.envelope.deleted && self.admit_expiring(&facts, expires, principal, now_unix)
     }
 
     pub fn statuses(&self) -> &[AgentStatus] {
@@ -465,13 +479,25 @@ impl HardFilters {
     /// Whether an agent passes every hard filter. `facts` are the indexed
     /// properties of the agent.
     pub fn admit(&self, facts: &AgentFacts, principal: Option<&Principal>, now_unix: i64) -> bool {
+        self.admit_expiring(facts, facts.expires_unix, principal, now_unix)
+    }
+
+    /// [`Self::admit`], with the agent's expiry as a lease sets it
+    /// (`domain::lease`) in place of its own `expires_at`.
+    pub fn admit_expiring(
+        &self,
+        facts: &AgentFacts,
+        expires_unix: Option<i64>,
+        principal: Option<&Principal>,
+        now_unix: i64,
+    ) -> bool {
         if !facts.access.admits(principal) {
             return false;
         }
         if !self.statuses().contains(&facts.status) || (self.verified_only && !facts.verified) {
             return false;
         }
-        if !self.allow_stale && facts.expires_unix.is_some_and(|t| t <= now_unix) {
+        if !self.allow_stale && expires_unix.is_some_and(|t| t <= now_unix) {
             return false;
         }
         if let Some(max) = self.max_age_seconds {

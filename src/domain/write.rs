@@ -39,6 +39,10 @@ pub enum Rejection {
         expected: u64,
         actual: u64,
     },
+    #[error("lease '{lease}' not found")]
+    LeaseNotFound { lease: String },
+    #[error("principal '{principal}' may not use lease '{lease}' owned by another principal")]
+    LeaseForbidden { lease: String, principal: String },
     #[error("agent '{id}' would exceed the quota of {limit} live records per {scope}")]
     QuotaExceeded {
         id: String,

@@ -75,6 +75,10 @@ struct Shared {
     /// Vectors of texts ranked in federated pools, by text: the same
     /// peers' agents come back query after query. Emptied when full.
     pool_vectors: std::sync::Mutex<HashMap<String, Vec<f32>>>,
+    /// The applied state this index follows, for agents' lease expiry
+    /// (set when following starts; not part of the index, as a refresh
+    /// changes no record).
+    leases: std::sync::OnceLock<Reader>,
 }
 
 /// The discovery index of this node. Cheap to clone.
@@ -103,6 +107,7 @@ impl SearchIndex {
                 last_rebuild_ms: AtomicU64::new(0),
                 embed_failures: AtomicU64::new(0),
                 pool_vectors: Default::default(),
+                leases: Default::default(),
             }),
         }
     }
@@ -170,7 +175,15 @@ impl SearchIndex {
     /// with [`SearchIndex::query_vector`]).
     pub fn search(&self, q: Query<'_>) -> Vec<Hit> {
         let index = self.read();
-        index.search(&self.shared.weights, &q)
+        match self.shared.leases.get() {
+            Some(reader) => {
+                let leases = reader.leases();
+                let mut q = q;
+                q.leases = Some(&leases);
+                index.search(&self.shared.weights, &q)
+            }
+            None => index.search(&self.shared.weights, &q),
+        }
     }
 
     /// Ranks a small pool of records that are not (all) in this index —
@@ -427,6 +440,7 @@ impl SearchIndex {
         reader: Reader,
         shutdown: watch::Receiver<bool>,
     ) -> tokio::task::JoinHandle<()> {
+        let _ = self.shared.leases.set(reader.clone());
         let this = self.clone();
         tokio::spawn(
             async move { this.follow(reader, shutdown).await }.instrument(info_span!("indexer")),

@@ -29,6 +29,7 @@ use std::collections::HashMap;
 // so it is defined with the results in `domain`.
 pub use crate::domain::discovery::{TagMatch, UnitKind};
 use crate::domain::filter::{AgentFacts, HardFilters};
+use crate::domain::lease::LeaseTable;
 use crate::domain::{AgentRecord, AgentStatus, Principal};
 
 use super::simd::{dot_i8, quantize};
@@ -330,6 +331,8 @@ pub struct Hit {
     pub indexed_at: String,
     pub status: AgentStatus,
     pub expired: bool,
+    /// The expiry the agent's lease gives it, when it holds one.
+    pub lease_expires_unix: Option<i64>,
     pub duplicate_of: Option<String>,
     pub notes: Vec<String>,
 }
@@ -345,6 +348,22 @@ pub struct Query<'a> {
     pub evidence: bool,
     pub principal: Option<&'a Principal>,
     pub now_unix: i64,
+    /// Agents' holds (`domain::lease`); set by the index handle.
+    pub leases: Option<&'a LeaseTable>,
+}
+
+impl Query<'_> {
+    /// The expiry a lease gives agent `id`, overriding its `expires_at`.
+    fn lease_expiry(&self, id: &str) -> Option<i64> {
+        self.leases
+            .filter(|l| !l.is_empty())
+            .and_then(|l| l.expiry_unix(id))
+    }
+
+    /// The agent's expiry as discovery goes by: its lease's, else its own.
+    fn expires_unix(&self, d: &Doc) -> Option<i64> {
+        self.lease_expiry(&d.id).or(d.facts.expires_unix)
+    }
 }
 
 /// What re-ranking needs of the request, shared by every pool member.
@@ -504,9 +523,10 @@ impl Index {
         let semantic = q.vector.as_deref().filter(|v| dim > 0 && v.len() == dim);
         let pool = pool_size(q.limit);
         let admit = |slot: u32| {
-            self.docs[slot as usize]
-                .as_ref()
-                .is_some_and(|d| q.filters.admit(&d.facts, q.principal, q.now_unix))
+            self.docs[slot as usize].as_ref().is_some_and(|d| {
+                q.filters
+                    .admit_expiring(&d.facts, q.expires_unix(d), q.principal, q.now_unix)
+            })
         };
         let query_tags = self.query_tags(&terms);
         let wanted_tags: Vec<(String, TagMatch)> = q
@@ -801,7 +821,8 @@ impl Index {
             snippet: None,
             indexed_at: d.indexed_at.clone(),
             status: d.facts.status,
-            expired: d.facts.expires_unix.is_some_and(|t| t <= q.now_unix),
+            expired: q.expires_unix(d).is_some_and(|t| t <= q.now_unix),
+            lease_expires_unix: q.lease_expiry(&d.id),
             duplicate_of: None,
             notes,
         }

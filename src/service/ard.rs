@@ -39,6 +39,7 @@ use crate::domain::catalog::{
 };
 use crate::domain::discovery::{Detail, DiscoveryRequest, Scope};
 use crate::domain::filter::{AgentFacts, HardFilters};
+use crate::domain::lease::LeaseTable;
 use crate::domain::{AgentRecord, AgentStatus, Envelope, Principal};
 
 type Result<T> = std::result::Result<T, ServiceError>;
@@ -335,9 +336,10 @@ impl ArdService {
         body.push_str(",\"entries\":[");
         body.push_str(&Value::Object(self.registry_entry()).to_string());
         let mut c = write(&self.cache);
+        let leases = self.registry.reader().leases();
         let mut newest = 0i64;
-        for item in c.items.values() {
-            if !listed(&item.facts, now) {
+        for (id, item) in c.items.iter() {
+            if !listed(&item.facts, expiry(&leases, id, item), now) {
                 continue;
             }
             newest = newest.max(item.facts.updated_unix);
@@ -399,9 +401,11 @@ impl ArdService {
         self.fresh().await?;
         let now = OffsetDateTime::now_utc().unix_timestamp();
         let c = read(&self.cache);
+        let leases = self.registry.reader().leases();
         ids.iter()
-            .filter_map(|id| c.items.get(id))
-            .find(|i| visible(&i.facts, principal, now))
+            .filter_map(|id| Some(id).zip(c.items.get(id)))
+            .find(|(id, i)| visible(&i.facts, expiry(&leases, id, i), principal, now))
+            .map(|(_, i)| i)
             .map(|i| (i.entry.clone(), i.etag.clone()))
             .ok_or_else(|| ServiceError::NotFound(format!("no agent '{identifier}'")))
     }
@@ -416,10 +420,13 @@ impl ArdService {
         filters.local_publisher = Some(self.publisher());
         let now = OffsetDateTime::now_utc().unix_timestamp();
         let c = read(&self.cache);
+        let leases = self.registry.reader().leases();
         let mut matched: Vec<(String, &Arc<Item>)> = c
             .items
             .iter()
-            .filter(|(_, i)| filters.admit(&i.facts, principal, now))
+            .filter(|(id, i)| {
+                filters.admit_expiring(&i.facts, expiry(&leases, id, i), principal, now)
+            })
             .map(|(id, i)| (plan.sort_key(&i.entry, id, &i.created), i))
             .collect();
         matched.sort_by(|a, b| a.0.cmp(&b.0));
@@ -647,11 +654,14 @@ impl ArdService {
         };
         let now = OffsetDateTime::now_utc().unix_timestamp();
         let c = read(&self.cache);
+        let leases = self.registry.reader().leases();
         let matched: Vec<&Map<String, Value>> = c
             .items
-            .values()
-            .filter(|i| filters.admit(&i.facts, principal, now))
-            .map(|i| &i.entry)
+            .iter()
+            .filter(|(id, i)| {
+                filters.admit_expiring(&i.facts, expiry(&leases, id, i), principal, now)
+            })
+            .map(|(_, i)| &i.entry)
             .collect();
         Ok(plan
             .facets
@@ -663,20 +673,30 @@ impl ArdService {
 
 /// Whether the catalog document lists an agent: public, active or
 /// deprecated, not expired.
-fn listed(facts: &AgentFacts, now: i64) -> bool {
+fn listed(facts: &AgentFacts, expires_unix: Option<i64>, now: i64) -> bool {
     facts.access.admits(None)
         && matches!(facts.status, AgentStatus::Active | AgentStatus::Deprecated)
-        && facts.expires_unix.is_none_or(|t| t > now)
+        && expires_unix.is_none_or(|t| t > now)
+}
+
+/// An entry's expiry: its agent's lease's, else its own `expires_at`.
+fn expiry(leases: &LeaseTable, id: &str, item: &Item) -> Option<i64> {
+    leases.expiry_unix(id).or(item.facts.expires_unix)
 }
 
 /// Whether `principal` may see the entry by itself (get): readable and not
 /// deleted.
-fn visible(facts: &AgentFacts, principal: Option<&Principal>, now: i64) -> bool {
+fn visible(
+    facts: &AgentFacts,
+    expires_unix: Option<i64>,
+    principal: Option<&Principal>,
+    now: i64,
+) -> bool {
     HardFilters {
         statuses: crate::domain::filter::ALL_BUT_DELETED.to_vec(),
         ..Default::default()
     }
-    .admit(facts, principal, now)
+    .admit_expiring(facts, expires_unix, principal, now)
 }
 
 /// What building entries needs.

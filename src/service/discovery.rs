@@ -134,6 +134,7 @@ impl RegistryService {
             evidence: plan.include_evidence,
             principal,
             now_unix: now.unix_timestamp(),
+            leases: None,
         });
         let mut candidates = Vec::with_capacity(hits.len());
         for hit in hits {
@@ -189,6 +190,7 @@ impl RegistryService {
             evidence: false,
             principal,
             now_unix: time::OffsetDateTime::now_utc().unix_timestamp(),
+            leases: None,
         });
         let mut out = Vec::with_capacity(hits.len());
         for hit in hits {
@@ -238,6 +240,7 @@ impl RegistryService {
             evidence: true,
             principal,
             now_unix: now.unix_timestamp(),
+            leases: None,
         });
         let language = request.locale_language();
         let mut candidates: Vec<Resolved> = Vec::new();
@@ -316,7 +319,11 @@ pub(super) fn candidate(
             .updated_at
             .clone()
             .unwrap_or_else(|| record.envelope.modified_at.clone()),
-        expires_at: record.metadata.expires_at.clone(),
+        expires_at: hit
+            .lease_expires_unix
+            .and_then(|t| time::OffsetDateTime::from_unix_timestamp(t).ok())
+            .map(crate::domain::time::format)
+            .or_else(|| record.metadata.expires_at.clone()),
         verification: record
             .envelope
             .publisher

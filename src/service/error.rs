@@ -91,11 +91,13 @@ impl From<Rejection> for ServiceError {
             Rejection::OwnedByOther { .. } | Rejection::IncompatibleBindings { .. } => {
                 Self::Conflict(message)
             }
-            Rejection::Forbidden { .. } | Rejection::KeyForbidden { .. } => {
-                Self::Forbidden(message)
-            }
+            Rejection::Forbidden { .. }
+            | Rejection::KeyForbidden { .. }
+            | Rejection::LeaseForbidden { .. } => Self::Forbidden(message),
             Rejection::Stale { .. } => Self::Stale(message),
-            Rejection::KeyNotFound { .. } => Self::NotFound(message),
+            Rejection::KeyNotFound { .. } | Rejection::LeaseNotFound { .. } => {
+                Self::NotFound(message)
+            }
             Rejection::QuotaExceeded { .. } => Self::Denied {
                 field: None,
                 message,

@@ -163,6 +163,7 @@ impl RegistryService {
             evidence: plan.include_evidence,
             principal,
             now_unix: now.unix_timestamp(),
+            leases: None,
         };
         let own = self.own_authority();
         let peers = self.peers();
@@ -313,6 +314,7 @@ impl RegistryService {
             evidence: false,
             principal: None,
             now_unix: time::OffsetDateTime::now_utc().unix_timestamp(),
+            leases: None,
         });
         let mut own = Vec::with_capacity(hits.len());
         for hit in hits {

@@ -14,6 +14,7 @@ mod federated;
 mod identity;
 mod import;
 mod invocation;
+mod leases;
 mod mcp;
 mod mcp_mirror;
 mod publishers;

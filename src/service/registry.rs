@@ -72,6 +72,8 @@ pub struct RegistryService {
     peers: crate::federation::Peers,
     /// Tenants' namespaces and the record quotas.
     tenancy: std::sync::Arc<super::tenancy::Tenancy>,
+    /// Batches refreshes into log entries; started on the first refresh.
+    refresher: std::sync::Arc<std::sync::OnceLock<super::leases::Refresher>>,
 }
 
 pub(super) fn require_writer(principal: Option<&Principal>) -> Result<&Principal> {
@@ -125,7 +127,13 @@ impl RegistryService {
             shutdown,
             peers: Default::default(),
             tenancy: Default::default(),
+            refresher: Default::default(),
         }
+    }
+
+    pub(super) fn refresher(&self) -> &super::leases::Refresher {
+        self.refresher
+            .get_or_init(|| super::leases::Refresher::start(self.node.clone()))
     }
 
     /// The same service, with tenants and quotas.
@@ -456,7 +464,10 @@ impl RegistryService {
         // Count what lies before the page too, so total_count is the same on
         // every page.
         self.reader.scan(|r| {
-            if query.filter.admit_record(&r, principal, now) {
+            // Looked up per record: a scan is long, and applies wait for
+            // the table's lock.
+            let lease = self.reader.leases().expiry_unix(&r.metadata.id);
+            if query.filter.admit_record_leased(&r, lease, principal, now) {
                 total += 1;
                 let after_token = after.as_deref().is_none_or(|a| r.metadata.id.as_str() > a);
                 if after_token {

@@ -35,10 +35,13 @@ use super::state_machine::{
     KEY_APPLIED, KEY_AUDIT_SEQ, KEY_FEDERATION_CURSORS, KEY_IDENTITY, KEY_MEMBERSHIP, KEY_OLDEST,
     KEY_PUBLISHER_KEYS,
 };
-use super::{cf, u64_key, StorageError, CF_AGENTS, CF_AUDIT, CF_CHANGES, CF_RAFT, CF_SM};
+use super::{
+    cf, u64_key, StorageError, CF_AGENTS, CF_AUDIT, CF_CHANGES, CF_LEASES, CF_RAFT, CF_SM,
+};
 use crate::consensus::{LogId, NodeId, StoredMembership};
 use crate::crypto::Identity;
 use crate::domain::audit::AuditEntry;
+use crate::domain::lease::LeaseEntry;
 use crate::domain::{AgentRecord, Change, PublisherKey};
 
 /// Version of the backup format this binary writes and reads.
@@ -85,6 +88,9 @@ pub struct BackupEnd {
     pub records: u64,
     pub changes: u64,
     pub audit: u64,
+    /// Agents' holds and shared leases (absent in backups from before).
+    #[serde(default)]
+    pub leases: u64,
     pub sha256: String,
 }
 
@@ -103,6 +109,7 @@ enum Line {
     Record(AgentRecord),
     Change(Change),
     Audit(AuditEntry),
+    Lease(LeaseEntry),
     End(BackupEnd),
 }
 
@@ -169,6 +176,7 @@ pub fn write_backup(
         (CF_AGENTS, "record", &mut counts.records),
         (CF_CHANGES, "change", &mut counts.changes),
         (CF_AUDIT, "audit", &mut counts.audit),
+        (CF_LEASES, "lease", &mut counts.leases),
     ] {
         let mut it = snap.raw_iterator_cf(cf(db, cf_name)?);
         it.seek_to_first();
@@ -253,7 +261,9 @@ pub fn verify_backup(mut input: impl BufRead) -> Result<(BackupHeader, BackupEnd
                     computed,
                 });
             }
-            if (seen.records, seen.changes, seen.audit) != (end.records, end.changes, end.audit) {
+            if (seen.records, seen.changes, seen.audit, seen.leases)
+                != (end.records, end.changes, end.audit, end.leases)
+            {
                 return Err(invalid(
                     n,
                     "the counts in the end line do not match the lines",
@@ -272,6 +282,8 @@ pub fn verify_backup(mut input: impl BufRead) -> Result<(BackupHeader, BackupEnd
             seen.changes += 1;
         } else if kind.starts_with(b"{\"audit\":") {
             seen.audit += 1;
+        } else if kind.starts_with(b"{\"lease\":") {
+            seen.leases += 1;
         } else {
             return Err(invalid(n, "unknown line"));
         }
@@ -305,6 +317,7 @@ pub fn load_backup(
     let mut line = Vec::new();
     input.read_until(b'\n', &mut line)?;
     let header: BackupHeader = serde_json::from_slice(&line).map_err(|e| invalid(1, e))?;
+    let leases = cf(db, CF_LEASES)?;
     let (agents, changes, audit, sm, raft) = (
         cf(db, CF_AGENTS)?,
         cf(db, CF_CHANGES)?,
@@ -347,6 +360,14 @@ pub fn load_backup(
                     serde_json::to_vec(&e).map_err(StorageError::from)?,
                 );
                 counts.audit += 1;
+            }
+            Line::Lease(e) => {
+                batch.put_cf(
+                    leases,
+                    e.key(),
+                    serde_json::to_vec(&e).map_err(StorageError::from)?,
+                );
+                counts.leases += 1;
             }
             Line::End(end) => break end,
         }

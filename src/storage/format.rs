@@ -6,13 +6,15 @@
 //! Formats:
 //! - 0: before the version was recorded (no `FORMAT` file).
 //! - 1: the same layout, with the version recorded.
+//! - 2: adds the `leases` column family (agents' holds and shared leases;
+//!   created empty on open) and refresh entries in the log.
 
 use std::path::Path;
 
 use super::StorageError;
 
 /// The format this binary writes.
-pub const DATA_FORMAT: u32 = 1;
+pub const DATA_FORMAT: u32 = 2;
 
 const FORMAT_FILE: &str = "FORMAT";
 const PREFIX: &str = "agentry-data-format ";
@@ -49,7 +51,8 @@ pub fn check_and_upgrade(dir: &Path) -> Result<u32, StorageError> {
         )));
     }
     if found < DATA_FORMAT {
-        // 0 -> 1 changes no data; later upgrades run here in order.
+        // 0 -> 1 -> 2 change no stored data (the new column family is
+        // created when the database opens); later upgrades run here in order.
         tracing::info!(
             dir = %dir.display(),
             from = found,

@@ -37,6 +37,8 @@ pub(crate) const CF_AGENTS: &str = "agents";
 pub(crate) const CF_CHANGES: &str = "changes";
 pub(crate) const CF_AUDIT: &str = "audit";
 pub(crate) const CF_AUDIT_LOCAL: &str = "audit_local";
+/// Agents' holds and shared leases (`domain::lease`).
+pub(crate) const CF_LEASES: &str = "leases";
 
 /// Storage failures. They are fatal to Raft (openraft stops the node), so
 /// anything a client can cause is handled before it reaches storage.
@@ -88,6 +90,7 @@ pub fn open(dir: &Path, max_wal_bytes: u64) -> Result<Arc<DB>, StorageError> {
         CF_CHANGES,
         CF_AUDIT,
         CF_AUDIT_LOCAL,
+        CF_LEASES,
     ]
     .into_iter()
     .map(|name| {

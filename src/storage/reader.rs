@@ -11,6 +11,7 @@ use tokio::sync::broadcast;
 use super::{cf, get_json, key_u64, u64_key, StorageError, CF_AGENTS, CF_CHANGES};
 use crate::crypto::keys::Signer;
 use crate::crypto::Identity;
+use crate::domain::lease::LeaseTable;
 use crate::domain::{AgentRecord, Change, PublisherKey};
 
 /// What live watchers are told.
@@ -52,6 +53,9 @@ pub(crate) struct AppliedState {
     pub signer: std::sync::RwLock<Option<Arc<Signer>>>,
     /// Registered publisher keys, as applied.
     pub publisher_keys: std::sync::RwLock<Arc<Vec<PublisherKey>>>,
+    /// Every hold and lease, as applied: only `apply` and `install` change
+    /// it, after their batch is written.
+    pub leases: std::sync::RwLock<LeaseTable>,
 }
 
 impl AppliedState {
@@ -75,6 +79,14 @@ impl AppliedState {
             Ok(mut g) => *g = keys,
             Err(poisoned) => *poisoned.into_inner() = keys,
         }
+    }
+
+    pub fn leases(&self) -> std::sync::RwLockReadGuard<'_, LeaseTable> {
+        self.leases.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn leases_mut(&self) -> std::sync::RwLockWriteGuard<'_, LeaseTable> {
+        self.leases.write().unwrap_or_else(|e| e.into_inner())
     }
 
     pub fn signer(&self) -> Option<Arc<Signer>> {
@@ -144,6 +156,12 @@ impl Reader {
             super::state_machine::KEY_FEDERATION_CURSORS,
         )?;
         Ok(cursors.and_then(|c| c.get(peer).copied()).unwrap_or(0))
+    }
+
+    /// The applied holds and leases; discovery reads agents' expiry here.
+    /// Hold the guard briefly: applies wait for it.
+    pub fn leases(&self) -> std::sync::RwLockReadGuard<'_, LeaseTable> {
+        self.applied.leases()
     }
 
     pub fn publisher_keys(&self) -> Arc<Vec<PublisherKey>> {

@@ -29,7 +29,7 @@ use super::quota::RecordCounts;
 use super::reader::{Applied, AppliedState};
 use super::{
     cf, get_json, u64_key, Reader, StorageError as LocalError, CF_AGENTS, CF_AUDIT, CF_CHANGES,
-    CF_SM,
+    CF_LEASES, CF_SM,
 };
 use crate::consensus::PublisherKeyChange;
 use crate::consensus::{
@@ -41,6 +41,7 @@ use crate::crypto::signature::{sign_record, still_valid};
 use crate::crypto::Identity;
 use crate::domain::audit::{AuditEntry, Outcome};
 use crate::domain::federation::decide_federated;
+use crate::domain::lease::{LeaseEntry, LeaseTable, RefreshTarget, Staged};
 use crate::domain::write::{
     decide_delete, decide_publisher_key, decide_put, decide_reverify, decide_status,
     settle_verdict, Rejection,
@@ -87,6 +88,9 @@ struct SnapshotData {
     /// Absent in snapshots from before the cluster was recorded.
     #[serde(default)]
     cluster: ClusterRecord,
+    /// Holds and shared leases (absent in snapshots from before leases).
+    #[serde(default)]
+    leases: Vec<LeaseEntry>,
 }
 
 /// Snapshot activity since the node started, for status and metrics.
@@ -170,6 +174,30 @@ fn snap_err(e: impl Into<LocalError>) -> StorageError {
     StorageIOError::write_snapshot(None, &e.into()).into()
 }
 
+/// Unix seconds of a command's clock (RFC 3339, made by the proposer).
+fn unix_of(now: &str) -> i64 {
+    crate::domain::time::parse(now).map_or(0, |t| t.unix_timestamp())
+}
+
+/// A stored record's envelope, decoded without its metadata.
+#[derive(Deserialize)]
+struct StoredEnvelope {
+    envelope: crate::domain::Envelope,
+}
+
+/// Reads every stored hold and lease.
+fn load_leases(db: &DB) -> Result<LeaseTable, LocalError> {
+    let mut table = LeaseTable::default();
+    let mut it = db.raw_iterator_cf(cf(db, CF_LEASES)?);
+    it.seek_to_first();
+    while let Some(v) = it.value() {
+        table.load(serde_json::from_slice(v)?);
+        it.next();
+    }
+    it.status()?;
+    Ok(table)
+}
+
 impl StateMachine {
     /// Opens the state machine over `db`, keeping `history` revisions of
     /// change feed, and snapshots under `snapshot_dir`.
@@ -190,6 +218,7 @@ impl StateMachine {
             identity: std::sync::RwLock::new(identity.map(Arc::new)),
             signer: std::sync::RwLock::new(signer),
             publisher_keys: std::sync::RwLock::new(Arc::new(publisher_keys)),
+            leases: std::sync::RwLock::new(load_leases(&db)?),
         });
         let this = Self {
             db,
@@ -209,6 +238,11 @@ impl StateMachine {
         };
         this.recount()?;
         Ok(this)
+    }
+
+    /// The envelope of the record stored under `id`: all a refresh checks.
+    fn stored_envelope(&self, id: &str) -> Result<Option<crate::domain::Envelope>, LocalError> {
+        Ok(get_json::<StoredEnvelope>(&self.db, CF_AGENTS, id.as_bytes())?.map(|s| s.envelope))
     }
 
     /// Counts the live records per owner and tenant from storage.
@@ -332,6 +366,8 @@ impl StateMachine {
             | Command::Audited { .. }
             | Command::Note { .. }
             | Command::Cursor { .. }
+            | Command::Refresh { .. }
+            | Command::RevokeLease { .. }
             | Command::Cluster { .. } => {
                 // Routed to their own appliers by `apply`; never here.
                 return CommandResult::Internal;
@@ -588,6 +624,7 @@ impl StateMachine {
             ("records", CF_AGENTS),
             ("changes", CF_CHANGES),
             ("audit", CF_AUDIT),
+            ("leases", CF_LEASES),
         ] {
             data.extend_from_slice(format!(",\"{name}\":[").as_bytes());
             let mut it = snap.raw_iterator_cf(cf(db, cf_name)?);
@@ -655,6 +692,13 @@ impl StateMachine {
             batch.put_cf(audit, u64_key(e.seq), serde_json::to_vec(e)?);
         }
         batch.put_cf(sm, KEY_AUDIT_SEQ, serde_json::to_vec(&data.audit_seq)?);
+        let leases = cf(&self.db, CF_LEASES)?;
+        batch.delete_range_cf(leases, [0u8].as_slice(), [0xffu8; 1024].as_slice());
+        let mut lease_table = LeaseTable::default();
+        for e in &data.leases {
+            batch.put_cf(leases, e.key(), serde_json::to_vec(e)?);
+            lease_table.load(e.clone());
+        }
         let last = meta.last_log_id;
         let oldest = if data.changes.is_empty() {
             last.map(|l| l.index + 1).unwrap_or(1)
@@ -689,6 +733,7 @@ impl StateMachine {
         self.recount()?;
         self.applied.set_identity(data.identity);
         self.applied.set_publisher_keys(data.publisher_keys);
+        *self.applied.leases_mut() = lease_table;
         self.write_snapshot_file(&StoredSnapshot {
             meta: meta.clone(),
             data: bytes,
@@ -744,6 +789,9 @@ impl StateMachine {
         let mut cluster: Option<ClusterRecord> = None;
         let mut cluster_changed = false;
         let mut membership: Option<StoredMembership> = None;
+        let applied = self.applied.clone();
+        let lease_table = applied.leases();
+        let mut staged = Staged::new(&lease_table);
         for entry in entries {
             let revision = entry.log_id.index;
             // A client's command carries who asked; the entry of its
@@ -776,6 +824,26 @@ impl StateMachine {
                     CommandResult::Internal
                 }
                 EntryPayload::Normal(Command::Note { .. }) => CommandResult::Internal,
+                EntryPayload::Normal(Command::Refresh { refreshes, now }) => {
+                    let now_unix = unix_of(&now);
+                    let mut out = Vec::with_capacity(refreshes.len());
+                    for r in &refreshes {
+                        let envelope = match &r.target {
+                            RefreshTarget::Agent { id, .. } => match written.get(id) {
+                                Some(rec) => Some(rec.envelope.clone()),
+                                None => self.stored_envelope(id).map_err(sm_read)?,
+                            },
+                            RefreshTarget::Lease { .. } => None,
+                        };
+                        out.push(staged.refresh(r, envelope.as_ref(), now_unix));
+                    }
+                    CommandResult::Leases(out)
+                }
+                EntryPayload::Normal(Command::RevokeLease {
+                    name,
+                    principal,
+                    now,
+                }) => CommandResult::Leases(vec![staged.revoke(&name, &principal, unix_of(&now))]),
                 EntryPayload::Normal(Command::Cursor { name, value, .. }) => {
                     // Kept with the federation cursors (same map, same
                     // snapshot and backup member); only ever forward.
@@ -865,6 +933,8 @@ impl StateMachine {
                         Command::Put { quota, .. } => *quota,
                         _ => None,
                     };
+                    // A new registration or a deletion ends the agent's hold.
+                    let releases = matches!(cmd, Command::Put { .. } | Command::Delete { .. });
                     let mut result = self.decide(
                         cmd,
                         current.as_ref(),
@@ -887,6 +957,9 @@ impl StateMachine {
                         batch.put_cf(agents, id.as_bytes(), record);
                         batch.put_cf(changes, u64_key(revision), change_json);
                         written.insert(id.clone(), change.record.clone());
+                        if releases {
+                            staged.release(id);
+                        }
                     }
                     result
                 }
@@ -921,6 +994,19 @@ impl StateMachine {
         let Some(last) = last else {
             return Ok(results);
         };
+        let lease_writes = staged.into_writes();
+        drop(lease_table);
+        if !lease_writes.is_empty() {
+            let leases = cf(&self.db, CF_LEASES).map_err(sm_write)?;
+            for w in &lease_writes {
+                match w.entry() {
+                    Some(e) => {
+                        batch.put_cf(leases, w.key(), serde_json::to_vec(&e).map_err(sm_write)?)
+                    }
+                    None => batch.delete_cf(leases, w.key()),
+                }
+            }
+        }
         batch.put_cf(
             sm,
             KEY_APPLIED,
@@ -967,6 +1053,12 @@ impl StateMachine {
             }
         }
         self.db.write(batch).map_err(sm_write)?;
+        if !lease_writes.is_empty() {
+            let mut table = self.applied.leases_mut();
+            for w in &lease_writes {
+                table.apply(w);
+            }
+        }
         if let Some(cluster) = cluster {
             self.cluster.set(cluster);
         }
@@ -1288,6 +1380,97 @@ mod tests {
             )
             .unwrap();
         assert_eq!(entries.iter().map(|e| e.seq).collect::<Vec<_>>(), [1, 2]);
+    }
+
+    #[tokio::test]
+    async fn leases_apply_in_order_end_with_a_new_registration_and_persist() {
+        use crate::domain::lease::{Hold, Refresh, RefreshTarget};
+        let leader = openraft::CommittedLeaderId::new(1, 1);
+        let dir = tempfile::tempdir().unwrap();
+        let mut sm = state_machine_in(dir.path());
+        let alice = Principal::new("alice", Role::Publisher);
+        let now = "2026-11-25T00:00:00Z";
+        let now_unix = unix_of(now);
+        let put = |index: u64, id: &str| Entry {
+            log_id: openraft::LogId::new(leader, index),
+            payload: EntryPayload::Normal(Command::Put {
+                metadata: Box::new(
+                    serde_json::from_value(serde_json::json!({
+                        "id": id, "name": id, "description": "d",
+                        "bindings": [{"protocol": "https", "endpoint": format!("https://x/{id}")}]
+                    }))
+                    .unwrap(),
+                ),
+                visibility: None,
+                readers: Vec::new(),
+                principal: alice.clone(),
+                mode: crate::domain::write::WriteMode::Register,
+                now: now.into(),
+                publisher: None,
+                quota: None,
+                expected_revision: None,
+            }),
+        };
+        let refresh = |target: RefreshTarget, ttl: Option<u32>| Refresh {
+            target,
+            ttl_seconds: ttl,
+            principal: alice.clone(),
+        };
+        let agent = |id: &str, lease: Option<&str>| RefreshTarget::Agent {
+            id: id.into(),
+            lease: lease.map(String::from),
+        };
+        let lease = RefreshTarget::Lease {
+            name: "fleet".into(),
+        };
+        sm.apply([put(1, "a"), put(2, "b")]).await.unwrap();
+        // One entry: the lease is made before "b" joins it, and "nobody"
+        // is refused without failing the others.
+        let results = sm
+            .apply([Entry {
+                log_id: openraft::LogId::new(leader, 3),
+                payload: EntryPayload::Normal(Command::Refresh {
+                    refreshes: vec![
+                        refresh(agent("a", None), Some(30)),
+                        refresh(lease.clone(), Some(90)),
+                        refresh(agent("b", Some("fleet")), None),
+                        refresh(agent("nobody", None), None),
+                    ],
+                    now: now.into(),
+                }),
+            }])
+            .await
+            .unwrap();
+        let CommandResult::Leases(outcomes) = &results[0] else {
+            panic!("{results:?}");
+        };
+        assert_eq!(outcomes[0].as_ref().unwrap().expires_unix, now_unix + 30);
+        assert_eq!(outcomes[2].as_ref().unwrap().expires_unix, now_unix + 90);
+        assert_eq!(outcomes[2].as_ref().unwrap().agents, 1);
+        assert!(matches!(outcomes[3], Err(Rejection::NotFound { .. })));
+        let reader = sm.reader();
+        assert_eq!(reader.leases().expiry_unix("a"), Some(now_unix + 30));
+        assert_eq!(reader.leases().expiry_unix("b"), Some(now_unix + 90));
+        // No record changed: the revisions are those of the registrations.
+        assert_eq!(reader.get("a").unwrap().unwrap().envelope.revision, 1);
+        // Registering "a" again ends its hold.
+        sm.apply([put(4, "a")]).await.unwrap();
+        assert_eq!(reader.leases().expiry_unix("a"), None);
+        // Stored, and carried by snapshots.
+        drop((sm, reader));
+        let mut sm = state_machine_in(dir.path());
+        assert_eq!(sm.reader().leases().expiry_unix("b"), Some(now_unix + 90));
+        let (fresh, _) = restored_from_snapshot(&mut sm, dir.path()).await;
+        let leases = fresh.reader();
+        let table = leases.leases();
+        assert_eq!(
+            table.hold("b"),
+            Some(&Hold::Shared {
+                lease: "fleet".into()
+            })
+        );
+        assert_eq!(table.expiry_unix("b"), Some(now_unix + 90));
+        assert_eq!(table.expiry_unix("a"), None);
     }
 
     #[tokio::test]

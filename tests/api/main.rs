@@ -13,6 +13,7 @@ mod discovery;
 mod embedders;
 mod harness;
 mod invocation;
+mod leases;
 mod mcp;
 mod mcp_mirror;
 mod mcp_registry;

@@ -35,6 +35,7 @@ mod ard;
 mod cluster;
 mod federation;
 mod invocation;
+mod leases;
 mod mcp_registry;
 mod metrics;
 mod openapi;
@@ -885,6 +886,30 @@ pub fn routes() -> Routes {
         "POST",
         "/agents/{id}/status",
         routing::post(set_status),
+    )
+    .add(
+        OpClass::Write,
+        "POST",
+        "/agents/{id}/refresh",
+        routing::post(leases::refresh_agent),
+    )
+    .add(
+        OpClass::Write,
+        "POST",
+        "/leases/{lease}/refresh",
+        routing::post(leases::refresh_lease),
+    )
+    .add(
+        OpClass::Read,
+        "GET",
+        "/leases/{lease}",
+        routing::get(leases::get_lease),
+    )
+    .add(
+        OpClass::Write,
+        "DELETE",
+        "/leases/{lease}",
+        routing::delete(leases::revoke_lease),
     )
     .add(
         OpClass::Invoke,
