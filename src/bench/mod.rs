@@ -15,4 +15,4 @@ pub mod trust;
 mod write_stages;
 mod writes;
 
-pub use writes::{report, Row, WriteBench};
+pub use writes::{report, RefreshLoad, Row, WriteBench};

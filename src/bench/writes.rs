@@ -16,7 +16,7 @@ use crate::convert::metadata_from_json;
 use crate::etcd_pb::{
     kv_client::KvClient, maintenance_client::MaintenanceClient, PutRequest, StatusRequest,
 };
-use crate::pb::{registry_client::RegistryClient, RegisterRequest};
+use crate::pb::{registry_client::RegistryClient, RefreshRequest, RegisterRequest};
 
 use super::write_stages::{self, NodeStages, Sample};
 
@@ -46,6 +46,19 @@ pub struct WriteBench {
     pub value_bytes: usize,
     /// etcd binary; `None` skips etcd.
     pub etcd: Option<PathBuf>,
+    /// Measure refreshes of registered agents instead of registrations.
+    pub refresh: Option<RefreshLoad>,
+}
+
+/// The refresh run (`--refresh`): `agents` registered first, then refreshed
+/// round-robin, at full speed per concurrency and at a steady `rate`.
+#[derive(Debug, Clone)]
+pub struct RefreshLoad {
+    pub agents: usize,
+    /// Refreshes per second of the steady run (100k agents every 30 s:
+    /// 3,334).
+    pub rate: f64,
+    pub seconds: u64,
 }
 
 /// One measured level.
@@ -219,6 +232,49 @@ async fn channels(urls: &[String], n: usize) -> Result<Vec<Channel>, BenchError>
     Ok(out)
 }
 
+/// Sends operations at a steady `rate` for `seconds`, each timed from when
+/// it was due (so a slow answer delays none of the later ones, and queueing
+/// shows in the latency); at most `MAX_OPEN` are outstanding.
+async fn paced<F, Fut>(rate: f64, seconds: u64, op: F) -> (Duration, Vec<Duration>, usize)
+where
+    F: Fn(usize) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<(), String>> + Send + 'static,
+{
+    const MAX_OPEN: usize = 4096;
+    let open = Arc::new(tokio::sync::Semaphore::new(MAX_OPEN));
+    let total = (rate * seconds as f64) as usize;
+    let start = tokio::time::Instant::now();
+    let mut tasks = Vec::with_capacity(total);
+    for i in 0..total {
+        let due = start + Duration::from_secs_f64(i as f64 / rate);
+        tokio::time::sleep_until(due).await;
+        let Ok(permit) = open.clone().acquire_owned().await else {
+            break;
+        };
+        let fut = op(i);
+        tasks.push(tokio::spawn(async move {
+            let r = fut.await;
+            drop(permit);
+            r.map(|()| due.elapsed())
+        }));
+    }
+    let mut lat = Vec::with_capacity(total);
+    let mut errors = 0;
+    for t in tasks {
+        match t.await {
+            Ok(Ok(d)) => lat.push(d),
+            Ok(Err(e)) => {
+                if errors == 0 {
+                    tracing::warn!(error = %e, "a paced benchmark operation failed");
+                }
+                errors += 1;
+            }
+            Err(_) => errors += 1,
+        }
+    }
+    (start.elapsed(), lat, errors)
+}
+
 /// Retries `probe` until it succeeds or `timeout` passes.
 async fn wait_until<F, Fut>(what: &str, timeout: Duration, probe: F) -> Result<(), BenchError>
 where
@@ -341,8 +397,9 @@ impl WriteBench {
             .map_err(|_| setup("bad key"))?;
         let pool = Arc::new(channels(&[leader_url], 16).await?);
         let bytes = self.value_bytes;
+        let (put_pool, put_auth) = (pool.clone(), auth.clone());
         let put = move |prefix: String| {
-            let (pool, auth) = (pool.clone(), auth.clone());
+            let (pool, auth) = (put_pool.clone(), put_auth.clone());
             move |i: usize| {
                 let channel = pool[i % pool.len()].clone();
                 let auth = auth.clone();
@@ -374,7 +431,49 @@ impl WriteBench {
             follower: member((leader + 1) % ports.len()),
             key: key.to_string(),
         };
-        let rows = self.measure("agentry", put, &watched).await;
+        let Some(load) = &self.refresh else {
+            let rows = self.measure("agentry", put, &watched).await;
+            drop(procs);
+            return Ok(rows);
+        };
+        let agents = load.agents.max(1);
+        let (_, registered, errors) = drive(64, agents, put("agent".into())).await;
+        if errors > 0 || registered.len() < agents {
+            return Err(setup(format!(
+                "registering the {agents} agents to refresh failed {errors} times"
+            )));
+        }
+        // Each agent is refreshed on its own (no shared lease): the load of
+        // `agents` publishers keeping their records alive.
+        let refresh = move |_prefix: String| {
+            let (pool, auth) = (pool.clone(), auth.clone());
+            move |i: usize| {
+                let channel = pool[i % pool.len()].clone();
+                let mut req = tonic::Request::new(RefreshRequest {
+                    id: format!("agent-{}", i % agents),
+                    ttl_seconds: Some(30),
+                    lease: None,
+                });
+                req.metadata_mut().insert("authorization", auth.clone());
+                async move {
+                    RegistryClient::new(channel)
+                        .refresh(req)
+                        .await
+                        .map(|_| ())
+                        .map_err(|s| s.message().to_string())
+                }
+            }
+        };
+        let mut rows = self.measure("refresh", &refresh, &watched).await;
+        let (leader_before, follower_before) = watched.take().await;
+        let run = paced(load.rate, load.seconds, refresh("paced".into())).await;
+        let (leader_after, follower_after) = watched.take().await;
+        let mut r = row("paced", 0, run);
+        let leader = write_stages::stages(&leader_before, &leader_after, r.writes);
+        let follower = write_stages::stages(&follower_before, &follower_after, r.writes);
+        r.cpu_us = (leader.cpu_us, follower.cpu_us);
+        r.stages = Some((leader, follower));
+        rows.push(r);
         drop(procs);
         Ok(rows)
     }
@@ -488,7 +587,7 @@ impl WriteBench {
     /// Runs both systems and returns every row.
     pub async fn run(&self) -> Result<Vec<Row>, BenchError> {
         let mut rows = self.agentry().await?;
-        if let Some(bin) = &self.etcd {
+        if let (Some(bin), None) = (&self.etcd, &self.refresh) {
             rows.extend(self.etcd(bin).await?);
         }
         Ok(rows)
@@ -503,10 +602,14 @@ pub fn report(rows: &[Row], value_bytes: usize) -> String {
         "system", "clients", "writes", "errors", "writes/s", "p50 ms", "p99 ms", "leader CPU", "follower CPU"
     );
     for r in rows {
+        let clients = match r.system {
+            "paced" => "steady".to_string(),
+            _ => r.clients.to_string(),
+        };
         out.push_str(&format!(
             "{:<8} {:>7} {:>7} {:>6} {:>10.1} {:>8.2} {:>8.2} {:>9.0} µs {:>9.0} µs\n",
             r.system,
-            r.clients,
+            clients,
             r.writes,
             r.errors,
             r.per_sec,
@@ -529,6 +632,12 @@ pub fn report(rows: &[Row], value_bytes: usize) -> String {
                 a.p99_ms / e.p99_ms.max(f64::MIN_POSITIVE),
             ));
         }
+    }
+    if rows.iter().any(|r| r.system == "refresh") {
+        out.push_str(
+            "refresh: registered agents each refreshed on its own (TTL 30 s), no record sent; \
+             steady: a fixed rate, each refresh timed from when it was due\n",
+        );
     }
     for r in rows {
         if let Some((leader, follower)) = &r.stages {

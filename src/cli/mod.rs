@@ -268,6 +268,21 @@ pub enum BenchCommand {
         /// Measure Agentry only.
         #[arg(long)]
         no_etcd: bool,
+        /// Measure refreshes (`POST /agents/{id}/refresh`) of registered
+        /// agents instead of registrations: at full speed per concurrency,
+        /// then at a steady --rate (Agentry only).
+        #[arg(long)]
+        refresh: bool,
+        /// Refresh run: agents registered first and refreshed round-robin.
+        #[arg(long, default_value_t = 10_000)]
+        agents: usize,
+        /// Refresh run: refreshes per second of the steady part (100k
+        /// agents every 30 s).
+        #[arg(long, default_value_t = 3334.0)]
+        rate: f64,
+        /// Refresh run: seconds of the steady part.
+        #[arg(long, default_value_t = 20)]
+        seconds: u64,
         /// Working directory for the clusters' data (default: a temporary
         /// directory, removed afterwards).
         #[arg(long)]
@@ -375,15 +390,34 @@ fn which(program: &str) -> Option<PathBuf> {
 
 /// Runs a benchmark and prints its table.
 pub async fn run_bench(args: BenchArgs) -> Result<(), CliError> {
-    let (clients, writes, value_bytes, etcd, no_etcd, dir) = match args.command {
+    let (clients, writes, value_bytes, etcd, no_etcd, refresh, dir) = match args.command {
         BenchCommand::Writes {
             clients,
             writes,
             value_bytes,
             etcd,
             no_etcd,
+            refresh,
+            agents,
+            rate,
+            seconds,
             dir,
-        } => (clients, writes, value_bytes, etcd, no_etcd, dir),
+        } => {
+            let refresh = refresh.then(|| crate::bench::RefreshLoad {
+                agents,
+                rate: rate.max(1.0),
+                seconds: seconds.max(1),
+            });
+            (
+                clients,
+                writes,
+                value_bytes,
+                etcd,
+                no_etcd || refresh.is_some(),
+                refresh,
+                dir,
+            )
+        }
         BenchCommand::Discover {
             agents,
             queries,
@@ -480,6 +514,7 @@ pub async fn run_bench(args: BenchArgs) -> Result<(), CliError> {
         writes,
         value_bytes,
         etcd,
+        refresh,
     };
     let rows = bench.run().await.map_err(local)?;
     out!("{}", crate::bench::report(&rows, value_bytes));

@@ -19,7 +19,7 @@ use super::forward::{ForwardReply, Forwarded};
 use super::membership_check::MembershipCheck;
 use super::network::TransportError;
 use super::{Command, CommandResult, Network, NodeId, Raft};
-use crate::storage::{DiskSpace, LogStore, NoSpace, SnapshotStats, StateMachine};
+use crate::storage::{DiskSpace, LogStore, NoSpace, SnapshotStats, SnapshotWeight, StateMachine};
 
 /// Why a request could not be carried out. Crosses the internal transport
 /// when a follower passes a request to the leader.
@@ -223,7 +223,9 @@ impl RaftNode {
             heartbeat_interval: settings.heartbeat_ms,
             election_timeout_min: settings.election_timeout_ms,
             election_timeout_max: settings.election_timeout_ms * 2,
-            snapshot_policy: SnapshotPolicy::LogsSinceLast(settings.snapshot_logs),
+            // Snapshots are triggered by the state machine's log weight
+            // (`SnapshotWeight`): refresh entries count less than others.
+            snapshot_policy: SnapshotPolicy::Never,
             max_in_snapshot_log_to_keep: settings.snapshot_keep_logs,
             // Purge in batches, but never so large that a small snapshot
             // interval keeps the whole log.
@@ -237,6 +239,7 @@ impl RaftNode {
         let config = Arc::new(config.validate().map_err(fatal)?);
         let committed = log_store.committed_index();
         let snapshots = state_machine.snapshot_stats();
+        let weight = state_machine.snapshot_weight();
         let check = MembershipCheck::new(
             settings.id,
             log_store.incarnation(),
@@ -273,7 +276,36 @@ impl RaftNode {
         };
         node.bootstrap(bootstrap).await?;
         tokio::spawn(node.clone().record_members());
+        tokio::spawn(node.clone().take_snapshots(weight, settings.snapshot_logs));
         Ok(node)
+    }
+
+    /// Builds a snapshot whenever the state machine says one is due; ends
+    /// when the Raft core stops.
+    async fn take_snapshots(self, weight: Arc<SnapshotWeight>, every: u64) {
+        let metrics = self.raft.metrics();
+        let since = {
+            let m = metrics.borrow();
+            let applied = m.last_applied.map_or(0, |l| l.index);
+            applied.saturating_sub(m.snapshot.map_or(0, |l| l.index))
+        };
+        weight.start(every, since);
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                _ = weight.due() => {
+                    if let Err(e) = self.raft.trigger().snapshot().await {
+                        tracing::warn!(error = %e, "a due snapshot could not be started");
+                        return;
+                    }
+                }
+                _ = tick.tick() => {
+                    if metrics.has_changed().is_err() {
+                        return;
+                    }
+                }
+            }
+        }
     }
 
     /// This node's membership check (`membership_check`).

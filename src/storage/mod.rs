@@ -23,7 +23,7 @@ pub use format::DATA_FORMAT;
 pub use log_store::LogStore;
 pub use reader::{Applied, FollowEnd, Reader};
 pub use space::{DiskSpace, NoSpace, DEFAULT_RESERVE_BYTES};
-pub use state_machine::{SnapshotStats, StateMachine};
+pub use state_machine::{SnapshotStats, SnapshotWeight, StateMachine};
 
 use std::path::Path;
 use std::sync::Arc;

@@ -93,6 +93,54 @@ struct SnapshotData {
     leases: Vec<LeaseEntry>,
 }
 
+/// Log weight since the last snapshot, deciding when the next is due.
+///
+/// A snapshot writes the whole state (every record), so taking one every N
+/// log entries would make cheap entries expensive: a refresh entry is a few
+/// hundred bytes, and 3,000 refreshes a second would rewrite a directory of
+/// 100k records every few seconds. Entries therefore weigh what they cost to
+/// keep and replay: a refresh entry `1`, any other `ENTRY_WEIGHT`. A
+/// snapshot is due when the weight reaches `snapshot_logs` whole entries.
+#[derive(Debug, Default)]
+pub struct SnapshotWeight {
+    since: AtomicU64,
+    every: AtomicU64,
+    due: tokio::sync::Notify,
+}
+
+/// The weight of an entry that is not a refresh.
+const ENTRY_WEIGHT: u64 = 8;
+
+impl SnapshotWeight {
+    /// Sets the interval (`snapshot_logs` entries; 0: never) and the entries
+    /// already in the log since the last snapshot.
+    pub fn start(&self, every_entries: u64, since_entries: u64) {
+        self.every.store(
+            every_entries.saturating_mul(ENTRY_WEIGHT),
+            Ordering::Relaxed,
+        );
+        self.add(since_entries.saturating_mul(ENTRY_WEIGHT));
+    }
+
+    fn add(&self, weight: u64) {
+        let since = self.since.fetch_add(weight, Ordering::Relaxed) + weight;
+        let every = self.every.load(Ordering::Relaxed);
+        if every > 0 && since >= every {
+            self.since.store(0, Ordering::Relaxed);
+            self.due.notify_one();
+        }
+    }
+
+    fn reset(&self) {
+        self.since.store(0, Ordering::Relaxed);
+    }
+
+    /// Resolves when a snapshot is due.
+    pub async fn due(&self) {
+        self.due.notified().await
+    }
+}
+
 /// Snapshot activity since the node started, for status and metrics.
 #[derive(Debug, Default)]
 pub struct SnapshotStats {
@@ -160,6 +208,7 @@ pub struct StateMachine {
     audit_sink: Option<AuditSink>,
     /// The applied cluster record, read by the Raft transport.
     cluster: SharedRecord,
+    weight: Arc<SnapshotWeight>,
 }
 
 fn sm_read(e: impl Into<LocalError>) -> StorageError {
@@ -235,6 +284,7 @@ impl StateMachine {
             cluster: SharedRecord::new(
                 get_json(&db_for_seq, CF_SM, KEY_CLUSTER)?.unwrap_or_default(),
             ),
+            weight: Arc::default(),
         };
         this.recount()?;
         Ok(this)
@@ -277,6 +327,11 @@ impl StateMachine {
     /// The applied cluster id and incarnations, kept current by apply.
     pub fn cluster_record(&self) -> SharedRecord {
         self.cluster.clone()
+    }
+
+    /// When the next snapshot is due (`RaftNode` triggers it).
+    pub fn snapshot_weight(&self) -> Arc<SnapshotWeight> {
+        self.weight.clone()
     }
 
     pub fn snapshot_stats(&self) -> Arc<SnapshotStats> {
@@ -659,6 +714,7 @@ impl StateMachine {
             data,
         };
         self.write_snapshot_file(&stored)?;
+        self.weight.reset();
         self.stats.record(&self.stats.built);
         Ok(Snapshot {
             meta,
@@ -744,6 +800,7 @@ impl StateMachine {
         self.applied
             .revision
             .store(last.map(|l| l.index).unwrap_or(0), Ordering::Release);
+        self.weight.reset();
         self.stats.record(&self.stats.installed);
         // No subscriber is normal; the send result says nothing else.
         let _ = self.applied.changes.send(Applied::SnapshotInstalled);
@@ -792,8 +849,13 @@ impl StateMachine {
         let applied = self.applied.clone();
         let lease_table = applied.leases();
         let mut staged = Staged::new(&lease_table);
+        let mut weight = 0;
         for entry in entries {
             let revision = entry.log_id.index;
+            weight += match &entry.payload {
+                EntryPayload::Normal(Command::Refresh { .. }) => 1,
+                _ => ENTRY_WEIGHT,
+            };
             // A client's command carries who asked; the entry of its
             // outcome joins the trail in the same batch as the change.
             let (payload, audit) = match entry.payload {
@@ -1076,6 +1138,7 @@ impl StateMachine {
             self.applied.set_publisher_keys(publisher_keys);
         }
         self.applied.revision.store(last.index, Ordering::Release);
+        self.weight.add(weight);
         if let Some(oldest) = trimmed_to {
             self.applied
                 .oldest_revision
