@@ -7,6 +7,7 @@ mod cluster_id;
 mod disk;
 mod federation;
 mod harness;
+mod leases;
 mod lincheck;
 mod linearizability;
 mod restarts;
