@@ -27,6 +27,21 @@ impl RegistryApi {
     pub fn service(&self) -> &RegistryService {
         &self.service
     }
+
+    /// The wire form of a record, `expired` going by the agent's lease when
+    /// it holds one (`domain::lease`), as discovery does.
+    fn record_pb(
+        &self,
+        r: &crate::domain::AgentRecord,
+        now: time::OffsetDateTime,
+    ) -> pb::AgentRecord {
+        let mut out = record_to_pb(r, now);
+        let lease = self.service.reader().leases().expiry_unix(&r.metadata.id);
+        if let (Some(t), Some(e)) = (lease, out.envelope.as_mut()) {
+            e.expired = t <= now.unix_timestamp();
+        }
+        out
+    }
 }
 
 /// The caller, as placed in the request extensions by authentication.
@@ -74,7 +89,7 @@ impl Registry for RegistryApi {
             .register(who.as_ref(), metadata, sharing)
             .await?;
         Ok(Response::new(pb::RegisterResponse {
-            record: Some(record_to_pb(&record, now())),
+            record: Some(self.record_pb(&record, now())),
             created,
         }))
     }
@@ -88,7 +103,7 @@ impl Registry for RegistryApi {
             .get(who.as_ref(), &req.id, consistency(req.consistency)?)
             .await?;
         Ok(Response::new(pb::GetResponse {
-            record: Some(record_to_pb(&record, now())),
+            record: Some(self.record_pb(&record, now())),
             applied_revision,
         }))
     }
@@ -107,7 +122,7 @@ impl Registry for RegistryApi {
             .update(who.as_ref(), &req.id, metadata, sharing)
             .await?;
         Ok(Response::new(pb::UpdateResponse {
-            record: Some(record_to_pb(&record, now())),
+            record: Some(self.record_pb(&record, now())),
         }))
     }
 
@@ -143,7 +158,7 @@ impl Registry for RegistryApi {
             .set_status(who.as_ref(), &req.id, status, req.reason)
             .await?;
         Ok(Response::new(pb::SetStatusResponse {
-            record: Some(record_to_pb(&record, now())),
+            record: Some(self.record_pb(&record, now())),
         }))
     }
 
@@ -203,7 +218,7 @@ impl Registry for RegistryApi {
                 .await?;
             return Ok(Response::new(pb::ListResponse {
                 total_count: ranked.len() as u64,
-                records: ranked.iter().map(|(r, _)| record_to_pb(r, now)).collect(),
+                records: ranked.iter().map(|(r, _)| self.record_pb(r, now)).collect(),
                 scores: ranked.iter().map(|(_, s)| f64::from(*s)).collect(),
                 next_page_token: String::new(),
                 applied_revision,
@@ -217,7 +232,11 @@ impl Registry for RegistryApi {
         };
         let page = self.service.list(who.as_ref(), query).await?;
         Ok(Response::new(pb::ListResponse {
-            records: page.records.iter().map(|r| record_to_pb(r, now)).collect(),
+            records: page
+                .records
+                .iter()
+                .map(|r| self.record_pb(r, now))
+                .collect(),
             next_page_token: page.next_page_token,
             total_count: page.total_count,
             applied_revision: page.applied_revision,

@@ -99,8 +99,17 @@ async fn a_refresh_keeps_an_agent_fresh_without_rewriting_its_record() {
         expires,
         "{d}"
     );
-    // The record is the one stored before: same revision, same signature.
+    // The record is the one stored before: same revision, same signature;
+    // only the flag computed when it is read follows the lease.
     let after = h.record("forecast", ALICE).await;
+    assert_eq!(before["registry"]["expired"], true, "{before}");
+    assert_eq!(after["registry"]["expired"], false, "{after}");
+    let (mut before, mut after) = (before, after);
+    before["registry"]
+        .as_object_mut()
+        .unwrap()
+        .remove("expired");
+    after["registry"].as_object_mut().unwrap().remove("expired");
     assert_eq!(before, after);
 
     // Over gRPC, with a TTL of its own; the next refresh keeps that TTL.
