@@ -81,6 +81,35 @@ pub fn sign_record(signer: &Signer, record: &mut AgentRecord, now: &str) {
 /// Checks a served record's signature with `key` (the caller has chosen
 /// the key by the signature's `key_id` and decided it may be trusted).
 pub fn verify_served(served: &Value, key: &VerifyingKey) -> Result<RegistrySignature, CryptoError> {
+    verify_served_with(served, key, None)
+}
+
+/// Signatures already checked, so records a peer serves again and again
+/// (federated discovery returns the same agents query after query) are not
+/// verified again. An entry is the digest of the key, the signature and the
+/// exact signed bytes, so a hit means precisely these bytes verified with
+/// this key before; anything changed misses and is verified in full.
+#[derive(Debug, Default)]
+pub struct Verified {
+    seen: std::sync::Mutex<std::collections::HashSet<[u8; 32]>>,
+}
+
+/// Entries kept before the memo starts over (32 bytes each).
+const VERIFIED_ENTRIES: usize = 1 << 16;
+
+impl Verified {
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<[u8; 32]>> {
+        self.seen.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// [`verify_served`], skipping the Ed25519 check for bytes `verified`
+/// has seen verify with this key.
+pub fn verify_served_with(
+    served: &Value,
+    key: &VerifyingKey,
+    verified: Option<&Verified>,
+) -> Result<RegistrySignature, CryptoError> {
     let sig = signature_of(served)?;
     if sig.alg != ALG {
         return Err(CryptoError::Malformed(format!(
@@ -95,8 +124,28 @@ pub fn verify_served(served: &Value, key: &VerifyingKey) -> Result<RegistrySigna
         .try_into()
         .map_err(|_| CryptoError::Malformed("an Ed25519 signature is 64 bytes".into()))?;
     let bytes = signed_bytes(served)?;
+    let digest = verified.map(|_| {
+        use sha2::Digest;
+        let mut h = sha2::Sha256::new();
+        h.update(key.as_bytes());
+        h.update(raw);
+        h.update(bytes.as_bytes());
+        <[u8; 32]>::from(h.finalize())
+    });
+    if let (Some(memo), Some(d)) = (verified, &digest) {
+        if memo.lock().contains(d) {
+            return Ok(sig);
+        }
+    }
     key.verify(bytes.as_bytes(), &Signature::from_bytes(&raw))
         .map_err(|_| CryptoError::BadSignature)?;
+    if let (Some(memo), Some(d)) = (verified, digest) {
+        let mut seen = memo.lock();
+        if seen.len() >= VERIFIED_ENTRIES {
+            seen.clear();
+        }
+        seen.insert(d);
+    }
     Ok(sig)
 }
 
@@ -229,6 +278,27 @@ mod tests {
             verify_with_identity(&added, &id).unwrap_err(),
             CryptoError::BadSignature
         );
+    }
+
+    #[test]
+    fn the_verified_memo_skips_only_bytes_that_verified_before() {
+        let id = identity();
+        let key = id.keys[0].verifying_key().unwrap();
+        let mut r = record();
+        sign_record(&id.signer().unwrap(), &mut r, "2026-03-02T10:00:00Z");
+        let served = served_form(&r);
+        let memo = Verified::default();
+        verify_served_with(&served, &key, Some(&memo)).unwrap();
+        verify_served_with(&served, &key, Some(&memo)).unwrap();
+        assert_eq!(memo.lock().len(), 1);
+        // The same signature over other content is still refused.
+        let mut forged = served.clone();
+        forged["description"] = Value::String("changed".into());
+        assert_eq!(
+            verify_served_with(&forged, &key, Some(&memo)).unwrap_err(),
+            CryptoError::BadSignature
+        );
+        assert_eq!(memo.lock().len(), 1);
     }
 
     #[test]

@@ -18,7 +18,7 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 
 use crate::config::{FederationConfig, PeerConfig};
 use crate::crypto::keys::{decode_public, key_id};
-use crate::crypto::signature::{signature_of, verify_served};
+use crate::crypto::signature::{signature_of, verify_served_with, Verified};
 use crate::crypto::CryptoError;
 use crate::domain::{AgentMetadata, AgentRecord, Envelope, Visibility, ENVELOPE_MEMBER};
 use crate::pb::peering_client::PeeringClient;
@@ -91,6 +91,8 @@ pub struct Peer {
     pub hops: u32,
     channel: Channel,
     config: PeerConfig,
+    /// Records of this peer whose signatures already verified.
+    verified: Verified,
 }
 
 fn read_lock<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
@@ -138,6 +140,7 @@ impl Peer {
             hops: config.max_hops.unwrap_or(max_hops.saturating_sub(1)),
             channel: channel(config)?,
             config: config.clone(),
+            verified: Verified::default(),
         })
     }
 
@@ -214,7 +217,7 @@ impl Peer {
                 key_id: sig.key_id,
             });
         };
-        verify_served(served, &key).map_err(Refusal::Signature)?;
+        verify_served_with(served, &key, Some(&self.verified)).map_err(Refusal::Signature)?;
         let record = record_from_served(served)?;
         if record.envelope.visibility != Visibility::Public {
             return Err(Refusal::Private);

@@ -35,7 +35,7 @@ pub use search::{Hit, Query, TagMatch, Unit, UnitKind, Weights};
 
 use crate::domain::{AgentRecord, Change};
 use crate::storage::{FollowEnd, Reader, StorageError};
-use search::{prepare, vector_texts, Index};
+use search::{analyse, prepare, vector_texts, Index, Prepared, PreparedDoc};
 use text::Analyzer;
 
 /// Texts embedded per batch while rebuilding.
@@ -75,10 +75,25 @@ struct Shared {
     /// Vectors of texts ranked in federated pools, by text: the same
     /// peers' agents come back query after query. Emptied when full.
     pool_vectors: std::sync::Mutex<HashMap<String, Vec<f32>>>,
+    /// Documents of records ranked in federated pools, by signature
+    /// (`pool_doc_key`). Emptied when full.
+    pool_docs: std::sync::Mutex<HashMap<String, PreparedDoc>>,
     /// The applied state this index follows, for agents' lease expiry
     /// (set when following starts; not part of the index, as a refresh
     /// changes no record).
     leases: std::sync::OnceLock<Reader>,
+}
+
+/// Pool documents kept (their words and units, a few KB each; as many as
+/// the vector cache holds texts for).
+const POOL_CACHE_DOCS: usize = 8192;
+
+/// What a pool document is kept under: the signing authority and the
+/// registry signature, which covers every member the document is built
+/// from. Unsigned records are prepared each time.
+fn pool_doc_key(record: &AgentRecord) -> Option<String> {
+    let sig = record.envelope.signature.as_ref()?;
+    Some(format!("{}\n{}", sig.authority, sig.value))
 }
 
 /// The discovery index of this node. Cheap to clone.
@@ -107,6 +122,7 @@ impl SearchIndex {
                 last_rebuild_ms: AtomicU64::new(0),
                 embed_failures: AtomicU64::new(0),
                 pool_vectors: Default::default(),
+                pool_docs: Default::default(),
                 leases: Default::default(),
             }),
         }
@@ -193,28 +209,66 @@ impl SearchIndex {
     /// relative to the pool, as in every search; the other components do
     /// not depend on what else is indexed. Hits carry the records' ids, so
     /// the caller gives each record a key unique within the pool.
+    ///
+    /// The same peers' agents come back query after query, so each record's
+    /// analysed document (words, units, facts; vectors come from the pool's
+    /// vector cache) is kept by its registry signature, which fixes its
+    /// whole content: a record seen before is not analysed again.
     pub async fn rank_pool(&self, records: &[AgentRecord], q: Query<'_>) -> Vec<Hit> {
         let texts: Vec<Vec<String>> = records.iter().map(vector_texts).collect();
         let vectors = self.pool_vectors(&texts).await;
+        let keys: Vec<Option<String>> = records.iter().map(pool_doc_key).collect();
+        let mut known: Vec<Option<PreparedDoc>> = {
+            let docs = self.pool_docs();
+            keys.iter()
+                .map(|k| k.as_ref().and_then(|k| docs.get(k).cloned()))
+                .collect()
+        };
         let mut index = Index::new(self.embedder().map_or(0, Embedder::dim));
         let now = crate::domain::time::now();
         let mut offset = 0;
+        let mut analysed = Vec::new();
         for (i, (record, texts)) in records.iter().zip(&texts).enumerate() {
             let own = vectors
                 .as_ref()
                 .and_then(|v| v.get(offset..offset + texts.len()))
                 .map(<[Vec<f32>]>::to_vec);
             offset += texts.len();
-            index.apply(prepare(
-                record,
-                i as u64 + 1,
-                own,
-                &self.shared.analyzer,
-                &self.shared.weights,
-                &now,
-            ));
+            let revision = i as u64 + 1;
+            let mut p = match known[i].take() {
+                Some(doc) => Prepared {
+                    id: record.metadata.id.clone(),
+                    revision,
+                    doc: Some(doc.indexed_at(&now)),
+                },
+                None => {
+                    let p = analyse(record, revision, &self.shared.analyzer, &now);
+                    if let (Some(key), Some(doc)) = (&keys[i], &p.doc) {
+                        analysed.push((key.clone(), doc.clone()));
+                    }
+                    p
+                }
+            };
+            if let Some(doc) = p.doc.as_mut() {
+                doc.attach_vectors(own, &self.shared.weights);
+            }
+            index.apply(p);
+        }
+        if !analysed.is_empty() {
+            let mut docs = self.pool_docs();
+            if docs.len() + analysed.len() > POOL_CACHE_DOCS {
+                docs.clear();
+            }
+            docs.extend(analysed);
         }
         index.search(&self.shared.weights, &q)
+    }
+
+    fn pool_docs(&self) -> std::sync::MutexGuard<'_, HashMap<String, PreparedDoc>> {
+        self.shared
+            .pool_docs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     /// The vectors of every text of a pool, in order (None without a model

@@ -94,6 +94,7 @@ pub struct Prepared {
     pub doc: Option<PreparedDoc>,
 }
 
+#[derive(Clone)]
 pub struct PreparedDoc {
     facts: AgentFacts,
     description: String,
@@ -106,6 +107,15 @@ pub struct PreparedDoc {
     unit_vectors: Vec<Vec<f32>>,
     indexed_at: String,
     fingerprint: String,
+}
+
+impl PreparedDoc {
+    /// The same document as indexed at `at` (a pool reuses documents it
+    /// prepared for earlier queries).
+    pub fn indexed_at(mut self, at: &str) -> Self {
+        self.indexed_at = at.to_string();
+        self
+    }
 }
 
 /// One example task or operation.
@@ -189,6 +199,21 @@ pub fn prepare(
     weights: &Weights,
     indexed_at: &str,
 ) -> Prepared {
+    let mut p = analyse(record, revision, analyzer, indexed_at);
+    if let Some(doc) = p.doc.as_mut() {
+        doc.attach_vectors(vectors, weights);
+    }
+    p
+}
+
+/// [`prepare`] without the vectors: the words, units and facts of a record
+/// (the part a federated pool keeps between queries).
+pub fn analyse(
+    record: &AgentRecord,
+    revision: u64,
+    analyzer: &Analyzer,
+    indexed_at: &str,
+) -> Prepared {
     let m = &record.metadata;
     if record.envelope.deleted || m.effective_status() == AgentStatus::Deleted {
         return Prepared {
@@ -199,23 +224,6 @@ pub fn prepare(
     }
     let units = units_of(record);
     let terms = analyzer.terms(&lexical_text(record));
-    let mut profile = None;
-    let mut unit_vectors = Vec::new();
-    if let Some(mut vs) = vectors {
-        let units_v = vs.split_off(1.min(vs.len()));
-        if let Some(context) = vs.pop() {
-            let mut p = context;
-            if !units_v.is_empty() {
-                let w = weights.profile_examples / units_v.len() as f32;
-                for u in &units_v {
-                    p.iter_mut().zip(u).for_each(|(x, y)| *x += w * y);
-                }
-            }
-            normalise(&mut p);
-            profile = Some(p);
-        }
-        unit_vectors = units_v;
-    }
     let facts = AgentFacts::of(record);
     let tag_forms = facts
         .tags
@@ -231,11 +239,33 @@ pub fn prepare(
             description: m.description.clone(),
             terms,
             tag_forms,
-            profile,
+            profile: None,
             units,
-            unit_vectors,
+            unit_vectors: Vec::new(),
             indexed_at: indexed_at.to_string(),
         }),
+    }
+}
+
+impl PreparedDoc {
+    /// Sets the profile and unit vectors from the vectors of
+    /// [`vector_texts`] (context first, then the units), if there are any.
+    pub fn attach_vectors(&mut self, vectors: Option<Vec<Vec<f32>>>, weights: &Weights) {
+        let Some(mut vs) = vectors else {
+            return;
+        };
+        let units_v = vs.split_off(1.min(vs.len()));
+        if let Some(mut p) = vs.pop() {
+            if !units_v.is_empty() {
+                let w = weights.profile_examples / units_v.len() as f32;
+                for u in &units_v {
+                    p.iter_mut().zip(u).for_each(|(x, y)| *x += w * y);
+                }
+            }
+            normalise(&mut p);
+            self.profile = Some(p);
+        }
+        self.unit_vectors = units_v;
     }
 }
 
