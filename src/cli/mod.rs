@@ -521,6 +521,29 @@ pub async fn run_bench(args: BenchArgs) -> Result<(), CliError> {
     Ok(())
 }
 
+/// A refresh's or lease's answer: one line, or JSON with `--json`.
+fn print_lease(args: &ClientArgs, r: &pb::LeaseResponse) {
+    let what = match (&r.id, &r.lease) {
+        (Some(id), Some(lease)) => format!("{id} (lease {lease})"),
+        (Some(id), None) => id.clone(),
+        (None, Some(lease)) => format!("lease {lease} ({} agents)", r.agents),
+        (None, None) => String::new(),
+    };
+    if args.json {
+        out!(
+            "{}",
+            serde_json::json!({"id": r.id, "lease": r.lease, "ttl_seconds": r.ttl_seconds,
+                "expires_at": r.expires_at, "agents": r.agents})
+        );
+    } else {
+        out!(
+            "{what} expires at {} (TTL {} s)",
+            r.expires_at,
+            r.ttl_seconds
+        );
+    }
+}
+
 /// The benchmark's working directory: the one given (kept), or a fresh one
 /// under the system temp dir (removed on drop).
 enum WorkDir {
@@ -912,6 +935,29 @@ pub enum AgentsCommand {
         #[arg(long)]
         reason: Option<String>,
     },
+    /// Keep an agent fresh without sending its metadata: its expiry moves
+    /// to now + TTL, or it joins a shared lease.
+    Refresh {
+        id: String,
+        /// Seconds until it expires (default: its last TTL, else 60).
+        #[arg(long)]
+        ttl: Option<u32>,
+        /// Join this shared lease instead (see `agents lease`).
+        #[arg(long, conflicts_with = "ttl")]
+        lease: Option<String>,
+    },
+    /// Keep a shared lease alive (made on first use), show it, or revoke it
+    /// (its agents expire at once).
+    Lease {
+        name: String,
+        /// Seconds until it expires (default: its last TTL, else 60).
+        #[arg(long, conflicts_with_all = ["show", "revoke"])]
+        ttl: Option<u32>,
+        #[arg(long, conflicts_with = "revoke")]
+        show: bool,
+        #[arg(long)]
+        revoke: bool,
+    },
     /// Find agents for a task in plain language (ADP discovery), best first.
     Discover {
         query: String,
@@ -1215,6 +1261,45 @@ pub async fn run_agents(all: AgentsArgs) -> Result<(), CliError> {
             if let Some(r) = &resp.record {
                 print_record(args, r)?;
             }
+        }
+        AgentsCommand::Refresh { id, ttl, lease } => {
+            let req = pb::RefreshRequest {
+                id: id.clone(),
+                ttl_seconds: *ttl,
+                lease: lease.clone(),
+            };
+            print_lease(
+                args,
+                &client.refresh(args.request(req)?).await?.into_inner(),
+            );
+        }
+        AgentsCommand::Lease {
+            name,
+            ttl,
+            show,
+            revoke,
+        } => {
+            let lease = name.clone();
+            let resp = if *revoke {
+                client
+                    .revoke_lease(args.request(pb::RevokeLeaseRequest { lease })?)
+                    .await?
+            } else if *show {
+                client
+                    .get_lease(args.request(pb::GetLeaseRequest {
+                        lease,
+                        consistency: pb::ReadConsistency::Linearizable as i32,
+                    })?)
+                    .await?
+            } else {
+                client
+                    .refresh_lease(args.request(pb::RefreshLeaseRequest {
+                        lease,
+                        ttl_seconds: *ttl,
+                    })?)
+                    .await?
+            };
+            print_lease(args, &resp.into_inner());
         }
         AgentsCommand::Watch { from } => watch(args, client, *from).await?,
         AgentsCommand::Discover {

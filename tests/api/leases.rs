@@ -313,5 +313,34 @@ async fn a_shared_lease_keeps_many_agents_and_revoking_it_expires_them() {
     // Refreshing an agent on its own again brings it back.
     post(&h, "/agents/north/refresh", ALICE, None).await;
     assert_eq!(discovered(&h).await, vec!["north"]);
+
+    // The same from the command line (tokio's Command: a blocking wait
+    // would stall the server, which runs on this test's runtime).
+    let cli = |args: &'static [&'static str]| {
+        let grpc = server.grpc.clone();
+        async move {
+            let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
+                .args(["agents", "--server", &grpc, "--api-key", ALICE, "--json"])
+                .args(args)
+                .env("AGENTRY_LOG", "warn")
+                .output()
+                .await
+                .expect("the CLI runs");
+            assert!(out.status.success(), "{out:?}");
+            serde_json::from_slice::<Value>(&out.stdout).expect("JSON out")
+        }
+    };
+    let r = cli(&["lease", "fleet-b", "--ttl", "90"]).await;
+    assert_eq!(
+        (r["lease"].clone(), r["ttl_seconds"].clone()),
+        (json!("fleet-b"), json!(90))
+    );
+    let r = cli(&["refresh", "south", "--lease", "fleet-b"]).await;
+    assert_eq!(r["agents"], 1, "{r}");
+    assert_eq!(discovered(&h).await, vec!["north", "south"]);
+    let r = cli(&["lease", "fleet-b", "--show"]).await;
+    assert_eq!(r["agents"], 1, "{r}");
+    cli(&["lease", "fleet-b", "--revoke"]).await;
+    assert_eq!(discovered(&h).await, vec!["north"]);
     server.stop().await;
 }
