@@ -90,10 +90,13 @@ const POOL_CACHE_DOCS: usize = 8192;
 
 /// What a pool document is kept under: the signing authority and the
 /// registry signature, which covers every member the document is built
-/// from. Unsigned records are prepared each time.
+/// from, and the expiry it is ranked by (a lease moves a local agent's
+/// without changing its signature). Unsigned records are analysed each
+/// time.
 fn pool_doc_key(record: &AgentRecord) -> Option<String> {
     let sig = record.envelope.signature.as_ref()?;
-    Some(format!("{}\n{}", sig.authority, sig.value))
+    let expires = record.metadata.expires_at.as_deref().unwrap_or("");
+    Some(format!("{}\n{}\n{expires}", sig.authority, sig.value))
 }
 
 /// The discovery index of this node. Cheap to clone.

@@ -241,12 +241,25 @@ impl RegistryService {
                 provenance: Some(remote.provenance),
             });
         }
+        // This registry's agents are ranked by the expiry their lease gives
+        // them, as in a local search (the copy is the pool's alone).
+        let lease_of = |p: &Pooled| -> Option<i64> {
+            match p.provenance {
+                None => self.reader().leases().expiry_unix(&p.record.metadata.id),
+                Some(_) => None,
+            }
+        };
         let keyed: Vec<AgentRecord> = pool
             .iter()
             .enumerate()
             .map(|(i, p)| {
                 let mut r = p.record.clone();
                 r.metadata.id = pool_key(i);
+                if let Some(t) = lease_of(p) {
+                    r.metadata.expires_at = time::OffsetDateTime::from_unix_timestamp(t)
+                        .ok()
+                        .map(crate::domain::time::format);
+                }
                 r
             })
             .collect();
@@ -269,6 +282,7 @@ impl RegistryService {
                 hit.duplicate_of = Some(original);
             }
             hit.id = member.record.metadata.id.clone();
+            hit.lease_expires_unix = lease_of(member);
             for note in &hit.notes {
                 warnings.push(format!("candidate '{}': {note}", hit.id));
             }

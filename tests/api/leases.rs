@@ -99,6 +99,24 @@ async fn a_refresh_keeps_an_agent_fresh_without_rewriting_its_record() {
         expires,
         "{d}"
     );
+    // Federated discovery ranks this registry's agents by their lease too
+    // (no peer configured: the pool holds the local candidates).
+    let (_, d) = h
+        .call(
+            Method::POST,
+            "/discover",
+            None,
+            Some(json!({"query": "weather forecast", "scope": "federated",
+                "include_evidence": true})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(d["candidates"][0]["id"], "forecast", "{d}");
+    assert_eq!(
+        unix(&d["candidates"][0]["freshness"]["expires_at"]),
+        expires,
+        "{d}"
+    );
     // The record is the one stored before: same revision, same signature;
     // only the flag computed when it is read follows the lease.
     let after = h.record("forecast", ALICE).await;
