@@ -3,7 +3,12 @@
 //! nemesis partitions, slows, drops and kills; every history is then checked
 //! against the sequential model of one agent record.
 //!
-//! CI size: 10 fault schedules × 2,000 operations. Stress mode:
+//! A further schedule mixes in refreshes (`POST /agents/{id}/refresh`)
+//! under leader kills, on agents whose own `expires_at` has passed, and
+//! reads observe the lease through `registry.expired`: a refresh must keep
+//! the record's value, a registration or update must end the hold.
+//!
+//! CI size: 11 fault schedules × 2,000 operations. Stress mode:
 //! `AGENTRY_LINCHECK_OPS=20000 AGENTRY_LINCHECK_ROUNDS=5 ./scripts/test.sh
 //! histories_under_faults -- --nocapture` (operations per schedule, rounds
 //! of all schedules).
@@ -22,7 +27,8 @@ use crate::scenarios::SERIAL;
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 enum Agent {
     Absent,
-    Live(u32),
+    /// The value, and whether a lease holds it fresh.
+    Live(u32, bool),
     Deleted,
 }
 
@@ -31,6 +37,7 @@ enum Input {
     Register(u32),
     Update(u32),
     Delete,
+    Refresh,
     Get,
 }
 
@@ -41,7 +48,9 @@ enum Output {
     Done,
     NotFound,
     Gone,
-    Value(u32),
+    /// The value read, and whether it was fresh (None: a schedule that
+    /// does not observe leases).
+    Value(u32, Option<bool>),
 }
 
 impl Model for Agent {
@@ -54,16 +63,22 @@ impl Model for Agent {
     fn step(&self, input: &Input, output: Option<&Output>) -> Option<Self> {
         use Agent::*;
         let (next, expected) = match (self, input) {
-            (Absent | Deleted, Input::Register(v)) => (Live(*v), Output::Created),
-            (Live(_), Input::Register(v)) => (Live(*v), Output::Updated),
-            (Live(_), Input::Update(v)) => (Live(*v), Output::Done),
-            (Live(_), Input::Delete) => (Deleted, Output::Done),
-            (Live(v), Input::Get) => (Live(*v), Output::Value(*v)),
+            (Absent | Deleted, Input::Register(v)) => (Live(*v, false), Output::Created),
+            // A new registration or an update ends the hold.
+            (Live(..), Input::Register(v)) => (Live(*v, false), Output::Updated),
+            (Live(..), Input::Update(v)) => (Live(*v, false), Output::Done),
+            (Live(..), Input::Delete) => (Deleted, Output::Done),
+            // A refresh keeps the value.
+            (Live(v, _), Input::Refresh) => (Live(*v, true), Output::Done),
+            (Live(v, held), Input::Get) => (Live(*v, *held), Output::Value(*v, Some(*held))),
             (Absent, _) => (Absent, Output::NotFound),
             (Deleted, _) => (Deleted, Output::Gone),
         };
-        match output {
-            Some(o) if *o != expected => None,
+        match (output, &expected) {
+            (Some(Output::Value(got, None)), Output::Value(want, _)) => {
+                (got == want).then_some(next)
+            }
+            (Some(o), _) if *o != expected => None,
             _ => Some(next),
         }
     }
@@ -96,20 +111,36 @@ impl Rng {
 
 const CLIENTS: usize = 8;
 
-async fn perform(http: &reqwest::Client, base: &str, id: &str, input: &Input) -> Outcome {
+/// `leased`: the schedule that refreshes; its agents' own `expires_at`
+/// has passed, so only a lease keeps them fresh.
+async fn perform(
+    http: &reqwest::Client,
+    base: &str,
+    id: &str,
+    input: &Input,
+    leased: bool,
+) -> Outcome {
     let url = format!("{base}/agents/{id}");
+    let record = |v: &u32| {
+        let mut a = agent(id, &format!("v{v}"));
+        if leased {
+            a["expires_at"] = "2020-01-01T00:00:00Z".into();
+        }
+        a
+    };
     let sent = match input {
         Input::Register(v) => http
             .post(format!("{base}/agents"))
             .bearer_auth(ADMIN)
-            .json(&agent(id, &format!("v{v}")))
+            .json(&record(v))
             .send(),
-        Input::Update(v) => http
-            .put(&url)
-            .bearer_auth(ADMIN)
-            .json(&agent(id, &format!("v{v}")))
-            .send(),
+        Input::Update(v) => http.put(&url).bearer_auth(ADMIN).json(&record(v)).send(),
         Input::Delete => http.delete(&url).bearer_auth(ADMIN).send(),
+        Input::Refresh => http
+            .post(format!("{url}/refresh"))
+            .bearer_auth(ADMIN)
+            .json(&serde_json::json!({"ttl_seconds": 3600}))
+            .send(),
         Input::Get => http
             .get(format!("{url}?consistency=linearizable"))
             .bearer_auth(ADMIN)
@@ -128,14 +159,15 @@ async fn perform(http: &reqwest::Client, base: &str, id: &str, input: &Input) ->
     let output = match (input, status) {
         (Input::Register(_), 201) => Output::Created,
         (Input::Register(_), 200) => Output::Updated,
-        (Input::Update(_) | Input::Delete, 200) => Output::Done,
+        (Input::Update(_) | Input::Delete | Input::Refresh, 200) => Output::Done,
         (Input::Get, 200) => {
             let v = body["description"]
                 .as_str()
                 .and_then(|d| d.strip_prefix('v'))
                 .and_then(|n| n.parse().ok())
                 .unwrap_or_else(|| panic!("unexpected record {body}"));
-            Output::Value(v)
+            let fresh = leased.then(|| body["registry"]["expired"] == false);
+            Output::Value(v, fresh)
         }
         (_, 404) => Output::NotFound,
         (_, 410) => Output::Gone,
@@ -160,6 +192,8 @@ struct Workload {
     keys: u64,
     start: Instant,
     history: Arc<Mutex<History>>,
+    /// Mix in refreshes (and observe leases on reads).
+    refreshes: bool,
 }
 
 /// One client: random operations on random agents through random nodes.
@@ -173,15 +207,20 @@ async fn client(n: usize, seed: u64, w: Workload) {
         let key = rng.below(w.keys);
         let id = format!("{}-k{key}", w.prefix);
         let value = (n as u32) << 20 | seq as u32;
-        let input = match rng.below(100) {
-            0..=29 => Input::Register(value),
-            30..=49 => Input::Update(value),
-            50..=62 => Input::Delete,
-            _ => Input::Get,
+        let input = match (w.refreshes, rng.below(100)) {
+            (false, 0..=29) => Input::Register(value),
+            (false, 30..=49) => Input::Update(value),
+            (false, 50..=62) => Input::Delete,
+            (false, _) => Input::Get,
+            (true, 0..=19) => Input::Register(value),
+            (true, 20..=29) => Input::Update(value),
+            (true, 30..=37) => Input::Delete,
+            (true, 38..=64) => Input::Refresh,
+            (true, _) => Input::Get,
         };
         let node = &w.urls[rng.below(w.urls.len() as u64) as usize];
         let call = w.start.elapsed().as_nanos() as u64;
-        let outcome = perform(&http, node, &id, &input).await;
+        let outcome = perform(&http, node, &id, &input, w.refreshes).await;
         let ret = w.start.elapsed().as_nanos() as u64;
         let op = match outcome {
             Outcome::Definite(o) => Operation {
@@ -218,6 +257,9 @@ enum Nemesis {
     KillLeaderUnderDelay,
     AsymmetricCut,
 }
+
+/// Schedules with refreshes mixed in (the leased workload).
+const REFRESH_SCHEDULES: [Nemesis; 1] = [Nemesis::KillLeader];
 
 const SCHEDULES: [Nemesis; 10] = [
     Nemesis::Calm,
@@ -363,7 +405,11 @@ async fn histories_under_faults_are_linearizable() {
     .await;
     let urls: Arc<Vec<String>> = Arc::new(c.nodes.keys().map(|&n| c.http_url(n)).collect());
     for round in 0..rounds {
-        for (s, nemesis) in SCHEDULES.iter().enumerate() {
+        let all = SCHEDULES
+            .iter()
+            .map(|n| (n, false))
+            .chain(REFRESH_SCHEDULES.iter().map(|n| (n, true)));
+        for (s, (nemesis, refreshes)) in all.enumerate() {
             let started = Instant::now();
             let prefix = format!("lin-r{round}-s{s}");
             let history = Arc::new(Mutex::new(Vec::new()));
@@ -374,6 +420,7 @@ async fn histories_under_faults_are_linearizable() {
                 keys,
                 start: Instant::now(),
                 history: history.clone(),
+                refreshes,
             };
             let clients: Vec<_> = (0..CLIENTS)
                 .map(|n| {
@@ -399,13 +446,16 @@ async fn histories_under_faults_are_linearizable() {
             let unknown = history.iter().filter(|(_, o)| o.ret.is_none()).count();
             let verdict = check_partitioned(|_: &u64| Agent::Absent, &history, 50_000_000);
             eprintln!(
-                "schedule {s} {nemesis:?}: {} operations recorded ({unknown} of unknown outcome), {faults} fault rounds, {:.1} s: {verdict}",
+                "schedule {s} {nemesis:?}{}: {} operations recorded ({unknown} of unknown outcome), {faults} fault rounds, {:.1} s: {verdict}",
+                if refreshes { " with refreshes" } else { "" },
                 history.len(),
                 started.elapsed().as_secs_f64()
             );
             match verdict {
                 Verdict::Linearizable => {}
-                other => panic!("schedule {s} {nemesis:?} (prefix {prefix}): {other}"),
+                other => panic!(
+                    "schedule {s} {nemesis:?} (refreshes: {refreshes}, prefix {prefix}): {other}"
+                ),
             }
             assert!(
                 history.len() >= ops / 2,
