@@ -376,6 +376,36 @@ pub(crate) async fn wait_indexed(service: &crate::service::RegistryService) {
 }
 
 /// Loads `n` agents into a fresh node under `dir`, then measures.
+/// Server-side discovery: the service in-process, one request at a time,
+/// after one untimed pass (caches warm, the bulk load's compactions done).
+/// The timed pass's latencies and wall time.
+async fn server_side(
+    service: &crate::service::RegistryService,
+    qs: &[(String, Option<String>)],
+) -> Result<(Vec<Duration>, Duration), String> {
+    let mut lat = Vec::with_capacity(qs.len());
+    let mut wall = Instant::now();
+    for (pass, (text, tag)) in qs.iter().cycle().take(2 * qs.len()).enumerate() {
+        if pass == qs.len() {
+            lat.clear();
+            wall = Instant::now();
+        }
+        let req = DiscoveryRequest {
+            query: text.clone(),
+            required_tags: tag.iter().cloned().collect(),
+            limit: 10,
+            ..Default::default()
+        };
+        let t = Instant::now();
+        service
+            .discover(None, req)
+            .await
+            .map_err(|e| e.to_string())?;
+        lat.push(t.elapsed());
+    }
+    Ok((lat, wall.elapsed()))
+}
+
 pub async fn run_size(
     dir: &Path,
     n: usize,
@@ -408,33 +438,8 @@ pub async fn run_size(
     tracing::info!(agents = n, load_secs, "corpus indexed; measuring queries");
 
     let mut runs = Vec::new();
-    // Server-side: the service in-process, one request at a time, after
-    // one untimed pass (caches warm, the bulk load's compactions done).
-    let mut lat = Vec::with_capacity(qs.len());
-    let mut wall = Instant::now();
-    for (pass, (text, tag)) in qs.iter().cycle().take(2 * qs.len()).enumerate() {
-        if pass == qs.len() {
-            lat.clear();
-            wall = Instant::now();
-        }
-        let req = DiscoveryRequest {
-            query: text.clone(),
-            required_tags: tag.iter().cloned().collect(),
-            limit: 10,
-            ..Default::default()
-        };
-        let t = Instant::now();
-        service
-            .discover(None, req)
-            .await
-            .map_err(|e| e.to_string())?;
-        lat.push(t.elapsed());
-    }
-    runs.push(measured(
-        "server-side, 1 client".into(),
-        lat,
-        wall.elapsed(),
-    ));
+    let (lat, wall) = server_side(&service, &qs).await?;
+    runs.push(measured("server-side, 1 client".into(), lat, wall));
     // Over gRPC on loopback.
     let discovery = DiscoveryClient::new(channel);
     for &c in concurrencies {
@@ -465,6 +470,33 @@ pub async fn run_size(
             wall.elapsed(),
         ));
     }
+    // The same with every agent kept alive by its own lease: what looking
+    // up each admitted candidate's lease adds.
+    let admin = crate::domain::Principal::new("bench", crate::domain::Role::Admin);
+    let mut ids = Vec::with_capacity(n);
+    reader
+        .scan(|r| ids.push(r.metadata.id))
+        .map_err(|e| e.to_string())?;
+    let refreshed: Vec<Result<_, String>> = stream::iter(ids.iter())
+        .map(|id| {
+            let (service, admin) = (service.clone(), admin.clone());
+            async move {
+                service
+                    .refresh_agent(Some(&admin), id, Some(86_400), None)
+                    .await
+                    .map_err(|e| e.to_string())
+            }
+        })
+        .buffer_unordered(64)
+        .collect()
+        .await;
+    refreshed.into_iter().collect::<Result<Vec<_>, _>>()?;
+    let (lat, wall) = server_side(&service, &qs).await?;
+    runs.push(measured(
+        "server-side, 1 client, every agent on a lease".into(),
+        lat,
+        wall,
+    ));
     let recall = vector_recall(service.index(), &qs)?;
     let peer_dir = dir.join("peers");
     let peer_figures = if peers {
