@@ -147,6 +147,17 @@ impl LeaseWrite {
 pub struct LeaseTable {
     holds: HashMap<String, Hold>,
     leases: HashMap<String, Lease>,
+    /// Agents joined to each shared lease, kept with `holds` so a refresh
+    /// does not count them by scanning every hold.
+    shared: HashMap<String, u64>,
+}
+
+/// The shared lease a hold names, if any.
+fn shared_lease(hold: Option<&Hold>) -> Option<&str> {
+    match hold {
+        Some(Hold::Shared { lease }) => Some(lease),
+        _ => None,
+    }
 }
 
 impl LeaseTable {
@@ -174,17 +185,12 @@ impl LeaseTable {
 
     /// How many agents share `name`.
     pub fn holders(&self, name: &str) -> u64 {
-        self.holds
-            .values()
-            .filter(|h| matches!(h, Hold::Shared { lease } if lease == name))
-            .count() as u64
+        self.shared.get(name).copied().unwrap_or(0)
     }
 
     pub fn load(&mut self, entry: LeaseEntry) {
         match entry {
-            LeaseEntry::Hold { agent, hold } => {
-                self.holds.insert(agent, hold);
-            }
+            LeaseEntry::Hold { agent, hold } => self.set_hold(agent, Some(hold)),
             LeaseEntry::Lease { name, lease } => {
                 self.leases.insert(name, lease);
             }
@@ -193,12 +199,7 @@ impl LeaseTable {
 
     pub fn apply(&mut self, write: &LeaseWrite) {
         match write {
-            LeaseWrite::Hold(agent, Some(h)) => {
-                self.holds.insert(agent.clone(), h.clone());
-            }
-            LeaseWrite::Hold(agent, None) => {
-                self.holds.remove(agent);
-            }
+            LeaseWrite::Hold(agent, hold) => self.set_hold(agent.clone(), hold.clone()),
             LeaseWrite::Lease(name, Some(l)) => {
                 self.leases.insert(name.clone(), l.clone());
             }
@@ -207,15 +208,36 @@ impl LeaseTable {
             }
         }
     }
+
+    fn set_hold(&mut self, agent: String, hold: Option<Hold>) {
+        if let Some(lease) = shared_lease(hold.as_ref()) {
+            *self.shared.entry(lease.to_string()).or_insert(0) += 1;
+        }
+        let old = match hold {
+            Some(h) => self.holds.insert(agent, h),
+            None => self.holds.remove(&agent),
+        };
+        if let Some(lease) = shared_lease(old.as_ref()) {
+            if let Some(n) = self.shared.get_mut(lease) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    self.shared.remove(lease);
+                }
+            }
+        }
+    }
 }
 
-/// The lease table as one batch of entries sees it: the applied table plus
-/// the writes of the entries before, so each decision sees all of them.
+/// The lease table as one batch of entries sees it: the applied table with
+/// the writes of the entries before laid over it, so each decision sees
+/// all of them.
 pub struct Staged<'a> {
     base: &'a LeaseTable,
-    pending: LeaseTable,
-    removed_holds: Vec<String>,
-    removed_leases: Vec<String>,
+    /// Holds and leases written in this batch (None: removed).
+    holds: HashMap<String, Option<Hold>>,
+    leases: HashMap<String, Option<Lease>>,
+    /// Change of each shared lease's holder count in this batch.
+    shared: HashMap<String, i64>,
     writes: Vec<LeaseWrite>,
 }
 
@@ -223,9 +245,9 @@ impl<'a> Staged<'a> {
     pub fn new(base: &'a LeaseTable) -> Self {
         Self {
             base,
-            pending: LeaseTable::default(),
-            removed_holds: Vec::new(),
-            removed_leases: Vec::new(),
+            holds: HashMap::new(),
+            leases: HashMap::new(),
+            shared: HashMap::new(),
             writes: Vec::new(),
         }
     }
@@ -236,28 +258,35 @@ impl<'a> Staged<'a> {
     }
 
     fn hold(&self, agent: &str) -> Option<&Hold> {
-        if self.removed_holds.iter().any(|a| a == agent) {
-            return None;
+        match self.holds.get(agent) {
+            Some(h) => h.as_ref(),
+            None => self.base.hold(agent),
         }
-        self.pending.hold(agent).or_else(|| self.base.hold(agent))
     }
 
     fn lease(&self, name: &str) -> Option<&Lease> {
-        if self.removed_leases.iter().any(|n| n == name) {
-            return None;
+        match self.leases.get(name) {
+            Some(l) => l.as_ref(),
+            None => self.base.lease(name),
         }
-        self.pending.lease(name).or_else(|| self.base.lease(name))
     }
 
+    fn holder_count(&self, name: &str) -> u64 {
+        let change = self.shared.get(name).copied().unwrap_or(0);
+        self.base.holders(name).saturating_add_signed(change)
+    }
+
+    /// The agents joined to `name`: a scan of every hold, for revocation
+    /// only.
     fn holders(&self, name: &str) -> Vec<String> {
         let shares = |h: &Hold| matches!(h, Hold::Shared { lease } if lease == name);
         let mut agents: Vec<String> = self
             .base
             .holds
-            .iter()
-            .chain(self.pending.holds.iter())
-            .filter(|(a, _)| self.hold(a).is_some_and(shares))
-            .map(|(a, _)| a.clone())
+            .keys()
+            .chain(self.holds.keys())
+            .filter(|a| self.hold(a).is_some_and(shares))
+            .cloned()
             .collect();
         agents.sort();
         agents.dedup();
@@ -266,12 +295,19 @@ impl<'a> Staged<'a> {
 
     fn write(&mut self, w: LeaseWrite) {
         match &w {
-            LeaseWrite::Hold(agent, None) => self.removed_holds.push(agent.clone()),
-            LeaseWrite::Hold(agent, Some(_)) => self.removed_holds.retain(|a| a != agent),
-            LeaseWrite::Lease(name, None) => self.removed_leases.push(name.clone()),
-            LeaseWrite::Lease(name, Some(_)) => self.removed_leases.retain(|n| n != name),
+            LeaseWrite::Hold(agent, hold) => {
+                if let Some(lease) = shared_lease(self.hold(agent)) {
+                    *self.shared.entry(lease.to_string()).or_insert(0) -= 1;
+                }
+                if let Some(lease) = shared_lease(hold.as_ref()) {
+                    *self.shared.entry(lease.to_string()).or_insert(0) += 1;
+                }
+                self.holds.insert(agent.clone(), hold.clone());
+            }
+            LeaseWrite::Lease(name, lease) => {
+                self.leases.insert(name.clone(), lease.clone());
+            }
         }
-        self.pending.apply(&w);
         self.writes.push(w);
     }
 
@@ -330,7 +366,7 @@ impl<'a> Staged<'a> {
                             lease: Some(name.clone()),
                             ttl_seconds: l.ttl_seconds,
                             expires_unix: l.expires_unix,
-                            agents: self.holders(name).len() as u64,
+                            agents: self.holder_count(name),
                         })
                     }
                     None => {
@@ -386,7 +422,7 @@ impl<'a> Staged<'a> {
                     lease: Some(name.clone()),
                     ttl_seconds,
                     expires_unix,
-                    agents: self.holders(name).len() as u64,
+                    agents: self.holder_count(name),
                 })
             }
         }
@@ -555,6 +591,31 @@ mod tests {
         assert_eq!(table.expiry_unix("a"), Some(160));
         assert_eq!(table.expiry_unix("b"), Some(115));
         assert_eq!(table.lease("fleet").unwrap().owner, "alice");
+        assert_eq!(table.holders("fleet"), 1);
+
+        // Joining again counts once; leaving for an expiry of its own
+        // leaves the lease without holders.
+        let mut staged = Staged::new(&table);
+        let again = staged
+            .refresh(
+                &refresh(agent("b", Some("fleet")), None, &alice),
+                Some(&env),
+                107,
+            )
+            .unwrap();
+        assert_eq!(again.agents, 1);
+        staged
+            .refresh(&refresh(agent("b", None), Some(5), &alice), Some(&env), 107)
+            .unwrap();
+        let lease_state = staged
+            .refresh(&refresh(lease(), None, &alice), None, 107)
+            .unwrap();
+        assert_eq!(lease_state.agents, 0);
+        let mut left = table.clone();
+        let writes = staged.into_writes();
+        apply(&mut left, writes);
+        assert_eq!(left.holders("fleet"), 0);
+        assert_eq!(left.expiry_unix("b"), Some(112));
 
         // A deleted or federated record is not refreshed.
         let mut staged = Staged::new(&table);

@@ -16,32 +16,13 @@ use crate::scenarios::SERIAL;
 /// An agent whose own `expires_at` has passed: only a lease shows it.
 fn expired_agent(id: &str) -> Value {
     let mut a = agent(id, "Kept alive by refreshes.");
-    a["tags"] = json!(["leased"]);
     a["expires_at"] = json!("2020-01-01T00:00:00Z");
     a
 }
 
 /// Ids node `id` lists as live (expired ones hidden), read locally.
 async fn live(c: &Cluster, id: u64) -> BTreeSet<String> {
-    let page: Value = c
-        .http
-        .get(format!(
-            "{}/agents?tags=leased&page_size=1000",
-            c.http_url(id)
-        ))
-        .bearer_auth(ADMIN)
-        .send()
-        .await
-        .expect("list")
-        .json()
-        .await
-        .expect("list json");
-    page["agents"]
-        .as_array()
-        .unwrap_or_else(|| panic!("no agents in {page}"))
-        .iter()
-        .map(|a| a["id"].as_str().unwrap().to_string())
-        .collect()
+    c.contents(id).await.into_keys().collect()
 }
 
 async fn post(c: &Cluster, via: u64, path: &str, body: Value) -> (u16, Value) {
