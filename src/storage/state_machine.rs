@@ -113,12 +113,14 @@ const ENTRY_WEIGHT: u64 = 8;
 
 impl SnapshotWeight {
     /// Sets the interval (`snapshot_logs` entries; 0: never) and the entries
-    /// already in the log since the last snapshot.
+    /// already in the log since the last snapshot (which replaces what the
+    /// replay at start-up counted, so those entries count once).
     pub fn start(&self, every_entries: u64, since_entries: u64) {
         self.every.store(
             every_entries.saturating_mul(ENTRY_WEIGHT),
             Ordering::Relaxed,
         );
+        self.since.store(0, Ordering::Relaxed);
         self.add(since_entries.saturating_mul(ENTRY_WEIGHT));
     }
 
