@@ -221,6 +221,17 @@ async fn a_refresh_keeps_an_agent_fresh_without_rewriting_its_record() {
         )
         .await;
     assert_eq!(status, 415, "{r}");
+    // Without credentials: refused at the gate, on every lease route.
+    for (method, path) in [
+        (Method::POST, "/agents/forecast/refresh"),
+        (Method::POST, "/leases/any/refresh"),
+        (Method::GET, "/leases/any"),
+        (Method::DELETE, "/leases/any"),
+    ] {
+        let (status, _, r) = h.send(method, path, None, None, &[]).await;
+        assert_eq!(status, 401, "{path}: {r}");
+        assert!(r["error"]["code"].is_string(), "the one error body: {r}");
+    }
     let (_, r) = post(&h, "/agents/forecast/refresh", ALICE, None).await;
     assert_eq!(
         r["ttl_seconds"], 300,
