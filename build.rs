@@ -17,6 +17,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/agentry/v1/invocation.proto",
     ];
     tonic_prost_build::configure()
+        // A log entry's command is handed from the log to every follower's
+        // message by reference, never copied per follower.
+        .bytes(".agentry.v1.RaftLogEntry")
         .file_descriptor_set_path(out.join("agentry_descriptor.bin"))
         .compile_protos(&protos, &["proto"])?;
     // etcd's Put, for the side-by-side write benchmark (`agentry bench`);

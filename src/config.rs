@@ -441,6 +441,10 @@ pub struct Config {
     pub snapshot_keep_logs: u64,
     /// Largest message on the internal Raft listener.
     pub raft_max_message_bytes: usize,
+    /// How this node writes its Raft log and sends AppendEntries: "binary"
+    /// (default), or "json", the encoding of versions before data format 3
+    /// (for testing logs and clusters of both; either is always read).
+    pub raft_encoding: crate::consensus::codec::Encoding,
     /// Testing only: allow `Cluster.SetFaults` to inject network faults.
     pub fault_injection: bool,
     /// Whether reads without an API key are allowed.
@@ -547,6 +551,7 @@ impl Default for Config {
             election_timeout_ms: 1000,
             snapshot_keep_logs: 1000,
             raft_max_message_bytes: 64 * 1024 * 1024,
+            raft_encoding: Default::default(),
             fault_injection: false,
             anonymous_reads: true,
             max_record_bytes: limits.max_record_bytes,

@@ -314,6 +314,7 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
             request_timeout: Duration::from_secs(config.request_timeout_secs),
             auth: cluster_auth.clone(),
             space,
+            encoding: config.raft_encoding,
         },
         bootstrap,
         LogStore::new(db)?,
@@ -333,6 +334,7 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
         faults.clone(),
         MAX_SNAPSHOT_BYTES,
         cluster_auth.clone(),
+        config.raft_encoding,
     ))
     .max_decoding_message_size(config.raft_max_message_bytes)
     .max_encoding_message_size(config.raft_max_message_bytes);

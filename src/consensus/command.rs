@@ -4,7 +4,8 @@
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
+use prost::bytes::Bytes;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::NodeId;
 
@@ -159,6 +160,49 @@ impl Command {
             | Self::Cluster { now, .. } => now,
             Self::Audited { command, .. } => command.now(),
         }
+    }
+}
+
+/// A command as the log stores it and followers receive it: its JSON,
+/// encoded once by the node that proposes it and carried as bytes from
+/// then on (`consensus::codec`), so a record is never encoded again per
+/// follower or per log append. Each node decodes it once, to apply it.
+///
+/// Its serde form is the command's own JSON, which is how log entries were
+/// written before the binary encoding: those still load.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Proposal(Bytes);
+
+impl Proposal {
+    pub fn new(command: &Command) -> Result<Self, serde_json::Error> {
+        serde_json::to_vec(command).map(|json| Self(json.into()))
+    }
+
+    /// A command's bytes as another node encoded them.
+    pub fn from_bytes(json: Bytes) -> Self {
+        Self(json)
+    }
+
+    pub fn bytes(&self) -> &Bytes {
+        &self.0
+    }
+
+    pub fn command(&self) -> Result<Command, serde_json::Error> {
+        serde_json::from_slice(&self.0)
+    }
+}
+
+impl Serialize for Proposal {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.command()
+            .map_err(serde::ser::Error::custom)?
+            .serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for Proposal {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Proposal::new(&Command::deserialize(deserializer)?).map_err(serde::de::Error::custom)
     }
 }
 

@@ -4,6 +4,7 @@
 //! entry and the state machine has applied it.
 
 pub mod cluster_auth;
+pub mod codec;
 mod command;
 mod faults;
 mod forward;
@@ -13,7 +14,7 @@ mod node;
 mod transport;
 
 pub use cluster_auth::{ClusterAuth, ClusterAuthConfig};
-pub use command::{Command, CommandResult, PublisherKeyChange};
+pub use command::{Command, CommandResult, Proposal, PublisherKeyChange};
 pub use faults::{Faults, LinkFault};
 pub use forward::Forwarded;
 pub use membership_check::{ClusterRecord, MembershipCheck, SharedRecord};
@@ -26,7 +27,7 @@ use std::io::Cursor;
 openraft::declare_raft_types!(
     /// Raft types of the registry: commands in, command results out.
     pub TypeConfig:
-        D = Command,
+        D = Proposal,
         R = CommandResult,
         NodeId = u64,
         Node = openraft::BasicNode,

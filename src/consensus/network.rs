@@ -1,7 +1,9 @@
 //! Raft network: the client side of the internal gRPC transport
 //! (`agentry.v1.RaftTransport`, served only on the internal listener).
 //!
-//! Messages are openraft's own types as JSON inside a protobuf envelope.
+//! AppendEntries goes in the binary encoding (`codec`) to every peer whose
+//! answers say it takes it, else as JSON like the other, smaller messages
+//! (openraft's own types inside a protobuf envelope).
 //! Channels are cached per peer and reconnect by themselves; each RPC carries
 //! openraft's time budget as its gRPC deadline; a peer that cannot be reached
 //! is reported `Unreachable`, which makes openraft back off exponentially.
@@ -27,6 +29,7 @@ use tonic::transport::{Channel, Endpoint};
 use tracing::{instrument, Instrument};
 
 use super::cluster_auth::ClusterAuth;
+use super::codec::{self, Encoding};
 use super::faults::{Faults, Verdict};
 use super::forward::{ForwardReply, Forwarded};
 use super::membership_check::MembershipCheck;
@@ -93,6 +96,10 @@ pub struct Network {
     max_message: usize,
     auth: ClusterAuth,
     check: MembershipCheck,
+    /// How this node sends AppendEntries when the peer takes it.
+    encoding: Encoding,
+    /// The highest encoding each peer's last answer said it takes.
+    accepts: Arc<Mutex<HashMap<NodeId, u32>>>,
 }
 
 /// Per peer: its address, the cluster-TLS generation the channel was made
@@ -133,6 +140,7 @@ impl Network {
         max_message: usize,
         auth: ClusterAuth,
         check: MembershipCheck,
+        encoding: Encoding,
     ) -> Self {
         Self {
             me,
@@ -142,7 +150,29 @@ impl Network {
             max_message,
             auth,
             check,
+            encoding,
+            accepts: Arc::default(),
         }
+    }
+
+    /// Whether AppendEntries to `target` goes in the binary encoding: only
+    /// once the peer has answered that it takes it (a node of an older
+    /// version never does, and keeps getting JSON).
+    fn binary_to(&self, target: NodeId) -> bool {
+        self.encoding == Encoding::Binary
+            && self
+                .accepts
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&target)
+                == Some(&codec::BINARY)
+    }
+
+    fn json<Req: Serialize>(target: NodeId, request: &Req) -> Result<Vec<u8>, TransportError> {
+        serde_json::to_vec(request).map_err(|e| TransportError::NotSent {
+            target,
+            reason: format!("cannot encode: {e}"),
+        })
     }
 
     fn client(
@@ -202,22 +232,19 @@ impl Network {
         }
     }
 
-    async fn unary<Req: Serialize, Resp: DeserializeOwned>(
+    /// Sends `payload`, encoded as `encoding` says; the answer is JSON.
+    async fn unary<Resp: DeserializeOwned>(
         &self,
         target: NodeId,
         addr: &str,
         rpc: Rpc,
-        request: &Req,
+        (payload, encoding): (Vec<u8>, u32),
         timeout: Duration,
     ) -> Result<Resp, TransportError> {
-        let json = serde_json::to_vec(request).map_err(|e| TransportError::NotSent {
-            target,
-            reason: format!("cannot encode: {e}"),
-        })?;
-        if json.len() > self.max_message {
+        if payload.len() > self.max_message {
             return Err(TransportError::TooLarge {
                 target,
-                bytes: json.len(),
+                bytes: payload.len(),
                 limit: self.max_message,
             });
         }
@@ -227,12 +254,13 @@ impl Network {
         let addressed = (!matches!(rpc, Rpc::Forward)).then_some(target);
         let mut req = tonic::Request::new(RaftMessage {
             from: self.me,
-            json: Vec::new(),
+            payload: Vec::new(),
             stamp: Some(self.check.stamp(addressed)),
+            encoding,
         });
         self.auth
-            .prove(req.metadata_mut(), rpc.name(), self.me, &json);
-        req.get_mut().json = json;
+            .prove(req.metadata_mut(), rpc.name(), self.me, &payload);
+        req.get_mut().payload = payload;
         req.set_timeout(timeout);
         let answer = match rpc {
             Rpc::AppendEntries => client.append_entries(req).await,
@@ -244,7 +272,11 @@ impl Network {
             .inspect_err(|e| self.log_refusal(e))?
             .into_inner();
         self.check.answered(target, answer.stamp.as_ref());
-        serde_json::from_slice(&answer.json).map_err(|e| TransportError::BadAnswer {
+        self.accepts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(target, answer.encoding);
+        serde_json::from_slice(&answer.payload).map_err(|e| TransportError::BadAnswer {
             target,
             reason: e.to_string(),
         })
@@ -273,7 +305,8 @@ impl Network {
         request: &Forwarded,
         timeout: Duration,
     ) -> Result<Result<ForwardReply, WriteError>, TransportError> {
-        self.unary(target, addr, Rpc::Forward, request, timeout)
+        let payload = (Self::json(target, request)?, codec::JSON);
+        self.unary(target, addr, Rpc::Forward, payload, timeout)
             .await
     }
 }
@@ -342,21 +375,25 @@ struct Acknowledged {
 }
 
 impl Connection {
-    async fn call<Req: Serialize, Resp: DeserializeOwned, E>(
+    async fn call<Resp: DeserializeOwned, E>(
         &self,
         rpc: Rpc,
-        request: &Req,
+        payload: Result<(Vec<u8>, u32), TransportError>,
         entries: u64,
         timeout: Duration,
     ) -> Result<Resp, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>
     where
         E: std::error::Error + DeserializeOwned,
     {
-        let answer: Result<Resp, RaftError<NodeId, E>> = match self
-            .network
-            .unary(self.target, &self.addr, rpc, request, timeout)
-            .await
-        {
+        let sent = match payload {
+            Ok(p) => {
+                self.network
+                    .unary(self.target, &self.addr, rpc, p, timeout)
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        let answer: Result<Resp, RaftError<NodeId, E>> = match sent {
             Ok(a) => a,
             // Too big for one message: openraft retries with fewer entries.
             Err(TransportError::TooLarge { .. }) if entries > 1 => {
@@ -379,10 +416,22 @@ impl RaftNetwork<TypeConfig> for Connection {
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
         let entries = rpc.entries.len() as u64;
         let started = std::time::Instant::now();
+        // The commands inside are the proposers' bytes either way; binary
+        // only frames them, JSON decodes and re-encodes each.
+        let payload = if self.network.binary_to(self.target) {
+            codec::encode_append(&rpc)
+                .map(|bytes| (bytes, codec::BINARY))
+                .map_err(|e| TransportError::NotSent {
+                    target: self.target,
+                    reason: format!("cannot encode: {e}"),
+                })
+        } else {
+            Network::json(self.target, &rpc).map(|bytes| (bytes, codec::JSON))
+        };
         let answer: AppendEntriesResponse<NodeId> = self
-            .call::<_, _, openraft::error::Infallible>(
+            .call::<_, openraft::error::Infallible>(
                 Rpc::AppendEntries,
-                &rpc,
+                payload,
                 entries,
                 option.hard_ttl(),
             )
@@ -461,7 +510,8 @@ impl RaftNetwork<TypeConfig> for Connection {
         rpc: VoteRequest<NodeId>,
         option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
-        self.call::<_, _, openraft::error::Infallible>(Rpc::Vote, &rpc, 0, option.hard_ttl())
+        let payload = Network::json(self.target, &rpc).map(|bytes| (bytes, codec::JSON));
+        self.call::<_, openraft::error::Infallible>(Rpc::Vote, payload, 0, option.hard_ttl())
             .await
     }
 
@@ -524,7 +574,7 @@ impl RaftNetwork<TypeConfig> for Connection {
             .into_inner();
         net.check.answered(target, answer.stamp.as_ref());
         let answer: Result<SnapshotResponse<NodeId>, Fatal<NodeId>> =
-            serde_json::from_slice(&answer.json)
+            serde_json::from_slice(&answer.payload)
                 .map_err(|e| StreamingError::Network(NetworkError::new(&e)))?;
         answer.map_err(|e| StreamingError::RemoteError(RemoteError::new(target, e)))
     }

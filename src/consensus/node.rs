@@ -18,7 +18,7 @@ use super::faults::Faults;
 use super::forward::{ForwardReply, Forwarded};
 use super::membership_check::MembershipCheck;
 use super::network::TransportError;
-use super::{Command, CommandResult, Network, NodeId, Raft};
+use super::{Command, CommandResult, Network, NodeId, Proposal, Raft};
 use crate::storage::{DiskSpace, LogStore, NoSpace, SnapshotStats, SnapshotWeight, StateMachine};
 
 /// Why a request could not be carried out. Crosses the internal transport
@@ -167,6 +167,8 @@ pub struct NodeSettings {
     pub auth: super::ClusterAuth,
     /// The data directory's free-space check.
     pub space: DiskSpace,
+    /// How the log is written and AppendEntries sent.
+    pub encoding: super::codec::Encoding,
 }
 
 /// A running Raft node. Cheap to clone.
@@ -251,12 +253,13 @@ impl RaftNode {
             settings.max_message_bytes,
             settings.auth.clone(),
             check.clone(),
+            settings.encoding,
         );
         let raft = Raft::new(
             settings.id,
             config,
             network.clone(),
-            log_store,
+            log_store.with_encoding(settings.encoding),
             state_machine,
         )
         .await
@@ -352,8 +355,15 @@ impl RaftNode {
             };
             // Bounded: a leader cut off from its quorum would otherwise wait
             // for this commit for as long as the partition lasts.
+            let proposal = match Proposal::new(&command) {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::error!(node_id = self.id, error = %e, "cannot encode the members' record");
+                    continue;
+                }
+            };
             let written =
-                tokio::time::timeout(self.request_timeout, self.raft.client_write(command)).await;
+                tokio::time::timeout(self.request_timeout, self.raft.client_write(proposal)).await;
             match written {
                 Ok(Ok(_)) => {
                     info!(node_id = self.id, members = ?nodes, "recorded members' data directories")
@@ -658,9 +668,13 @@ impl RaftNode {
                         .check()
                         .map_err(|e| WriteError::NoSpace(e.to_string()))?;
                 }
+                // Encoded here, once: the log and every follower carry
+                // these bytes.
+                let proposal = Proposal::new(&command)
+                    .map_err(|e| WriteError::Fatal(format!("cannot encode the command: {e}")))?;
                 let started = Instant::now();
                 let _in_flight = InFlight::new(&self.writes_in_flight);
-                match self.raft.client_write(command).await {
+                match self.raft.client_write(proposal).await {
                     Ok(resp) => {
                         crate::metrics::observe_commit(started.elapsed());
                         Ok(ForwardReply::Written(resp.data))

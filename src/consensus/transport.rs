@@ -13,6 +13,7 @@ use tonic::{Request, Response, Status, Streaming};
 use tracing::instrument;
 
 use super::cluster_auth::ClusterAuth;
+use super::codec::{self, Encoding};
 use super::faults::Faults;
 use super::forward::Forwarded;
 use super::{NodeId, RaftNode, TypeConfig};
@@ -32,6 +33,8 @@ pub struct RaftService {
     faults: Faults,
     max_snapshot_bytes: usize,
     auth: ClusterAuth,
+    /// Which AppendEntries encoding this node's answers say it takes.
+    encoding: Encoding,
 }
 
 impl RaftService {
@@ -40,12 +43,14 @@ impl RaftService {
         faults: Faults,
         max_snapshot_bytes: usize,
         auth: ClusterAuth,
+        encoding: Encoding,
     ) -> Self {
         Self {
             node,
             faults,
             max_snapshot_bytes,
             auth,
+            encoding,
         }
     }
 
@@ -82,7 +87,7 @@ impl RaftService {
         method: &str,
     ) -> Result<RaftMessage, Status> {
         let (metadata, extensions, msg) = request.into_parts();
-        self.authenticate(&metadata, &extensions, method, msg.from, &msg.json)?;
+        self.authenticate(&metadata, &extensions, method, msg.from, &msg.payload)?;
         self.admit(msg.from, msg.stamp.as_ref())?;
         Ok(msg)
     }
@@ -113,11 +118,12 @@ impl RaftService {
 
     /// An answer, stamped with this node's cluster id and incarnation.
     fn answer<T: Serialize>(&self, value: &T) -> Result<Response<RaftMessage>, Status> {
-        let json = serde_json::to_vec(value).map_err(|e| Status::internal(e.to_string()))?;
+        let payload = serde_json::to_vec(value).map_err(|e| Status::internal(e.to_string()))?;
         Ok(Response::new(RaftMessage {
             from: self.node.id,
-            json,
+            payload,
             stamp: Some(self.node.membership_check().stamp(None)),
+            encoding: self.encoding.accepts(),
         }))
     }
 }
@@ -134,7 +140,16 @@ impl RaftTransport for RaftService {
         request: Request<RaftMessage>,
     ) -> Result<Response<RaftMessage>, Status> {
         let msg = self.admit_message(request, APPEND_ENTRIES)?;
-        let rpc: AppendEntriesRequest<TypeConfig> = decode(&msg.json)?;
+        let rpc: AppendEntriesRequest<TypeConfig> = match msg.encoding {
+            codec::JSON => decode(&msg.payload)?,
+            codec::BINARY => codec::decode_append(msg.payload.into())
+                .map_err(|e| Status::invalid_argument(format!("bad message: {e}")))?,
+            other => {
+                return Err(Status::invalid_argument(format!(
+                    "unknown message encoding {other}"
+                )))
+            }
+        };
         // Entries this node could not store would stop its Raft core; the
         // leader retries them once space is back. Heartbeats still pass, so
         // the node keeps its leader and does not start elections.
@@ -149,7 +164,7 @@ impl RaftTransport for RaftService {
     #[instrument(level = "debug", skip_all, fields(node_id = self.node.id, from = request.get_ref().from))]
     async fn vote(&self, request: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
         let msg = self.admit_message(request, VOTE)?;
-        let rpc: VoteRequest<NodeId> = decode(&msg.json)?;
+        let rpc: VoteRequest<NodeId> = decode(&msg.payload)?;
         self.answer(&self.node.raft.vote(rpc).await)
     }
 
@@ -197,7 +212,7 @@ impl RaftTransport for RaftService {
         request: Request<RaftMessage>,
     ) -> Result<Response<RaftMessage>, Status> {
         let msg = self.admit_message(request, FORWARD)?;
-        let forwarded: Forwarded = decode(&msg.json)?;
+        let forwarded: Forwarded = decode(&msg.payload)?;
         tracing::debug!(request = forwarded.name(), "executing a forwarded request");
         self.answer(&self.node.execute(forwarded).await)
     }

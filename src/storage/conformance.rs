@@ -4,9 +4,11 @@
 use openraft::testing::{StoreBuilder, Suite};
 
 use super::{open, LogStore, StateMachine};
+use crate::consensus::codec::Encoding;
 use crate::consensus::{StorageError, TypeConfig};
 
-struct RocksBuilder;
+/// Builds stores whose log writes `Encoding`.
+struct RocksBuilder(Encoding);
 
 impl StoreBuilder<TypeConfig, LogStore, StateMachine, tempfile::TempDir> for RocksBuilder {
     async fn build(&self) -> Result<(tempfile::TempDir, LogStore, StateMachine), StorageError> {
@@ -17,7 +19,9 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachine, tempfile::TempDir> for Roc
             .map_err(|e| openraft::StorageIOError::write(&e))?;
         Ok((
             dir,
-            LogStore::new(db).map_err(|e| openraft::StorageIOError::write(&e))?,
+            LogStore::new(db)
+                .map_err(|e| openraft::StorageIOError::write(&e))?
+                .with_encoding(self.0),
             sm,
         ))
     }
@@ -25,7 +29,10 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachine, tempfile::TempDir> for Roc
 
 #[test]
 fn openraft_storage_suite() {
-    if let Err(e) = Suite::test_all(RocksBuilder) {
-        panic!("openraft storage suite failed: {e}");
+    // The binary log, and the JSON one older versions wrote.
+    for encoding in [Encoding::Binary, Encoding::Json] {
+        if let Err(e) = Suite::test_all(RocksBuilder(encoding)) {
+            panic!("openraft storage suite failed ({encoding:?} log): {e}");
+        }
     }
 }

@@ -8,13 +8,16 @@
 //! - 1: the same layout, with the version recorded.
 //! - 2: adds the `leases` column family (agents' holds and shared leases;
 //!   created empty on open) and refresh entries in the log.
+//! - 3: Raft log entries in the binary encoding (`consensus::codec`);
+//!   entries written before, JSON, are still read, so the upgrade rewrites
+//!   nothing.
 
 use std::path::Path;
 
 use super::StorageError;
 
 /// The format this binary writes.
-pub const DATA_FORMAT: u32 = 2;
+pub const DATA_FORMAT: u32 = 3;
 
 const FORMAT_FILE: &str = "FORMAT";
 const PREFIX: &str = "agentry-data-format ";
@@ -51,7 +54,7 @@ pub fn check_and_upgrade(dir: &Path) -> Result<u32, StorageError> {
         )));
     }
     if found < DATA_FORMAT {
-        // 0 -> 1 -> 2 change no stored data (the new column family is
+        // 0 -> 1 -> 2 -> 3 change no stored data (the new column family is
         // created when the database opens); later upgrades run here in order.
         tracing::info!(
             dir = %dir.display(),

@@ -21,6 +21,7 @@ use openraft::{Entry, OptionalSend, RaftLogReader, StorageIOError, Vote};
 use rocksdb::{WriteBatch, WriteOptions, DB};
 
 use super::{cf, get_json, key_u64, u64_key, StorageError as LocalError, CF_LOG, CF_RAFT};
+use crate::consensus::codec::{self, Encoding};
 use crate::consensus::{LogId, NodeId, StorageError, TypeConfig};
 
 pub(crate) const KEY_VOTE: &[u8] = b"vote";
@@ -40,6 +41,8 @@ pub struct LogStore {
     /// Flush callbacks waiting for the next WAL sync.
     syncer: Arc<Syncer>,
     incarnation: Arc<str>,
+    /// How new entries are written; entries of either encoding are read.
+    encoding: Encoding,
 }
 
 /// The syncer thread's handle. Dropped with the last `LogStore` clone, it
@@ -141,7 +144,14 @@ impl LogStore {
                 thread: Some(thread),
             }),
             incarnation: incarnation.into(),
+            encoding: Encoding::Binary,
         })
+    }
+
+    /// Writes new entries in `encoding` (`raft_encoding`).
+    pub fn with_encoding(mut self, encoding: Encoding) -> Self {
+        self.encoding = encoding;
+        self
     }
 
     /// This data directory's incarnation.
@@ -170,7 +180,7 @@ impl LogStore {
         it.seek_to_last();
         it.status()?;
         match it.value() {
-            Some(v) => Ok(Some(serde_json::from_slice::<Entry<TypeConfig>>(v)?.log_id)),
+            Some(v) => Ok(Some(codec::decode_log_id(v)?)),
             None => Ok(None),
         }
     }
@@ -195,7 +205,7 @@ impl RaftLogReader<TypeConfig> for LogStore {
             if !range.contains(&index) {
                 break;
             }
-            out.push(serde_json::from_slice(v).map_err(read_err)?);
+            out.push(codec::decode_entry(v).map_err(read_err)?);
             it.next();
         }
         it.status().map_err(read_err)?;
@@ -270,7 +280,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             batch.put_cf(
                 log,
                 u64_key(entry.log_id.index),
-                serde_json::to_vec(&entry).map_err(write_err)?,
+                codec::encode_entry(&entry, self.encoding).map_err(write_err)?,
             );
             count += 1;
         }
@@ -298,5 +308,55 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.db
             .delete_range_cf(log, u64_key(0), u64_key(log_id.index.saturating_add(1)))
             .map_err(write_err)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use openraft::{CommittedLeaderId, EntryPayload};
+
+    use super::*;
+    use crate::consensus::{Command, Proposal};
+
+    /// A data directory whose log was written by a version before the
+    /// binary encoding, and then appended to by this one, reads whole.
+    #[tokio::test]
+    async fn a_log_of_both_encodings_reads_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = super::super::open(dir.path(), super::super::DEFAULT_MAX_WAL_BYTES).unwrap();
+        let entry = |index: u64| Entry::<TypeConfig> {
+            log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+            payload: EntryPayload::Normal(
+                Proposal::new(&Command::Note {
+                    now: format!("2026-11-26T00:00:0{index}Z"),
+                })
+                .unwrap(),
+            ),
+        };
+        let log = cf(&db, CF_LOG).unwrap();
+        for index in 1..=4 {
+            // Entries 1 and 2 exactly as the JSON-only versions wrote them.
+            let bytes = if index <= 2 {
+                serde_json::to_vec(&entry(index)).unwrap()
+            } else {
+                codec::encode_entry(&entry(index), Encoding::Binary).unwrap()
+            };
+            db.put_cf(log, u64_key(index), bytes).unwrap();
+        }
+        let mut store = LogStore::new(db).unwrap();
+        let state = store.get_log_state().await.unwrap();
+        assert_eq!(state.last_log_id.map(|l| l.index), Some(4));
+        let read = store.try_get_log_entries(1..=4).await.unwrap();
+        assert_eq!(read.len(), 4);
+        for (i, e) in read.iter().enumerate() {
+            assert_eq!(e.log_id, entry(i as u64 + 1).log_id);
+            let EntryPayload::Normal(p) = &e.payload else {
+                panic!("entry {} is not a command", i + 1)
+            };
+            let Command::Note { now } = p.command().unwrap() else {
+                panic!("entry {} decoded to another command", i + 1)
+            };
+            assert_eq!(now, format!("2026-11-26T00:00:0{}Z", i + 1));
+        }
     }
 }

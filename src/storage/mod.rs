@@ -54,6 +54,8 @@ pub enum StorageError {
     MissingColumnFamily(&'static str),
     #[error("{0}")]
     Format(String),
+    #[error("corrupt log entry: {0}")]
+    LogEntry(#[from] crate::consensus::codec::CodecError),
 }
 
 /// Upper bound of the shared block cache: the blocks of about 100k

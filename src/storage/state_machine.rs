@@ -810,6 +810,13 @@ impl StateMachine {
     }
 }
 
+/// A log entry's payload with its command decoded.
+enum Applying {
+    Blank,
+    Membership(openraft::Membership<NodeId, openraft::BasicNode>),
+    Normal(Command),
+}
+
 impl StateMachine {
     /// Applies one batch of committed entries (`RaftStateMachine::apply`).
     // openraft's own error type, returned as its `apply` returns it.
@@ -854,25 +861,32 @@ impl StateMachine {
         let mut weight = 0;
         for entry in entries {
             let revision = entry.log_id.index;
-            weight += match &entry.payload {
-                EntryPayload::Normal(Command::Refresh { .. }) => 1,
+            // The command's bytes as its proposer encoded them, decoded
+            // once, here.
+            let payload = match entry.payload {
+                EntryPayload::Blank => Applying::Blank,
+                EntryPayload::Membership(m) => Applying::Membership(m),
+                EntryPayload::Normal(p) => Applying::Normal(p.command().map_err(sm_read)?),
+            };
+            weight += match &payload {
+                Applying::Normal(Command::Refresh { .. }) => 1,
                 _ => ENTRY_WEIGHT,
             };
             // A client's command carries who asked; the entry of its
             // outcome joins the trail in the same batch as the change.
-            let (payload, audit) = match entry.payload {
-                EntryPayload::Normal(Command::Audited { command, audit }) => {
-                    (EntryPayload::Normal(*command), Some(audit))
+            let (payload, audit) = match payload {
+                Applying::Normal(Command::Audited { command, audit }) => {
+                    (Applying::Normal(*command), Some(audit))
                 }
                 other => (other, None),
             };
             let at = match (&payload, &audit) {
-                (EntryPayload::Normal(c), Some(_)) => Some(c.now().to_string()),
+                (Applying::Normal(c), Some(_)) => Some(c.now().to_string()),
                 _ => None,
             };
             let result = match payload {
-                EntryPayload::Blank => CommandResult::Internal,
-                EntryPayload::Membership(m) => {
+                Applying::Blank => CommandResult::Internal,
+                Applying::Membership(m) => {
                     let stored = StoredMembership::new(Some(entry.log_id), m);
                     batch.put_cf(
                         sm,
@@ -887,8 +901,8 @@ impl StateMachine {
                     membership = Some(stored);
                     CommandResult::Internal
                 }
-                EntryPayload::Normal(Command::Note { .. }) => CommandResult::Internal,
-                EntryPayload::Normal(Command::Refresh { refreshes, now }) => {
+                Applying::Normal(Command::Note { .. }) => CommandResult::Internal,
+                Applying::Normal(Command::Refresh { refreshes, now }) => {
                     let now_unix = unix_of(&now);
                     let mut out = Vec::with_capacity(refreshes.len());
                     for r in &refreshes {
@@ -903,12 +917,12 @@ impl StateMachine {
                     }
                     CommandResult::Leases(out)
                 }
-                EntryPayload::Normal(Command::RevokeLease {
+                Applying::Normal(Command::RevokeLease {
                     name,
                     principal,
                     now,
                 }) => CommandResult::Leases(vec![staged.revoke(&name, &principal, unix_of(&now))]),
-                EntryPayload::Normal(Command::Cursor { name, value, .. }) => {
+                Applying::Normal(Command::Cursor { name, value, .. }) => {
                     // Kept with the federation cursors (same map, same
                     // snapshot and backup member); only ever forward.
                     let cursors = match cursors.as_mut() {
@@ -923,7 +937,7 @@ impl StateMachine {
                     *slot = (*slot).max(value);
                     CommandResult::Internal
                 }
-                EntryPayload::Normal(Command::Cluster {
+                Applying::Normal(Command::Cluster {
                     cluster_id,
                     incarnations,
                     ..
@@ -942,7 +956,7 @@ impl StateMachine {
                     });
                     CommandResult::Internal
                 }
-                EntryPayload::Normal(Command::Identity { change, now }) => {
+                Applying::Normal(Command::Identity { change, now }) => {
                     let result = self
                         .apply_identity(&mut batch, &mut identity, &mut written, &change, &now)
                         .map_err(sm_write)?;
@@ -952,7 +966,7 @@ impl StateMachine {
                     }
                     result
                 }
-                EntryPayload::Normal(Command::PublisherKey {
+                Applying::Normal(Command::PublisherKey {
                     change,
                     principal,
                     now,
@@ -970,7 +984,7 @@ impl StateMachine {
                     keys_changed |= matches!(result, CommandResult::PublisherKeys { .. });
                     result
                 }
-                EntryPayload::Normal(cmd) => {
+                Applying::Normal(cmd) => {
                     if let Command::Federate {
                         peer,
                         cursor: Some(at),
@@ -1232,6 +1246,11 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A command as a log entry carries it.
+    fn normal(command: Command) -> EntryPayload<TypeConfig> {
+        EntryPayload::Normal(crate::consensus::Proposal::new(&command).unwrap())
+    }
     use crate::domain::write::{decide_put, WriteMode};
     use crate::domain::{Principal, Role};
 
@@ -1325,12 +1344,12 @@ mod tests {
             // Node 3 is no member: not recorded.
             Entry {
                 log_id: openraft::LogId::new(leader, 2),
-                payload: EntryPayload::Normal(record("c1", &[(1, "a"), (2, "b"), (3, "c")])),
+                payload: normal(record("c1", &[(1, "a"), (2, "b"), (3, "c")])),
             },
             // A second founding (a racing leader) changes nothing.
             Entry {
                 log_id: openraft::LogId::new(leader, 3),
-                payload: EntryPayload::Normal(record("c2", &[(1, "z")])),
+                payload: normal(record("c2", &[(1, "z")])),
             },
         ])
         .await
@@ -1393,7 +1412,7 @@ mod tests {
         let mut sm = state_machine_in(dir.path());
         sm.apply([Entry {
             log_id: openraft::LogId::new(leader, 1),
-            payload: EntryPayload::Normal(audited),
+            payload: normal(audited),
         }])
         .await
         .unwrap();
@@ -1428,7 +1447,7 @@ mod tests {
         fresh
             .apply([Entry {
                 log_id: openraft::LogId::new(leader, 2),
-                payload: EntryPayload::Normal(Command::Audited {
+                payload: normal(Command::Audited {
                     command: Box::new(Command::Note {
                         now: "2026-11-24T00:00:01Z".into(),
                     }),
@@ -1458,7 +1477,7 @@ mod tests {
         let now_unix = unix_of(now);
         let put = |index: u64, id: &str| Entry {
             log_id: openraft::LogId::new(leader, index),
-            payload: EntryPayload::Normal(Command::Put {
+            payload: normal(Command::Put {
                 metadata: Box::new(
                     serde_json::from_value(serde_json::json!({
                         "id": id, "name": id, "description": "d",
@@ -1494,7 +1513,7 @@ mod tests {
         let results = sm
             .apply([Entry {
                 log_id: openraft::LogId::new(leader, 3),
-                payload: EntryPayload::Normal(Command::Refresh {
+                payload: normal(Command::Refresh {
                     refreshes: vec![
                         refresh(agent("a", None), Some(30)),
                         refresh(lease.clone(), Some(90)),
@@ -1545,7 +1564,7 @@ mod tests {
         let mut sm = state_machine_in(dir.path());
         let cursor = |index: u64, value: u64| Entry {
             log_id: openraft::LogId::new(leader, index),
-            payload: EntryPayload::Normal(Command::Cursor {
+            payload: normal(Command::Cursor {
                 name: "mcp-upstream:https://up.example".into(),
                 value,
                 now: "2026-11-26T00:00:00Z".into(),

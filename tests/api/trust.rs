@@ -35,8 +35,9 @@ fn raft_message(
 ) -> tonic::Request<pb::RaftMessage> {
     let mut req = tonic::Request::new(pb::RaftMessage {
         from,
-        json: json.clone(),
+        payload: json.clone(),
         stamp: None,
+        encoding: 0,
     });
     if let Some(a) = auth {
         a.prove(req.metadata_mut(), method, from, &json);
@@ -169,7 +170,7 @@ async fn raft_rpcs_without_cluster_proof_are_refused_and_change_nothing() {
     }
     // A real proof for one message does not carry another.
     let mut replayed = raft_message(Some(&right), "forward", 1, forwarded(&Forwarded::Status));
-    replayed.get_mut().json = forwarded(&learner);
+    replayed.get_mut().payload = forwarded(&learner);
     let e = client.forward(replayed).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::Unauthenticated);
 

@@ -39,6 +39,8 @@ pub struct Node {
     child: Option<Child>,
     /// The extra flags it was first started with, reused on restart.
     extra: Vec<String>,
+    /// TOML for this node alone, after the cluster's (`configure_node`).
+    config: String,
 }
 
 pub struct Cluster {
@@ -78,6 +80,16 @@ impl Cluster {
     /// Sets more TOML for the nodes started from now on.
     pub fn configure(&mut self, toml: &str) {
         self.options.extra_config = toml.to_string();
+    }
+
+    /// Sets more TOML for node `id` alone, from its next start on.
+    pub fn configure_node(&mut self, id: u64, toml: &str) {
+        self.nodes.get_mut(&id).expect("reserved node").config = toml.to_string();
+    }
+
+    /// The TOML node `id` alone is started with.
+    pub fn node_config(&self, id: u64) -> &str {
+        &self.nodes[&id].config
     }
 
     /// Where to put files for this cluster's nodes.
@@ -161,6 +173,7 @@ impl Cluster {
                 peer: free_port(),
                 child: None,
                 extra: Vec::new(),
+                config: String::new(),
             },
         );
     }
@@ -232,6 +245,7 @@ impl Cluster {
             ));
         }
         config.push_str(&self.options.extra_config);
+        config.push_str(&self.nodes[&id].config);
         let path = self.dir.path().join(format!("node-{id}.toml"));
         std::fs::write(&path, config).expect("config");
         cmd.arg("--config").arg(path);

@@ -8,7 +8,13 @@
 //! reads observe the lease through `registry.expired`: a refresh must keep
 //! the record's value, a registration or update must end the hold.
 //!
-//! CI size: 11 fault schedules × 2,000 operations. Stress mode:
+//! And one restarts nodes across the two Raft encodings: every node starts
+//! writing and sending the previous one (JSON, `raft_encoding = "json"`),
+//! then each round kills the leader and starts it in the other encoding, on
+//! the log the first one wrote, while the others stay as they were (a
+//! mixed cluster, as in a rolling upgrade).
+//!
+//! CI size: 12 fault schedules × 2,000 operations. Stress mode:
 //! `AGENTRY_LINCHECK_OPS=20000 AGENTRY_LINCHECK_ROUNDS=5 ./scripts/test.sh
 //! histories_under_faults -- --nocapture` (operations per schedule, rounds
 //! of all schedules).
@@ -256,6 +262,27 @@ enum Nemesis {
     RotatingPartitions,
     KillLeaderUnderDelay,
     AsymmetricCut,
+    /// Kill the leader and restart it in the other Raft encoding.
+    EncodingRollover,
+}
+
+/// Schedules after which the nodes run in the binary encoding again.
+const ENCODING_SCHEDULES: [Nemesis; 1] = [Nemesis::EncodingRollover];
+
+const JSON_ENCODING: &str = "raft_encoding = \"json\"\n";
+
+/// Restarts every node in the JSON encoding (`json`) or the binary one,
+/// one at a time, each on the log it has.
+async fn all_in_encoding(c: &mut Cluster, json: bool) {
+    let ids: Vec<u64> = c.nodes.keys().copied().collect();
+    for id in ids {
+        if (c.node_config(id) == JSON_ENCODING) != json {
+            c.kill(id);
+            c.configure_node(id, if json { JSON_ENCODING } else { "" });
+            c.restart(id);
+            c.wait_for_leader(Duration::from_secs(30)).await;
+        }
+    }
 }
 
 /// Schedules with refreshes mixed in (the leased workload).
@@ -348,6 +375,13 @@ async fn disturb(c: &mut Cluster, nemesis: Nemesis, round: u64) {
             c.restart(leader);
             c.heal().await;
         }
+        Nemesis::EncodingRollover => {
+            let json = c.node_config(leader) == JSON_ENCODING;
+            c.kill(leader);
+            c.configure_node(leader, if json { "" } else { JSON_ENCODING });
+            tokio::time::sleep(hold).await;
+            c.restart(leader);
+        }
         Nemesis::AsymmetricCut => {
             // The leader and one follower cannot talk; the other follower
             // still sees both.
@@ -408,10 +442,15 @@ async fn histories_under_faults_are_linearizable() {
         let all = SCHEDULES
             .iter()
             .map(|n| (n, false))
-            .chain(REFRESH_SCHEDULES.iter().map(|n| (n, true)));
+            .chain(REFRESH_SCHEDULES.iter().map(|n| (n, true)))
+            .chain(ENCODING_SCHEDULES.iter().map(|n| (n, false)));
         for (s, (nemesis, refreshes)) in all.enumerate() {
             let started = Instant::now();
             let prefix = format!("lin-r{round}-s{s}");
+            let rollover = matches!(nemesis, Nemesis::EncodingRollover);
+            if rollover {
+                all_in_encoding(&mut c, true).await;
+            }
             let history = Arc::new(Mutex::new(Vec::new()));
             let workload = Workload {
                 urls: urls.clone(),
@@ -441,6 +480,9 @@ async fn histories_under_faults_are_linearizable() {
             }
             c.heal().await;
             c.wait_for_leader(Duration::from_secs(30)).await;
+            if rollover {
+                all_in_encoding(&mut c, false).await;
+            }
 
             let history = history.lock().unwrap().clone();
             let unknown = history.iter().filter(|(_, o)| o.ret.is_none()).count();
