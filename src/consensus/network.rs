@@ -267,6 +267,15 @@ impl Network {
             Rpc::Vote => client.vote(req).await,
             Rpc::Forward => client.forward(req).await,
         };
+        if answer.is_err() && encoding == codec::BINARY {
+            // The peer may no longer take it (restarted as an older
+            // version): the next message goes as JSON, and its answer says
+            // again what the peer takes.
+            self.accepts
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&target);
+        }
         let answer = answer
             .map_err(|s| status_error(target, s))
             .inspect_err(|e| self.log_refusal(e))?
