@@ -231,6 +231,14 @@ pub fn verify_backup(mut input: impl BufRead) -> Result<(BackupHeader, BackupEnd
             ));
         }
         n += 1;
+        // Every line ends with a newline, the end line too: a file cut in
+        // the middle of one is incomplete, whatever the piece looks like.
+        if line.last() != Some(&b'\n') {
+            return Err(invalid(
+                n,
+                "the backup ends in the middle of a line: it is incomplete",
+            ));
+        }
         if header.is_none() {
             let h: BackupHeader = serde_json::from_slice(&line)
                 .map_err(|e| invalid(n, format!("not an Agentry backup header: {e}")))?;
@@ -488,9 +496,12 @@ mod tests {
         let mut flipped = good.clone();
         flipped[20] ^= 1;
         assert!(verify_backup(flipped.as_slice()).is_err());
-        let cut = &good[..body.len()];
-        let e = verify_backup(cut).unwrap_err();
-        assert!(e.to_string().contains("incomplete"), "{e}");
+        // Cut anywhere, even inside a line's kind or before the last
+        // newline: incomplete.
+        for at in 1..good.len() {
+            let e = verify_backup(&good[..at]).unwrap_err();
+            assert!(e.to_string().contains("incomplete"), "cut at {at}: {e}");
+        }
         let wrong_count = String::from_utf8(good.clone())
             .unwrap()
             .replace("\"records\":0", "\"records\":1");
