@@ -111,20 +111,6 @@ pub fn decode_entry(bytes: &[u8]) -> Result<Entry<TypeConfig>, CodecError> {
     entry(pb::RaftLogEntry::decode(bytes)?)
 }
 
-/// Only a stored entry's log id (the command is not decoded in either
-/// encoding).
-pub fn decode_log_id(bytes: &[u8]) -> Result<LogId, CodecError> {
-    if bytes.first() == Some(&b'{') {
-        #[derive(serde::Deserialize)]
-        struct Head {
-            log_id: LogId,
-        }
-        return Ok(serde_json::from_slice::<Head>(bytes)?.log_id);
-    }
-    let e = pb::RaftLogEntry::decode(bytes)?;
-    Ok(log_id(e.log_id.ok_or(CodecError::Missing("entry log id"))?))
-}
-
 /// AppendEntries in the binary encoding.
 pub fn encode_append(rpc: &AppendEntriesRequest<TypeConfig>) -> Result<Vec<u8>, CodecError> {
     let body = pb::AppendEntriesBody {
@@ -204,7 +190,6 @@ mod tests {
             for bytes in [&binary, &json] {
                 let back = decode_entry(bytes).unwrap();
                 assert_eq!(back.log_id, e.log_id);
-                assert_eq!(decode_log_id(bytes).unwrap(), e.log_id);
                 assert_eq!(
                     serde_json::to_value(&back.payload).unwrap(),
                     serde_json::to_value(&e.payload).unwrap()

@@ -180,7 +180,7 @@ impl LogStore {
         it.seek_to_last();
         it.status()?;
         match it.value() {
-            Some(v) => Ok(Some(codec::decode_log_id(v)?)),
+            Some(v) => Ok(Some(codec::decode_entry(v)?.log_id)),
             None => Ok(None),
         }
     }
