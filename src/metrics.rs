@@ -47,6 +47,8 @@ struct Instruments {
     applied: Counter,
     refresh_entries: Counter,
     refreshes: Counter,
+    write_entries: Counter,
+    batched_writes: Counter,
     snapshot_seconds: Family<SnapshotLabels, Histogram, fn() -> Histogram>,
     backup_seconds: Histogram,
     backup_bytes: Counter,
@@ -78,6 +80,8 @@ fn instruments() -> &'static Instruments {
         applied: Counter::default(),
         refresh_entries: Counter::default(),
         refreshes: Counter::default(),
+        write_entries: Counter::default(),
+        batched_writes: Counter::default(),
         snapshot_seconds: Family::new_with_constructor(long),
         backup_seconds: long(),
         backup_bytes: Counter::default(),
@@ -124,6 +128,14 @@ pub fn observe_refresh_batch(refreshes: usize) {
     let i = instruments();
     i.refresh_entries.inc();
     i.refreshes.inc_by(refreshes as u64);
+}
+
+/// Leader: one log entry proposed for `writes` client writes gathered by
+/// the write batcher.
+pub fn observe_write_batch(writes: usize) {
+    let i = instruments();
+    i.write_entries.inc();
+    i.batched_writes.inc_by(writes as u64);
 }
 
 /// Leader: one AppendEntries round trip to a follower carrying `entries`
@@ -196,6 +208,16 @@ pub fn register(registry: &mut Registry) {
         "agentry_refreshes",
         "Refreshes this node proposed (divided by agentry_refresh_entries_total: refreshes per entry).",
         i.refreshes.clone(),
+    );
+    registry.register(
+        "agentry_write_entries",
+        "Leader: log entries proposed for client writes by the write batcher.",
+        i.write_entries.clone(),
+    );
+    registry.register(
+        "agentry_batched_writes",
+        "Leader: client writes in those entries (divided by agentry_write_entries_total: writes per entry).",
+        i.batched_writes.clone(),
     );
     registry.register(
         "agentry_raft_replicate_duration_seconds",

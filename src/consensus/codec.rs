@@ -40,6 +40,12 @@ impl Encoding {
             Encoding::Json => JSON,
         }
     }
+
+    /// Whether a node in this mode says it applies batch entries
+    /// (`Command::Batch`): a node imitating an older version does not.
+    pub fn applies_batches(self) -> bool {
+        self == Encoding::Binary
+    }
 }
 
 /// `RaftMessage.encoding` values.

@@ -121,6 +121,12 @@ pub enum Command {
         incarnations: BTreeMap<NodeId, String>,
         now: String,
     },
+    /// Commands of many clients that reached the leader together, in one
+    /// log entry (`consensus::batcher`): applied one after another exactly
+    /// as consecutive entries would be, each with its own revision and
+    /// outcome (`CommandResult::Batch`). Never nested; proposed only once
+    /// every member has said it applies batches.
+    Batch(Vec<Command>),
 }
 
 impl Command {
@@ -139,7 +145,8 @@ impl Command {
             | Self::Cursor { .. }
             | Self::Refresh { .. }
             | Self::RevokeLease { .. }
-            | Self::Cluster { .. } => None,
+            | Self::Cluster { .. }
+            | Self::Batch(_) => None,
         }
     }
 
@@ -159,6 +166,7 @@ impl Command {
             | Self::RevokeLease { now, .. }
             | Self::Cluster { now, .. } => now,
             Self::Audited { command, .. } => command.now(),
+            Self::Batch(commands) => commands.first().map_or("", Command::now),
         }
     }
 }
@@ -181,6 +189,27 @@ impl Proposal {
     /// A command's bytes as another node encoded them.
     pub fn from_bytes(json: Bytes) -> Self {
         Self(json)
+    }
+
+    /// The `Command::Batch` of `parts`, made from their bytes as they are
+    /// (each was encoded once, when it was proposed).
+    pub fn batch(parts: &[Proposal]) -> Self {
+        let len = parts.iter().map(|p| p.0.len() + 1).sum::<usize>() + 12;
+        let mut json = Vec::with_capacity(len);
+        json.extend_from_slice(b"{\"Batch\":[");
+        for (i, part) in parts.iter().enumerate() {
+            if i > 0 {
+                json.push(b',');
+            }
+            json.extend_from_slice(&part.0);
+        }
+        json.extend_from_slice(b"]}");
+        Self(json.into())
+    }
+
+    /// The size of the command's encoding.
+    pub fn encoded_len(&self) -> usize {
+        self.0.len()
     }
 
     pub fn bytes(&self) -> &Bytes {
@@ -248,4 +277,6 @@ pub enum CommandResult {
     Leases(Vec<Result<LeaseState, Rejection>>),
     /// A blank or membership entry; there is no client to answer.
     Internal,
+    /// The outcome of each command of a `Command::Batch`, in order.
+    Batch(Vec<CommandResult>),
 }

@@ -3,6 +3,7 @@
 //! nodes. A write is only acknowledged once openraft has committed its log
 //! entry and the state machine has applied it.
 
+pub(crate) mod batcher;
 pub mod cluster_auth;
 pub mod codec;
 mod command;

@@ -9,7 +9,7 @@
 //! is reported `Unreachable`, which makes openraft back off exponentially.
 //! Fault rules (testing only) are applied before anything is sent.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -100,6 +100,11 @@ pub struct Network {
     encoding: Encoding,
     /// The highest encoding each peer's last answer said it takes.
     accepts: Arc<Mutex<HashMap<NodeId, u32>>>,
+    /// Peers whose last answer said they apply batch entries. Unlike
+    /// `accepts`, a failed message does not clear it: a member that is down
+    /// keeps its say (an older binary refuses the data directory a batching
+    /// one wrote, data format 4), so a lost follower does not stop batching.
+    batching: Arc<Mutex<HashSet<NodeId>>>,
 }
 
 /// Per peer: its address, the cluster-TLS generation the channel was made
@@ -152,7 +157,20 @@ impl Network {
             check,
             encoding,
             accepts: Arc::default(),
+            batching: Arc::default(),
         }
+    }
+
+    /// Whether every node of `members` (this one aside) last answered that
+    /// it applies batch entries, and this node does too.
+    pub fn all_apply_batches(&self, members: impl IntoIterator<Item = NodeId>) -> bool {
+        if !self.encoding.applies_batches() {
+            return false;
+        }
+        let batching = self.batching.lock().unwrap_or_else(|e| e.into_inner());
+        members
+            .into_iter()
+            .all(|m| m == self.me || batching.contains(&m))
     }
 
     /// Whether AppendEntries to `target` goes in the binary encoding: only
@@ -165,7 +183,7 @@ impl Network {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .get(&target)
-                == Some(&codec::BINARY)
+                .is_some_and(|e| *e >= codec::BINARY)
     }
 
     fn json<Req: Serialize>(target: NodeId, request: &Req) -> Result<Vec<u8>, TransportError> {
@@ -257,6 +275,7 @@ impl Network {
             payload: Vec::new(),
             stamp: Some(self.check.stamp(addressed)),
             encoding,
+            batches: false,
         });
         self.auth
             .prove(req.metadata_mut(), rpc.name(), self.me, &payload);
@@ -285,6 +304,13 @@ impl Network {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(target, answer.encoding);
+        let mut batching = self.batching.lock().unwrap_or_else(|e| e.into_inner());
+        if answer.batches {
+            batching.insert(target);
+        } else {
+            batching.remove(&target);
+        }
+        drop(batching);
         serde_json::from_slice(&answer.payload).map_err(|e| TransportError::BadAnswer {
             target,
             reason: e.to_string(),

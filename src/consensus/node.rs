@@ -14,6 +14,7 @@ use openraft::{BasicNode, ChangeMembers, Config, ServerState, SnapshotPolicy};
 use serde::{Deserialize, Serialize};
 use tracing::{info, instrument, warn};
 
+use super::batcher::Batcher;
 use super::faults::Faults;
 use super::forward::{ForwardReply, Forwarded};
 use super::membership_check::MembershipCheck;
@@ -191,6 +192,9 @@ pub struct RaftNode {
     /// The cluster id and members' incarnations every Raft RPC is checked
     /// against.
     check: MembershipCheck,
+    /// Gathers client writes into batch entries when every member applies
+    /// them.
+    batcher: Batcher,
 }
 
 /// Counts a proposal as in flight for as long as it lives.
@@ -264,6 +268,10 @@ impl RaftNode {
         )
         .await
         .map_err(fatal)?;
+        // With up to `max_payload_entries` entries per AppendEntries, a
+        // batch of at most 1/128 of the message limit keeps a full one
+        // within half of it.
+        let batcher = Batcher::start(raft.clone(), settings.max_message_bytes / 128);
         let node = Self {
             id: settings.id,
             raft,
@@ -276,6 +284,7 @@ impl RaftNode {
             handing_off: Arc::default(),
             writes_in_flight: Arc::default(),
             check,
+            batcher,
         };
         node.bootstrap(bootstrap).await?;
         tokio::spawn(node.clone().record_members());
@@ -647,6 +656,22 @@ impl RaftNode {
         }
     }
 
+    /// Whether every member applies batch entries, so client writes may be
+    /// gathered into them (a member of an older version could not apply
+    /// one).
+    fn batches_applied(&self) -> bool {
+        let members: Vec<NodeId> = self
+            .raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .nodes()
+            .map(|(id, _)| *id)
+            .collect();
+        self.network.all_apply_batches(members)
+    }
+
     /// Executes a request on this node; `NotLeader` when it does not lead.
     pub async fn execute(&self, request: Forwarded) -> Result<ForwardReply, WriteError> {
         match request {
@@ -674,13 +699,18 @@ impl RaftNode {
                     .map_err(|e| WriteError::Fatal(format!("cannot encode the command: {e}")))?;
                 let started = Instant::now();
                 let _in_flight = InFlight::new(&self.writes_in_flight);
-                match self.raft.client_write(proposal).await {
-                    Ok(resp) => {
-                        crate::metrics::observe_commit(started.elapsed());
-                        Ok(ForwardReply::Written(resp.data))
-                    }
-                    Err(e) => Err(write_error(e)),
-                }
+                let written = if self.batches_applied() {
+                    self.batcher.write(proposal).await
+                } else {
+                    self.raft
+                        .client_write(proposal)
+                        .await
+                        .map(|r| r.data)
+                        .map_err(write_error)
+                };
+                let result = written?;
+                crate::metrics::observe_commit(started.elapsed());
+                Ok(ForwardReply::Written(result))
             }
             Forwarded::ReadIndex => match self.raft.get_read_log_id().await {
                 Ok((read, _)) => Ok(ForwardReply::ReadIndex(read.map(|l| l.index).unwrap_or(0))),
@@ -926,7 +956,7 @@ impl RaftNode {
     }
 }
 
-fn write_error(e: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>) -> WriteError {
+pub(super) fn write_error(e: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>) -> WriteError {
     match e {
         RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => not_leader(f),
         // The previous change is not committed yet; it will be shortly.

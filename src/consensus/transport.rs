@@ -124,6 +124,7 @@ impl RaftService {
             payload,
             stamp: Some(self.node.membership_check().stamp(None)),
             encoding: self.encoding.accepts(),
+            batches: self.encoding.applies_batches(),
         }))
     }
 }

@@ -8,13 +8,12 @@
 //! itself with the time a commit takes. Every caller is answered after its
 //! entry is committed and applied, with its own outcome.
 
-use std::sync::Arc;
-
-use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::sync::{mpsc, oneshot};
 use tracing::{info_span, Instrument};
 
 use super::error::ServiceError;
 use super::registry::{require_writer, RegistryService};
+use crate::consensus::batcher::{gather, Limits};
 use crate::consensus::{Command, CommandResult, RaftNode, WriteError};
 use crate::domain::lease::{self, LeaseState, Refresh, RefreshTarget};
 use crate::domain::write::Rejection;
@@ -62,7 +61,17 @@ impl Refresher {
     /// Starts the batcher; it ends when the last `Refresher` is dropped.
     pub fn start(node: RaftNode) -> Self {
         let (queue, rx) = mpsc::channel(QUEUE);
-        tokio::spawn(gather(node, rx).instrument(info_span!("refresh_batcher")));
+        let limits = Limits {
+            in_flight: IN_FLIGHT,
+            items: MAX_BATCH,
+            bytes: usize::MAX,
+        };
+        let propose = move |batch: Vec<Waiting>| {
+            let node = node.clone();
+            let span = info_span!("refresh_entry", refreshes = batch.len());
+            async move { commit(&node, batch).await }.instrument(span)
+        };
+        tokio::spawn(gather(rx, limits, |_| 0, propose).instrument(info_span!("refresh_batcher")));
         Self { queue }
     }
 
@@ -85,36 +94,6 @@ impl Refresher {
                 "the refresh batcher dropped the request".into(),
             )),
         }
-    }
-}
-
-/// Takes whatever is queued, up to `MAX_BATCH`, whenever fewer than
-/// `IN_FLIGHT` entries are being committed.
-async fn gather(node: RaftNode, mut rx: mpsc::Receiver<Waiting>) {
-    let slots = Arc::new(Semaphore::new(IN_FLIGHT));
-    loop {
-        let Ok(slot) = slots.clone().acquire_owned().await else {
-            return;
-        };
-        let Some(first) = rx.recv().await else {
-            return;
-        };
-        let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(w) => batch.push(w),
-                Err(_) => break,
-            }
-        }
-        let node = node.clone();
-        let span = info_span!("refresh_entry", refreshes = batch.len());
-        tokio::spawn(
-            async move {
-                commit(&node, batch).await;
-                drop(slot);
-            }
-            .instrument(span),
-        );
     }
 }
 

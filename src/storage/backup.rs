@@ -33,7 +33,7 @@ use sha2::{Digest, Sha256};
 use super::log_store::{KEY_COMMITTED, KEY_LAST_PURGED, KEY_VOTE};
 use super::state_machine::{
     KEY_APPLIED, KEY_AUDIT_SEQ, KEY_FEDERATION_CURSORS, KEY_IDENTITY, KEY_MEMBERSHIP, KEY_OLDEST,
-    KEY_PUBLISHER_KEYS,
+    KEY_PUBLISHER_KEYS, KEY_REVISION,
 };
 use super::{
     cf, u64_key, StorageError, CF_AGENTS, CF_AUDIT, CF_CHANGES, CF_LEASES, CF_RAFT, CF_SM,
@@ -80,6 +80,10 @@ pub struct BackupHeader {
     pub identity: Option<Identity>,
     pub publisher_keys: Vec<PublisherKey>,
     pub federation_cursors: BTreeMap<String, u64>,
+    /// The last revision taken (absent in backups from before batch
+    /// entries, and then the last applied index).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<u64>,
 }
 
 /// The last line: counts and the checksum of everything before it.
@@ -162,6 +166,7 @@ pub fn write_backup(
         identity: parse(meta(KEY_IDENTITY)?)?,
         publisher_keys: parse(meta(KEY_PUBLISHER_KEYS)?)?,
         federation_cursors: parse(meta(KEY_FEDERATION_CURSORS)?)?,
+        revision: parse(meta(KEY_REVISION)?)?,
     };
     let mut w = Hashing {
         inner: std::io::BufWriter::with_capacity(256 << 10, out),
@@ -397,6 +402,9 @@ pub fn load_backup(
     batch.put_cf(sm, KEY_APPLIED, json(&last)?);
     batch.put_cf(sm, KEY_MEMBERSHIP, json(&membership)?);
     batch.put_cf(sm, KEY_OLDEST, json(&header.oldest_revision)?);
+    if let Some(revision) = header.revision {
+        batch.put_cf(sm, KEY_REVISION, json(&revision)?);
+    }
     batch.put_cf(sm, KEY_AUDIT_SEQ, json(&header.audit_seq)?);
     if let Some(identity) = &header.identity {
         batch.put_cf(sm, KEY_IDENTITY, json(identity)?);
@@ -480,6 +488,7 @@ mod tests {
             identity: None,
             publisher_keys: Vec::new(),
             federation_cursors: BTreeMap::new(),
+            revision: None,
         };
         let mut body = serde_json::to_vec(&header).unwrap();
         body.push(b'\n');

@@ -11,13 +11,18 @@
 //! - 3: Raft log entries in the binary encoding (`consensus::codec`);
 //!   entries written before, JSON, are still read, so the upgrade rewrites
 //!   nothing.
+//! - 4: batch entries in the log (`Command::Batch`, many clients' commands
+//!   in one entry) and revisions kept apart from log indexes (`revision` in
+//!   the state machine's metadata; absent, the last applied index stands in).
+//!   Nothing is rewritten; the number keeps binaries that cannot apply a
+//!   batch entry away from a log that may hold one.
 
 use std::path::Path;
 
 use super::StorageError;
 
 /// The format this binary writes.
-pub const DATA_FORMAT: u32 = 3;
+pub const DATA_FORMAT: u32 = 4;
 
 const FORMAT_FILE: &str = "FORMAT";
 const PREFIX: &str = "agentry-data-format ";
@@ -54,7 +59,7 @@ pub fn check_and_upgrade(dir: &Path) -> Result<u32, StorageError> {
         )));
     }
     if found < DATA_FORMAT {
-        // 0 -> 1 -> 2 -> 3 change no stored data (the new column family is
+        // 0 -> 1 -> 2 -> 3 -> 4 change no stored data (the new column family is
         // created when the database opens); later upgrades run here in order.
         tracing::info!(
             dir = %dir.display(),

@@ -51,6 +51,10 @@ use crate::domain::{AgentRecord, Change, ChangeKind, PublisherKey, Sharing};
 pub(crate) const KEY_APPLIED: &[u8] = b"last_applied";
 pub(crate) const KEY_MEMBERSHIP: &[u8] = b"membership";
 pub(crate) const KEY_OLDEST: &[u8] = b"oldest_revision";
+/// The last revision taken. Absent in directories from before batch
+/// entries, where a revision was always its entry's log index, so the last
+/// applied index stands in for it.
+pub(crate) const KEY_REVISION: &[u8] = b"revision";
 pub(crate) const KEY_IDENTITY: &[u8] = b"identity";
 pub(crate) const KEY_PUBLISHER_KEYS: &[u8] = b"publisher_keys";
 pub(crate) const KEY_AUDIT_SEQ: &[u8] = b"audit_seq";
@@ -91,6 +95,10 @@ struct SnapshotData {
     /// Holds and shared leases (absent in snapshots from before leases).
     #[serde(default)]
     leases: Vec<LeaseEntry>,
+    /// The last revision taken (absent in snapshots from before batch
+    /// entries: the last applied index).
+    #[serde(default)]
+    revision: Option<u64>,
 }
 
 /// Log weight since the last snapshot, deciding when the next is due.
@@ -257,13 +265,16 @@ impl StateMachine {
         let db_for_seq = db.clone();
         let applied: Option<LogId> = get_json(&db, CF_SM, KEY_APPLIED)?;
         let oldest: Option<u64> = get_json(&db, CF_SM, KEY_OLDEST)?;
+        let revision: Option<u64> = get_json(&db, CF_SM, KEY_REVISION)?;
         let identity: Option<Identity> = get_json(&db, CF_SM, KEY_IDENTITY)?;
         let signer = identity.as_ref().and_then(Identity::signer).map(Arc::new);
         let publisher_keys: Vec<PublisherKey> =
             get_json(&db, CF_SM, KEY_PUBLISHER_KEYS)?.unwrap_or_default();
         let (changes, _) = broadcast::channel(4096);
         let applied = Arc::new(AppliedState {
-            revision: applied.map(|l| l.index).unwrap_or(0).into(),
+            revision: revision
+                .unwrap_or_else(|| applied.map_or(0, |l| l.index))
+                .into(),
             oldest_revision: oldest.unwrap_or(1).into(),
             changes,
             identity: std::sync::RwLock::new(identity.map(Arc::new)),
@@ -425,7 +436,8 @@ impl StateMachine {
             | Command::Cursor { .. }
             | Command::Refresh { .. }
             | Command::RevokeLease { .. }
-            | Command::Cluster { .. } => {
+            | Command::Cluster { .. }
+            | Command::Batch(_) => {
                 // Routed to their own appliers by `apply`; never here.
                 return CommandResult::Internal;
             }
@@ -574,14 +586,16 @@ impl StateMachine {
         })
     }
 
-    /// Trims the change history in `batch` when `revision` completes a trim
-    /// step; returns the new oldest revision if it did.
+    /// Trims the change history in `batch` when going from `previous` to
+    /// `revision` completes a trim step (a batch entry's revisions may step
+    /// over its multiple); returns the new oldest revision if it did.
     fn trim_history(
         &self,
         batch: &mut WriteBatch,
+        previous: u64,
         revision: u64,
     ) -> Result<Option<u64>, LocalError> {
-        if !revision.is_multiple_of(TRIM_STEP) || revision <= self.history {
+        if previous / TRIM_STEP == revision / TRIM_STEP || revision <= self.history {
             return Ok(None);
         }
         let new_oldest = revision - self.history;
@@ -668,6 +682,11 @@ impl StateMachine {
             Ok(())
         };
         member("oldest_revision", KEY_OLDEST, b"1")?;
+        member(
+            "revision",
+            KEY_REVISION,
+            &serde_json::to_vec(&last_applied.map_or(0, |l| l.index))?,
+        )?;
         member("identity", KEY_IDENTITY, b"null")?;
         member("publisher_keys", KEY_PUBLISHER_KEYS, b"[]")?;
         member("federation_cursors", KEY_FEDERATION_CURSORS, b"{}")?;
@@ -758,12 +777,14 @@ impl StateMachine {
             lease_table.load(e.clone());
         }
         let last = meta.last_log_id;
+        let revision = data.revision.unwrap_or_else(|| last.map_or(0, |l| l.index));
         let oldest = if data.changes.is_empty() {
-            last.map(|l| l.index + 1).unwrap_or(1)
+            revision + 1
         } else {
             data.oldest_revision
         };
         batch.put_cf(sm, KEY_APPLIED, serde_json::to_vec(&last)?);
+        batch.put_cf(sm, KEY_REVISION, serde_json::to_vec(&revision)?);
         batch.put_cf(
             sm,
             KEY_MEMBERSHIP,
@@ -799,9 +820,7 @@ impl StateMachine {
         self.applied
             .oldest_revision
             .store(oldest, Ordering::Release);
-        self.applied
-            .revision
-            .store(last.map(|l| l.index).unwrap_or(0), Ordering::Release);
+        self.applied.revision.store(revision, Ordering::Release);
         self.weight.reset();
         self.stats.record(&self.stats.installed);
         // No subscriber is normal; the send result says nothing else.
@@ -859,138 +878,90 @@ impl StateMachine {
         let lease_table = applied.leases();
         let mut staged = Staged::new(&lease_table);
         let mut weight = 0;
+        let mut revision_at = self.applied.revision.load(Ordering::Acquire);
         for entry in entries {
-            let revision = entry.log_id.index;
             // The command's bytes as its proposer encoded them, decoded
-            // once, here.
-            let payload = match entry.payload {
-                EntryPayload::Blank => Applying::Blank,
-                EntryPayload::Membership(m) => Applying::Membership(m),
-                EntryPayload::Normal(p) => Applying::Normal(p.command().map_err(sm_read)?),
-            };
-            weight += match &payload {
-                Applying::Normal(Command::Refresh { .. }) => 1,
-                _ => ENTRY_WEIGHT,
-            };
-            // A client's command carries who asked; the entry of its
-            // outcome joins the trail in the same batch as the change.
-            let (payload, audit) = match payload {
-                Applying::Normal(Command::Audited { command, audit }) => {
-                    (Applying::Normal(*command), Some(audit))
-                }
-                other => (other, None),
-            };
-            let at = match (&payload, &audit) {
-                (Applying::Normal(c), Some(_)) => Some(c.now().to_string()),
-                _ => None,
-            };
-            let result = match payload {
-                Applying::Blank => CommandResult::Internal,
-                Applying::Membership(m) => {
-                    let stored = StoredMembership::new(Some(entry.log_id), m);
-                    batch.put_cf(
-                        sm,
-                        KEY_MEMBERSHIP,
-                        serde_json::to_vec(&stored).map_err(sm_write)?,
-                    );
-                    // A node that left is recorded afresh if it is added
-                    // back, with the data directory it has then.
-                    let record = cluster.get_or_insert_with(|| (*self.cluster.get()).clone());
-                    cluster_changed |=
-                        record.keep_members(|n| stored.membership().get_node(&n).is_some());
-                    membership = Some(stored);
-                    CommandResult::Internal
-                }
-                Applying::Normal(Command::Note { .. }) => CommandResult::Internal,
-                Applying::Normal(Command::Refresh { refreshes, now }) => {
-                    let now_unix = unix_of(&now);
-                    let mut out = Vec::with_capacity(refreshes.len());
-                    for r in &refreshes {
-                        let envelope = match &r.target {
-                            RefreshTarget::Agent { id, .. } => match written.get(id) {
-                                Some(rec) => Some(rec.envelope.clone()),
-                                None => self.stored_envelope(id).map_err(sm_read)?,
-                            },
-                            RefreshTarget::Lease { .. } => None,
-                        };
-                        out.push(staged.refresh(r, envelope.as_ref(), now_unix));
+            // once, here; a batch entry is applied as its commands would be
+            // one entry after another.
+            let (parts, batched) = match entry.payload {
+                EntryPayload::Blank => (vec![Applying::Blank], false),
+                EntryPayload::Membership(m) => (vec![Applying::Membership(m)], false),
+                EntryPayload::Normal(p) => match p.command().map_err(sm_read)? {
+                    Command::Batch(commands) => {
+                        (commands.into_iter().map(Applying::Normal).collect(), true)
                     }
-                    CommandResult::Leases(out)
-                }
-                Applying::Normal(Command::RevokeLease {
-                    name,
-                    principal,
-                    now,
-                }) => CommandResult::Leases(vec![staged.revoke(&name, &principal, unix_of(&now))]),
-                Applying::Normal(Command::Cursor { name, value, .. }) => {
-                    // Kept with the federation cursors (same map, same
-                    // snapshot and backup member); only ever forward.
-                    let cursors = match cursors.as_mut() {
-                        Some(c) => c,
-                        None => cursors.insert(
-                            get_json(&self.db, CF_SM, KEY_FEDERATION_CURSORS)
-                                .map_err(sm_read)?
-                                .unwrap_or_default(),
-                        ),
-                    };
-                    let slot = cursors.entry(name).or_insert(0);
-                    *slot = (*slot).max(value);
-                    CommandResult::Internal
-                }
-                Applying::Normal(Command::Cluster {
-                    cluster_id,
-                    incarnations,
-                    ..
-                }) => {
-                    let members = match membership.as_ref() {
-                        Some(m) => m,
-                        None => membership.insert(
-                            get_json(&self.db, CF_SM, KEY_MEMBERSHIP)
-                                .map_err(sm_read)?
-                                .unwrap_or_default(),
-                        ),
-                    };
-                    let record = cluster.get_or_insert_with(|| (*self.cluster.get()).clone());
-                    cluster_changed |= record.record(cluster_id.as_deref(), &incarnations, |n| {
-                        members.membership().get_node(&n).is_some()
-                    });
-                    CommandResult::Internal
-                }
-                Applying::Normal(Command::Identity { change, now }) => {
-                    let result = self
-                        .apply_identity(&mut batch, &mut identity, &mut written, &change, &now)
-                        .map_err(sm_write)?;
-                    if matches!(result, CommandResult::IdentityChanged { changed: true, .. }) {
-                        identity_changed = true;
-                        signer = identity.as_ref().and_then(Identity::signer).map(Arc::new);
+                    command => (vec![Applying::Normal(command)], false),
+                },
+            };
+            let mut outcomes = Vec::with_capacity(parts.len());
+            for payload in parts {
+                // Each command takes one revision: the entry's index, unless
+                // the commands of an earlier batch entry took it already.
+                let previous = revision_at;
+                let revision = (previous + 1).max(entry.log_id.index);
+                revision_at = revision;
+                weight += match &payload {
+                    Applying::Normal(Command::Refresh { .. }) => 1,
+                    _ => ENTRY_WEIGHT,
+                };
+                // A client's command carries who asked; the entry of its
+                // outcome joins the trail in the same batch as the change.
+                let (payload, audit) = match payload {
+                    Applying::Normal(Command::Audited { command, audit }) => {
+                        (Applying::Normal(*command), Some(audit))
                     }
-                    result
-                }
-                Applying::Normal(Command::PublisherKey {
-                    change,
-                    principal,
-                    now,
-                }) => {
-                    let result = self
-                        .apply_publisher_key(
-                            &mut batch,
-                            &mut publisher_keys,
-                            &written,
-                            change,
-                            &principal,
-                            &now,
-                        )
-                        .map_err(sm_write)?;
-                    keys_changed |= matches!(result, CommandResult::PublisherKeys { .. });
-                    result
-                }
-                Applying::Normal(cmd) => {
-                    if let Command::Federate {
-                        peer,
-                        cursor: Some(at),
-                        ..
-                    } = &cmd
-                    {
+                    other => (other, None),
+                };
+                let at = match (&payload, &audit) {
+                    (Applying::Normal(c), Some(_)) => Some(c.now().to_string()),
+                    _ => None,
+                };
+                let result = match payload {
+                    Applying::Blank => CommandResult::Internal,
+                    Applying::Membership(m) => {
+                        let stored = StoredMembership::new(Some(entry.log_id), m);
+                        batch.put_cf(
+                            sm,
+                            KEY_MEMBERSHIP,
+                            serde_json::to_vec(&stored).map_err(sm_write)?,
+                        );
+                        // A node that left is recorded afresh if it is added
+                        // back, with the data directory it has then.
+                        let record = cluster.get_or_insert_with(|| (*self.cluster.get()).clone());
+                        cluster_changed |=
+                            record.keep_members(|n| stored.membership().get_node(&n).is_some());
+                        membership = Some(stored);
+                        CommandResult::Internal
+                    }
+                    // Batches are never nested (`consensus::batcher`).
+                    Applying::Normal(Command::Note { .. } | Command::Batch(_)) => {
+                        CommandResult::Internal
+                    }
+                    Applying::Normal(Command::Refresh { refreshes, now }) => {
+                        let now_unix = unix_of(&now);
+                        let mut out = Vec::with_capacity(refreshes.len());
+                        for r in &refreshes {
+                            let envelope = match &r.target {
+                                RefreshTarget::Agent { id, .. } => match written.get(id) {
+                                    Some(rec) => Some(rec.envelope.clone()),
+                                    None => self.stored_envelope(id).map_err(sm_read)?,
+                                },
+                                RefreshTarget::Lease { .. } => None,
+                            };
+                            out.push(staged.refresh(r, envelope.as_ref(), now_unix));
+                        }
+                        CommandResult::Leases(out)
+                    }
+                    Applying::Normal(Command::RevokeLease {
+                        name,
+                        principal,
+                        now,
+                    }) => {
+                        CommandResult::Leases(vec![staged.revoke(&name, &principal, unix_of(&now))])
+                    }
+                    Applying::Normal(Command::Cursor { name, value, .. }) => {
+                        // Kept with the federation cursors (same map, same
+                        // snapshot and backup member); only ever forward.
                         let cursors = match cursors.as_mut() {
                             Some(c) => c,
                             None => cursors.insert(
@@ -999,75 +970,150 @@ impl StateMachine {
                                     .unwrap_or_default(),
                             ),
                         };
-                        let slot = cursors.entry(peer.clone()).or_insert(0);
-                        *slot = (*slot).max(*at);
+                        let slot = cursors.entry(name).or_insert(0);
+                        *slot = (*slot).max(value);
+                        CommandResult::Internal
                     }
-                    let id = cmd.id().unwrap_or_default();
-                    let current = match written.get(id) {
-                        Some(r) => Some(r.clone()),
-                        None => get_json(&self.db, CF_AGENTS, id.as_bytes()).map_err(sm_read)?,
-                    };
-                    let quota = match &cmd {
-                        Command::Put { quota, .. } => *quota,
-                        _ => None,
-                    };
-                    // A new registration or a deletion ends the agent's hold.
-                    let releases = matches!(cmd, Command::Put { .. } | Command::Delete { .. });
-                    let mut result = self.decide(
-                        cmd,
-                        current.as_ref(),
-                        revision,
-                        signer.as_deref(),
-                        &publisher_keys,
-                    );
-                    let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
-                    if let (Some(quota), CommandResult::Applied(change)) = (quota, &result) {
-                        if change.kind == ChangeKind::Created {
-                            if let Err(r) = counts.admit(&change.record, quota) {
-                                result = CommandResult::Rejected(r);
+                    Applying::Normal(Command::Cluster {
+                        cluster_id,
+                        incarnations,
+                        ..
+                    }) => {
+                        let members = match membership.as_ref() {
+                            Some(m) => m,
+                            None => membership.insert(
+                                get_json(&self.db, CF_SM, KEY_MEMBERSHIP)
+                                    .map_err(sm_read)?
+                                    .unwrap_or_default(),
+                            ),
+                        };
+                        let record = cluster.get_or_insert_with(|| (*self.cluster.get()).clone());
+                        cluster_changed |=
+                            record.record(cluster_id.as_deref(), &incarnations, |n| {
+                                members.membership().get_node(&n).is_some()
+                            });
+                        CommandResult::Internal
+                    }
+                    Applying::Normal(Command::Identity { change, now }) => {
+                        let result = self
+                            .apply_identity(&mut batch, &mut identity, &mut written, &change, &now)
+                            .map_err(sm_write)?;
+                        if matches!(result, CommandResult::IdentityChanged { changed: true, .. }) {
+                            identity_changed = true;
+                            signer = identity.as_ref().and_then(Identity::signer).map(Arc::new);
+                        }
+                        result
+                    }
+                    Applying::Normal(Command::PublisherKey {
+                        change,
+                        principal,
+                        now,
+                    }) => {
+                        let result = self
+                            .apply_publisher_key(
+                                &mut batch,
+                                &mut publisher_keys,
+                                &written,
+                                change,
+                                &principal,
+                                &now,
+                            )
+                            .map_err(sm_write)?;
+                        keys_changed |= matches!(result, CommandResult::PublisherKeys { .. });
+                        result
+                    }
+                    Applying::Normal(cmd) => {
+                        if let Command::Federate {
+                            peer,
+                            cursor: Some(at),
+                            ..
+                        } = &cmd
+                        {
+                            let cursors = match cursors.as_mut() {
+                                Some(c) => c,
+                                None => cursors.insert(
+                                    get_json(&self.db, CF_SM, KEY_FEDERATION_CURSORS)
+                                        .map_err(sm_read)?
+                                        .unwrap_or_default(),
+                                ),
+                            };
+                            let slot = cursors.entry(peer.clone()).or_insert(0);
+                            *slot = (*slot).max(*at);
+                        }
+                        let id = cmd.id().unwrap_or_default();
+                        let current = match written.get(id) {
+                            Some(r) => Some(r.clone()),
+                            None => {
+                                get_json(&self.db, CF_AGENTS, id.as_bytes()).map_err(sm_read)?
+                            }
+                        };
+                        let quota = match &cmd {
+                            Command::Put { quota, .. } => *quota,
+                            _ => None,
+                        };
+                        // A new registration or a deletion ends the agent's hold.
+                        let releases = matches!(cmd, Command::Put { .. } | Command::Delete { .. });
+                        let mut result = self.decide(
+                            cmd,
+                            current.as_ref(),
+                            revision,
+                            signer.as_deref(),
+                            &publisher_keys,
+                        );
+                        let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+                        if let (Some(quota), CommandResult::Applied(change)) = (quota, &result) {
+                            if change.kind == ChangeKind::Created {
+                                if let Err(r) = counts.admit(&change.record, quota) {
+                                    result = CommandResult::Rejected(r);
+                                }
                             }
                         }
-                    }
-                    if let CommandResult::Applied(change) = &result {
-                        counts.change(current.as_ref(), &change.record);
-                        let (record, change_json) = encode_change(change).map_err(sm_write)?;
-                        let id = &change.record.metadata.id;
-                        batch.put_cf(agents, id.as_bytes(), record);
-                        batch.put_cf(changes, u64_key(revision), change_json);
-                        written.insert(id.clone(), change.record.clone());
-                        if releases {
-                            staged.release(id);
+                        if let CommandResult::Applied(change) = &result {
+                            counts.change(current.as_ref(), &change.record);
+                            let (record, change_json) = encode_change(change).map_err(sm_write)?;
+                            let id = &change.record.metadata.id;
+                            batch.put_cf(agents, id.as_bytes(), record);
+                            batch.put_cf(changes, u64_key(revision), change_json);
+                            written.insert(id.clone(), change.record.clone());
+                            if releases {
+                                staged.release(id);
+                            }
                         }
+                        result
                     }
-                    result
-                }
-            };
-            if let (Some(audit), Some(at)) = (audit, at) {
-                let outcome = match &result {
-                    CommandResult::Applied(c) => Outcome::ok(Some(c.revision)),
-                    CommandResult::Rejected(r) => Outcome::refused(r.code(), r.to_string()),
-                    CommandResult::IdentityRefused(r) => {
-                        Outcome::refused("invalid_request", r.to_string())
-                    }
-                    _ => Outcome::ok(Some(revision)),
                 };
-                audit_seq += 1;
-                let mut e = audit.entry(&at, outcome);
-                e.seq = audit_seq;
-                batch.put_cf(
-                    audit_cf,
-                    u64_key(audit_seq),
-                    serde_json::to_vec(&e).map_err(sm_write)?,
-                );
-                audit_now = Some(at);
-                audited.push(e);
+                if let (Some(audit), Some(at)) = (audit, at) {
+                    let outcome = match &result {
+                        CommandResult::Applied(c) => Outcome::ok(Some(c.revision)),
+                        CommandResult::Rejected(r) => Outcome::refused(r.code(), r.to_string()),
+                        CommandResult::IdentityRefused(r) => {
+                            Outcome::refused("invalid_request", r.to_string())
+                        }
+                        _ => Outcome::ok(Some(revision)),
+                    };
+                    audit_seq += 1;
+                    let mut e = audit.entry(&at, outcome);
+                    e.seq = audit_seq;
+                    batch.put_cf(
+                        audit_cf,
+                        u64_key(audit_seq),
+                        serde_json::to_vec(&e).map_err(sm_write)?,
+                    );
+                    audit_now = Some(at);
+                    audited.push(e);
+                }
+                trimmed_to = self
+                    .trim_history(&mut batch, previous, revision)
+                    .map_err(sm_write)?
+                    .or(trimmed_to);
+                outcomes.push(result);
             }
-            trimmed_to = self
-                .trim_history(&mut batch, revision)
-                .map_err(sm_write)?
-                .or(trimmed_to);
             last = Some(entry.log_id);
-            results.push(result);
+            results.push(if batched {
+                CommandResult::Batch(outcomes)
+            } else {
+                outcomes.pop().unwrap_or(CommandResult::Internal)
+            });
         }
         let Some(last) = last else {
             return Ok(results);
@@ -1089,6 +1135,11 @@ impl StateMachine {
             sm,
             KEY_APPLIED,
             serde_json::to_vec(&Some(last)).map_err(sm_write)?,
+        );
+        batch.put_cf(
+            sm,
+            KEY_REVISION,
+            serde_json::to_vec(&revision_at).map_err(sm_write)?,
         );
         if let Some(cursors) = &cursors {
             batch.put_cf(
@@ -1153,7 +1204,7 @@ impl StateMachine {
         if keys_changed {
             self.applied.set_publisher_keys(publisher_keys);
         }
-        self.applied.revision.store(last.index, Ordering::Release);
+        self.applied.revision.store(revision_at, Ordering::Release);
         self.weight.add(weight);
         if let Some(oldest) = trimmed_to {
             self.applied
@@ -1284,6 +1335,27 @@ mod tests {
             serde_json::to_value(&decoded).unwrap(),
             serde_json::to_value(&change).unwrap()
         );
+    }
+
+    /// A registration of a small record `id` by `principal`.
+    fn register(id: &str, principal: &Principal, now: &str) -> Command {
+        Command::Put {
+            metadata: Box::new(
+                serde_json::from_value(serde_json::json!({
+                    "id": id, "name": id, "description": "d",
+                    "bindings": [{"protocol": "https", "endpoint": format!("https://x/{id}")}]
+                }))
+                .unwrap(),
+            ),
+            visibility: None,
+            readers: Vec::new(),
+            principal: principal.clone(),
+            mode: crate::domain::write::WriteMode::Register,
+            now: now.into(),
+            publisher: None,
+            quota: None,
+            expected_revision: None,
+        }
     }
 
     /// A state machine with its database under `dir/a`.
@@ -1477,23 +1549,7 @@ mod tests {
         let now_unix = unix_of(now);
         let put = |index: u64, id: &str| Entry {
             log_id: openraft::LogId::new(leader, index),
-            payload: normal(Command::Put {
-                metadata: Box::new(
-                    serde_json::from_value(serde_json::json!({
-                        "id": id, "name": id, "description": "d",
-                        "bindings": [{"protocol": "https", "endpoint": format!("https://x/{id}")}]
-                    }))
-                    .unwrap(),
-                ),
-                visibility: None,
-                readers: Vec::new(),
-                principal: alice.clone(),
-                mode: crate::domain::write::WriteMode::Register,
-                now: now.into(),
-                publisher: None,
-                quota: None,
-                expected_revision: None,
-            }),
+            payload: normal(register(id, &alice, now)),
         };
         let refresh = |target: RefreshTarget, ttl: Option<u32>| Refresh {
             target,
@@ -1588,6 +1644,84 @@ mod tests {
                 .federation_cursor("mcp-upstream:https://up.example")
                 .unwrap(),
             30
+        );
+    }
+
+    #[tokio::test]
+    async fn a_batch_entry_gives_each_command_its_own_revision_and_outcome() {
+        use crate::consensus::Proposal;
+        let leader = openraft::CommittedLeaderId::new(1, 1);
+        let dir = tempfile::tempdir().unwrap();
+        let mut sm = state_machine_in(dir.path());
+        let alice = Principal::new("alice", Role::Publisher);
+        let now = "2026-11-26T00:00:00Z";
+        let put = |id: &str| register(id, &alice, now);
+        let entry = |index: u64, payload| Entry {
+            log_id: openraft::LogId::new(leader, index),
+            payload,
+        };
+        let batch = |commands: Vec<Command>| {
+            let parts: Vec<Proposal> = commands.iter().map(|c| Proposal::new(c).unwrap()).collect();
+            EntryPayload::Normal(Proposal::batch(&parts))
+        };
+        sm.apply([entry(1, normal(put("a")))]).await.unwrap();
+        // Entry 2 holds three writes; the third deletes what the second made,
+        // so it sees it. Entry 3 follows the batch's revisions.
+        let delete = Command::Delete {
+            id: "c".into(),
+            principal: alice.clone(),
+            now: now.into(),
+        };
+        let missing = Command::Delete {
+            id: "nobody".into(),
+            principal: alice.clone(),
+            now: now.into(),
+        };
+        let results = sm
+            .apply([
+                entry(2, batch(vec![put("b"), put("c"), delete, missing])),
+                entry(3, normal(put("d"))),
+            ])
+            .await
+            .unwrap();
+        let [CommandResult::Batch(outcomes), CommandResult::Applied(d)] = &results[..] else {
+            panic!("{results:?}");
+        };
+        let revisions: Vec<Option<u64>> = outcomes
+            .iter()
+            .map(|r| match r {
+                CommandResult::Applied(c) => Some(c.revision),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(revisions, [Some(2), Some(3), Some(4), None]);
+        assert!(matches!(outcomes[3], CommandResult::Rejected(_)));
+        // The refused delete took revision 5, as a refused entry takes its
+        // index.
+        assert_eq!(d.revision, 6);
+        let reader = sm.reader();
+        assert_eq!(reader.applied_revision(), 6);
+        let feed: Vec<u64> = reader
+            .changes_from(1, 100)
+            .unwrap()
+            .iter()
+            .map(|c| c.revision)
+            .collect();
+        assert_eq!(feed, [1, 2, 3, 4, 6]);
+        assert!(reader.get("c").unwrap().unwrap().envelope.deleted);
+        // Entry 4's own index is behind the revisions: it takes the next.
+        sm.apply([entry(4, normal(put("e")))]).await.unwrap();
+        assert_eq!(reader.get("e").unwrap().unwrap().envelope.revision, 7);
+        // Kept across a restart and carried by snapshots.
+        drop((sm, reader));
+        let mut sm = state_machine_in(dir.path());
+        assert_eq!(sm.reader().applied_revision(), 7);
+        let (mut fresh, _) = restored_from_snapshot(&mut sm, dir.path()).await;
+        assert_eq!(fresh.reader().applied_revision(), 7);
+        fresh.apply([entry(5, normal(put("f")))]).await.unwrap();
+        assert_eq!(
+            fresh.reader().get("f").unwrap().unwrap().envelope.revision,
+            8
         );
     }
 

@@ -38,6 +38,7 @@ fn raft_message(
         payload: json.clone(),
         stamp: None,
         encoding: 0,
+        batches: false,
     });
     if let Some(a) = auth {
         a.prove(req.metadata_mut(), method, from, &json);

@@ -3,6 +3,7 @@
 
 mod audit;
 mod backup;
+mod batching;
 mod cluster_id;
 mod disk;
 mod federation;

@@ -1,0 +1,115 @@
+//! Client writes gathered into batch entries (issue 20, point 2): under
+//! concurrent load the leader puts many registrations in one log entry, and
+//! each still gets its own revision, its own answer and the same signed
+//! record on every node. A member that says it cannot apply batch entries
+//! (`raft_encoding = "json"`, as an older binary) turns batching off.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::harness::*;
+use crate::scenarios::SERIAL;
+
+/// A counter from node `id`'s `/metrics`.
+async fn metric(c: &Cluster, id: u64, name: &str) -> u64 {
+    let text = c
+        .http
+        .get(format!("{}/metrics", c.http_url(id)))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("metrics text");
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("{name} missing from node {id}'s /metrics")) as u64
+}
+
+/// Registers `count` agents named `{prefix}-{n}`, `clients` at a time,
+/// through every node in turn; returns each acknowledged revision.
+async fn register_concurrently(
+    c: &Arc<Cluster>,
+    prefix: &str,
+    count: usize,
+    clients: usize,
+) -> Vec<u64> {
+    let nodes = c.running();
+    let mut revisions = Vec::new();
+    for chunk in (0..count).collect::<Vec<_>>().chunks(clients) {
+        let tasks: Vec<_> = chunk
+            .iter()
+            .map(|n| {
+                let c = c.clone();
+                let via = nodes[n % nodes.len()];
+                let id = format!("{prefix}-{n}");
+                tokio::spawn(async move { c.register(via, &id, "Batched write.").await })
+            })
+            .collect();
+        for t in tasks {
+            let (status, body) = t.await.expect("task");
+            assert_eq!(status, 201, "{body}");
+            revisions.push(body["registry"]["revision"].as_u64().expect("revision"));
+        }
+    }
+    revisions
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_writes_share_entries_and_each_keeps_its_revision() {
+    let _serial = SERIAL.lock().await;
+    let c = Arc::new(Cluster::start(3, Options::default()).await);
+    let leader = c.wait_for_leader(Duration::from_secs(30)).await;
+    let revisions = register_concurrently(&c, "batched", 240, 48).await;
+    // The leader proposed fewer entries than writes: batches formed.
+    let entries = metric(&c, leader, "agentry_write_entries_total").await;
+    let writes = metric(&c, leader, "agentry_batched_writes_total").await;
+    assert!(writes >= 240, "{writes} writes went through the batcher");
+    assert!(
+        entries < writes,
+        "{writes} concurrent writes took {entries} entries: none were batched"
+    );
+    // Every write has a revision of its own.
+    let distinct: BTreeSet<u64> = revisions.iter().copied().collect();
+    assert_eq!(distinct.len(), revisions.len(), "{revisions:?}");
+    // And every node holds the same records, signed the same.
+    c.wait_applied_as(leader, Duration::from_secs(30)).await;
+    let on_leader = c.contents(leader).await;
+    assert_eq!(on_leader.len(), 240);
+    for id in c.running() {
+        assert_eq!(c.contents(id).await, on_leader, "node {id} differs");
+        for n in [0, 117, 239] {
+            let rec = c.get(id, &format!("batched-{n}")).await;
+            assert!(distinct.contains(&rec["registry"]["revision"].as_u64().unwrap_or(0)));
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_cannot_apply_batches_turns_batching_off() {
+    let _serial = SERIAL.lock().await;
+    let mut c = Cluster::start(3, Options::default()).await;
+    // Node 3 restarts as an older binary would speak.
+    c.configure_node(3, "raft_encoding = \"json\"\n");
+    c.kill(3);
+    c.restart(3);
+    let leader = c.wait_for_leader(Duration::from_secs(30)).await;
+    let c = Arc::new(c);
+    // Wait until the leader has heard node 3's answer.
+    c.wait_applied_as(leader, Duration::from_secs(30)).await;
+    register_concurrently(&c, "warmup", 4, 1).await;
+    let before = metric(&c, leader, "agentry_batched_writes_total").await;
+    register_concurrently(&c, "unbatched", 96, 48).await;
+    let after = metric(&c, leader, "agentry_batched_writes_total").await;
+    assert_eq!(
+        before, after,
+        "the leader batched with a member that cannot apply batches"
+    );
+    c.wait_applied_as(leader, Duration::from_secs(30)).await;
+    let on_leader = c.contents(leader).await;
+    assert_eq!(on_leader.len(), 100);
+    assert_eq!(c.contents(3).await, on_leader);
+}
