@@ -1723,6 +1723,18 @@ mod tests {
             fresh.reader().get("f").unwrap().unwrap().envelope.revision,
             8
         );
+        // And by backups.
+        let mut backup = Vec::new();
+        super::super::backup::write_backup(&fresh.db, 1, &mut backup).unwrap();
+        let db = crate::storage::open(&dir.path().join("c"), crate::storage::DEFAULT_MAX_WAL_BYTES)
+            .unwrap();
+        let target = super::super::backup::RestoreTarget {
+            node_id: 1,
+            members: BTreeMap::from([(1, "127.0.0.1:1".to_string())]),
+        };
+        super::super::backup::load_backup(&db, backup.as_slice(), &target).unwrap();
+        let restored = StateMachine::open(db, dir.path().join("c-snap"), 1000).unwrap();
+        assert_eq!(restored.reader().applied_revision(), 8);
     }
 
     fn e_context() -> crate::domain::audit::AuditContext {
