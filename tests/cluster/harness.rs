@@ -390,6 +390,34 @@ impl Cluster {
         self.wait_applied(applied, timeout).await;
     }
 
+    /// Waits until every running node has applied revision `revision`
+    /// (`/readyz`; a revision is not a log index once writes are batched).
+    pub async fn wait_revision(&self, revision: u64, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        for id in self.running() {
+            loop {
+                let ready: Value = match self
+                    .http
+                    .get(format!("{}/readyz", self.http_url(id)))
+                    .send()
+                    .await
+                {
+                    Ok(r) => r.json().await.unwrap_or_default(),
+                    Err(_) => Value::Null,
+                };
+                let applied = ready["applied_revision"].as_u64().unwrap_or(0);
+                if applied >= revision {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "node {id} applied revision {applied}, not {revision}, within {timeout:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+
     /// Waits until every running node has applied at least `index`.
     pub async fn wait_applied(&self, index: u64, timeout: Duration) {
         let deadline = Instant::now() + timeout;

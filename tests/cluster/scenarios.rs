@@ -146,7 +146,7 @@ async fn replication_failover_restart_and_watch_on_every_node() {
         last = last.max(revision(&body));
         acked.insert(id);
     }
-    c.wait_applied(last, LONG).await;
+    c.wait_revision(last, LONG).await;
     let first = c.contents(all[0]).await;
     for &n in &all {
         assert_eq!(c.contents(n).await, first, "node {n} replicated everything");
@@ -178,7 +178,7 @@ async fn replication_failover_restart_and_watch_on_every_node() {
 
     // The old leader restarts and catches up from the log.
     c.restart(leader);
-    c.wait_applied(last, LONG).await;
+    c.wait_revision(last, LONG).await;
     let reference = c.contents(new_leader).await;
     for n in c.running() {
         let got = c.contents(n).await;
@@ -254,7 +254,7 @@ async fn a_minority_cannot_commit_and_the_cluster_converges_after_healing() {
 
     c.heal().await;
     c.wait_for_leader(LONG).await;
-    c.wait_applied(last, LONG).await;
+    c.wait_revision(last, LONG).await;
     let reference = c.contents(majority[0]).await;
     for n in c.running() {
         assert_eq!(c.contents(n).await, reference, "node {n} converged");
