@@ -393,48 +393,52 @@ impl Cluster {
     /// Waits until every running node has applied revision `revision`
     /// (`/readyz`; a revision is not a log index once writes are batched).
     pub async fn wait_revision(&self, revision: u64, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
-        for id in self.running() {
-            loop {
-                let ready: Value = match self
-                    .http
-                    .get(format!("{}/readyz", self.http_url(id)))
-                    .send()
-                    .await
-                {
-                    Ok(r) => r.json().await.unwrap_or_default(),
-                    Err(_) => Value::Null,
-                };
-                let applied = ready["applied_revision"].as_u64().unwrap_or(0);
-                if applied >= revision {
-                    break;
-                }
-                assert!(
-                    Instant::now() < deadline,
-                    "node {id} applied revision {applied}, not {revision}, within {timeout:?}"
-                );
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
+        self.wait_each("revision ", revision, timeout, async |id| {
+            let ready: Value = match self
+                .http
+                .get(format!("{}/readyz", self.http_url(id)))
+                .send()
+                .await
+            {
+                Ok(r) => r.json().await.unwrap_or_default(),
+                Err(_) => Value::Null,
+            };
+            ready["applied_revision"].as_u64().unwrap_or(0)
+        })
+        .await
     }
 
     /// Waits until every running node has applied at least `index`.
     pub async fn wait_applied(&self, index: u64, timeout: Duration) {
+        self.wait_each("", index, timeout, async |id| {
+            self.status(id)
+                .await
+                .and_then(|s| s.node)
+                .map(|n| n.applied_index)
+                .unwrap_or(0)
+        })
+        .await
+    }
+
+    /// Polls `applied` of every running node until it reaches `target`;
+    /// fails the test at `timeout`.
+    async fn wait_each(
+        &self,
+        what: &str,
+        target: u64,
+        timeout: Duration,
+        applied: impl AsyncFn(u64) -> u64,
+    ) {
         let deadline = Instant::now() + timeout;
         for id in self.running() {
             loop {
-                let applied = self
-                    .status(id)
-                    .await
-                    .and_then(|s| s.node)
-                    .map(|n| n.applied_index)
-                    .unwrap_or(0);
-                if applied >= index {
+                let at = applied(id).await;
+                if at >= target {
                     break;
                 }
                 assert!(
                     Instant::now() < deadline,
-                    "node {id} applied {applied}, not {index}, within {timeout:?}"
+                    "node {id} applied {what}{at}, not {target}, within {timeout:?}"
                 );
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
