@@ -1211,7 +1211,13 @@ impl StateMachine {
                 .oldest_revision
                 .store(oldest, Ordering::Release);
         }
-        for result in &results {
+        // Every change goes out in revision order, a batch entry's too:
+        // watchers and the discovery index follow this channel live.
+        let commands = results.iter().flat_map(|r| match r {
+            CommandResult::Batch(outcomes) => outcomes.as_slice(),
+            single => std::slice::from_ref(single),
+        });
+        for result in commands {
             if let CommandResult::Applied(change) = result {
                 // No subscriber is normal; the send result says nothing else.
                 let _ = self.applied.changes.send(Applied::Change(change.clone()));
@@ -1677,6 +1683,7 @@ mod tests {
             principal: alice.clone(),
             now: now.into(),
         };
+        let mut live = sm.reader().subscribe();
         let results = sm
             .apply([
                 entry(2, batch(vec![put("b"), put("c"), delete, missing])),
@@ -1708,6 +1715,13 @@ mod tests {
             .map(|c| c.revision)
             .collect();
         assert_eq!(feed, [1, 2, 3, 4, 6]);
+        // The live channel (watchers, the discovery index) carries each
+        // change of the batch entry too, in order.
+        let mut sent = Vec::new();
+        while let Ok(crate::storage::Applied::Change(c)) = live.try_recv() {
+            sent.push(c.revision);
+        }
+        assert_eq!(sent, [2, 3, 4, 6]);
         assert!(reader.get("c").unwrap().unwrap().envelope.deleted);
         // Entry 4's own index is behind the revisions: it takes the next.
         sm.apply([entry(4, normal(put("e")))]).await.unwrap();

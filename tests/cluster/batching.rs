@@ -8,10 +8,12 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use serde_json::Value;
+
 use crate::harness::*;
 use crate::scenarios::SERIAL;
 
-/// A counter from node `id`'s `/metrics`.
+/// A counter or gauge from node `id`'s `/metrics` (labels, if any, ignored).
 async fn metric(c: &Cluster, id: u64, name: &str) -> u64 {
     let text = c
         .http
@@ -23,7 +25,7 @@ async fn metric(c: &Cluster, id: u64, name: &str) -> u64 {
         .await
         .expect("metrics text");
     text.lines()
-        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse::<f64>().ok())
         .unwrap_or_else(|| panic!("{name} missing from node {id}'s /metrics")) as u64
@@ -85,6 +87,23 @@ async fn concurrent_writes_share_entries_and_each_keeps_its_revision() {
             let rec = c.get(id, &format!("batched-{n}")).await;
             assert!(distinct.contains(&rec["registry"]["revision"].as_u64().unwrap_or(0)));
         }
+        // Discovery on every node finds every batched agent: the index
+        // follows the live change feed, which must carry each write of a
+        // batch entry (it once carried none of them).
+        let found: Value = c
+            .http
+            .post(format!("{}/discover", c.http_url(id)))
+            .json(&serde_json::json!({"query": "batched write", "limit": 200, "detail": "minimal"}))
+            .send()
+            .await
+            .expect("discover")
+            .json()
+            .await
+            .expect("discover body");
+        let candidates = found["candidates"].as_array().map_or(0, Vec::len);
+        assert_eq!(candidates, 200, "node {id} found {candidates}: {found}");
+        let indexed = metric(&c, id, "agentry_discovery_indexed_agents").await;
+        assert_eq!(indexed, 240, "node {id} indexed {indexed} of 240 agents");
     }
 }
 
