@@ -1,19 +1,23 @@
 #!/usr/bin/env bash
-# Runs scripts/bench-peers.py for `agentry bench discover`: installs
-# PostgreSQL 15 (Debian package) when missing and a virtualenv with psycopg
-# and lancedb (PyPI), then times both on the corpus in DIR.
-# Usage: bench-peers.sh DIR CLIENTS
+# Runs scripts/bench-peers.py for `agentry bench discover` and `agentry eval
+# --expert`: installs PostgreSQL 15 (Debian package) when missing and a
+# virtualenv with psycopg, lancedb, tantivy, usearch and numpy (PyPI), then
+# runs the peers on the corpus in DIR.
+# Usage: bench-peers.sh DIR CLIENTS [MODE]   (MODE: all, the default, or rank)
 set -euo pipefail
-dir="$1"; clients="$2"
+dir="$1"; clients="$2"; mode="${3:-all}"
 here="$(cd "$(dirname "$0")" && pwd)"
 sudo=""
 if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
-pg_bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1 || true)
-if [ -z "$pg_bin" ]; then
-  echo "bench-peers: installing postgresql" >&2
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq postgresql >/dev/null
-  pg_bin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)
+pg_bin="-"
+if [ "$mode" = all ]; then
+  pg_bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1 || true)
+  if [ -z "$pg_bin" ]; then
+    echo "bench-peers: installing postgresql" >&2
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq postgresql >/dev/null
+    pg_bin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)
+  fi
 fi
 venv="${AGENTRY_BENCH_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/agentry/bench-venv}"
 if [ ! -x "$venv/bin/python" ]; then
@@ -23,5 +27,9 @@ if [ ! -x "$venv/bin/python" ]; then
     python3 -m venv "$venv"
   }
 fi
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check "psycopg[binary]>=3.2" "lancedb>=0.20" pyarrow >&2
-exec "$venv/bin/python" "$here/bench-peers.py" "$dir" "$pg_bin" "$clients"
+packages=("tantivy>=0.22" "usearch>=2.12" "numpy>=1.26")
+if [ "$mode" = all ]; then
+  packages+=("psycopg[binary]>=3.2" "lancedb>=0.20" pyarrow)
+fi
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check "${packages[@]}" >&2
+exec "$venv/bin/python" "$here/bench-peers.py" "$dir" "$pg_bin" "$clients" "$mode"

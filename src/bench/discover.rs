@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use futures::{stream, StreamExt};
 use serde_json::{json, Value};
 
+use super::peers;
 use crate::config::Config;
 use crate::convert::metadata_from_json;
 use crate::domain::discovery::DiscoveryRequest;
@@ -189,24 +190,22 @@ pub(crate) async fn corpus_node(
     Ok((server, base))
 }
 
-/// Writes the corpus and queries, with the very vectors Agentry uses, for
-/// `scripts/bench-peers.py`.
+/// Writes the corpus and queries for `scripts/bench-peers.py`: LanceDB
+/// gets the very profile vectors Agentry uses, the expert peer its own
+/// vector per agent from the same model (`bench::peers`).
 fn export(
     dir: &Path,
     n: usize,
     qs: &[(String, Option<String>)],
     index: &crate::index::SearchIndex,
 ) -> Result<(), String> {
-    use std::io::Write;
     let embedder = index
         .embedder()
         .ok_or("the peers need the embedding model")?;
     let analyzer = crate::index::text::Analyzer::default();
     let src = sources();
     std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
-    let mut out = std::io::BufWriter::new(
-        std::fs::File::create(dir.join("corpus.jsonl")).map_err(|e| e.to_string())?,
-    );
+    let mut corpus = Vec::with_capacity(n);
     for i in 0..n {
         let metadata: crate::domain::AgentMetadata =
             serde_json::from_value(corpus_agent(&src, i)).map_err(|e| e.to_string())?;
@@ -225,26 +224,17 @@ fn export(
             index.weights(),
             "",
         );
-        let line = json!({
-            "id": record.metadata.id,
-            "text": crate::index::search::lexical_text(&record),
-            "tags": record.metadata.tags,
-            "vector": prepared.profile(),
-        });
-        writeln!(out, "{line}").map_err(|e| e.to_string())?;
+        let mut extra = serde_json::Map::new();
+        extra.insert("tags".into(), json!(record.metadata.tags));
+        extra.insert("vector".into(), json!(prepared.profile()));
+        corpus.push(peers::corpus_line(&record, embedder, extra)?);
     }
-    out.flush().map_err(|e| e.to_string())?;
-    let mut out = std::io::BufWriter::new(
-        std::fs::File::create(dir.join("queries.jsonl")).map_err(|e| e.to_string())?,
-    );
-    for (text, tag) in qs {
-        let vector = embedder
-            .embed_blocking(std::slice::from_ref(text))
-            .map_err(|e| e.to_string())?;
-        let line = json!({"text": text, "tag": tag, "vector": vector.first()});
-        writeln!(out, "{line}").map_err(|e| e.to_string())?;
-    }
-    out.flush().map_err(|e| e.to_string())
+    peers::write_lines(&dir.join("corpus.jsonl"), corpus)?;
+    let queries = qs
+        .iter()
+        .map(|(text, tag)| peers::query_line(None, text, tag.as_deref(), embedder))
+        .collect::<Result<Vec<_>, _>>()?;
+    peers::write_lines(&dir.join("queries.jsonl"), queries)
 }
 
 /// Recall of the vector candidates against an exact scan, over (up to)
@@ -261,26 +251,9 @@ fn vector_recall(
     Ok(index.vector_recall(&vectors, 10))
 }
 
-/// Runs `scripts/bench-peers.sh` on the exported corpus; one JSON object
-/// per line back.
-fn run_peers(dir: &Path, concurrencies: &[usize]) -> Result<Vec<Value>, String> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/bench-peers.sh");
-    let clients: Vec<String> = concurrencies.iter().map(|c| c.to_string()).collect();
-    let out = std::process::Command::new("bash")
-        .arg(&script)
-        .arg(dir)
-        .arg(clients.join(","))
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .map_err(|e| format!("{}: {e}", script.display()))?;
-    if !out.status.success() {
-        return Err(format!("{} failed ({})", script.display(), out.status));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect())
-}
+/// The server-side rows the in-process peers are compared with.
+const SERVER_SIDE: &str = "server-side, 1 client";
+const SERVER_SIDE_NO_EMBED: &str = "server-side, 1 client, without embedding the query";
 
 /// Figures of one corpus size.
 pub struct SizeReport {
@@ -378,18 +351,28 @@ pub(crate) async fn wait_indexed(service: &crate::service::RegistryService) {
 /// Loads `n` agents into a fresh node under `dir`, then measures.
 /// Server-side discovery: the service in-process, one request at a time,
 /// after one untimed pass (caches warm, the bulk load's compactions done).
-/// The timed pass's latencies and wall time.
+/// The timed pass's latencies, the time each query's embedding took (the
+/// query embedded once more on its own, just before the request), and the
+/// wall time.
 async fn server_side(
     service: &crate::service::RegistryService,
     qs: &[(String, Option<String>)],
-) -> Result<(Vec<Duration>, Duration), String> {
+) -> Result<(Vec<Duration>, Vec<Duration>, Duration), String> {
     let mut lat = Vec::with_capacity(qs.len());
+    let mut embed = Vec::with_capacity(qs.len());
     let mut wall = Instant::now();
+    let mut wall_embedding = Duration::ZERO;
     for (pass, (text, tag)) in qs.iter().cycle().take(2 * qs.len()).enumerate() {
         if pass == qs.len() {
             lat.clear();
+            embed.clear();
             wall = Instant::now();
+            wall_embedding = Duration::ZERO;
         }
+        let t = Instant::now();
+        service.index().query_vector(text).await?;
+        embed.push(t.elapsed());
+        wall_embedding += t.elapsed();
         let req = DiscoveryRequest {
             query: text.clone(),
             required_tags: tag.iter().cloned().collect(),
@@ -403,7 +386,7 @@ async fn server_side(
             .map_err(|e| e.to_string())?;
         lat.push(t.elapsed());
     }
-    Ok((lat, wall.elapsed()))
+    Ok((lat, embed, wall.elapsed().saturating_sub(wall_embedding)))
 }
 
 pub async fn run_size(
@@ -438,8 +421,19 @@ pub async fn run_size(
     tracing::info!(agents = n, load_secs, "corpus indexed; measuring queries");
 
     let mut runs = Vec::new();
-    let (lat, wall) = server_side(&service, &qs).await?;
-    runs.push(measured("server-side, 1 client".into(), lat, wall));
+    let (lat, embed, wall) = server_side(&service, &qs).await?;
+    let without: Vec<Duration> = lat
+        .iter()
+        .zip(&embed)
+        .map(|(l, e)| l.saturating_sub(*e))
+        .collect();
+    let embedding: Duration = embed.iter().sum();
+    runs.push(measured(SERVER_SIDE.into(), lat, wall));
+    runs.push(measured(
+        SERVER_SIDE_NO_EMBED.into(),
+        without,
+        wall.saturating_sub(embedding),
+    ));
     // Over gRPC on loopback.
     let discovery = DiscoveryClient::new(channel);
     for &c in concurrencies {
@@ -491,7 +485,7 @@ pub async fn run_size(
         .collect()
         .await;
     refreshed.into_iter().collect::<Result<Vec<_>, _>>()?;
-    let (lat, wall) = server_side(&service, &qs).await?;
+    let (lat, _, wall) = server_side(&service, &qs).await?;
     runs.push(measured(
         "server-side, 1 client, every agent on a lease".into(),
         lat,
@@ -501,7 +495,7 @@ pub async fn run_size(
     let peer_dir = dir.join("peers");
     let peer_figures = if peers {
         export(&peer_dir, n, &qs, service.index())?;
-        run_peers(&peer_dir, concurrencies)?
+        peers::run(&peer_dir, concurrencies, peers::Mode::All)?
     } else {
         Vec::new()
     };
@@ -576,20 +570,33 @@ pub fn report(sizes: &[SizeReport]) -> String {
                 ));
             } else {
                 let clients = p["clients"].as_u64().unwrap_or(0);
-                let ours = s
-                    .runs
-                    .iter()
-                    .find(|r| r.what == format!("gRPC loopback, {clients} client(s)"));
-                let ratio = ours.map_or(String::new(), |o| {
-                    format!(
-                        " (Agentry {:.1}× faster at p50, {:.1}× at p99)",
-                        p["p50_us"].as_f64().unwrap_or(0.0) / o.p50_us.max(1.0),
-                        p["p99_us"].as_f64().unwrap_or(0.0) / o.p99_us.max(1.0)
-                    )
-                });
+                let system = p["system"].as_str().unwrap_or("?");
+                let times = |ours: Option<&Measured>, against: &str| {
+                    ours.map_or(String::new(), |o| {
+                        format!(
+                            "; Agentry {against} {:.1}× faster at p50, {:.1}× at p99",
+                            p["p50_us"].as_f64().unwrap_or(0.0) / o.p50_us.max(1.0),
+                            p["p99_us"].as_f64().unwrap_or(0.0) / o.p99_us.max(1.0)
+                        )
+                    })
+                };
+                let run = |what: &str| s.runs.iter().find(|r| r.what == what);
+                let grpc = format!("gRPC loopback, {clients} client(s)");
+                let mut ratio = times(run(&grpc), "over gRPC");
+                // The expert peer runs in-process: it is compared with
+                // Agentry in-process, with and without the query's embedding
+                // (the peer is handed the query's vector).
+                if system.starts_with("expert") && clients == 1 {
+                    ratio = times(run(SERVER_SIDE), "server-side");
+                    ratio.push_str(&times(run(SERVER_SIDE_NO_EMBED), "without embedding"));
+                }
+                let ratio = if ratio.is_empty() {
+                    ratio
+                } else {
+                    format!(" ({})", ratio.trim_start_matches("; "))
+                };
                 out.push_str(&format!(
-                    "  | {}, {clients} client(s){ratio} | {:.0} | {:.0} | {:.0} |\n",
-                    p["system"].as_str().unwrap_or("?"),
+                    "  | {system}, {clients} client(s){ratio} | {:.0} | {:.0} | {:.0} |\n",
                     p["p50_us"].as_f64().unwrap_or(0.0),
                     p["p99_us"].as_f64().unwrap_or(0.0),
                     p["per_second"].as_f64().unwrap_or(0.0)

@@ -9,6 +9,7 @@ pub mod discover;
 pub mod federation;
 pub mod gateway;
 pub mod mcp;
+pub mod peers;
 pub mod signatures;
 pub mod standards;
 pub mod trust;

@@ -38,6 +38,12 @@ pub struct EvalArgs {
     /// Queries in flight at once.
     #[arg(long, default_value_t = 4)]
     pub concurrency: usize,
+    /// Also rank the set with the expert peer (tantivy BM25 + usearch
+    /// HNSW, fused by reciprocal rank fusion; `scripts/bench-peers.py`)
+    /// on vectors from this machine's default embedding model, and print
+    /// its figures beside Agentry's.
+    #[arg(long)]
+    pub expert: bool,
 }
 
 /// Sums of the per-query metrics.
@@ -161,6 +167,13 @@ pub async fn run_eval(args: EvalArgs) -> Result<(), CliError> {
     let (_, channel) = c.connect(0).await?;
     let agents = read_lines(&args.agents)?;
     let queries = read_lines(&args.queries)?;
+    let labels = relevant_sets(&queries);
+    // Exported before the load consumes the agents.
+    let expert_dir = if args.expert {
+        Some(export_for_expert(&agents, &queries)?)
+    } else {
+        None
+    };
     if !args.skip_load {
         let started = Instant::now();
         let registry = RegistryClient::new(channel.clone());
@@ -197,23 +210,14 @@ pub async fn run_eval(args: EvalArgs) -> Result<(), CliError> {
     wait_until_indexed(c, discovery.clone()).await?;
     let started = Instant::now();
     let answers: Vec<Result<(HashSet<String>, pb::DiscoverResponse), CliError>> =
-        stream::iter(queries)
-            .map(|q| {
+        stream::iter(queries.iter().zip(labels.iter().cloned()))
+            .map(|(q, relevant)| {
                 let discovery = discovery.clone();
                 async move {
                     let text = q
                         .get("query")
                         .and_then(Value::as_str)
                         .ok_or_else(|| local("a query line has no \"query\""))?;
-                    let relevant: HashSet<String> = q
-                        .get("relevant_ids")
-                        .and_then(Value::as_array)
-                        .map(|a| {
-                            a.iter()
-                                .filter_map(|x| x.as_str().map(dataset_id))
-                                .collect()
-                        })
-                        .unwrap_or_default();
                     let req = pb::DiscoverRequest {
                         query: text.to_string(),
                         limit,
@@ -282,7 +286,97 @@ pub async fn run_eval(args: EvalArgs) -> Result<(), CliError> {
         }
     }
     println!("{}", fused.line("fused (as served)"));
+    if let Some(dir) = expert_dir {
+        let ranked = crate::bench::peers::run(&dir, &[1], crate::bench::peers::Mode::Rank);
+        let _ = std::fs::remove_dir_all(&dir);
+        let ranked = ranked.map_err(local)?;
+        for line in expert_lines(&ranked, &labels)? {
+            println!("{line}");
+        }
+    }
     Ok(())
+}
+
+/// The labels of each query, in the file's order.
+fn relevant_sets(queries: &[Value]) -> Vec<HashSet<String>> {
+    queries
+        .iter()
+        .map(|q| {
+            q.get("relevant_ids")
+                .and_then(Value::as_array)
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|x| x.as_str().map(dataset_id))
+                        .collect()
+                })
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
+/// Writes the set for the expert peer (`bench::peers`): the agents as
+/// Agentry would store them, their texts and vectors from the default
+/// embedding model, and the queries with their vectors.
+fn export_for_expert(agents: &[Value], queries: &[Value]) -> Result<PathBuf, CliError> {
+    let config = crate::index::config::DiscoveryConfig::default();
+    let embedder = crate::index::embed::Embedder::load(&config)
+        .map_err(|e| local(format!("the expert peer needs the embedding model: {e}")))?;
+    let dir = std::env::temp_dir().join(format!("agentry-eval-expert-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| local(format!("{}: {e}", dir.display())))?;
+    let corpus = agents
+        .iter()
+        .map(|a| {
+            let metadata = serde_json::from_value(dataset_agent_json(a.clone()).map_err(local)?)
+                .map_err(|e| local(format!("an agent line: {e}")))?;
+            let record = crate::domain::AgentRecord {
+                metadata,
+                envelope: Default::default(),
+            };
+            crate::bench::peers::corpus_line(&record, &embedder, Default::default()).map_err(local)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    crate::bench::peers::write_lines(&dir.join("corpus.jsonl"), corpus).map_err(local)?;
+    let lines = queries
+        .iter()
+        .map(|q| {
+            let text = q.get("query").and_then(Value::as_str).unwrap_or_default();
+            let id = q.get("id").and_then(Value::as_str);
+            crate::bench::peers::query_line(id, text, None, &embedder).map_err(local)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    crate::bench::peers::write_lines(&dir.join("queries.jsonl"), lines).map_err(local)?;
+    Ok(dir)
+}
+
+/// The expert peer's figures: each engine alone and fused.
+fn expert_lines(ranked: &[Value], relevant: &[HashSet<String>]) -> Result<Vec<String>, CliError> {
+    if ranked.len() != relevant.len() {
+        return Err(local(format!(
+            "the expert peer ranked {} of {} queries",
+            ranked.len(),
+            relevant.len()
+        )));
+    }
+    let rows = [
+        ("bm25", "expert BM25 (tantivy)"),
+        ("vector", "expert vector (usearch)"),
+        ("fused", "expert RRF"),
+        ("fused_tuned", "expert RRF, tuned"),
+    ];
+    Ok(rows
+        .iter()
+        .map(|(key, name)| {
+            let mut m = Metrics::default();
+            for (r, rel) in ranked.iter().zip(relevant) {
+                let ids: Vec<&str> = r[key]
+                    .as_array()
+                    .map(|a| a.iter().filter_map(Value::as_str).collect())
+                    .unwrap_or_default();
+                m.add(&ids, rel);
+            }
+            m.line(name)
+        })
+        .collect())
 }
 
 #[cfg(test)]
