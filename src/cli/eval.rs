@@ -399,6 +399,17 @@ mod tests {
     }
 
     #[test]
+    fn bfcl_parameters_become_the_input_schema() {
+        let v = serde_json::json!({"id": "f", "name": "f", "description": "d",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}});
+        let shaped = dataset_agent_json(v.clone()).unwrap();
+        assert_eq!(shaped["inputs"]["properties"]["city"]["type"], "string");
+        assert!(shaped.get("parameters").is_none());
+        // And it registers: the schema is valid metadata.
+        assert!(agent_metadata(v).unwrap().inputs.is_some());
+    }
+
+    #[test]
     fn metatool_lines_become_valid_metadata() {
         let v = serde_json::json!({"id": "ABCmouse", "name": "ABCmouse", "description": "Learning.",
             "examples": ["Suggest an activity"], "long_description": "kept"});

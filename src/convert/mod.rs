@@ -524,7 +524,7 @@ pub fn dataset_id(id: &str) -> String {
 
 /// Shapes one line of a labelled agent set (such as MetaTool's) into
 /// agent metadata JSON: plain-string `examples` become ADP example objects,
-/// and an agent with no binding or endpoint gets a placeholder binding under
+/// a function's `parameters` (BFCL's) become `inputs`, and an agent with no binding or endpoint gets a placeholder binding under
 /// the reserved `.invalid` domain (it is found, never called).
 pub fn dataset_agent_json(mut v: Value) -> Result<Value, FieldError> {
     let obj = v
@@ -532,6 +532,12 @@ pub fn dataset_agent_json(mut v: Value) -> Result<Value, FieldError> {
         .ok_or_else(|| FieldError::new("", "an agent line must be a JSON object"))?;
     if let Some(Value::String(id)) = obj.get_mut("id") {
         *id = dataset_id(id);
+    }
+    // A function's `parameters` (BFCL's shape) are the agent's input schema.
+    if !obj.contains_key("inputs") {
+        if let Some(parameters) = obj.remove("parameters") {
+            obj.insert("inputs".into(), parameters);
+        }
     }
     if let Some(Value::Array(examples)) = obj.get_mut("examples") {
         for e in examples.iter_mut() {

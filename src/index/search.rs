@@ -59,7 +59,7 @@ impl Default for Weights {
         Self {
             context: 1.0,
             example: 0.1,
-            lexical: 0.15,
+            lexical: 0.25,
             tag: 0.3,
             protocol: 0.02,
             freshness: 0.02,
@@ -134,7 +134,69 @@ pub(crate) fn normalise(v: &mut [f32]) {
     }
 }
 
-/// The texts of a record that get vectors: context first, then units.
+/// Parameter texts kept per record (the first ones, in schema order).
+pub const MAX_PARAMETERS: usize = 32;
+/// Characters kept of one parameter's text.
+const PARAMETER_CHARS: usize = 512;
+/// Nesting followed into object and array parameters.
+const PARAMETER_DEPTH: usize = 3;
+
+/// One text per parameter of the record's input schemas (`inputs`, then
+/// each operation's): its name, description and allowed values. A
+/// request names what it wants done in the words of the arguments it
+/// brings ("a large latte with oat milk"), which the description of the
+/// tool as a whole often lacks: on BFCL's real requests the parameters
+/// lift BM25 from 0.40 to 0.50 nDCG@10 (docs/discovery.md).
+pub fn parameter_texts(record: &AgentRecord) -> Vec<String> {
+    let m = &record.metadata;
+    let mut out = Vec::new();
+    let schemas = m
+        .inputs
+        .iter()
+        .chain(m.operations.iter().filter_map(|o| o.inputs.as_ref()));
+    for schema in schemas {
+        collect_parameters(schema, 0, &mut out);
+    }
+    out
+}
+
+fn collect_parameters(schema: &serde_json::Value, depth: usize, out: &mut Vec<String>) {
+    if depth >= PARAMETER_DEPTH {
+        return;
+    }
+    let Some(properties) = schema.get("properties").and_then(|p| p.as_object()) else {
+        return;
+    };
+    for (name, p) in properties {
+        if out.len() >= MAX_PARAMETERS {
+            return;
+        }
+        let mut text = name.replace(['_', '.'], " ");
+        if let Some(d) = p.get("description").and_then(|d| d.as_str()) {
+            text.push_str(": ");
+            text.push_str(d);
+        }
+        if let Some(values) = p.get("enum").and_then(|e| e.as_array()) {
+            let values: Vec<String> = values
+                .iter()
+                .take(16)
+                .map(|v| match v {
+                    serde_json::Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                })
+                .collect();
+            text.push_str(&format!(" ({})", values.join(", ")));
+        }
+        out.push(text.chars().take(PARAMETER_CHARS).collect());
+        collect_parameters(p, depth + 1, out);
+        if let Some(items) = p.get("items") {
+            collect_parameters(items, depth + 1, out);
+        }
+    }
+}
+
+/// The texts of a record that get vectors: context first, then units,
+/// then parameters (which only feed the profile).
 pub fn vector_texts(record: &AgentRecord) -> Vec<String> {
     let m = &record.metadata;
     let mut context = format!("{}\n{}", m.name, m.description);
@@ -150,6 +212,7 @@ pub fn vector_texts(record: &AgentRecord) -> Vec<String> {
     }
     let mut out = vec![context];
     out.extend(units_of(record).into_iter().take(MAX_UNITS).map(|u| u.text));
+    out.extend(parameter_texts(record));
     out
 }
 
@@ -172,13 +235,14 @@ fn units_of(record: &AgentRecord) -> Vec<Unit> {
 }
 
 /// The text BM25 indexes for a record: name, description, tags,
-/// capabilities, examples and operations.
+/// capabilities, examples, operations and parameters.
 pub fn lexical_text(record: &AgentRecord) -> String {
     let m = &record.metadata;
     let mut text = vec![m.name.clone(), m.description.clone()];
     text.extend(m.tags.iter().cloned());
     text.extend(m.capabilities.iter().cloned());
     text.extend(units_of(record).into_iter().map(|u| u.text));
+    text.extend(parameter_texts(record));
     text.join("\n")
 }
 
@@ -249,16 +313,21 @@ pub fn analyse(
 
 impl PreparedDoc {
     /// Sets the profile and unit vectors from the vectors of
-    /// [`vector_texts`] (context first, then the units), if there are any.
+    /// [`vector_texts`] (context first, then the units, then the
+    /// parameters), if there are any. The profile adds the mean of the
+    /// units' and parameters' vectors; only units are matched one by one
+    /// (the `example` component and `matched_examples`).
     pub fn attach_vectors(&mut self, vectors: Option<Vec<Vec<f32>>>, weights: &Weights) {
         let Some(mut vs) = vectors else {
             return;
         };
-        let units_v = vs.split_off(1.min(vs.len()));
+        let mut units_v = vs.split_off(1.min(vs.len()));
+        let parameters_v = units_v.split_off(self.units.len().min(MAX_UNITS).min(units_v.len()));
         if let Some(mut p) = vs.pop() {
-            if !units_v.is_empty() {
-                let w = weights.profile_examples / units_v.len() as f32;
-                for u in &units_v {
+            let parts = units_v.len() + parameters_v.len();
+            if parts > 0 {
+                let w = weights.profile_examples / parts as f32;
+                for u in units_v.iter().chain(&parameters_v) {
                     p.iter_mut().zip(u).for_each(|(x, y)| *x += w * y);
                 }
             }
@@ -988,4 +1057,89 @@ fn snippet(description: &str, query_terms: &[String], analyzer: &Analyzer) -> Op
     } else {
         cut
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn record(metadata: serde_json::Value) -> AgentRecord {
+        AgentRecord {
+            metadata: serde_json::from_value(metadata).unwrap(),
+            envelope: Default::default(),
+        }
+    }
+
+    /// A drink-ordering function in BFCL's shape, as `inputs`.
+    fn change_drink() -> AgentRecord {
+        record(json!({
+            "id": "drinks", "name": "ChaDri.change_drink", "description": "Modifies a drink order.",
+            "examples": [{"text": "make my coffee bigger"}],
+            "inputs": {"type": "object", "properties": {
+                "drink_id": {"type": "string", "description": "The drink to change."},
+                "new_preferences": {"type": "object", "properties": {
+                    "size": {"type": "string", "enum": ["small", "large"]},
+                    "milk_type": {"type": "string", "description": "Kind of milk."}
+                }}
+            }},
+            "operations": [{"name": "cancel", "inputs": {"properties": {"reason": {}}}}]
+        }))
+    }
+
+    #[test]
+    fn parameter_texts_read_names_descriptions_allowed_values_and_nesting() {
+        assert_eq!(
+            parameter_texts(&change_drink()),
+            [
+                "drink id: The drink to change.",
+                "new preferences",
+                "size (small, large)",
+                "milk type: Kind of milk.",
+                "reason",
+            ]
+        );
+        let words = lexical_text(&change_drink());
+        assert!(words.contains("milk type: Kind of milk."), "{words}");
+    }
+
+    #[test]
+    fn parameter_texts_are_capped_per_record() {
+        let properties: serde_json::Map<String, serde_json::Value> = (0..100)
+            .map(|i| (format!("p{i:03}"), json!({"description": "x".repeat(2000)})))
+            .collect();
+        let r = record(json!({"id": "big", "name": "n", "description": "d",
+            "inputs": {"properties": properties}}));
+        let texts = parameter_texts(&r);
+        assert_eq!(texts.len(), MAX_PARAMETERS);
+        assert!(texts.iter().all(|t| t.chars().count() <= PARAMETER_CHARS));
+    }
+
+    #[test]
+    fn parameters_feed_the_profile_but_are_never_matched_as_examples() {
+        let r = change_drink();
+        let texts = vector_texts(&r);
+        // Context, one example, one operation, then five parameters.
+        assert_eq!(texts.len(), 1 + 2 + 5);
+        let axis = |i: usize| {
+            let mut v = vec![0.0f32; 8];
+            v[i] = 1.0;
+            v
+        };
+        let vectors: Vec<Vec<f32>> = (0..texts.len()).map(axis).collect();
+        let weights = Weights::default();
+        let mut p = analyse(&r, 1, &Analyzer::default(), "");
+        let doc = p.doc.as_mut().unwrap();
+        doc.attach_vectors(Some(vectors), &weights);
+        // Only the units keep vectors of their own (example evidence).
+        assert_eq!(doc.unit_vectors.len(), 2);
+        // The profile: context plus λ times the mean of all seven others.
+        let profile = doc.profile.as_ref().unwrap();
+        let share = weights.profile_examples / 7.0;
+        let norm = (1.0 + 7.0 * share * share).sqrt();
+        assert!((profile[0] - 1.0 / norm).abs() < 1e-6, "{profile:?}");
+        for x in &profile[1..8] {
+            assert!((x - share / norm).abs() < 1e-6, "{profile:?}");
+        }
+    }
 }
