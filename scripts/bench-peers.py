@@ -153,7 +153,7 @@ class Expert:
         self.np, self.tantivy = np, tantivy
         self.ids = [a["id"] for a in docs]
         self.n = len(docs)
-        t = time.perf_counter()
+        started = time.perf_counter()
         self.analyzer = (tantivy.TextAnalyzerBuilder(tantivy.Tokenizer.simple())
                          .filter(tantivy.Filter.lowercase())
                          .filter(tantivy.Filter.stemmer("english")).build())
@@ -184,12 +184,13 @@ class Expert:
                 holders.setdefault(tag, []).append(row)
         self.holders = {t: np.asarray(r) for t, r in holders.items()}
         self.tag_mask = {}
-        for t, r in self.holders.items():
+        for tag, rows in self.holders.items():
             m = np.zeros(self.n, dtype=bool)
-            m[r] = True
-            self.tag_mask[t] = m
-        self.tag_vectors = {t: self.vectors[r] for t, r in self.holders.items() if len(r) <= EXACT_TAG}
-        self.build_secs = time.perf_counter() - t
+            m[rows] = True
+            self.tag_mask[tag] = m
+        self.tag_vectors = {tag: self.vectors[rows] for tag, rows in self.holders.items()
+                            if len(rows) <= EXACT_TAG}
+        self.build_secs = time.perf_counter() - started
 
     def lexical(self, text, tag, tuned, k=POOL):
         tantivy = self.tantivy

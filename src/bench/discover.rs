@@ -561,11 +561,14 @@ pub fn report(sizes: &[SizeReport]) -> String {
         }
         for p in &s.peers {
             if let Some(e) = p.get("error") {
-                out.push_str(&format!("  | {} failed: {e} | | | |\n", p["system"]));
+                out.push_str(&format!(
+                    "  | {} failed: {e} | | | |\n",
+                    p["system"].as_str().unwrap_or("?")
+                ));
             } else if let Some(b) = p.get("build_secs") {
                 out.push_str(&format!(
                     "  | {} index build {:.1} s | | | |\n",
-                    p["system"],
+                    p["system"].as_str().unwrap_or("?"),
                     b.as_f64().unwrap_or(0.0)
                 ));
             } else {

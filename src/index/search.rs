@@ -1087,6 +1087,257 @@ mod tests {
         }))
     }
 
+    /// Dimensions of the stub embedder.
+    const DIM: usize = 64;
+    /// 2026-11-26T00:00:00Z.
+    const NOW: i64 = 1_795_651_200;
+
+    /// A stub embedder: every analysed word is a fixed pseudo-random
+    /// direction, a text the normalised sum of its words' directions, so
+    /// cosine follows shared words and the tests need no model.
+    fn stub(text: &str) -> Vec<f32> {
+        let mut v = vec![0.0f32; DIM];
+        for word in Analyzer::default().terms(text) {
+            let mut seed = word.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+                (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+            });
+            for x in v.iter_mut() {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                *x += (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+            }
+        }
+        normalise(&mut v);
+        v
+    }
+
+    fn index_of(records: &[AgentRecord]) -> Index {
+        let mut index = Index::new(DIM);
+        for (i, r) in records.iter().enumerate() {
+            let vectors = vector_texts(r).iter().map(|t| stub(t)).collect();
+            let weights = Weights::default();
+            let at = "2026-11-26T00:00:00Z";
+            index.apply(prepare(
+                r,
+                i as u64 + 1,
+                Some(vectors),
+                &Analyzer::default(),
+                &weights,
+                at,
+            ));
+        }
+        index
+    }
+
+    fn agent(id: &str, description: &str, extra: serde_json::Value) -> AgentRecord {
+        let mut m = json!({"id": id, "name": id, "description": description,
+            "updated_at": "2026-11-20T00:00:00Z"});
+        if let (Some(m), Some(extra)) = (m.as_object_mut(), extra.as_object()) {
+            m.extend(extra.clone());
+        }
+        record(m)
+    }
+
+    fn ask(index: &Index, text: &str, filters: &HardFilters, preferred: &[String]) -> Vec<Hit> {
+        let q = Query {
+            text,
+            vector: Some(stub(text)),
+            filters,
+            preferred_tags: preferred,
+            limit: 10,
+            evidence: true,
+            principal: None,
+            now_unix: NOW,
+            leases: None,
+        };
+        index.search(&Weights::default(), &q)
+    }
+
+    fn component(h: &Hit, name: &str) -> Option<f32> {
+        h.components.iter().find(|c| c.0 == name).map(|c| c.1)
+    }
+
+    fn weather_agents() -> Vec<AgentRecord> {
+        vec![
+            agent(
+                "forecast",
+                "Weather forecast for any city, hour by hour.",
+                json!({"examples": [{"text": "will it rain in Paris tomorrow"}], "tags": ["weather"]}),
+            ),
+            agent(
+                "farm",
+                "Weather forecast for farms and crops.",
+                json!({"status": "deprecated"}),
+            ),
+            agent(
+                "stocks",
+                "Stock prices and market news.",
+                json!({"tags": ["finance"]}),
+            ),
+            agent(
+                "tags",
+                "Weather alerts for storms.",
+                json!({"tags":
+                (0..20).map(|i| if i == 0 { "weather".to_string() } else { format!("t{i}") }).collect::<Vec<_>>()}),
+            ),
+        ]
+    }
+
+    #[test]
+    fn the_score_is_the_weighted_mean_of_the_reported_components_plus_policy() {
+        let index = index_of(&weather_agents());
+        let hits = ask(
+            &index,
+            "weather forecast for my city",
+            &HardFilters::default(),
+            &[],
+        );
+        assert!(hits.len() >= 3, "{hits:?}");
+        let w = Weights::default();
+        let total = w.context + w.example + w.lexical + w.tag + w.protocol + w.freshness;
+        for h in &hits {
+            let c = |n| component(h, n).unwrap_or(0.0);
+            let weighted = w.context * c("context")
+                + w.example * c("example")
+                + w.lexical * c("lexical")
+                + w.tag * c("tag")
+                + w.protocol * c("protocol")
+                + w.freshness * c("freshness");
+            let expected = weighted / total + c("policy");
+            assert!((h.score - expected).abs() < 1e-5, "{h:?}");
+        }
+        assert!(hits.windows(2).all(|p| p[0].score >= p[1].score));
+        assert_eq!(hits[0].id, "forecast");
+    }
+
+    #[test]
+    fn deprecation_and_tag_stuffing_cost_their_penalties_and_say_so() {
+        let index = index_of(&weather_agents());
+        let wanted = ["weather".to_string()];
+        let hits = ask(&index, "weather forecast", &HardFilters::default(), &wanted);
+        let find = |id: &str| {
+            hits.iter()
+                .find(|h| h.id == id)
+                .unwrap_or_else(|| panic!("{id}: {hits:?}"))
+        };
+        let farm = find("farm");
+        assert_eq!(component(farm, "policy"), Some(-DEPRECATED_PENALTY));
+        assert!(farm.notes.iter().any(|n| n == "deprecated"));
+        // 20 tags: the tag match counts 16/20, and the agent pays.
+        let stuffed = find("tags");
+        assert_eq!(component(stuffed, "tag"), Some(16.0 / 20.0));
+        assert_eq!(component(stuffed, "policy"), Some(-STUFFING_PENALTY));
+        assert!(stuffed.notes.iter().any(|n| n.starts_with("tag stuffing")));
+        // An honest agent with the tag gets all of it and no penalty.
+        let forecast = find("forecast");
+        assert_eq!(component(forecast, "tag"), Some(1.0));
+        assert_eq!(component(forecast, "policy"), Some(0.0));
+    }
+
+    #[test]
+    fn a_near_duplicate_is_pushed_down_and_names_its_original() {
+        let copy = |id: &str| {
+            agent(
+                id,
+                "Translate text between languages.",
+                json!({"name": "Translator"}),
+            )
+        };
+        let index = index_of(&[
+            copy("original"),
+            copy("copy"),
+            agent("other", "Translate speech.", json!({})),
+        ]);
+        let hits = ask(&index, "translate text", &HardFilters::default(), &[]);
+        let dup = hits
+            .iter()
+            .find(|h| h.duplicate_of.is_some())
+            .expect("a duplicate");
+        let first = hits
+            .iter()
+            .position(|h| h.duplicate_of.is_none() && h.id != "other")
+            .unwrap();
+        assert_eq!(dup.duplicate_of.as_deref(), Some(hits[first].id.as_str()));
+        assert_eq!(component(dup, "policy"), Some(-DUPLICATE_PENALTY));
+        let at = hits.iter().position(|h| h.duplicate_of.is_some()).unwrap();
+        assert!(at > first);
+    }
+
+    #[test]
+    fn filters_are_hard_whatever_the_score() {
+        let index = index_of(&weather_agents());
+        let only = |f: HardFilters| -> Vec<String> {
+            let mut ids: Vec<String> = ask(&index, "weather forecast", &f, &[])
+                .into_iter()
+                .map(|h| h.id)
+                .collect();
+            ids.sort();
+            ids
+        };
+        let tagged = HardFilters {
+            required_tags: vec!["weather".into()],
+            ..Default::default()
+        };
+        assert_eq!(only(tagged), ["forecast", "tags"]);
+        let not_weather = HardFilters {
+            excluded_tags: vec!["weather".into()],
+            ..Default::default()
+        };
+        assert_eq!(only(not_weather), ["farm", "stocks"]);
+        let active = HardFilters {
+            statuses: vec![AgentStatus::Active],
+            ..Default::default()
+        };
+        assert!(!only(active).contains(&"farm".to_string()));
+    }
+
+    #[test]
+    fn the_pool_grows_with_the_limit_and_answers_keep_to_it() {
+        assert_eq!(pool_size(1), 100);
+        assert_eq!(pool_size(10), 100);
+        assert_eq!(pool_size(50), 250);
+        let many: Vec<AgentRecord> = (0..150)
+            .map(|i| {
+                agent(
+                    &format!("a{i:03}"),
+                    &format!("Weather forecast number {i}."),
+                    json!({}),
+                )
+            })
+            .collect();
+        let index = index_of(&many);
+        let hits = ask(&index, "weather forecast", &HardFilters::default(), &[]);
+        assert_eq!(hits.len(), 10);
+    }
+
+    #[test]
+    fn matched_examples_are_the_examples_closest_to_the_request() {
+        let r = agent(
+            "travel",
+            "Plans trips.",
+            json!({"examples": [
+                {"id": "e1", "text": "book a flight to Rome"},
+                {"id": "e2", "text": "find a hotel near the beach"}
+            ]}),
+        );
+        let index = index_of(&[r]);
+        let hits = ask(
+            &index,
+            "find a hotel near the beach",
+            &HardFilters::default(),
+            &[],
+        );
+        let (unit, score) = &hits[0].matched_units[0];
+        assert_eq!(unit.label.as_deref(), Some("e2"));
+        assert!(*score > 0.95, "{score}");
+        assert_eq!(component(&hits[0], "example"), Some(*score));
+        assert!(hits[0]
+            .matched_units
+            .iter()
+            .all(|(u, _)| u.label.as_deref() != Some("e1")));
+    }
+
     #[test]
     fn parameter_texts_read_names_descriptions_allowed_values_and_nesting() {
         assert_eq!(
