@@ -14,15 +14,15 @@ corpus and query vectors `agentry bench discover` wrote to DIR:
   filtering HNSW results).
 
 Usage: bench-peers.py DIR PG_BIN_DIR CLIENTS(comma-separated) [MODE]
-MODE `all` (default) times every peer and prints one JSON object per
-measured run; MODE `rank` only ranks DIR's labelled queries with the
+MODE, a comma-separated list of peers (default: postgres,lancedb,expert),
+times those and prints one JSON object per measured run; MODE `rank` only ranks DIR's labelled queries with the
 expert peer (`agentry eval --expert`) and prints, per query, its top ten
 ids by BM25 alone, by vector alone and fused (plain and tuned).
 """
 import json, os, shutil, subprocess, sys, tempfile, threading, time
 
 d, pg_bin, clients = sys.argv[1], sys.argv[2], [int(c) for c in sys.argv[3].split(",")]
-mode = sys.argv[4] if len(sys.argv) > 4 else "all"
+mode = sys.argv[4] if len(sys.argv) > 4 else "postgres,lancedb,expert"
 corpus = [json.loads(l) for l in open(os.path.join(d, "corpus.jsonl"))]
 queries = [json.loads(l) for l in open(os.path.join(d, "queries.jsonl"))]
 n = len(corpus)
@@ -268,7 +268,12 @@ def rank():
 if mode == "rank":
     rank()
     sys.exit(0)
-for f in (postgres, lance, expert):
+peers = {"postgres": postgres, "lancedb": lance, "expert": expert}
+for name in mode.split(","):
+    f = peers.get(name)
+    if f is None:
+        print(json.dumps({"system": name, "agents": n, "error": "unknown peer"}), flush=True)
+        continue
     try:
         f()
     except Exception as e:  # a peer that cannot run is reported, not fatal

@@ -394,7 +394,7 @@ pub async fn run_size(
     n: usize,
     query_count: usize,
     concurrencies: &[usize],
-    peers: bool,
+    peers: &[String],
 ) -> Result<SizeReport, String> {
     let src = sources();
     let rss_before = rss_bytes();
@@ -493,9 +493,9 @@ pub async fn run_size(
     ));
     let recall = vector_recall(service.index(), &qs)?;
     let peer_dir = dir.join("peers");
-    let peer_figures = if peers {
+    let peer_figures = if !peers.is_empty() {
         export(&peer_dir, n, &qs, service.index())?;
-        peers::run(&peer_dir, concurrencies, peers::Mode::All)?
+        peers::run(&peer_dir, concurrencies, peers::Mode::Time(peers))?
     } else {
         Vec::new()
     };
@@ -616,7 +616,7 @@ pub async fn run(
     sizes: &[usize],
     query_count: usize,
     concurrencies: &[usize],
-    peers: bool,
+    peers: &[String],
 ) -> Result<Vec<SizeReport>, String> {
     let mut out = Vec::new();
     for &n in sizes {

@@ -58,17 +58,17 @@ pub fn write_lines(path: &Path, lines: impl IntoIterator<Item = Value>) -> Resul
     out.flush().map_err(|e| e.to_string())
 }
 
-/// How the peers run: `All` times every peer, `Rank` has the expert peer
-/// rank the exported queries.
+/// How the peers run: `Time` times the named peers (postgres, lancedb,
+/// expert), `Rank` has the expert peer rank the exported queries.
 #[derive(Debug, Clone, Copy)]
-pub enum Mode {
-    All,
+pub enum Mode<'a> {
+    Time(&'a [String]),
     Rank,
 }
 
 /// Runs `scripts/bench-peers.sh` on the corpus exported to `dir`; one
 /// JSON object per line back.
-pub fn run(dir: &Path, concurrencies: &[usize], mode: Mode) -> Result<Vec<Value>, String> {
+pub fn run(dir: &Path, concurrencies: &[usize], mode: Mode<'_>) -> Result<Vec<Value>, String> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/bench-peers.sh");
     let clients: Vec<String> = concurrencies.iter().map(|c| c.to_string()).collect();
     let out = std::process::Command::new("bash")
@@ -76,8 +76,8 @@ pub fn run(dir: &Path, concurrencies: &[usize], mode: Mode) -> Result<Vec<Value>
         .arg(dir)
         .arg(clients.join(","))
         .arg(match mode {
-            Mode::All => "all",
-            Mode::Rank => "rank",
+            Mode::Time(peers) => peers.join(","),
+            Mode::Rank => "rank".into(),
         })
         .stderr(std::process::Stdio::inherit())
         .output()

@@ -303,9 +303,18 @@ pub enum BenchCommand {
         /// Working directory (default: a temporary directory, removed).
         #[arg(long)]
         dir: Option<PathBuf>,
-        /// Measure Agentry only (no PostgreSQL / LanceDB).
+        /// Measure Agentry only (no peers).
         #[arg(long)]
         no_peers: bool,
+        /// The peers to time beside Agentry, comma-separated: postgres,
+        /// lancedb, expert (tantivy + usearch + RRF).
+        #[arg(
+            long,
+            value_delimiter = ',',
+            value_parser = ["postgres", "lancedb", "expert"],
+            default_values_t = ["postgres".to_string(), "lancedb".into(), "expert".into()]
+        )]
+        peers: Vec<String>,
     },
     /// The discovery standards over HTTP: ARD search against ADP discover
     /// on the same queries, the AI Catalog document (build, cached, 304,
@@ -424,10 +433,12 @@ pub async fn run_bench(args: BenchArgs) -> Result<(), CliError> {
             clients,
             dir,
             no_peers,
+            peers,
         } => {
             let temp = tempfile_dir(dir)?;
+            let peers = if no_peers { Vec::new() } else { peers };
             let sizes =
-                crate::bench::discover::run(temp.path(), &agents, queries, &clients, !no_peers)
+                crate::bench::discover::run(temp.path(), &agents, queries, &clients, &peers)
                     .await
                     .map_err(local)?;
             out!("{}", crate::bench::discover::report(&sizes));
