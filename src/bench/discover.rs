@@ -371,8 +371,9 @@ async fn server_side(
         }
         let t = Instant::now();
         service.index().query_vector(text).await?;
-        embed.push(t.elapsed());
-        wall_embedding += t.elapsed();
+        let embedding = t.elapsed();
+        embed.push(embedding);
+        wall_embedding += embedding;
         let req = DiscoveryRequest {
             query: text.clone(),
             required_tags: tag.iter().cloned().collect(),

@@ -287,9 +287,8 @@ pub async fn run_eval(args: EvalArgs) -> Result<(), CliError> {
     }
     println!("{}", fused.line("fused (as served)"));
     if let Some(dir) = expert_dir {
-        let ranked = crate::bench::peers::run(&dir, &[1], crate::bench::peers::Mode::Rank);
-        let _ = std::fs::remove_dir_all(&dir);
-        let ranked = ranked.map_err(local)?;
+        let ranked = crate::bench::peers::run(&dir.0, &[1], crate::bench::peers::Mode::Rank)
+            .map_err(local)?;
         for line in expert_lines(&ranked, &labels)? {
             println!("{line}");
         }
@@ -314,15 +313,25 @@ fn relevant_sets(queries: &[Value]) -> Vec<HashSet<String>> {
         .collect()
 }
 
+/// The folder the expert peer reads, removed however the evaluation ends.
+struct ExpertDir(PathBuf);
+
+impl Drop for ExpertDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// Writes the set for the expert peer (`bench::peers`): the agents as
 /// Agentry would store them, their texts and vectors from the default
 /// embedding model, and the queries with their vectors.
-fn export_for_expert(agents: &[Value], queries: &[Value]) -> Result<PathBuf, CliError> {
+fn export_for_expert(agents: &[Value], queries: &[Value]) -> Result<ExpertDir, CliError> {
     let config = crate::index::config::DiscoveryConfig::default();
     let embedder = crate::index::embed::Embedder::load(&config)
         .map_err(|e| local(format!("the expert peer needs the embedding model: {e}")))?;
-    let dir = std::env::temp_dir().join(format!("agentry-eval-expert-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| local(format!("{}: {e}", dir.display())))?;
+    let dir =
+        ExpertDir(std::env::temp_dir().join(format!("agentry-eval-expert-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).map_err(|e| local(format!("{}: {e}", dir.0.display())))?;
     let corpus = agents
         .iter()
         .map(|a| {
@@ -335,7 +344,7 @@ fn export_for_expert(agents: &[Value], queries: &[Value]) -> Result<PathBuf, Cli
             crate::bench::peers::corpus_line(&record, &embedder, Default::default()).map_err(local)
         })
         .collect::<Result<Vec<_>, _>>()?;
-    crate::bench::peers::write_lines(&dir.join("corpus.jsonl"), corpus).map_err(local)?;
+    crate::bench::peers::write_lines(&dir.0.join("corpus.jsonl"), corpus).map_err(local)?;
     let lines = queries
         .iter()
         .map(|q| {
@@ -344,7 +353,7 @@ fn export_for_expert(agents: &[Value], queries: &[Value]) -> Result<PathBuf, Cli
             crate::bench::peers::query_line(id, text, None, &embedder).map_err(local)
         })
         .collect::<Result<Vec<_>, _>>()?;
-    crate::bench::peers::write_lines(&dir.join("queries.jsonl"), lines).map_err(local)?;
+    crate::bench::peers::write_lines(&dir.0.join("queries.jsonl"), lines).map_err(local)?;
     Ok(dir)
 }
 
