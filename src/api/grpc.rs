@@ -35,12 +35,8 @@ impl RegistryApi {
         r: &crate::domain::AgentRecord,
         now: time::OffsetDateTime,
     ) -> pb::AgentRecord {
-        let mut out = record_to_pb(r, now);
         let lease = self.service.reader().leases().expiry_unix(&r.metadata.id);
-        if let (Some(t), Some(e)) = (lease, out.envelope.as_mut()) {
-            e.expired = t <= now.unix_timestamp();
-        }
-        out
+        leased_record_pb(r, lease, now)
     }
 }
 
@@ -98,12 +94,12 @@ impl Registry for RegistryApi {
     async fn get(&self, req: Request<pb::GetRequest>) -> Result<Response<pb::GetResponse>, Status> {
         let who = principal(&req);
         let req = req.into_inner();
-        let (record, applied_revision) = self
+        let (record, applied_revision, lease) = self
             .service
-            .get(who.as_ref(), &req.id, consistency(req.consistency)?)
+            .get_leased(who.as_ref(), &req.id, consistency(req.consistency)?)
             .await?;
         Ok(Response::new(pb::GetResponse {
-            record: Some(self.record_pb(&record, now())),
+            record: Some(leased_record_pb(&record, lease, now())),
             applied_revision,
         }))
     }
@@ -332,4 +328,18 @@ fn lease_to_pb(s: crate::domain::lease::LeaseState) -> pb::LeaseResponse {
             .unwrap_or_default(),
         agents: s.agents,
     }
+}
+
+/// The wire form of a record, `expired` going by `lease` (the expiry its
+/// lease gives it, when it holds one), as discovery does.
+fn leased_record_pb(
+    r: &crate::domain::AgentRecord,
+    lease: Option<i64>,
+    now: time::OffsetDateTime,
+) -> pb::AgentRecord {
+    let mut out = record_to_pb(r, now);
+    if let (Some(t), Some(e)) = (lease, out.envelope.as_mut()) {
+        e.expired = t <= now.unix_timestamp();
+    }
+    out
 }

@@ -416,19 +416,33 @@ impl RegistryService {
         id: &str,
         consistency: Consistency,
     ) -> Result<(AgentRecord, u64)> {
+        self.get_leased(principal, id, consistency)
+            .await
+            .map(|(r, revision, _)| (r, revision))
+    }
+
+    /// [`Self::get`], with the expiry the agent's lease gives it (if it
+    /// holds one) read together with the record (`Reader::get_leased`).
+    #[instrument(skip_all, fields(agent_id = %id))]
+    pub async fn get_leased(
+        &self,
+        principal: Option<&Principal>,
+        id: &str,
+        consistency: Consistency,
+    ) -> Result<(AgentRecord, u64, Option<i64>)> {
         self.require_reader(principal)?;
         validate_id(id, "/id")?;
         self.read_barrier(consistency).await?;
         let revision = self.reader.applied_revision();
-        match self.reader.get(id)? {
-            Some(r) if !r.readable_by(principal) => {
+        match self.reader.get_leased(id)? {
+            Some((r, _)) if !r.readable_by(principal) => {
                 Err(ServiceError::NotFound(format!("agent '{id}' not found")))
             }
-            Some(r) if r.envelope.deleted => Err(ServiceError::Gone(format!(
+            Some((r, _)) if r.envelope.deleted => Err(ServiceError::Gone(format!(
                 "agent '{id}' was deleted at revision {}",
                 r.envelope.revision
             ))),
-            Some(r) => Ok((r, revision)),
+            Some((r, lease)) => Ok((r, revision, lease)),
             None => Err(ServiceError::NotFound(format!("agent '{id}' not found"))),
         }
     }

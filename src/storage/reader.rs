@@ -178,6 +178,20 @@ impl Reader {
         get_json(&self.db, CF_AGENTS, id.as_bytes())
     }
 
+    /// A record with the expiry its lease gives it, both as of the same
+    /// applied entry: an apply that changes holds writes its batch and
+    /// updates the lease table under the table's write lock, and this read
+    /// holds the read lock across both lookups. Read one after the other,
+    /// a registration could show its old value with its hold already ended
+    /// (expired) — a state that never existed.
+    pub fn get_leased(&self, id: &str) -> Result<Option<(AgentRecord, Option<i64>)>, StorageError> {
+        let leases = self.leases();
+        Ok(self.get(id)?.map(|r| {
+            let expiry = leases.expiry_unix(id);
+            (r, expiry)
+        }))
+    }
+
     /// Visits every record (tombstones included) in id order.
     pub fn scan(&self, mut visit: impl FnMut(AgentRecord)) -> Result<(), StorageError> {
         let mut it = self.db.raw_iterator_cf(cf(&self.db, CF_AGENTS)?);

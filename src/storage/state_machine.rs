@@ -1181,9 +1181,14 @@ impl StateMachine {
                 .map_err(sm_write)?;
             }
         }
-        self.db.write(batch).map_err(sm_write)?;
-        if !lease_writes.is_empty() {
+        // Holds change with the records they belong to: readers that pair a
+        // record with its lease (`Reader::get_leased`) hold the table's read
+        // lock across both, so they see the batch and the table together.
+        if lease_writes.is_empty() {
+            self.db.write(batch).map_err(sm_write)?;
+        } else {
             let mut table = self.applied.leases_mut();
+            self.db.write(batch).map_err(sm_write)?;
             for w in &lease_writes {
                 table.apply(w);
             }
