@@ -376,23 +376,21 @@ async fn search_health_readiness_and_openapi() {
             .status(),
         200
     );
-    let ready: serde_json::Value = c
-        .get(format!("{}/readyz", s.http))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    // A GET of one of the node's documents, as JSON.
+    let fetch = |path: &'static str| {
+        let req = c.get(format!("{}/{path}", s.http));
+        async move {
+            req.send()
+                .await
+                .unwrap()
+                .json::<serde_json::Value>()
+                .await
+                .unwrap()
+        }
+    };
+    let ready = fetch("readyz").await;
     assert_eq!(ready["status"], "ready");
-    let doc: serde_json::Value = c
-        .get(format!("{}/openapi.json", s.http))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let doc = fetch("openapi.json").await;
     assert_eq!(doc["openapi"], "3.1.0");
     // Every documented operation is served (answers something other than
     // the router's "no route" / "method not allowed").
@@ -435,14 +433,7 @@ async fn search_health_readiness_and_openapi() {
     // write), so the revision read after the index is never behind it.
     let applied_index = sample("agentry_raft_applied_index");
     assert!(applied_index >= 1);
-    let ready_after: serde_json::Value = c
-        .get(format!("{}/readyz", s.http))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let ready_after = fetch("readyz").await;
     assert!(ready_after["applied_revision"].as_u64().unwrap() >= applied_index);
     // The discovery index was built at start and reports its size.
     assert!(sample("agentry_discovery_index_rebuilds_total") >= 1);
