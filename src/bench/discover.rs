@@ -190,6 +190,29 @@ pub(crate) async fn corpus_node(
     Ok((server, base))
 }
 
+/// Corpus agent `i` as a record, and what the index makes of it (with
+/// its f32 profile vector).
+fn corpus_prepared(
+    src: &[Value],
+    i: usize,
+    embedder: &crate::index::Embedder,
+    analyzer: &crate::index::text::Analyzer,
+    weights: &crate::index::Weights,
+) -> Result<(crate::domain::AgentRecord, crate::index::search::Prepared), String> {
+    let metadata: crate::domain::AgentMetadata =
+        serde_json::from_value(corpus_agent(src, i)).map_err(|e| e.to_string())?;
+    let record = crate::domain::AgentRecord {
+        metadata,
+        envelope: Default::default(),
+    };
+    let vectors = embedder
+        .embed_blocking(&crate::index::search::vector_texts(&record))
+        .map_err(|e| e.to_string())?;
+    let prepared =
+        crate::index::search::prepare(&record, 1, Some(vectors), analyzer, weights, "");
+    Ok((record, prepared))
+}
+
 /// Writes the corpus and queries for `scripts/bench-peers.py`: LanceDB
 /// gets the very profile vectors Agentry uses, the expert peer its own
 /// vector per agent from the same model (`bench::peers`).
@@ -207,23 +230,7 @@ fn export(
     std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
     let mut corpus = Vec::with_capacity(n);
     for i in 0..n {
-        let metadata: crate::domain::AgentMetadata =
-            serde_json::from_value(corpus_agent(&src, i)).map_err(|e| e.to_string())?;
-        let record = crate::domain::AgentRecord {
-            metadata,
-            envelope: Default::default(),
-        };
-        let vectors = embedder
-            .embed_blocking(&crate::index::search::vector_texts(&record))
-            .map_err(|e| e.to_string())?;
-        let prepared = crate::index::search::prepare(
-            &record,
-            1,
-            Some(vectors),
-            &analyzer,
-            index.weights(),
-            "",
-        );
+        let (record, prepared) = corpus_prepared(&src, i, embedder, &analyzer, index.weights())?;
         let mut extra = serde_json::Map::new();
         extra.insert("tags".into(), json!(record.metadata.tags));
         extra.insert("vector".into(), json!(prepared.profile()));
@@ -242,13 +249,25 @@ fn export(
 fn vector_recall(
     index: &crate::index::SearchIndex,
     qs: &[(String, Option<String>)],
+    n: usize,
 ) -> Result<Vec<crate::index::ProbeRecall>, String> {
     let Some(embedder) = index.embedder() else {
         return Ok(Vec::new());
     };
     let texts: Vec<String> = qs.iter().take(1000).map(|(t, _)| t.clone()).collect();
     let vectors = embedder.embed_blocking(&texts).map_err(|e| e.to_string())?;
-    Ok(index.vector_recall(&vectors, 10))
+    // The truth: every agent's profile in f32, as the index would build it
+    // before keeping only its i8 codes.
+    let src = sources();
+    let analyzer = crate::index::text::Analyzer::default();
+    let mut exact = std::collections::HashMap::with_capacity(n);
+    for i in 0..n {
+        let (record, prepared) = corpus_prepared(&src, i, embedder, &analyzer, index.weights())?;
+        if let Some(p) = prepared.profile() {
+            exact.insert(record.metadata.id.clone(), p.to_vec());
+        }
+    }
+    Ok(index.vector_recall(&vectors, 10, &exact))
 }
 
 /// The server-side rows the in-process peers are compared with.
@@ -259,7 +278,7 @@ const SERVER_SIDE_NO_EMBED: &str = "server-side, 1 client, without embedding the
 pub struct SizeReport {
     pub agents: usize,
     pub load_secs: f64,
-    pub rebuild_ms: u64,
+    pub restart: Restart,
     pub vector_bytes_per_agent: f64,
     pub postings_per_agent: f64,
     pub rss_bytes_per_agent: Option<f64>,
@@ -346,6 +365,157 @@ pub(crate) async fn wait_indexed(service: &crate::service::RegistryService) {
         .index()
         .caught_up(reader, reader.applied_revision(), Duration::from_secs(600))
         .await;
+}
+
+/// The queries sent over gRPC by `clients` concurrent clients.
+async fn over_grpc(
+    discovery: &DiscoveryClient<tonic::transport::Channel>,
+    qs: &[(String, Option<String>)],
+    clients: usize,
+) -> Result<Measured, String> {
+    let wall = Instant::now();
+    let lat: Vec<Result<Duration, String>> = stream::iter(qs.iter())
+        .map(|(text, tag)| {
+            let mut d = discovery.clone();
+            async move {
+                let t = Instant::now();
+                d.discover(request(pb::DiscoverRequest {
+                    query: text.clone(),
+                    required_tags: tag.iter().cloned().collect(),
+                    limit: 10,
+                    ..Default::default()
+                }))
+                .await
+                .map_err(|e| e.message().to_string())?;
+                Ok(t.elapsed())
+            }
+        })
+        .buffer_unordered(clients.max(1))
+        .collect()
+        .await;
+    let lat = lat.into_iter().collect::<Result<Vec<_>, _>>()?;
+    Ok(measured(
+        format!("gRPC loopback, {clients} client(s)"),
+        lat,
+        wall.elapsed(),
+    ))
+}
+
+/// A restart of the node in a process of its own (this executable's
+/// `serve`), which holds nothing but the node: so its memory is the
+/// node's alone, not the load generator's.
+pub struct Restart {
+    /// From the process's start until its index holds every agent and
+    /// it answers discovery.
+    pub serving_ms: u64,
+    /// The index build from storage within that, as the node reports it.
+    pub rebuild_ms: u64,
+    /// Resident memory once serving, and after the queries below.
+    pub rss_serving: u64,
+    pub rss_after_queries: u64,
+    /// The queries over gRPC from this process, one client.
+    pub grpc: Measured,
+}
+
+fn rss_of(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kb: u64 = s
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    Some(kb * 1024)
+}
+
+/// A gauge of the node's `/metrics` page (its first sample).
+fn gauge(page: &str, name: &str) -> Option<f64> {
+    page.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))?
+        .rsplit(' ')
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Starts the node stored under `dir` (holding `n` agents) in its own
+/// process, times it to serving, and measures it.
+async fn restart_in_own_process(
+    dir: &Path,
+    n: usize,
+    qs: &[(String, Option<String>)],
+) -> Result<Restart, String> {
+    use super::writes::{free_port, Procs};
+    let port = || free_port().map_err(|e| e.to_string());
+    let (grpc, http, raft) = (port()?, port()?, port()?);
+    let config = dir.join("bench-node.toml");
+    std::fs::write(&config, "rate_limits = { enabled = false }\n").map_err(|e| e.to_string())?;
+    let log = dir.join("bench-node.log");
+    let stderr = std::fs::File::create(&log).map_err(|e| e.to_string())?;
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let started = Instant::now();
+    let child = std::process::Command::new(exe)
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(dir)
+        .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
+        .args(["--http-addr", &format!("127.0.0.1:{http}")])
+        .args(["--raft-addr", &format!("127.0.0.1:{raft}")])
+        .args(["--peer-addr", "127.0.0.1:0"])
+        .arg("--config")
+        .arg(&config)
+        .env("AGENTRY_ADMIN_KEY", "bench-admin-key-0000001")
+        .env("AGENTRY_LOG", "warn")
+        .env_remove("AGENTRY_CONFIG")
+        .stdout(std::process::Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    let pid = child.id();
+    let mut procs = Procs(vec![child]);
+    let http_client = reqwest::Client::new();
+    let metrics = format!("http://127.0.0.1:{http}/metrics");
+    let deadline = started + Duration::from_secs(1800);
+    let rebuild_ms = loop {
+        if let Some(status) = procs.0[0].try_wait().map_err(|e| e.to_string())? {
+            let tail = std::fs::read_to_string(&log).unwrap_or_default();
+            return Err(format!("the node exited ({status}): {tail}"));
+        }
+        if Instant::now() > deadline {
+            return Err("the restarted node did not index its agents in 30 minutes".into());
+        }
+        if let Ok(r) = http_client.get(&metrics).send().await {
+            let page = r.text().await.unwrap_or_default();
+            if gauge(&page, "agentry_discovery_indexed_agents").is_some_and(|a| a as usize >= n)
+            {
+                break gauge(&page, "agentry_discovery_last_rebuild_milliseconds").unwrap_or(0.0)
+                    as u64;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let channel = tonic::transport::Channel::from_shared(format!("http://127.0.0.1:{grpc}"))
+        .map_err(|e| e.to_string())?
+        .connect()
+        .await
+        .map_err(|e| e.to_string())?;
+    let discovery = DiscoveryClient::new(channel);
+    // Serving: the first discovery is answered.
+    over_grpc(&discovery, &qs[..1], 1).await?;
+    let serving_ms = started.elapsed().as_millis() as u64;
+    let rss_serving = rss_of(pid).unwrap_or(0);
+    over_grpc(&discovery, qs, 1).await?;
+    let grpc = over_grpc(&discovery, qs, 1).await?;
+    let rss_after_queries = rss_of(pid).unwrap_or(0);
+    drop(procs);
+    Ok(Restart {
+        serving_ms,
+        rebuild_ms,
+        rss_serving,
+        rss_after_queries,
+        grpc,
+    })
 }
 
 /// Loads `n` agents into a fresh node under `dir`, then measures.
@@ -438,32 +608,7 @@ pub async fn run_size(
     // Over gRPC on loopback.
     let discovery = DiscoveryClient::new(channel);
     for &c in concurrencies {
-        let wall = Instant::now();
-        let lat: Vec<Result<Duration, String>> = stream::iter(qs.iter())
-            .map(|(text, tag)| {
-                let mut d = discovery.clone();
-                async move {
-                    let t = Instant::now();
-                    d.discover(request(pb::DiscoverRequest {
-                        query: text.clone(),
-                        required_tags: tag.iter().cloned().collect(),
-                        limit: 10,
-                        ..Default::default()
-                    }))
-                    .await
-                    .map_err(|e| e.message().to_string())?;
-                    Ok(t.elapsed())
-                }
-            })
-            .buffer_unordered(c.max(1))
-            .collect()
-            .await;
-        let lat = lat.into_iter().collect::<Result<Vec<_>, _>>()?;
-        runs.push(measured(
-            format!("gRPC loopback, {c} client(s)"),
-            lat,
-            wall.elapsed(),
-        ));
+        runs.push(over_grpc(&discovery, &qs, c).await?);
     }
     // The same with every agent kept alive by its own lease: what looking
     // up each admitted candidate's lease adds.
@@ -492,7 +637,7 @@ pub async fn run_size(
         lat,
         wall,
     ));
-    let recall = vector_recall(service.index(), &qs)?;
+    let recall = vector_recall(service.index(), &qs, n)?;
     let peer_dir = dir.join("peers");
     let peer_figures = if !peers.is_empty() {
         export(&peer_dir, n, &qs, service.index())?;
@@ -505,19 +650,13 @@ pub async fn run_size(
     drop((service, reader, discovery));
     server.shutdown().await;
 
-    // Index build from storage: a restart rebuilds it from a scan.
-    let server = crate::server::start(config(dir))
-        .await
-        .map_err(|e| e.to_string())?;
-    let service = server.service().clone();
-    wait_indexed(&service).await;
-    let rebuild_ms = service.index().stats().last_rebuild_ms;
-    drop(service);
-    server.shutdown().await;
+    // Index build from storage, restart and memory: a restart in a
+    // process of its own rebuilds the index from a scan.
+    let restart = restart_in_own_process(dir, n, &qs).await?;
     Ok(SizeReport {
         agents: n,
         load_secs,
-        rebuild_ms,
+        restart,
         vector_bytes_per_agent: stats.vector_bytes as f64 / n.max(1) as f64,
         postings_per_agent: stats.postings as f64 / n.max(1) as f64,
         rss_bytes_per_agent: rss_before
@@ -534,18 +673,26 @@ pub async fn run_size(
 pub fn report(sizes: &[SizeReport]) -> String {
     let mut out = String::new();
     for s in sizes {
+        let r = &s.restart;
+        let mib = |b: u64| b as f64 / (1 << 20) as f64;
         out.push_str(&format!(
-            "\n{} agents: loaded through the API in {:.1} s; index rebuilt from storage in {} ms; {} vector partitions\n",
-            s.agents, s.load_secs, s.rebuild_ms, s.partitions
+            "\n{} agents: loaded through the API in {:.1} s; {} vector partitions\n",
+            s.agents, s.load_secs, s.partitions
         ));
         out.push_str(&format!(
-            "  memory per agent: vectors {:.0} B, {:.1} postings; process RSS growth {}\n",
+            "  restarted in a process of its own: serving after {:.1} s (index built from storage in {:.1} s); RSS {:.0} MiB serving, {:.0} MiB after the queries = {:.0} B per agent\n",
+            r.serving_ms as f64 / 1000.0,
+            r.rebuild_ms as f64 / 1000.0,
+            mib(r.rss_serving),
+            mib(r.rss_after_queries),
+            r.rss_after_queries as f64 / s.agents.max(1) as f64,
+        ));
+        out.push_str(&format!(
+            "  index per agent: vectors {:.0} B, {:.1} postings; RSS growth of the loading process (node and load generator) {}\n",
             s.vector_bytes_per_agent,
             s.postings_per_agent,
-            s.rss_bytes_per_agent.map_or("n/a".to_string(), |b| format!(
-                "{:.0} B (records, log and index)",
-                b
-            ))
+            s.rss_bytes_per_agent
+                .map_or("n/a".to_string(), |b| format!("{b:.0} B"))
         ));
         for r in &s.recall {
             out.push_str(&format!(
@@ -560,6 +707,11 @@ pub fn report(sizes: &[SizeReport]) -> String {
                 r.what, r.p50_us, r.p99_us, r.per_second
             ));
         }
+        let g = &r.grpc;
+        out.push_str(&format!(
+            "  | Agentry {}, the node restarted in its own process | {:.0} | {:.0} | {:.0} |\n",
+            g.what, g.p50_us, g.p99_us, g.per_second
+        ));
         for p in &s.peers {
             if let Some(e) = p.get("error") {
                 out.push_str(&format!(

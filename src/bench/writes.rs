@@ -108,7 +108,7 @@ impl Watched {
 }
 
 /// Child processes killed when dropped.
-struct Procs(Vec<Child>);
+pub(crate) struct Procs(pub(crate) Vec<Child>);
 
 impl Drop for Procs {
     fn drop(&mut self) {
@@ -119,7 +119,7 @@ impl Drop for Procs {
     }
 }
 
-fn free_port() -> Result<u16, BenchError> {
+pub(crate) fn free_port() -> Result<u16, BenchError> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())

@@ -1,13 +1,14 @@
 //! BM25 over each agent's text (name, description, tags, capabilities,
-//! example tasks, operation names and descriptions).
+//! example tasks, operation names and descriptions, parameters).
 //!
 //! Candidate generation must not cost time in proportion to the collection,
-//! so besides the full posting lists (kept sorted by slot, for document
-//! frequencies and refills) every term keeps an *impact-ordered* head: the
-//! documents where the term weighs most, at most [`HEAD`] of them. A query
-//! accumulates only those heads (score-at-a-time with a bounded budget),
-//! and the exact BM25 of the few agents that reach re-ranking is computed
-//! from each document's own term list.
+//! so every term keeps an *impact-ordered* head: the documents where the
+//! term weighs most, at most [`HEAD`] of them, with their impacts; the rest
+//! of its documents are a plain sorted list of slots (for document
+//! frequencies and refills; four bytes each). A query accumulates only the
+//! heads (score-at-a-time with a bounded budget), and the exact BM25 of the
+//! few agents that reach re-ranking is computed from each document's own
+//! term list, kept varint-encoded.
 //!
 //! A document's impact is its BM25 term weight without the IDF, taken with
 //! the average length at the time it was indexed; the average drifts slowly
@@ -26,12 +27,82 @@ const HEAD: usize = 512;
 
 #[derive(Default)]
 struct Term {
-    /// (slot, term frequency), sorted by slot.
-    postings: Vec<(u32, u32)>,
     /// (impact, slot), best first: exactly the best `head.len()` documents.
     head: Vec<(f32, u32)>,
-    /// At least the impact of every document left out of `head`.
+    /// Every other document holding the term, sorted by slot (its term
+    /// frequency is in the document's own term list).
+    rest: Vec<u32>,
+    /// At least the impact of every document in `rest`.
     floor: f32,
+}
+
+impl Term {
+    /// Documents holding the term.
+    fn df(&self) -> usize {
+        self.head.len() + self.rest.len()
+    }
+}
+
+/// A document's terms as (term id, term frequency), sorted by id, stored as
+/// LEB128 varints of the id's gap to the previous one and of the
+/// frequency: about three bytes a term instead of eight.
+#[derive(Default, Clone)]
+struct DocTerms(Box<[u8]>);
+
+impl DocTerms {
+    fn encode(terms: &[(u32, u32)]) -> Self {
+        let mut out = Vec::with_capacity(terms.len() * 3);
+        let mut previous = 0;
+        for &(id, tf) in terms {
+            put_varint(&mut out, id - previous);
+            put_varint(&mut out, tf);
+            previous = id;
+        }
+        Self(out.into_boxed_slice())
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
+        let mut at = 0;
+        let mut id = 0;
+        std::iter::from_fn(move || {
+            if at >= self.0.len() {
+                return None;
+            }
+            id += get_varint(&self.0, &mut at);
+            let tf = get_varint(&self.0, &mut at);
+            Some((id, tf))
+        })
+    }
+
+    /// The frequency of term `id` (0 when absent).
+    fn tf(&self, id: u32) -> u32 {
+        self.iter()
+            .take_while(|e| e.0 <= id)
+            .find(|e| e.0 == id)
+            .map_or(0, |e| e.1)
+    }
+}
+
+fn put_varint(out: &mut Vec<u8>, mut v: u32) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn get_varint(bytes: &[u8], at: &mut usize) -> u32 {
+    let mut v = 0u32;
+    let mut shift = 0;
+    while let Some(&b) = bytes.get(*at) {
+        *at += 1;
+        v |= u32::from(b & 0x7f) << shift;
+        if b & 0x80 == 0 {
+            break;
+        }
+        shift += 7;
+    }
+    v
 }
 
 #[derive(Default)]
@@ -40,8 +111,8 @@ pub struct LexicalIndex {
     terms: Vec<Term>,
     /// Per slot: document length in terms (None: free slot).
     lengths: Vec<Option<u32>>,
-    /// Per slot: (term id, term frequency), sorted by term id.
-    doc_terms: Vec<Vec<(u32, u32)>>,
+    /// Per slot: its terms.
+    doc_terms: Vec<DocTerms>,
     total_length: u64,
     live: u32,
 }
@@ -49,7 +120,8 @@ pub struct LexicalIndex {
 /// A query prepared against the index: its terms with their IDF.
 pub struct LexicalQuery<'a> {
     index: &'a LexicalIndex,
-    /// (term id, IDF × repetitions in the query), skipping pruned terms.
+    /// (term id, IDF × repetitions in the query), sorted by id, skipping
+    /// pruned terms.
     terms: Vec<(u32, f32)>,
     avg_length: f32,
 }
@@ -100,30 +172,6 @@ fn impact(tf: u32, length: u32, avg_length: f32) -> f32 {
     tf * (K1 + 1.0) / (tf + norm)
 }
 
-impl Term {
-    /// Recomputes the head from the full postings.
-    fn refill(&mut self, lengths: &[Option<u32>], avg_length: f32) {
-        let mut all: Vec<(f32, u32)> = self
-            .postings
-            .iter()
-            .map(|&(s, tf)| {
-                let len = lengths[s as usize].unwrap_or(0);
-                (impact(tf, len, avg_length), s)
-            })
-            .collect();
-        let by_impact = |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
-        if all.len() > HEAD {
-            all.select_nth_unstable_by(HEAD, by_impact);
-            self.floor = all[HEAD..].iter().map(|e| e.0).fold(0.0, f32::max);
-            all.truncate(HEAD);
-        } else {
-            self.floor = 0.0;
-        }
-        all.sort_unstable_by(by_impact);
-        self.head = all;
-    }
-}
-
 impl LexicalIndex {
     fn avg_length(&self) -> f32 {
         if self.live == 0 {
@@ -132,21 +180,59 @@ impl LexicalIndex {
         (self.total_length as f32 / self.live as f32).max(1.0)
     }
 
+    /// Recomputes term `id`'s head from all its documents.
+    fn refill(&mut self, id: u32) {
+        let avg = self.avg_length();
+        let term = &mut self.terms[id as usize];
+        let slots: Vec<u32> = term
+            .head
+            .drain(..)
+            .map(|e| e.1)
+            .chain(term.rest.drain(..))
+            .collect();
+        let mut all: Vec<(f32, u32)> = slots
+            .into_iter()
+            .map(|s| {
+                let len = self.lengths[s as usize].unwrap_or(0);
+                let tf = self.doc_terms[s as usize].tf(id);
+                (impact(tf, len, avg), s)
+            })
+            .collect();
+        let by_impact = |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
+        let term = &mut self.terms[id as usize];
+        if all.len() > HEAD {
+            all.select_nth_unstable_by(HEAD, by_impact);
+            term.floor = all[HEAD..].iter().map(|e| e.0).fold(0.0, f32::max);
+            let mut rest: Vec<u32> = all[HEAD..].iter().map(|e| e.1).collect();
+            rest.sort_unstable();
+            term.rest = rest;
+            all.truncate(HEAD);
+        } else {
+            term.floor = 0.0;
+        }
+        all.sort_unstable_by(by_impact);
+        term.head = all;
+    }
+
     /// Indexes `terms` as the document in `slot` (a free slot).
     pub fn insert(&mut self, slot: u32, terms: &[String]) {
         let mut counts: HashMap<u32, u32> = HashMap::new();
         for t in terms {
-            let next = self.term_ids.len() as u32;
-            let id = *self.term_ids.entry(t.clone()).or_insert(next);
-            if id as usize == self.terms.len() {
-                self.terms.push(Term::default());
-            }
+            let id = match self.term_ids.get(t.as_str()) {
+                Some(&id) => id,
+                None => {
+                    let id = self.terms.len() as u32;
+                    self.term_ids.insert(t.clone(), id);
+                    self.terms.push(Term::default());
+                    id
+                }
+            };
             *counts.entry(id).or_default() += 1;
         }
         let s = slot as usize;
         if self.lengths.len() <= s {
             self.lengths.resize(s + 1, None);
-            self.doc_terms.resize(s + 1, Vec::new());
+            self.doc_terms.resize(s + 1, DocTerms::default());
         }
         let length = terms.len() as u32;
         self.lengths[s] = Some(length);
@@ -157,20 +243,23 @@ impl LexicalIndex {
         own.sort_unstable();
         for &(id, tf) in &own {
             let term = &mut self.terms[id as usize];
-            let at = term.postings.partition_point(|&(d, _)| d < slot);
-            term.postings.insert(at, (slot, tf));
             let w = impact(tf, length, avg);
             if w > term.floor {
                 let at = term.head.partition_point(|e| e.0 >= w);
                 term.head.insert(at, (w, slot));
                 if term.head.len() > HEAD {
-                    if let Some((dropped, _)) = term.head.pop() {
+                    if let Some((dropped, out)) = term.head.pop() {
                         term.floor = term.floor.max(dropped);
+                        let at = term.rest.partition_point(|&d| d < out);
+                        term.rest.insert(at, out);
                     }
                 }
+            } else {
+                let at = term.rest.partition_point(|&d| d < slot);
+                term.rest.insert(at, slot);
             }
         }
-        self.doc_terms[s] = own;
+        self.doc_terms[s] = DocTerms::encode(&own);
     }
 
     /// Removes the document in `slot`, if any.
@@ -181,18 +270,17 @@ impl LexicalIndex {
         };
         self.total_length -= u64::from(length);
         self.live -= 1;
-        let avg = self.avg_length();
-        for (id, _) in std::mem::take(&mut self.doc_terms[s]) {
+        let own = std::mem::take(&mut self.doc_terms[s]);
+        for (id, _) in own.iter() {
             let term = &mut self.terms[id as usize];
-            if let Ok(at) = term.postings.binary_search_by_key(&slot, |&(d, _)| d) {
-                term.postings.remove(at);
-            }
-            if let Some(at) = term.head.iter().position(|e| e.1 == slot) {
+            if let Ok(at) = term.rest.binary_search(&slot) {
+                term.rest.remove(at);
+            } else if let Some(at) = term.head.iter().position(|e| e.1 == slot) {
                 term.head.remove(at);
                 // A head worn down to half is refilled: amortised, a
                 // removal costs a few postings, not a whole list.
-                if term.head.len() < HEAD / 2 && term.postings.len() > term.head.len() {
-                    term.refill(&self.lengths, avg);
+                if term.head.len() < HEAD / 2 && !term.rest.is_empty() {
+                    self.refill(id);
                 }
             }
         }
@@ -206,7 +294,7 @@ impl LexicalIndex {
             let Some(&id) = self.term_ids.get(t) else {
                 continue;
             };
-            let df = self.terms[id as usize].postings.len();
+            let df = self.terms[id as usize].df();
             if df == 0 {
                 continue;
             }
@@ -224,6 +312,7 @@ impl LexicalIndex {
                 None => terms.push((id, idf)),
             }
         }
+        terms.sort_unstable_by_key(|e| e.0);
         LexicalQuery {
             index: self,
             terms,
@@ -235,7 +324,7 @@ impl LexicalIndex {
     pub fn size(&self) -> (usize, usize) {
         (
             self.term_ids.len(),
-            self.terms.iter().map(|t| t.postings.len()).sum(),
+            self.terms.iter().map(Term::df).sum(),
         )
     }
 }
@@ -266,20 +355,28 @@ impl LexicalQuery<'_> {
         Accumulated { scores, touched }
     }
 
-    /// The exact BM25 score of the document in `slot`.
+    /// The exact BM25 score of the document in `slot`: one pass over its
+    /// term list and the query's, both sorted by id.
     pub fn score(&self, slot: u32) -> f32 {
         let s = slot as usize;
         let Some(length) = self.index.lengths.get(s).copied().flatten() else {
             return 0.0;
         };
-        let own = &self.index.doc_terms[s];
-        self.terms
-            .iter()
-            .filter_map(|&(id, idf)| {
-                let at = own.binary_search_by_key(&id, |e| e.0).ok()?;
-                Some(idf * impact(own[at].1, length, self.avg_length))
-            })
-            .sum()
+        let Some(&(last, _)) = self.terms.last() else {
+            return 0.0;
+        };
+        let mut wanted = self.terms.iter().peekable();
+        let mut sum = 0.0;
+        for (id, tf) in self.index.doc_terms[s].iter() {
+            if id > last {
+                break;
+            }
+            while wanted.next_if(|e| e.0 < id).is_some() {}
+            if let Some(&&(_, idf)) = wanted.peek().filter(|e| e.0 == id) {
+                sum += idf * impact(tf, length, self.avg_length);
+            }
+        }
+        sum
     }
 }
 
@@ -306,6 +403,18 @@ mod tests {
         assert!(ix.query(&q).score(1) > 0.0);
         assert_eq!(ix.size().1, 2 + 5);
         assert!(ix.query(&terms("unknown words")).is_empty());
+    }
+
+    #[test]
+    fn term_lists_round_trip_through_their_encoding() {
+        let terms = [(0, 1), (1, 300), (127, 2), (128, 1), (70_000, 9), (u32::MAX, 1)];
+        let encoded = DocTerms::encode(&terms);
+        assert_eq!(encoded.iter().collect::<Vec<_>>(), terms);
+        assert_eq!(encoded.tf(128), 1);
+        assert_eq!(encoded.tf(1), 300);
+        assert_eq!(encoded.tf(5), 0);
+        assert!(encoded.0.len() < terms.len() * 8);
+        assert_eq!(DocTerms::default().iter().count(), 0);
     }
 
     #[test]

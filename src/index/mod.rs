@@ -264,7 +264,22 @@ impl SearchIndex {
             }
             docs.extend(analysed);
         }
-        index.search(&self.shared.weights, &q)
+        let mut hits = index.search(&self.shared.weights, &q);
+        // The pool's records are exactly what was ranked.
+        for hit in &mut hits {
+            if let Some(r) = records.iter().find(|r| r.metadata.id == hit.id) {
+                search::fill_evidence(hit, r, q.text, &self.shared.analyzer, true);
+            }
+        }
+        hits
+    }
+
+    /// Fills `hit`'s evidence (matched units, snippet) from `record`, the
+    /// stored record the response shows for it; see
+    /// [`search::fill_evidence`].
+    pub fn evidence(&self, hit: &mut Hit, record: &AgentRecord, query: &str) {
+        let same = record.envelope.revision == hit.revision;
+        search::fill_evidence(hit, record, query, &self.shared.analyzer, same);
     }
 
     fn pool_docs(&self) -> std::sync::MutexGuard<'_, HashMap<String, PreparedDoc>> {
@@ -358,10 +373,16 @@ impl SearchIndex {
         }
     }
 
-    /// Recall of the vector candidate scan against an exact scan, for the
-    /// benchmark (see [`vectors::VectorIndex::recall`]).
-    pub fn vector_recall(&self, queries: &[Vec<f32>], limit: usize) -> Vec<ProbeRecall> {
-        self.read().vector_recall(queries, limit)
+    /// Recall of the vector candidate scan against an exact scan of the
+    /// agents' f32 vectors (`exact`, by id), for the benchmark (see
+    /// [`vectors::VectorIndex::recall`]).
+    pub fn vector_recall(
+        &self,
+        queries: &[Vec<f32>],
+        limit: usize,
+        exact: &HashMap<String, Vec<f32>>,
+    ) -> Vec<ProbeRecall> {
+        self.read().vector_recall(queries, limit, exact)
     }
 
     /// Agents indexed without vectors because the embedder failed.
@@ -431,40 +452,33 @@ impl SearchIndex {
     /// from `revision + 1` misses nothing).
     fn rebuild(&self, reader: &Reader, revision: u64) -> Result<(), StorageError> {
         let started = Instant::now();
-        let mut records = Vec::new();
-        reader.scan(|r| {
-            if !r.envelope.deleted {
-                records.push(r);
-            }
-        })?;
         let now = crate::domain::time::now();
         let dim = self.embedder().map_or(0, Embedder::dim);
         let mut fresh = Index::new(dim);
-        let mut start = 0;
-        while start < records.len() {
-            // Batch the texts of as many records as fit, so the embedder
-            // works on large batches across both cores.
-            let mut end = start;
-            let mut texts = Vec::new();
-            let mut counts = Vec::new();
-            while end < records.len() && texts.len() < REBUILD_BATCH {
-                let t = vector_texts(&records[end]);
-                counts.push(t.len());
-                texts.extend(t);
-                end += 1;
-            }
-            let mut vectors = match self.embedder().map(|e| e.embed_blocking(&texts)) {
+        // Records are indexed as the scan reaches them, a batch at a time:
+        // the directory is never held in memory whole (at a million agents
+        // that alone would be gigabytes).
+        let mut batch: Vec<AgentRecord> = Vec::new();
+        let mut texts: Vec<String> = Vec::new();
+        let mut counts: Vec<usize> = Vec::new();
+        let mut agents = 0usize;
+        let mut flush = |batch: &mut Vec<AgentRecord>,
+                         texts: &mut Vec<String>,
+                         counts: &mut Vec<usize>| {
+            // The texts of as many records as fit in one batch, so the
+            // embedder works on large batches across both cores.
+            let mut vectors = match self.embedder().map(|e| e.embed_blocking(texts)) {
                 Some(Ok(v)) => Some(v.into_iter()),
                 Some(Err(error)) => {
-                    self.embed_failed(end - start, &error);
+                    self.embed_failed(batch.len(), &error);
                     None
                 }
                 None => None,
             };
-            for (record, n) in records[start..end].iter().zip(counts) {
+            for (record, n) in batch.drain(..).zip(counts.drain(..)) {
                 let vs = vectors.as_mut().map(|it| it.by_ref().take(n).collect());
                 fresh.apply(prepare(
-                    record,
+                    &record,
                     record.envelope.revision,
                     vs,
                     &self.shared.analyzer,
@@ -472,7 +486,23 @@ impl SearchIndex {
                     &now,
                 ));
             }
-            start = end;
+            texts.clear();
+        };
+        reader.scan(|r| {
+            if r.envelope.deleted {
+                return;
+            }
+            let t = vector_texts(&r);
+            counts.push(t.len());
+            texts.extend(t);
+            batch.push(r);
+            agents += 1;
+            if texts.len() >= REBUILD_BATCH {
+                flush(&mut batch, &mut texts, &mut counts);
+            }
+        })?;
+        if !batch.is_empty() {
+            flush(&mut batch, &mut texts, &mut counts);
         }
         fresh.maintain();
         fresh.revision = revision;
@@ -484,10 +514,7 @@ impl SearchIndex {
         self.shared.rebuilds.fetch_add(1, Ordering::Relaxed);
         self.shared.last_rebuild_ms.store(ms, Ordering::Relaxed);
         self.shared.indexed.send_replace(revision);
-        info!(
-            agents = records.len(),
-            revision, ms, "discovery index built"
-        );
+        info!(agents, revision, ms, "discovery index built");
         Ok(())
     }
 

@@ -97,16 +97,16 @@ pub struct Prepared {
 #[derive(Clone)]
 pub struct PreparedDoc {
     facts: AgentFacts,
-    description: String,
     terms: Vec<String>,
     /// Analyzed form of each tag, for query-derived tags.
     tag_forms: Vec<(String, String)>,
     profile: Option<Vec<f32>>,
-    units: Vec<Unit>,
+    /// Units (examples, then operations) the record has.
+    unit_count: usize,
     /// Vectors of the first units (at most `MAX_UNITS`), in order.
     unit_vectors: Vec<Vec<f32>>,
     indexed_at: String,
-    fingerprint: String,
+    fingerprint: u64,
 }
 
 impl PreparedDoc {
@@ -118,7 +118,9 @@ impl PreparedDoc {
     }
 }
 
-/// One example task or operation.
+/// One example task or operation. The index keeps only their vectors: a
+/// hit names its units by position in [`units_of`], and
+/// [`fill_evidence`] takes their texts from the record the response shows.
 #[derive(Debug, Clone)]
 pub struct Unit {
     pub kind: UnitKind,
@@ -216,7 +218,7 @@ pub fn vector_texts(record: &AgentRecord) -> Vec<String> {
     out
 }
 
-fn units_of(record: &AgentRecord) -> Vec<Unit> {
+pub fn units_of(record: &AgentRecord) -> Vec<Unit> {
     let m = &record.metadata;
     let examples = m.examples.iter().map(|e| Unit {
         kind: UnitKind::Example,
@@ -286,7 +288,7 @@ pub fn analyse(
             doc: None,
         };
     }
-    let units = units_of(record);
+    let unit_count = m.examples.len() + m.operations.len();
     let terms = analyzer.terms(&lexical_text(record));
     let facts = AgentFacts::of(record);
     let tag_forms = facts
@@ -298,13 +300,12 @@ pub fn analyse(
         id: m.id.clone(),
         revision,
         doc: Some(PreparedDoc {
-            fingerprint: format!("{}\n{}", m.name.trim(), m.description.trim()).to_lowercase(),
+            fingerprint: fingerprint(&m.name, &m.description),
             facts,
-            description: m.description.clone(),
             terms,
             tag_forms,
             profile: None,
-            units,
+            unit_count,
             unit_vectors: Vec::new(),
             indexed_at: indexed_at.to_string(),
         }),
@@ -322,7 +323,7 @@ impl PreparedDoc {
             return;
         };
         let mut units_v = vs.split_off(1.min(vs.len()));
-        let parameters_v = units_v.split_off(self.units.len().min(MAX_UNITS).min(units_v.len()));
+        let parameters_v = units_v.split_off(self.unit_count.min(MAX_UNITS).min(units_v.len()));
         if let Some(mut p) = vs.pop() {
             let parts = units_v.len() + parameters_v.len();
             if parts > 0 {
@@ -338,16 +339,20 @@ impl PreparedDoc {
     }
 }
 
+/// What the index keeps of an agent: what filters and ranking read on
+/// every request. Texts shown only for the returned hits (units, the
+/// description) are read from the stored record instead, which keeps a
+/// million agents in a few GiB.
 struct Doc {
     id: String,
     revision: u64,
     facts: AgentFacts,
-    description: String,
-    units: Vec<Unit>,
-    /// i8 unit vectors, aligned with `units`.
+    /// i8 unit vectors, in the order of [`units_of`].
     unit_vectors: UnitCodes,
-    indexed_at: String,
-    fingerprint: String,
+    /// Shared by the documents indexed at the same moment (a rebuild's).
+    indexed_at: std::sync::Arc<str>,
+    /// Of the name and description (see [`fingerprint`]).
+    fingerprint: u64,
     /// False when the embedder failed for this record: it is found by
     /// words and tags only until it is indexed again.
     has_profile: bool,
@@ -414,6 +419,8 @@ pub struct Index {
     pub revision: u64,
     /// Agents without a profile vector although vectors are kept.
     without_vectors: usize,
+    /// The last `indexed_at`, shared with the next document of that time.
+    indexed_at: std::sync::Arc<str>,
 }
 
 /// One ranked agent, with everything a response may show.
@@ -424,9 +431,16 @@ pub struct Hit {
     /// (name, value), in ADP's order.
     pub components: Vec<(&'static str, f32)>,
     pub matched_tags: Vec<(String, TagMatch)>,
-    /// (unit, score), best first; only those that matched well.
+    /// (unit, score), best first; only those that matched well. Filled
+    /// from the record by [`fill_evidence`].
     pub matched_units: Vec<(Unit, f32)>,
+    /// Filled from the record by [`fill_evidence`].
     pub snippet: Option<String>,
+    /// The matched units as positions in [`units_of`] with their scores;
+    /// None when the request asked for no evidence.
+    pub matched_positions: Option<Vec<(usize, f32)>>,
+    /// The revision of the record that was ranked.
+    pub revision: u64,
     pub indexed_at: String,
     pub status: AgentStatus,
     pub expired: bool,
@@ -508,6 +522,7 @@ impl Index {
             analyzer: Analyzer::default(),
             revision: 0,
             without_vectors: 0,
+            indexed_at: std::sync::Arc::from(""),
         }
     }
 
@@ -557,14 +572,15 @@ impl Index {
             self.vectors.set(slot, p);
         }
         self.by_id.insert(p.id.clone(), slot);
+        if *self.indexed_at != *doc.indexed_at {
+            self.indexed_at = std::sync::Arc::from(doc.indexed_at.as_str());
+        }
         self.docs[s] = Some(Doc {
             id: p.id,
             revision: p.revision,
             facts: doc.facts,
-            description: doc.description,
-            units: doc.units,
             unit_vectors: UnitCodes::new(&doc.unit_vectors),
-            indexed_at: doc.indexed_at,
+            indexed_at: self.indexed_at.clone(),
             fingerprint: doc.fingerprint,
             has_profile: doc.profile.is_some(),
         });
@@ -788,13 +804,9 @@ impl Index {
         self.mark_duplicates(&mut hits);
         hits.truncate(q.limit);
         hits.into_iter()
-            .map(|(mut h, slot)| {
-                if q.evidence {
-                    h.snippet = self.docs[slot as usize]
-                        .as_ref()
-                        .and_then(|d| snippet(&d.description, &terms, &self.analyzer));
-                } else {
-                    h.matched_units.clear();
+            .map(|(mut h, _)| {
+                if !q.evidence {
+                    h.matched_positions = None;
                 }
                 h
             })
@@ -897,7 +909,7 @@ impl Index {
         components.push(("policy", c.policy));
         components.push(("lexical", s.lexical));
         // Examples close to the best one are evidence; far worse ones are not.
-        let matched_units = match (c.example, ctx.query_i8) {
+        let matched_positions = match (c.example, ctx.query_i8) {
             (Some(best), Some(code)) => {
                 let mut scores: Vec<(usize, f32)> =
                     d.unit_vectors.scores(code).enumerate().collect();
@@ -906,7 +918,6 @@ impl Index {
                     .into_iter()
                     .take_while(|(_, sc)| *sc >= best - 0.1)
                     .take(3)
-                    .filter_map(|(i, sc)| d.units.get(i).map(|u| (u.clone(), sc)))
                     .collect()
             }
             _ => Vec::new(),
@@ -916,9 +927,11 @@ impl Index {
             score: c.score,
             components,
             matched_tags,
-            matched_units,
+            matched_units: Vec::new(),
             snippet: None,
-            indexed_at: d.indexed_at.clone(),
+            matched_positions: Some(matched_positions),
+            revision: d.revision,
+            indexed_at: d.indexed_at.to_string(),
             status: d.facts.status,
             expired: q.expires_unix(d).is_some_and(|t| t <= q.now_unix),
             lease_expires_unix: q.lease_expiry(&d.id),
@@ -944,11 +957,7 @@ impl Index {
                     continue;
                 }
                 let same_text = di.fingerprint == dj.fingerprint;
-                let close = self
-                    .vectors
-                    .vector(si)
-                    .zip(self.vectors.vector(hits[j].1))
-                    .is_some_and(|(a, b)| super::simd::dot_f32(a, b) > DUPLICATE_COSINE);
+                let close = self.vectors.cosine(si, hits[j].1) > DUPLICATE_COSINE;
                 if same_text || close {
                     let original = dj.id.clone();
                     let h = &mut hits[i].0;
@@ -983,13 +992,22 @@ impl Index {
         self.vectors.maintain();
     }
 
-    /// See [`VectorIndex::recall`]; `k` = `limit`, pool as a search with it.
+    /// See [`VectorIndex::recall`]; `k` = `limit`, pool as a search with
+    /// it; the truth is the cosine to each agent's vector in `exact`.
     pub fn vector_recall(
         &self,
         queries: &[Vec<f32>],
         limit: usize,
+        exact: &HashMap<String, Vec<f32>>,
     ) -> Vec<super::vectors::ProbeRecall> {
-        self.vectors.recall(queries, limit, pool_size(limit))
+        let truth = |slot: u32, q: &[f32]| {
+            let d = self.docs.get(slot as usize)?.as_ref()?;
+            exact
+                .get(&d.id)
+                .map(|v| super::simd::dot_f32(q, v))
+        };
+        self.vectors
+            .recall(queries, limit, pool_size(limit), truth)
     }
 
     pub fn vectors_training_due(&self) -> bool {
@@ -1029,6 +1047,41 @@ fn ranked(a: &(Hit, u32), b: &(Hit, u32)) -> std::cmp::Ordering {
     b.0.score
         .total_cmp(&a.0.score)
         .then_with(|| a.0.id.cmp(&b.0.id))
+}
+
+/// What tells two agents with the same name and description apart from
+/// the rest: a hash of both, trimmed and lowercase.
+fn fingerprint(name: &str, description: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    name.trim().to_lowercase().hash(&mut h);
+    description.trim().to_lowercase().hash(&mut h);
+    h.finish()
+}
+
+/// Fills a hit's evidence from the record it ranks: the matched units'
+/// texts and labels, and the description's sentence closest to the query.
+/// `same_record` says the record is the revision that was ranked; when a
+/// write landed in between, its units may no longer be the ones that
+/// scored, so none are shown (the snippet is taken from what is shown).
+pub fn fill_evidence(
+    hit: &mut Hit,
+    record: &AgentRecord,
+    query: &str,
+    analyzer: &Analyzer,
+    same_record: bool,
+) {
+    let Some(positions) = hit.matched_positions.take() else {
+        return;
+    };
+    if same_record {
+        let units = units_of(record);
+        hit.matched_units = positions
+            .into_iter()
+            .filter_map(|(i, score)| units.get(i).map(|u| (u.clone(), score)))
+            .collect();
+    }
+    hit.snippet = snippet(&record.metadata.description, &analyzer.terms(query), analyzer);
 }
 
 /// The sentence of the description that shares most terms with the query
@@ -1321,13 +1374,16 @@ mod tests {
                 {"id": "e2", "text": "find a hotel near the beach"}
             ]}),
         );
-        let index = index_of(&[r]);
-        let hits = ask(
+        let index = index_of(std::slice::from_ref(&r));
+        let mut hits = ask(
             &index,
             "find a hotel near the beach",
             &HardFilters::default(),
             &[],
         );
+        let analyzer = Analyzer::default();
+        fill_evidence(&mut hits[0], &r, "find a hotel near the beach", &analyzer, true);
+        assert_eq!(hits[0].snippet.as_deref(), Some("Plans trips."));
         let (unit, score) = &hits[0].matched_units[0];
         assert_eq!(unit.label.as_deref(), Some("e2"));
         assert!(*score > 0.95, "{score}");
@@ -1336,6 +1392,12 @@ mod tests {
             .matched_units
             .iter()
             .all(|(u, _)| u.label.as_deref() != Some("e1")));
+        // A record changed since it was ranked shows no units: they may no
+        // longer be the ones that scored.
+        let mut again = ask(&index, "find a hotel near the beach", &HardFilters::default(), &[]);
+        fill_evidence(&mut again[0], &r, "find a hotel", &analyzer, false);
+        assert!(again[0].matched_units.is_empty());
+        assert!(again[0].snippet.is_some());
     }
 
     #[test]

@@ -57,6 +57,32 @@ pub fn dot_i8(a: &[i8], b: &[i8]) -> i32 {
         .sum()
 }
 
+/// Dot product of an f32 slice with an equally long i8 slice: a query
+/// kept exact against a stored row kept as i8 codes (multiply by the row's
+/// scale for the cosine). Only the row's rounding is left in the result.
+pub fn dot_f32_i8(a: &[f32], b: &[i8]) -> f32 {
+    debug_assert_eq!(a.len(), b.len());
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: AVX2 and FMA were detected on this CPU.
+        return unsafe { avx2::dot_f32_i8(a, b) };
+    }
+    let mut acc = [0.0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, &y)| x * f32::from(y))
+        .sum();
+    for (x, y) in ca.zip(cb) {
+        for i in 0..8 {
+            acc[i] += x[i] * f32::from(y[i]);
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
 /// Asks the CPU to start loading `data` into cache (a hint; nothing on
 /// other architectures). Used a few rows ahead when rows are visited in an
 /// order the hardware prefetcher cannot guess.
@@ -111,6 +137,27 @@ mod avx2 {
         let mut sum: f32 = lanes.iter().sum();
         while i < n {
             sum += a[i] * b[i];
+            i += 1;
+        }
+        sum
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn dot_f32_i8(a: &[f32], b: &[i8]) -> f32 {
+        let n = a.len().min(b.len());
+        let mut acc = _mm256_setzero_ps();
+        let mut i = 0;
+        while i + 8 <= n {
+            let codes = _mm_loadl_epi64(b.as_ptr().add(i) as *const __m128i);
+            let y = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(codes));
+            acc = _mm256_fmadd_ps(_mm256_loadu_ps(a.as_ptr().add(i)), y, acc);
+            i += 8;
+        }
+        let mut lanes = [0.0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
+        let mut sum: f32 = lanes.iter().sum();
+        while i < n {
+            sum += a[i] * f32::from(b[i]);
             i += 1;
         }
         sum
@@ -172,6 +219,9 @@ mod tests {
             .map(|(&x, &y)| i32::from(x) * i32::from(y))
             .sum();
         assert_eq!(dot_i8(&qa, &qb), plain_i);
+        let plain_mixed: f32 = a.iter().zip(&qb).map(|(x, &y)| x * f32::from(y)).sum();
+        assert!((dot_f32_i8(&a, &qb) - plain_mixed).abs() < 1e-2);
+        assert!((dot_f32_i8(&a, &qb) * sb - plain).abs() < 0.01 * plain.abs().max(1.0));
         // Extremes of the range, where a pair of products nears i16::MAX.
         let hi: Vec<i8> = (0..259)
             .map(|i| if i % 3 == 0 { -127 } else { 127 })

@@ -137,7 +137,7 @@ impl RegistryService {
             leases: None,
         });
         let mut candidates = Vec::with_capacity(hits.len());
-        for hit in hits {
+        for mut hit in hits {
             // The record may have changed since it was indexed; show what
             // is stored now (and skip it if it is gone).
             let Some(record) = self.reader().get(&hit.id)? else {
@@ -146,6 +146,7 @@ impl RegistryService {
             if record.envelope.deleted {
                 continue;
             }
+            self.index().evidence(&mut hit, &record, &plan.query);
             for note in &hit.notes {
                 warnings.push(format!("candidate '{}': {note}", hit.id));
             }
@@ -245,13 +246,14 @@ impl RegistryService {
         let language = request.locale_language();
         let mut candidates: Vec<Resolved> = Vec::new();
         let mut excluded = Vec::new();
-        for hit in hits {
+        for mut hit in hits {
             if candidates.len() >= max {
                 break;
             }
             let Some(record) = self.reader().get(&hit.id)?.filter(|r| !r.envelope.deleted) else {
                 continue;
             };
+            self.index().evidence(&mut hit, &record, &request.intent);
             let reasons = request.policy.violations(&record, record.is_verified());
             if !reasons.is_empty() {
                 excluded.push((hit.id.clone(), reasons, hit.score));

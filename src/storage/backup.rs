@@ -183,7 +183,7 @@ pub fn write_backup(
         (CF_AUDIT, "audit", &mut counts.audit),
         (CF_LEASES, "lease", &mut counts.leases),
     ] {
-        let mut it = snap.raw_iterator_cf(cf(db, cf_name)?);
+        let mut it = snap.raw_iterator_cf_opt(cf(db, cf_name)?, super::bulk_read());
         it.seek_to_first();
         while let Some(v) = it.value() {
             write!(w, "{{\"{tag}\":")?;

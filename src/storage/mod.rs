@@ -115,6 +115,16 @@ pub(crate) fn cf<'a>(
         .ok_or(StorageError::MissingColumnFamily(name))
 }
 
+/// Read options for a pass over a whole column family: its blocks are read
+/// once, and caching them would only evict the blocks requests keep
+/// reading (a restart's scans would otherwise fill the cache with the
+/// whole directory).
+pub(crate) fn bulk_read() -> rocksdb::ReadOptions {
+    let mut opts = rocksdb::ReadOptions::default();
+    opts.fill_cache(false);
+    opts
+}
+
 pub(crate) fn u64_key(n: u64) -> [u8; 8] {
     n.to_be_bytes()
 }

@@ -194,7 +194,9 @@ impl Reader {
 
     /// Visits every record (tombstones included) in id order.
     pub fn scan(&self, mut visit: impl FnMut(AgentRecord)) -> Result<(), StorageError> {
-        let mut it = self.db.raw_iterator_cf(cf(&self.db, CF_AGENTS)?);
+        let mut it = self
+            .db
+            .raw_iterator_cf_opt(cf(&self.db, CF_AGENTS)?, super::bulk_read());
         it.seek_to_first();
         while let Some(v) = it.value() {
             visit(serde_json::from_slice(v)?);

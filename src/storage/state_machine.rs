@@ -247,7 +247,7 @@ struct StoredEnvelope {
 /// Reads every stored hold and lease.
 fn load_leases(db: &DB) -> Result<LeaseTable, LocalError> {
     let mut table = LeaseTable::default();
-    let mut it = db.raw_iterator_cf(cf(db, CF_LEASES)?);
+    let mut it = db.raw_iterator_cf_opt(cf(db, CF_LEASES)?, super::bulk_read());
     it.seek_to_first();
     while let Some(v) = it.value() {
         table.load(serde_json::from_slice(v)?);
@@ -311,7 +311,9 @@ impl StateMachine {
     /// Counts the live records per owner and tenant from storage.
     fn recount(&self) -> Result<(), LocalError> {
         let mut counts = RecordCounts::default();
-        let mut it = self.db.raw_iterator_cf(cf(&self.db, CF_AGENTS)?);
+        let mut it = self
+            .db
+            .raw_iterator_cf_opt(cf(&self.db, CF_AGENTS)?, super::bulk_read());
         it.seek_to_first();
         while let Some(v) = it.value() {
             counts.add_stored(v)?;
@@ -525,7 +527,9 @@ impl StateMachine {
         mut visit: impl FnMut(&AgentRecord),
     ) -> Result<(), LocalError> {
         written.values().for_each(&mut visit);
-        let mut it = self.db.raw_iterator_cf(cf(&self.db, CF_AGENTS)?);
+        let mut it = self
+            .db
+            .raw_iterator_cf_opt(cf(&self.db, CF_AGENTS)?, super::bulk_read());
         it.seek_to_first();
         while let (Some(k), Some(v)) = (it.key(), it.value()) {
             if !written.contains_key(String::from_utf8_lossy(k).as_ref()) {
@@ -703,7 +707,7 @@ impl StateMachine {
             ("leases", CF_LEASES),
         ] {
             data.extend_from_slice(format!(",\"{name}\":[").as_bytes());
-            let mut it = snap.raw_iterator_cf(cf(db, cf_name)?);
+            let mut it = snap.raw_iterator_cf_opt(cf(db, cf_name)?, super::bulk_read());
             it.seek_to_first();
             let mut first = true;
             while let Some(v) = it.value() {
