@@ -208,8 +208,7 @@ fn corpus_prepared(
     let vectors = embedder
         .embed_blocking(&crate::index::search::vector_texts(&record))
         .map_err(|e| e.to_string())?;
-    let prepared =
-        crate::index::search::prepare(&record, 1, Some(vectors), analyzer, weights, "");
+    let prepared = crate::index::search::prepare(&record, 1, Some(vectors), analyzer, weights, "");
     Ok((record, prepared))
 }
 
@@ -487,8 +486,7 @@ async fn restart_in_own_process(
         }
         if let Ok(r) = http_client.get(&metrics).send().await {
             let page = r.text().await.unwrap_or_default();
-            if gauge(&page, "agentry_discovery_indexed_agents").is_some_and(|a| a as usize >= n)
-            {
+            if gauge(&page, "agentry_discovery_indexed_agents").is_some_and(|a| a as usize >= n) {
                 break gauge(&page, "agentry_discovery_last_rebuild_milliseconds").unwrap_or(0.0)
                     as u64;
             }

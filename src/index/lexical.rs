@@ -320,12 +320,20 @@ impl LexicalIndex {
         }
     }
 
+    /// See [`super::search::Index::compact`].
+    pub fn compact(&mut self) {
+        for t in &mut self.terms {
+            t.head.shrink_to_fit();
+            t.rest.shrink_to_fit();
+        }
+        self.terms.shrink_to_fit();
+        super::simd::on_huge_pages(&mut self.lengths);
+        super::simd::on_huge_pages(&mut self.doc_terms);
+    }
+
     /// Distinct terms and postings, for memory figures.
     pub fn size(&self) -> (usize, usize) {
-        (
-            self.term_ids.len(),
-            self.terms.iter().map(Term::df).sum(),
-        )
+        (self.term_ids.len(), self.terms.iter().map(Term::df).sum())
     }
 }
 
@@ -407,7 +415,14 @@ mod tests {
 
     #[test]
     fn term_lists_round_trip_through_their_encoding() {
-        let terms = [(0, 1), (1, 300), (127, 2), (128, 1), (70_000, 9), (u32::MAX, 1)];
+        let terms = [
+            (0, 1),
+            (1, 300),
+            (127, 2),
+            (128, 1),
+            (70_000, 9),
+            (u32::MAX, 1),
+        ];
         let encoded = DocTerms::encode(&terms);
         assert_eq!(encoded.iter().collect::<Vec<_>>(), terms);
         assert_eq!(encoded.tf(128), 1);

@@ -53,6 +53,8 @@ pub struct IndexStats {
     pub indexed_revision: u64,
     pub rebuilds: u64,
     pub last_rebuild_ms: u64,
+    /// Agents whose stored vectors the last build reused (not embedded).
+    pub last_rebuild_reused: u64,
     /// False when ranking runs without vectors (no model loaded).
     pub embedder_loaded: bool,
     /// Agents indexed without vectors because the embedder failed.
@@ -71,6 +73,7 @@ struct Shared {
     indexed: watch::Sender<u64>,
     rebuilds: AtomicU64,
     last_rebuild_ms: AtomicU64,
+    last_rebuild_reused: AtomicU64,
     embed_failures: AtomicU64,
     /// Vectors of texts ranked in federated pools, by text: the same
     /// peers' agents come back query after query. Emptied when full.
@@ -78,10 +81,11 @@ struct Shared {
     /// Documents of records ranked in federated pools, by signature
     /// (`pool_doc_key`). Emptied when full.
     pool_docs: std::sync::Mutex<HashMap<String, PreparedDoc>>,
-    /// The applied state this index follows, for agents' lease expiry
-    /// (set when following starts; not part of the index, as a refresh
-    /// changes no record).
-    leases: std::sync::OnceLock<Reader>,
+    /// The applied state this index follows (set when following starts):
+    /// for agents' lease expiry (not part of the index, as a refresh
+    /// changes no record), and where agents' vectors are kept for the next
+    /// restart.
+    reader: std::sync::OnceLock<Reader>,
 }
 
 /// Pool documents kept (their words and units, a few KB each; as many as
@@ -123,10 +127,11 @@ impl SearchIndex {
                 indexed: watch::Sender::new(0),
                 rebuilds: AtomicU64::new(0),
                 last_rebuild_ms: AtomicU64::new(0),
+                last_rebuild_reused: AtomicU64::new(0),
                 embed_failures: AtomicU64::new(0),
                 pool_vectors: Default::default(),
                 pool_docs: Default::default(),
-                leases: Default::default(),
+                reader: Default::default(),
             }),
         }
     }
@@ -194,7 +199,7 @@ impl SearchIndex {
     /// with [`SearchIndex::query_vector`]).
     pub fn search(&self, q: Query<'_>) -> Vec<Hit> {
         let index = self.read();
-        match self.shared.leases.get() {
+        match self.shared.reader.get() {
             Some(reader) => {
                 let leases = reader.leases();
                 let mut q = q;
@@ -405,6 +410,7 @@ impl SearchIndex {
             indexed_revision: self.indexed_revision(),
             rebuilds: self.shared.rebuilds.load(Ordering::Relaxed),
             last_rebuild_ms: self.shared.last_rebuild_ms.load(Ordering::Relaxed),
+            last_rebuild_reused: self.shared.last_rebuild_reused.load(Ordering::Relaxed),
             embedder_loaded: self.shared.embedder.is_some(),
         }
     }
@@ -419,32 +425,56 @@ impl SearchIndex {
     }
 
     async fn apply_change(&self, change: &Change) {
+        let record = &change.record;
+        let texts = vector_texts(record);
         let vectors = match self.embedder() {
-            Some(e) if !change.record.envelope.deleted => {
-                match e.embed(vector_texts(&change.record)).await {
-                    Ok(v) => Some(v),
-                    Err(error) => {
-                        self.embed_failed(1, &error);
-                        None
-                    }
+            Some(e) if !record.envelope.deleted => match e.embed(texts.clone()).await {
+                Ok(v) => Some(v),
+                Err(error) => {
+                    self.embed_failed(1, &error);
+                    None
                 }
-            }
+            },
             _ => None,
         };
         let prepared = prepare(
-            &change.record,
+            record,
             change.revision,
             vectors,
             &self.shared.analyzer,
             &self.shared.weights,
             &crate::domain::time::now(),
         );
+        let stored = prepared
+            .doc
+            .as_ref()
+            .and_then(|d| d.index_vectors(self.vector_source(&texts)))
+            .map(|v| v.encode());
+        self.store_vectors(&[(record.metadata.id.clone(), stored)]);
         {
             let mut index = self.write();
             index.apply(prepared);
         }
         self.retrain_vectors().await;
         self.shared.indexed.send_replace(change.revision);
+    }
+
+    /// See [`search::vector_source`]; 0 without a model.
+    fn vector_source(&self, texts: &[String]) -> u64 {
+        self.embedder().map_or(0, |e| {
+            search::vector_source(e.name(), texts, &self.shared.weights)
+        })
+    }
+
+    /// Keeps agents' vectors beside their records (None: forget them). A
+    /// failure costs only an embedding at the next restart.
+    fn store_vectors(&self, entries: &[(String, Option<Vec<u8>>)]) {
+        let Some(reader) = self.shared.reader.get() else {
+            return;
+        };
+        if let Err(e) = reader.store_index_vectors(entries) {
+            warn!(error = %e, "storing discovery vectors failed; they will be computed again at the next restart");
+        }
     }
 
     /// Builds a new index from every stored record and swaps it in; the
@@ -455,16 +485,18 @@ impl SearchIndex {
         let now = crate::domain::time::now();
         let dim = self.embedder().map_or(0, Embedder::dim);
         let mut fresh = Index::new(dim);
-        // Records are indexed as the scan reaches them, a batch at a time:
-        // the directory is never held in memory whole (at a million agents
-        // that alone would be gigabytes).
-        let mut batch: Vec<AgentRecord> = Vec::new();
+        // Records are indexed as the scan reaches them: with the vectors
+        // stored for them when those were computed from the same texts and
+        // model, else embedded a batch at a time (and stored). The
+        // directory is never held in memory whole.
+        let mut batch: Vec<(AgentRecord, u64)> = Vec::new();
         let mut texts: Vec<String> = Vec::new();
         let mut counts: Vec<usize> = Vec::new();
-        let mut agents = 0usize;
-        let mut flush = |batch: &mut Vec<AgentRecord>,
-                         texts: &mut Vec<String>,
-                         counts: &mut Vec<usize>| {
+        let (mut agents, mut reused) = (0usize, 0usize);
+        let flush = |fresh: &mut Index,
+                     batch: &mut Vec<(AgentRecord, u64)>,
+                     texts: &mut Vec<String>,
+                     counts: &mut Vec<usize>| {
             // The texts of as many records as fit in one batch, so the
             // embedder works on large batches across both cores.
             let mut vectors = match self.embedder().map(|e| e.embed_blocking(texts)) {
@@ -475,36 +507,55 @@ impl SearchIndex {
                 }
                 None => None,
             };
-            for (record, n) in batch.drain(..).zip(counts.drain(..)) {
+            let mut stored = Vec::new();
+            for ((record, source), n) in batch.drain(..).zip(counts.drain(..)) {
                 let vs = vectors.as_mut().map(|it| it.by_ref().take(n).collect());
-                fresh.apply(prepare(
+                let p = prepare(
                     &record,
                     record.envelope.revision,
                     vs,
                     &self.shared.analyzer,
                     &self.shared.weights,
                     &now,
-                ));
+                );
+                if let Some(v) = p.doc.as_ref().and_then(|d| d.index_vectors(source)) {
+                    stored.push((record.metadata.id.clone(), Some(v.encode())));
+                }
+                fresh.apply(p);
+            }
+            if !stored.is_empty() {
+                self.store_vectors(&stored);
             }
             texts.clear();
         };
-        reader.scan(|r| {
-            if r.envelope.deleted {
+        reader.scan_with_index_vectors(|r, stored| {
+            agents += 1;
+            let t = vector_texts(&r);
+            let source = self.vector_source(&t);
+            let known = stored
+                .and_then(search::IndexVectors::decode)
+                .filter(|v| self.embedder().is_some() && v.source == source);
+            if let Some(v) = known {
+                let mut p = analyse(&r, r.envelope.revision, &self.shared.analyzer, &now);
+                if let Some(doc) = p.doc.as_mut() {
+                    doc.attach_stored(v);
+                }
+                fresh.apply(p);
+                reused += 1;
                 return;
             }
-            let t = vector_texts(&r);
             counts.push(t.len());
             texts.extend(t);
-            batch.push(r);
-            agents += 1;
+            batch.push((r, source));
             if texts.len() >= REBUILD_BATCH {
-                flush(&mut batch, &mut texts, &mut counts);
+                flush(&mut fresh, &mut batch, &mut texts, &mut counts);
             }
         })?;
         if !batch.is_empty() {
-            flush(&mut batch, &mut texts, &mut counts);
+            flush(&mut fresh, &mut batch, &mut texts, &mut counts);
         }
         fresh.maintain();
+        fresh.compact();
         fresh.revision = revision;
         {
             let mut index = self.write();
@@ -513,8 +564,17 @@ impl SearchIndex {
         let ms = started.elapsed().as_millis() as u64;
         self.shared.rebuilds.fetch_add(1, Ordering::Relaxed);
         self.shared.last_rebuild_ms.store(ms, Ordering::Relaxed);
+        self.shared
+            .last_rebuild_reused
+            .store(reused as u64, Ordering::Relaxed);
         self.shared.indexed.send_replace(revision);
-        info!(agents, revision, ms, "discovery index built");
+        info!(
+            agents,
+            reused_vectors = reused,
+            revision,
+            ms,
+            "discovery index built"
+        );
         Ok(())
     }
 
@@ -524,7 +584,7 @@ impl SearchIndex {
         reader: Reader,
         shutdown: watch::Receiver<bool>,
     ) -> tokio::task::JoinHandle<()> {
-        let _ = self.shared.leases.set(reader.clone());
+        let _ = self.shared.reader.set(reader.clone());
         let this = self.clone();
         tokio::spawn(
             async move { this.follow(reader, shutdown).await }.instrument(info_span!("indexer")),

@@ -105,8 +105,88 @@ pub struct PreparedDoc {
     unit_count: usize,
     /// Vectors of the first units (at most `MAX_UNITS`), in order.
     unit_vectors: Vec<Vec<f32>>,
+    /// The vectors as stored earlier, used when there are no f32 ones.
+    stored: Option<IndexVectors>,
     indexed_at: String,
     fingerprint: u64,
+}
+
+/// A record's vectors as the index keeps them, i8 codes with their scales,
+/// in the form they are stored beside the records (so a restart reuses
+/// them instead of embedding every record again).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct IndexVectors {
+    /// What they were computed from ([`vector_source`]): stored vectors
+    /// are reused only while it is the same.
+    pub source: u64,
+    pub profile: Option<(Vec<i8>, f32)>,
+    pub units: Vec<(Vec<i8>, f32)>,
+}
+
+impl IndexVectors {
+    /// `source`, dimension, unit count, then each vector (profile first;
+    /// a zero scale for none) as its scale and codes; little-endian.
+    pub fn encode(&self) -> Vec<u8> {
+        let dim = self
+            .profile
+            .as_ref()
+            .map(|p| p.0.len())
+            .or_else(|| self.units.first().map(|u| u.0.len()))
+            .unwrap_or(0);
+        let mut out = Vec::with_capacity(16 + (1 + self.units.len()) * (4 + dim));
+        out.extend(self.source.to_le_bytes());
+        out.extend((dim as u32).to_le_bytes());
+        out.extend((self.units.len() as u32).to_le_bytes());
+        let none = (vec![0i8; dim], 0.0);
+        for (code, scale) in
+            std::iter::once(self.profile.as_ref().unwrap_or(&none)).chain(&self.units)
+        {
+            out.extend(scale.to_le_bytes());
+            out.extend(code.iter().map(|&c| c as u8));
+        }
+        out
+    }
+
+    /// None for bytes that are not an encoding (they are then recomputed).
+    pub fn decode(bytes: &[u8]) -> Option<Self> {
+        let u32_at = |at: usize| -> Option<u32> {
+            Some(u32::from_le_bytes(bytes.get(at..at + 4)?.try_into().ok()?))
+        };
+        let source = u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?);
+        let dim = u32_at(8)? as usize;
+        let units = u32_at(12)? as usize;
+        if bytes.len() != 16 + (1 + units) * (4 + dim) {
+            return None;
+        }
+        let mut vectors = bytes[16..].chunks_exact(4 + dim).map(|chunk| {
+            let scale = f32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
+            let code: Vec<i8> = chunk[4..].iter().map(|&b| b as i8).collect();
+            (code, scale)
+        });
+        let profile = vectors.next().filter(|p| p.1 != 0.0);
+        Some(Self {
+            source,
+            profile,
+            units: vectors.collect(),
+        })
+    }
+}
+
+/// What a record's vectors are computed from: the model, the texts and
+/// the profile's λ (FNV-1a, stable across builds).
+pub fn vector_source(model: &str, texts: &[String], weights: &Weights) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    let mut eat = |bytes: &[u8]| {
+        for &b in bytes.iter().chain(&[0xff]) {
+            h = (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
+        }
+    };
+    eat(model.as_bytes());
+    eat(&weights.profile_examples.to_le_bytes());
+    for t in texts {
+        eat(t.as_bytes());
+    }
+    h
 }
 
 impl PreparedDoc {
@@ -307,12 +387,31 @@ pub fn analyse(
             profile: None,
             unit_count,
             unit_vectors: Vec::new(),
+            stored: None,
             indexed_at: indexed_at.to_string(),
         }),
     }
 }
 
 impl PreparedDoc {
+    /// Sets the vectors from stored ones (instead of embedding).
+    pub fn attach_stored(&mut self, vectors: IndexVectors) {
+        self.stored = Some(vectors);
+    }
+
+    /// The vectors in the form they are stored, computed from `source`
+    /// ([`vector_source`]); None without vectors.
+    pub fn index_vectors(&self, source: u64) -> Option<IndexVectors> {
+        if let Some(stored) = &self.stored {
+            return Some(stored.clone());
+        }
+        Some(IndexVectors {
+            source,
+            profile: Some(quantize(self.profile.as_ref()?)),
+            units: self.unit_vectors.iter().map(|v| quantize(v)).collect(),
+        })
+    }
+
     /// Sets the profile and unit vectors from the vectors of
     /// [`vector_texts`] (context first, then the units, then the
     /// parameters), if there are any. The profile adds the mean of the
@@ -375,6 +474,13 @@ impl UnitCodes {
             scales.push(scale);
         }
         Self { codes, scales }
+    }
+
+    fn of_codes(units: &[(Vec<i8>, f32)]) -> Self {
+        Self {
+            codes: units.iter().flat_map(|u| u.0.iter().copied()).collect(),
+            scales: units.iter().map(|u| u.1).collect(),
+        }
     }
 
     /// Approximate cosine of the query `code` to each unit, in order.
@@ -568,9 +674,23 @@ impl Index {
                 tags.push(tag);
             }
         }
-        if let Some(p) = &doc.profile {
-            self.vectors.set(slot, p);
-        }
+        let stored = doc.stored.unwrap_or_default();
+        let has_profile = match (&doc.profile, &stored.profile) {
+            (Some(p), _) => {
+                self.vectors.set(slot, p);
+                true
+            }
+            (None, Some((code, scale))) => {
+                self.vectors.set_code(slot, code, *scale);
+                true
+            }
+            (None, None) => false,
+        };
+        let unit_vectors = if doc.unit_vectors.is_empty() {
+            UnitCodes::of_codes(&stored.units)
+        } else {
+            UnitCodes::new(&doc.unit_vectors)
+        };
         self.by_id.insert(p.id.clone(), slot);
         if *self.indexed_at != *doc.indexed_at {
             self.indexed_at = std::sync::Arc::from(doc.indexed_at.as_str());
@@ -579,12 +699,12 @@ impl Index {
             id: p.id,
             revision: p.revision,
             facts: doc.facts,
-            unit_vectors: UnitCodes::new(&doc.unit_vectors),
+            unit_vectors,
             indexed_at: self.indexed_at.clone(),
             fingerprint: doc.fingerprint,
-            has_profile: doc.profile.is_some(),
+            has_profile,
         });
-        if doc.profile.is_none() && self.vectors.dim() > 0 {
+        if !has_profile && self.vectors.dim() > 0 {
             self.without_vectors += 1;
         }
     }
@@ -992,6 +1112,16 @@ impl Index {
         self.vectors.maintain();
     }
 
+    /// Gives back what the growth of its lists reserved beyond their
+    /// length (a quarter of them on average): after a rebuild, which then
+    /// holds the whole directory in the least memory.
+    pub fn compact(&mut self) {
+        super::simd::on_huge_pages(&mut self.docs);
+        self.tags.values_mut().for_each(Vec::shrink_to_fit);
+        self.lexical.compact();
+        self.vectors.compact();
+    }
+
     /// See [`VectorIndex::recall`]; `k` = `limit`, pool as a search with
     /// it; the truth is the cosine to each agent's vector in `exact`.
     pub fn vector_recall(
@@ -1000,14 +1130,16 @@ impl Index {
         limit: usize,
         exact: &HashMap<String, Vec<f32>>,
     ) -> Vec<super::vectors::ProbeRecall> {
+        let by_slot: Vec<Option<&Vec<f32>>> = self
+            .docs
+            .iter()
+            .map(|d| d.as_ref().and_then(|d| exact.get(&d.id)))
+            .collect();
         let truth = |slot: u32, q: &[f32]| {
-            let d = self.docs.get(slot as usize)?.as_ref()?;
-            exact
-                .get(&d.id)
-                .map(|v| super::simd::dot_f32(q, v))
+            let v = by_slot.get(slot as usize).copied().flatten()?;
+            Some(super::simd::dot_f32(q, v))
         };
-        self.vectors
-            .recall(queries, limit, pool_size(limit), truth)
+        self.vectors.recall(queries, limit, pool_size(limit), truth)
     }
 
     pub fn vectors_training_due(&self) -> bool {
@@ -1081,7 +1213,11 @@ pub fn fill_evidence(
             .filter_map(|(i, score)| units.get(i).map(|u| (u.clone(), score)))
             .collect();
     }
-    hit.snippet = snippet(&record.metadata.description, &analyzer.terms(query), analyzer);
+    hit.snippet = snippet(
+        &record.metadata.description,
+        &analyzer.terms(query),
+        analyzer,
+    );
 }
 
 /// The sentence of the description that shares most terms with the query
@@ -1382,7 +1518,13 @@ mod tests {
             &[],
         );
         let analyzer = Analyzer::default();
-        fill_evidence(&mut hits[0], &r, "find a hotel near the beach", &analyzer, true);
+        fill_evidence(
+            &mut hits[0],
+            &r,
+            "find a hotel near the beach",
+            &analyzer,
+            true,
+        );
         assert_eq!(hits[0].snippet.as_deref(), Some("Plans trips."));
         let (unit, score) = &hits[0].matched_units[0];
         assert_eq!(unit.label.as_deref(), Some("e2"));
@@ -1394,10 +1536,55 @@ mod tests {
             .all(|(u, _)| u.label.as_deref() != Some("e1")));
         // A record changed since it was ranked shows no units: they may no
         // longer be the ones that scored.
-        let mut again = ask(&index, "find a hotel near the beach", &HardFilters::default(), &[]);
+        let mut again = ask(
+            &index,
+            "find a hotel near the beach",
+            &HardFilters::default(),
+            &[],
+        );
         fill_evidence(&mut again[0], &r, "find a hotel", &analyzer, false);
         assert!(again[0].matched_units.is_empty());
         assert!(again[0].snippet.is_some());
+    }
+
+    #[test]
+    fn stored_vectors_round_trip_and_name_what_they_came_from() {
+        let r = change_drink();
+        let texts = vector_texts(&r);
+        let weights = Weights::default();
+        let vectors: Vec<Vec<f32>> = texts.iter().map(|t| stub(t)).collect();
+        let p = prepare(&r, 1, Some(vectors), &Analyzer::default(), &weights, "");
+        let source = vector_source("stub", &texts, &weights);
+        let v = p.doc.as_ref().unwrap().index_vectors(source).unwrap();
+        assert_eq!(v.units.len(), 2, "one example, one operation");
+        assert_eq!(IndexVectors::decode(&v.encode()), Some(v.clone()));
+        assert_eq!(IndexVectors::decode(&v.encode()[..20]), None);
+        // Another model, other texts or another profile mix: another source.
+        let lighter = Weights {
+            profile_examples: 1.0,
+            ..Weights::default()
+        };
+        assert_ne!(vector_source("other", &texts, &weights), source);
+        assert_ne!(vector_source("stub", &texts[1..], &weights), source);
+        assert_ne!(vector_source("stub", &texts, &lighter), source);
+        // An index built from the stored codes ranks as one built from f32.
+        let mut from_codes = Index::new(DIM);
+        let mut a = analyse(&r, 1, &Analyzer::default(), "");
+        a.doc.as_mut().unwrap().attach_stored(v);
+        from_codes.apply(a);
+        let from_f32 = index_of(&[r]);
+        let q = |index: &Index| {
+            ask(
+                index,
+                "change my drink to oat milk",
+                &HardFilters::default(),
+                &[],
+            )
+        };
+        let (x, y) = (q(&from_codes), q(&from_f32));
+        assert_eq!(x.len(), 1);
+        assert!((x[0].score - y[0].score).abs() < 1e-6, "{x:?} {y:?}");
+        assert_eq!(x[0].matched_positions, y[0].matched_positions);
     }
 
     #[test]

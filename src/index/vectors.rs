@@ -1,7 +1,7 @@
 //! Profile vectors, one per slot, held only as i8 codes with a scale per
-//! row (a quarter of f32), in lists: one list until there are enough rows
-//! that scanning them all would be slow, then one per partition of an
-//! inverted-file index (spherical k-means).
+//! row (a quarter of f32), twice: by slot, and in lists — one list until
+//! there are enough rows that scanning them all would be slow, then one per
+//! partition of an inverted-file index (spherical k-means).
 //!
 //! A query scans the codes of the `nprobe` partitions whose centroids are
 //! closest to it, keeps the best by the approximate (i8 × i8) score, and the
@@ -12,7 +12,7 @@
 //! 100k agents the scan is bound by memory, and reading one block per
 //! partition instead of a row scattered per agent is what keeps it fast.
 
-use super::simd::{dot_f32, dot_f32_i8, dot_i8, prefetch, quantize};
+use super::simd::{dot_f32, dot_f32_i8, dot_i8, on_huge_pages, prefetch, quantize};
 
 /// Below this many vectors every row is scanned.
 const IVF_MIN: usize = 4096;
@@ -22,36 +22,30 @@ const TRAIN_ROUNDS: usize = 6;
 /// `at` of a slot without a vector.
 const NONE: (u32, u32) = (u32::MAX, u32::MAX);
 
-/// One list: its slots with their i8 codes and scales, aligned.
+/// One list: the slots whose rows it holds.
 #[derive(Clone, Default)]
 struct List {
     slots: Vec<u32>,
-    codes: Vec<i8>,
-    scales: Vec<f32>,
 }
 
 impl List {
-    fn push(&mut self, slot: u32, code: &[i8], scale: f32) -> u32 {
+    fn push(&mut self, slot: u32) -> u32 {
         self.slots.push(slot);
-        self.codes.extend_from_slice(code);
-        self.scales.push(scale);
         (self.slots.len() - 1) as u32
     }
 
     /// Removes the row at `at`; the last row moves into its place, and its
     /// slot is returned so its position can be updated.
-    fn swap_remove(&mut self, at: usize, dim: usize) -> Option<u32> {
+    fn swap_remove(&mut self, at: usize) -> Option<u32> {
         let last = self.slots.len() - 1;
         self.slots.swap_remove(at);
-        self.scales.swap_remove(at);
-        if at != last {
-            self.codes
-                .copy_within(last * dim..(last + 1) * dim, at * dim);
-        }
-        self.codes.truncate(last * dim);
         (at != last).then(|| self.slots[at])
     }
 }
+
+/// Rows scored ahead of the one being read: their codes are asked for
+/// early, so the scattered reads of a list's rows overlap.
+const AHEAD: usize = 8;
 
 /// Partitions trained by [`VectorIndex::train`], to install.
 pub struct Trained {
@@ -63,6 +57,13 @@ pub struct Trained {
 
 pub struct VectorIndex {
     dim: usize,
+    /// Per slot: its row's codes (`dim` each). Lists name slots only: one
+    /// copy of the codes is a quarter of the memory of the profiles, and
+    /// with the rows prefetched a few ahead, reading them scattered costs
+    /// the scans little.
+    codes: Vec<i8>,
+    /// Per slot: its row's scale; 0 for none.
+    scales: Vec<f32>,
     /// Per slot: (list, position in it), or [`NONE`].
     at: Vec<(u32, u32)>,
     /// One list while unpartitioned, else one per centroid.
@@ -77,6 +78,8 @@ impl VectorIndex {
     pub fn new(dim: usize) -> Self {
         Self {
             dim,
+            codes: Vec::new(),
+            scales: Vec::new(),
             at: Vec::new(),
             lists: vec![List::default()],
             centroids: Vec::new(),
@@ -90,15 +93,29 @@ impl VectorIndex {
     }
 
     pub fn has(&self, slot: u32) -> bool {
-        self.at.get(slot as usize).is_some_and(|a| *a != NONE)
+        self.scales.get(slot as usize).is_some_and(|s| *s != 0.0)
     }
 
     /// The codes and scale of `slot`'s row.
     fn code(&self, slot: u32) -> Option<(&[i8], f32)> {
-        let &(list, pos) = self.at.get(slot as usize).filter(|a| **a != NONE)?;
-        let l = &self.lists[list as usize];
-        let p = pos as usize;
-        Some((&l.codes[p * self.dim..(p + 1) * self.dim], l.scales[p]))
+        let s = slot as usize;
+        let scale = *self.scales.get(s).filter(|x| **x != 0.0)?;
+        Some((&self.codes[s * self.dim..(s + 1) * self.dim], scale))
+    }
+
+    /// Puts a row into the per-slot copy and into `list`.
+    fn place(&mut self, slot: u32, list: usize, code: &[i8], scale: f32) {
+        let (s, dim) = (slot as usize, self.dim);
+        if self.at.len() <= s {
+            self.at.resize(s + 1, NONE);
+            self.scales.resize(s + 1, 0.0);
+            self.codes.resize((s + 1) * dim, 0);
+        }
+        self.codes[s * dim..(s + 1) * dim].copy_from_slice(code);
+        self.scales[s] = scale;
+        let pos = self.lists[list].push(slot);
+        self.at[s] = (list as u32, pos);
+        self.live += 1;
     }
 
     /// Stores the unit vector of `slot` (replacing any).
@@ -111,18 +128,28 @@ impl VectorIndex {
         if scale == 0.0 {
             return;
         }
-        let s = slot as usize;
-        if self.at.len() <= s {
-            self.at.resize(s + 1, NONE);
-        }
         let list = if self.centroids.is_empty() {
             0
         } else {
             nearest(&self.centroids, self.dim, v)
         };
-        let pos = self.lists[list].push(slot, &q, scale);
-        self.at[s] = (list as u32, pos);
-        self.live += 1;
+        self.place(slot, list, &q, scale);
+    }
+
+    /// Stores `slot`'s row from its i8 codes (as [`Self::set`] would have
+    /// made them).
+    pub fn set_code(&mut self, slot: u32, code: &[i8], scale: f32) {
+        if code.len() != self.dim || self.dim == 0 || scale == 0.0 {
+            return;
+        }
+        self.clear(slot);
+        let list = if self.centroids.is_empty() {
+            0
+        } else {
+            let v: Vec<f32> = code.iter().map(|&c| f32::from(c) * scale).collect();
+            nearest(&self.centroids, self.dim, &v)
+        };
+        self.place(slot, list, code, scale);
     }
 
     /// Trains the partitions when the collection has doubled since they
@@ -160,8 +187,9 @@ impl VectorIndex {
             return;
         };
         self.at[s] = NONE;
+        self.scales[s] = 0.0;
         self.live -= 1;
-        if let Some(moved) = self.lists[list as usize].swap_remove(pos as usize, self.dim) {
+        if let Some(moved) = self.lists[list as usize].swap_remove(pos as usize) {
             self.at[moved as usize] = (list, pos);
         }
     }
@@ -192,7 +220,7 @@ impl VectorIndex {
     /// Trains the partitions on a sample and assigns every row.
     fn trained(&self) -> Trained {
         let dim = self.dim;
-        let slots: Vec<u32> = (0..self.at.len() as u32)
+        let slots: Vec<u32> = (0..self.scales.len() as u32)
             .filter(|&s| self.has(s))
             .collect();
         let nlist = ((2.0 * (slots.len() as f64).sqrt()) as usize).clamp(16, 4096);
@@ -232,12 +260,8 @@ impl VectorIndex {
         }
         let mut lists = vec![List::default(); nlist];
         let mut at = vec![NONE; self.at.len()];
-        for &s in &slots {
-            let (Some((code, scale)), Some(v)) = (self.code(s), self.decoded(s)) else {
-                continue;
-            };
-            let c = nearest(&centroids, dim, &v);
-            let pos = lists[c].push(s, code, scale);
+        for (&s, c) in slots.iter().zip(self.assign(&centroids, &slots)) {
+            let pos = lists[c].push(s);
             at[s as usize] = (c as u32, pos);
         }
         Trained {
@@ -246,6 +270,49 @@ impl VectorIndex {
             at,
             rows: slots.len(),
         }
+    }
+
+    /// The partition of each of `slots`: the centroid nearest its codes,
+    /// by i8 dot products (a quarter of the work of f32; a row near a
+    /// border may go to its second-nearest partition, which probing
+    /// absorbs), on every core. At a million agents this assignment was
+    /// most of an index build.
+    fn assign(&self, centroids: &[f32], slots: &[u32]) -> Vec<usize> {
+        let quantized: Vec<(Vec<i8>, f32)> =
+            centroids.chunks_exact(self.dim).map(quantize).collect();
+        let nearest_code = |slot: u32| -> usize {
+            let (row, _) = self.row(slot);
+            let mut best = (f32::MIN, 0);
+            for (c, (code, scale)) in quantized.iter().enumerate() {
+                let d = dot_i8(row, code) as f32 * scale;
+                if d > best.0 {
+                    best = (d, c);
+                }
+            }
+            best.1
+        };
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let part = slots.len().div_ceil(threads.max(1)).max(1);
+        std::thread::scope(|scope| {
+            let workers: Vec<_> = slots
+                .chunks(part)
+                .map(|chunk| {
+                    (
+                        chunk,
+                        scope.spawn(|| chunk.iter().map(|&s| nearest_code(s)).collect()),
+                    )
+                })
+                .collect();
+            workers
+                .into_iter()
+                .flat_map(|(chunk, worker)| {
+                    // A worker that panicked is redone here.
+                    worker.join().unwrap_or_else(|_| {
+                        chunk.iter().map(|&s| nearest_code(s)).collect::<Vec<_>>()
+                    })
+                })
+                .collect()
+        })
     }
 
     /// Approximate cosine of the query `code` (from [`quantize`]) to the
@@ -262,17 +329,33 @@ impl VectorIndex {
     /// Approximate cosines of the query `code` to the vectors of `slots`
     /// (0 for a slot without one), in order.
     pub fn approx_each(&self, slots: &[u32], code: &(Vec<i8>, f32)) -> Vec<f32> {
-        const AHEAD: usize = 8;
         slots
             .iter()
             .enumerate()
             .map(|(i, &s)| {
-                if let Some((row, _)) = slots.get(i + AHEAD).and_then(|&n| self.code(n)) {
-                    prefetch(row);
+                if let Some(&next) = slots.get(i + AHEAD) {
+                    self.prefetch(next);
                 }
                 self.approx(s, code)
             })
             .collect()
+    }
+
+    /// A stored slot's codes and scale (a slot of a list always has them).
+    fn row(&self, slot: u32) -> (&[i8], f32) {
+        let s = slot as usize;
+        (
+            &self.codes[s * self.dim..(s + 1) * self.dim],
+            self.scales[s],
+        )
+    }
+
+    /// Starts loading `slot`'s codes into the cache.
+    fn prefetch(&self, slot: u32) {
+        let s = slot as usize;
+        if let Some(row) = self.codes.get(s * self.dim..(s + 1) * self.dim) {
+            prefetch(row);
+        }
     }
 
     /// Rows one [`Self::top`] reads: all of them, or the probed partitions'
@@ -327,26 +410,26 @@ impl VectorIndex {
         let mut scored: Vec<(f32, u32)> =
             Vec::with_capacity(probed.iter().map(|&c| self.lists[c].slots.len()).sum());
         for c in probed {
-            let list = &self.lists[c];
-            scored.extend(
-                list.codes
-                    .chunks_exact(self.dim)
-                    .zip(&list.scales)
-                    .zip(&list.slots)
-                    .map(|((row, sc), &s)| (dot_i8(qq, row) as f32 * qscale * sc, s)),
-            );
+            let slots = &self.lists[c].slots;
+            for (i, &s) in slots.iter().enumerate() {
+                if let Some(&next) = slots.get(i + AHEAD) {
+                    self.prefetch(next);
+                }
+                let (row, scale) = self.row(s);
+                scored.push((dot_i8(qq, row) as f32 * qscale * scale, s));
+            }
         }
         best_admitted(scored, k, admit)
     }
 
     /// Bytes held for the vectors (codes, scales, positions, centroids).
     pub fn bytes(&self) -> usize {
-        let lists: usize = self
-            .lists
-            .iter()
-            .map(|l| l.codes.len() + l.scales.len() * 4 + l.slots.len() * 4)
-            .sum();
-        lists + self.at.len() * 8 + self.centroids.len() * 4
+        let lists: usize = self.lists.iter().map(|l| l.slots.len() * 4).sum();
+        lists
+            + self.codes.len()
+            + self.scales.len() * 4
+            + self.at.len() * 8
+            + self.centroids.len() * 4
     }
 
     /// How well the candidate scan finds the true nearest vectors: for
@@ -368,9 +451,7 @@ impl VectorIndex {
             return Vec::new();
         }
         let default = nprobe(nlist);
-        let slots: Vec<u32> = (0..self.at.len() as u32)
-            .filter(|&s| self.has(s))
-            .collect();
+        let slots: Vec<u32> = (0..self.at.len() as u32).filter(|&s| self.has(s)).collect();
         let truth: Vec<Vec<u32>> = queries
             .iter()
             .map(|q| {
@@ -408,6 +489,16 @@ impl VectorIndex {
                 }
             })
             .collect()
+    }
+
+    /// See [`super::search::Index::compact`].
+    pub fn compact(&mut self) {
+        for l in &mut self.lists {
+            l.slots.shrink_to_fit();
+        }
+        self.at.shrink_to_fit();
+        on_huge_pages(&mut self.codes);
+        on_huge_pages(&mut self.scales);
     }
 
     /// Partitions (0 while every row is in one list).
@@ -539,7 +630,8 @@ mod tests {
         let dim = 32;
         let mut ix = VectorIndex::new(dim);
         assert!(
-            ix.recall(&[unit(1, dim)], 10, 100, |s, q| Some(ix.exact(s, q))).is_empty(),
+            ix.recall(&[unit(1, dim)], 10, 100, |s, q| Some(ix.exact(s, q)))
+                .is_empty(),
             "nothing partitioned"
         );
         for s in 0..8000u32 {

@@ -16,13 +16,17 @@
 //!   the state machine's metadata; absent, the last applied index stands in).
 //!   Nothing is rewritten; the number keeps binaries that cannot apply a
 //!   batch entry away from a log that may hold one.
+//! - 5: adds the `index_vectors` column family (the discovery index's
+//!   vectors, derived and local to the node, so a restart need not embed
+//!   every record again; created empty on open). An older binary cannot
+//!   open a database with a column family it does not know.
 
 use std::path::Path;
 
 use super::StorageError;
 
 /// The format this binary writes.
-pub const DATA_FORMAT: u32 = 4;
+pub const DATA_FORMAT: u32 = 5;
 
 const FORMAT_FILE: &str = "FORMAT";
 const PREFIX: &str = "agentry-data-format ";
@@ -59,7 +63,7 @@ pub fn check_and_upgrade(dir: &Path) -> Result<u32, StorageError> {
         )));
     }
     if found < DATA_FORMAT {
-        // 0 -> 1 -> 2 -> 3 -> 4 change no stored data (the new column family is
+        // 0 -> 1 -> ... -> 5 change no stored data (new column families are
         // created when the database opens); later upgrades run here in order.
         tracing::info!(
             dir = %dir.display(),

@@ -39,6 +39,10 @@ pub(crate) const CF_AUDIT: &str = "audit";
 pub(crate) const CF_AUDIT_LOCAL: &str = "audit_local";
 /// Agents' holds and shared leases (`domain::lease`).
 pub(crate) const CF_LEASES: &str = "leases";
+/// The discovery index's vectors per agent (`index::search`), derived from
+/// the records and local to this node: never replicated, snapshotted or
+/// backed up; kept so that a restart need not embed every record again.
+pub(crate) const CF_INDEX_VECTORS: &str = "index_vectors";
 
 /// Storage failures. They are fatal to Raft (openraft stops the node), so
 /// anything a client can cause is handled before it reaches storage.
@@ -58,9 +62,12 @@ pub enum StorageError {
     LogEntry(#[from] crate::consensus::codec::CodecError),
 }
 
-/// Upper bound of the shared block cache: the blocks of about 100k
-/// records of a few KiB.
-const BLOCK_CACHE_BYTES: usize = 256 << 20;
+/// Upper bound of the shared block cache: the blocks of about 50k records
+/// of a few KiB, those requests read most (whole-directory scans bypass
+/// it). Beyond it records are read through the OS page cache, which is not
+/// the process's memory; every node holds the whole directory's index, so
+/// the process's own memory is kept for that.
+const BLOCK_CACHE_BYTES: usize = 128 << 20;
 
 /// Default bound of the WAL (`[storage] max_wal_bytes`).
 pub const DEFAULT_MAX_WAL_BYTES: u64 = 32 << 20;
@@ -93,6 +100,7 @@ pub fn open(dir: &Path, max_wal_bytes: u64) -> Result<Arc<DB>, StorageError> {
         CF_AUDIT,
         CF_AUDIT_LOCAL,
         CF_LEASES,
+        CF_INDEX_VECTORS,
     ]
     .into_iter()
     .map(|name| {

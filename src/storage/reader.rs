@@ -8,7 +8,9 @@ use std::sync::Arc;
 use rocksdb::DB;
 use tokio::sync::broadcast;
 
-use super::{cf, get_json, key_u64, u64_key, StorageError, CF_AGENTS, CF_CHANGES};
+use super::{
+    cf, get_json, key_u64, u64_key, StorageError, CF_AGENTS, CF_CHANGES, CF_INDEX_VECTORS,
+};
 use crate::crypto::keys::Signer;
 use crate::crypto::Identity;
 use crate::domain::lease::LeaseTable;
@@ -203,6 +205,73 @@ impl Reader {
             it.next();
         }
         it.status()?;
+        Ok(())
+    }
+
+    /// Visits every live record in id order with the index vectors stored
+    /// for it (see [`Self::store_index_vectors`]), if any. Stored vectors
+    /// of ids that hold no live record are deleted on the way (left by a
+    /// deletion the indexer had not yet recorded, or a snapshot install).
+    pub fn scan_with_index_vectors(
+        &self,
+        mut visit: impl FnMut(AgentRecord, Option<&[u8]>),
+    ) -> Result<(), StorageError> {
+        let vectors_cf = cf(&self.db, CF_INDEX_VECTORS)?;
+        let mut records = self
+            .db
+            .raw_iterator_cf_opt(cf(&self.db, CF_AGENTS)?, super::bulk_read());
+        let mut vectors = self.db.raw_iterator_cf_opt(vectors_cf, super::bulk_read());
+        records.seek_to_first();
+        vectors.seek_to_first();
+        let mut orphans = rocksdb::WriteBatch::default();
+        while let (Some(key), Some(value)) = (records.key(), records.value()) {
+            let record: AgentRecord = serde_json::from_slice(value)?;
+            // Vectors before this id belong to no record.
+            while let Some(k) = vectors.key().filter(|k| *k < key) {
+                orphans.delete_cf(vectors_cf, k);
+                vectors.next();
+            }
+            let live = !record.envelope.deleted;
+            let stored = vectors.key().filter(|k| *k == key).and(vectors.value());
+            let matched = stored.is_some();
+            if !live && matched {
+                orphans.delete_cf(vectors_cf, key);
+            }
+            if live {
+                visit(record, stored);
+            }
+            if matched {
+                vectors.next();
+            }
+            records.next();
+        }
+        records.status()?;
+        while let Some(k) = vectors.key() {
+            orphans.delete_cf(vectors_cf, k);
+            vectors.next();
+        }
+        vectors.status()?;
+        if !orphans.is_empty() {
+            self.db.write(orphans)?;
+        }
+        Ok(())
+    }
+
+    /// Stores (or, with None, deletes) agents' index vectors: derived data
+    /// the indexer keeps beside the records, written outside Raft.
+    pub fn store_index_vectors(
+        &self,
+        entries: &[(String, Option<Vec<u8>>)],
+    ) -> Result<(), StorageError> {
+        let vectors_cf = cf(&self.db, CF_INDEX_VECTORS)?;
+        let mut batch = rocksdb::WriteBatch::default();
+        for (id, value) in entries {
+            match value {
+                Some(v) => batch.put_cf(vectors_cf, id.as_bytes(), v),
+                None => batch.delete_cf(vectors_cf, id.as_bytes()),
+            }
+        }
+        self.db.write(batch)?;
         Ok(())
     }
 

@@ -13,6 +13,10 @@ struct Proc {
 }
 
 fn spawn(data_dir: &std::path::Path) -> Proc {
+    spawn_with(data_dir, &[])
+}
+
+fn spawn_with(data_dir: &std::path::Path, args: &[&std::ffi::OsStr]) -> Proc {
     let mut child = Command::new(env!("CARGO_BIN_EXE_agentry"))
         .args([
             "serve",
@@ -27,6 +31,7 @@ fn spawn(data_dir: &std::path::Path) -> Proc {
             "--data-dir",
         ])
         .arg(data_dir)
+        .args(args)
         .env("AGENTRY_ADMIN_KEY", ADMIN)
         .env("AGENTRY_LOG", "warn")
         .stdout(Stdio::piped())
@@ -92,6 +97,139 @@ async fn acknowledged_writes_survive_kill_9() {
         .await
         .unwrap();
     assert!(rec["registry"]["revision"].as_u64().unwrap() > acknowledged.last().unwrap().1);
+    p.child.kill().unwrap();
+    p.child.wait().unwrap();
+}
+
+/// A sample of the node's `/metrics` page, by metric name.
+async fn gauge(h: &Http, name: &str) -> Option<f64> {
+    let page = reqwest::get(format!("{}/metrics", h.base))
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    page.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with('{'))?
+        .rsplit(' ')
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// (id, score, best matched example) of each candidate, best first.
+async fn ranked(h: &Http) -> Vec<(String, f64, String)> {
+    let (status, _, body) = h
+        .send(
+            reqwest::Method::POST,
+            "/discover",
+            None,
+            Some(
+                json!({"query": "book a flight to Rome for next Friday", "include_evidence": true}),
+            ),
+            &[],
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    body["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["id"].as_str().unwrap().to_string(),
+                c["score"].as_f64().unwrap(),
+                c["matched_examples"][0]["text"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_string(),
+            )
+        })
+        .collect()
+}
+
+async fn indexed(h: &Http, agents: f64) {
+    eventually(
+        std::time::Duration::from_secs(30),
+        "the restarted node indexes every agent",
+        || async { gauge(h, "agentry_discovery_indexed_agents").await == Some(agents) },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_restart_reuses_stored_vectors_unless_what_they_came_from_changed() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut p = spawn(dir.path());
+    let h = Http::new(&p.http);
+    for (id, description, examples) in [
+        (
+            "flights",
+            "Books flights and trains.",
+            ["book a flight to Rome", "find a train to Lyon"],
+        ),
+        (
+            "hotels",
+            "Finds hotels and apartments.",
+            ["a hotel near the beach", "cheap rooms in Rome"],
+        ),
+        (
+            "weather",
+            "Weather forecasts.",
+            ["will it rain tomorrow", "temperature in Oslo"],
+        ),
+    ] {
+        let mut m = minimal(id);
+        m["description"] = json!(description);
+        m["examples"] = json!(examples.map(|t| json!({"text": t})));
+        h.register(Some(ADMIN), m).await.expect("registered");
+    }
+    indexed(&h, 3.0).await;
+    let before = ranked(&h).await;
+    assert_eq!(before[0].0, "flights", "{before:?}");
+    assert_eq!(before[0].2, "book a flight to Rome", "{before:?}");
+    p.child.kill().unwrap();
+    p.child.wait().unwrap();
+
+    // The same texts and model: every agent's vectors come from storage,
+    // and the ranking, scores and evidence are what they were.
+    let mut p = spawn(dir.path());
+    let h = Http::new(&p.http);
+    indexed(&h, 3.0).await;
+    assert_eq!(
+        gauge(&h, "agentry_discovery_last_rebuild_reused_vectors").await,
+        Some(3.0)
+    );
+    let after = ranked(&h).await;
+    assert_eq!(after.len(), before.len());
+    for (a, b) in after.iter().zip(&before) {
+        assert_eq!((&a.0, &a.2), (&b.0, &b.2));
+        assert!((a.1 - b.1).abs() < 1e-6, "{after:?} against {before:?}");
+    }
+    p.child.kill().unwrap();
+    p.child.wait().unwrap();
+    // Reusing them kept them: the next restart reuses them again.
+    let mut p = spawn(dir.path());
+    let h = Http::new(&p.http);
+    indexed(&h, 3.0).await;
+    assert_eq!(
+        gauge(&h, "agentry_discovery_last_rebuild_reused_vectors").await,
+        Some(3.0)
+    );
+    p.child.kill().unwrap();
+    p.child.wait().unwrap();
+
+    // A different profile mix makes other vectors: none is reused.
+    let config = dir.path().join("weights.toml");
+    std::fs::write(&config, "[discovery.weights]\nprofile_examples = 1.0\n").unwrap();
+    let mut p = spawn_with(dir.path(), &["--config".as_ref(), config.as_os_str()]);
+    let h = Http::new(&p.http);
+    indexed(&h, 3.0).await;
+    assert_eq!(
+        gauge(&h, "agentry_discovery_last_rebuild_reused_vectors").await,
+        Some(0.0)
+    );
+    assert_eq!(ranked(&h).await[0].0, "flights");
     p.child.kill().unwrap();
     p.child.wait().unwrap();
 }

@@ -152,7 +152,7 @@ pub fn render(
         "Oldest revision still in the change history.",
         oldest_revision,
     );
-    let discovery: [(&str, &str, u64); 9] = [
+    let discovery: [(&str, &str, u64); 10] = [
         (
             "agentry_discovery_indexed_agents",
             "Agents in this node's discovery index.",
@@ -187,6 +187,11 @@ pub fn render(
             "agentry_discovery_last_rebuild_milliseconds",
             "Duration of the last full index build from storage.",
             index.last_rebuild_ms,
+        ),
+        (
+            "agentry_discovery_last_rebuild_reused_vectors",
+            "Agents whose stored vectors the last full index build reused instead of embedding them.",
+            index.last_rebuild_reused,
         ),
         (
             "agentry_discovery_embedder_loaded",
