@@ -534,7 +534,8 @@ impl SearchIndex {
             let source = self.vector_source(&t);
             let known = stored
                 .and_then(search::IndexVectors::decode)
-                .filter(|v| self.embedder().is_some() && v.source == source);
+                .filter(|v| self.embedder().is_some() && v.source == source)
+                .filter(|v| v.profile.as_ref().is_none_or(|p| p.0.len() == dim));
             if let Some(v) = known {
                 let mut p = analyse(&r, r.envelope.revision, &self.shared.analyzer, &now);
                 if let Some(doc) = p.doc.as_mut() {

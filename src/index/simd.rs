@@ -125,7 +125,7 @@ pub fn on_huge_pages<T>(v: &mut Vec<T>) {
             }
         }
     }
-    fresh.extend(v.drain(..));
+    fresh.append(v);
     *v = fresh;
 }
 
