@@ -290,15 +290,7 @@ pub struct SizeReport {
 }
 
 fn rss_bytes() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/self/status").ok()?;
-    let kb: u64 = s
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()?;
-    Some(kb * 1024)
+    rss_of("self")
 }
 
 pub(crate) fn config(dir: &Path) -> Config {
@@ -416,7 +408,8 @@ pub struct Restart {
     pub grpc: Measured,
 }
 
-fn rss_of(pid: u32) -> Option<u64> {
+/// Resident memory of process `pid` (or "self").
+fn rss_of(pid: impl std::fmt::Display) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let kb: u64 = s
         .lines()

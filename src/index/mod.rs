@@ -427,8 +427,9 @@ impl SearchIndex {
     async fn apply_change(&self, change: &Change) {
         let record = &change.record;
         let texts = vector_texts(record);
+        let source = self.vector_source(&texts);
         let vectors = match self.embedder() {
-            Some(e) if !record.envelope.deleted => match e.embed(texts.clone()).await {
+            Some(e) if !record.envelope.deleted => match e.embed(texts).await {
                 Ok(v) => Some(v),
                 Err(error) => {
                     self.embed_failed(1, &error);
@@ -448,7 +449,7 @@ impl SearchIndex {
         let stored = prepared
             .doc
             .as_ref()
-            .and_then(|d| d.index_vectors(self.vector_source(&texts)))
+            .and_then(|d| d.index_vectors(source))
             .map(|v| v.encode());
         self.store_vectors(&[(record.metadata.id.clone(), stored)]);
         {

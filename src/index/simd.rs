@@ -26,17 +26,23 @@ pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
         // SAFETY: AVX2 and FMA were detected on this CPU.
         return unsafe { avx2::dot_f32(a, b) };
     }
+    dot_portable(a, b, |y| y)
+}
+
+/// The portable dot product of an f32 slice with another whose elements
+/// `widen` to f32: eight accumulators, which the compiler vectorises.
+fn dot_portable<T: Copy>(a: &[f32], b: &[T], widen: impl Fn(T) -> f32) -> f32 {
     let mut acc = [0.0f32; 8];
     let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
     let tail: f32 = ca
         .remainder()
         .iter()
         .zip(cb.remainder())
-        .map(|(x, y)| x * y)
+        .map(|(x, &y)| x * widen(y))
         .sum();
     for (x, y) in ca.zip(cb) {
         for i in 0..8 {
-            acc[i] += x[i] * y[i];
+            acc[i] += x[i] * widen(y[i]);
         }
     }
     acc.iter().sum::<f32>() + tail
@@ -67,20 +73,7 @@ pub fn dot_f32_i8(a: &[f32], b: &[i8]) -> f32 {
         // SAFETY: AVX2 and FMA were detected on this CPU.
         return unsafe { avx2::dot_f32_i8(a, b) };
     }
-    let mut acc = [0.0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ca
-        .remainder()
-        .iter()
-        .zip(cb.remainder())
-        .map(|(x, &y)| x * f32::from(y))
-        .sum();
-    for (x, y) in ca.zip(cb) {
-        for i in 0..8 {
-            acc[i] += x[i] * f32::from(y[i]);
-        }
-    }
-    acc.iter().sum::<f32>() + tail
+    dot_portable(a, b, f32::from)
 }
 
 /// Asks the CPU to start loading `data` into cache (a hint; nothing on

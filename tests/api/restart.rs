@@ -157,6 +157,16 @@ async fn indexed(h: &Http, agents: f64) {
     .await;
 }
 
+/// The node restarted on `dir` once it has indexed its three agents, with
+/// how many of them its index build took from stored vectors.
+async fn restarted(dir: &std::path::Path, args: &[&std::ffi::OsStr]) -> (Proc, Http, Option<f64>) {
+    let p = spawn_with(dir, args);
+    let h = Http::new(&p.http);
+    indexed(&h, 3.0).await;
+    let reused = gauge(&h, "agentry_discovery_last_rebuild_reused_vectors").await;
+    (p, h, reused)
+}
+
 #[tokio::test]
 async fn a_restart_reuses_stored_vectors_unless_what_they_came_from_changed() {
     let dir = tempfile::tempdir().unwrap();
@@ -193,13 +203,8 @@ async fn a_restart_reuses_stored_vectors_unless_what_they_came_from_changed() {
 
     // The same texts and model: every agent's vectors come from storage,
     // and the ranking, scores and evidence are what they were.
-    let mut p = spawn(dir.path());
-    let h = Http::new(&p.http);
-    indexed(&h, 3.0).await;
-    assert_eq!(
-        gauge(&h, "agentry_discovery_last_rebuild_reused_vectors").await,
-        Some(3.0)
-    );
+    let (mut p, h, reused) = restarted(dir.path(), &[]).await;
+    assert_eq!(reused, Some(3.0));
     let after = ranked(&h).await;
     assert_eq!(after.len(), before.len());
     for (a, b) in after.iter().zip(&before) {
@@ -209,26 +214,17 @@ async fn a_restart_reuses_stored_vectors_unless_what_they_came_from_changed() {
     p.child.kill().unwrap();
     p.child.wait().unwrap();
     // Reusing them kept them: the next restart reuses them again.
-    let mut p = spawn(dir.path());
-    let h = Http::new(&p.http);
-    indexed(&h, 3.0).await;
-    assert_eq!(
-        gauge(&h, "agentry_discovery_last_rebuild_reused_vectors").await,
-        Some(3.0)
-    );
+    let (mut p, _, reused) = restarted(dir.path(), &[]).await;
+    assert_eq!(reused, Some(3.0));
     p.child.kill().unwrap();
     p.child.wait().unwrap();
 
     // A different profile mix makes other vectors: none is reused.
     let config = dir.path().join("weights.toml");
     std::fs::write(&config, "[discovery.weights]\nprofile_examples = 1.0\n").unwrap();
-    let mut p = spawn_with(dir.path(), &["--config".as_ref(), config.as_os_str()]);
-    let h = Http::new(&p.http);
-    indexed(&h, 3.0).await;
-    assert_eq!(
-        gauge(&h, "agentry_discovery_last_rebuild_reused_vectors").await,
-        Some(0.0)
-    );
+    let (mut p, h, reused) =
+        restarted(dir.path(), &["--config".as_ref(), config.as_os_str()]).await;
+    assert_eq!(reused, Some(0.0));
     assert_eq!(ranked(&h).await[0].0, "flights");
     p.child.kill().unwrap();
     p.child.wait().unwrap();
