@@ -145,7 +145,8 @@ impl LeaseWrite {
 /// checks an agent's expiry without reading storage.
 #[derive(Debug, Default, Clone)]
 pub struct LeaseTable {
-    holds: HashMap<String, Hold>,
+    /// Read for every candidate a discovery admits: a fast seeded hasher.
+    holds: HashMap<String, Hold, foldhash::fast::RandomState>,
     leases: HashMap<String, Lease>,
     /// Agents joined to each shared lease, kept with `holds` so a refresh
     /// does not count them by scanning every hold.

@@ -107,7 +107,7 @@ fn get_varint(bytes: &[u8], at: &mut usize) -> u32 {
 
 #[derive(Default)]
 pub struct LexicalIndex {
-    term_ids: HashMap<String, u32>,
+    term_ids: HashMap<String, u32, foldhash::fast::RandomState>,
     terms: Vec<Term>,
     /// Per slot: document length in terms (None: free slot).
     lengths: Vec<Option<u32>>,
@@ -215,32 +215,39 @@ impl LexicalIndex {
     }
 
     /// Indexes `terms` as the document in `slot` (a free slot).
-    pub fn insert(&mut self, slot: u32, terms: &[String]) {
-        let mut counts: HashMap<u32, u32> = HashMap::new();
-        for t in terms {
-            let id = match self.term_ids.get(t.as_str()) {
+    pub fn insert<'a>(&mut self, slot: u32, terms: impl IntoIterator<Item = &'a str>) {
+        let mut ids: Vec<u32> = terms
+            .into_iter()
+            .map(|t| match self.term_ids.get(t) {
                 Some(&id) => id,
                 None => {
                     let id = self.terms.len() as u32;
-                    self.term_ids.insert(t.clone(), id);
+                    self.term_ids.insert(t.to_string(), id);
                     self.terms.push(Term::default());
                     id
                 }
-            };
-            *counts.entry(id).or_default() += 1;
+            })
+            .collect();
+        // Counted by sorting: a document's terms are a few dozen, for which
+        // a sort beats a hash map (this runs for every agent at a rebuild).
+        ids.sort_unstable();
+        let length = ids.len() as u32;
+        let mut own: Vec<(u32, u32)> = Vec::new();
+        for id in ids {
+            match own.last_mut() {
+                Some((last, tf)) if *last == id => *tf += 1,
+                _ => own.push((id, 1)),
+            }
         }
         let s = slot as usize;
         if self.lengths.len() <= s {
             self.lengths.resize(s + 1, None);
             self.doc_terms.resize(s + 1, DocTerms::default());
         }
-        let length = terms.len() as u32;
         self.lengths[s] = Some(length);
         self.total_length += u64::from(length);
         self.live += 1;
         let avg = self.avg_length();
-        let mut own: Vec<(u32, u32)> = counts.into_iter().collect();
-        own.sort_unstable();
         for &(id, tf) in &own {
             let term = &mut self.terms[id as usize];
             let w = impact(tf, length, avg);
@@ -254,6 +261,9 @@ impl LexicalIndex {
                         term.rest.insert(at, out);
                     }
                 }
+            } else if term.rest.last().is_none_or(|&d| d < slot) {
+                // A rebuild inserts in slot order: the list grows at its end.
+                term.rest.push(slot);
             } else {
                 let at = term.rest.partition_point(|&d| d < slot);
                 term.rest.insert(at, slot);
@@ -399,9 +409,19 @@ mod tests {
     #[test]
     fn rarer_terms_weigh_more_and_removal_undoes_insertion() {
         let mut ix = LexicalIndex::default();
-        ix.insert(0, &terms("translate text between languages"));
-        ix.insert(1, &terms("summarise text"));
-        ix.insert(2, &terms("weather forecast for a city"));
+        ix.insert(
+            0,
+            terms("translate text between languages")
+                .iter()
+                .map(String::as_str),
+        );
+        ix.insert(1, terms("summarise text").iter().map(String::as_str));
+        ix.insert(
+            2,
+            terms("weather forecast for a city")
+                .iter()
+                .map(String::as_str),
+        );
         let q = terms("translate text");
         let s: Vec<f32> = (0..3).map(|s| ix.query(&q).score(s)).collect();
         assert!(s[0] > s[1] && s[1] > 0.0 && s[2] == 0.0, "{s:?}");
@@ -435,9 +455,14 @@ mod tests {
     #[test]
     fn a_reused_accumulator_starts_from_zero() {
         let mut ix = LexicalIndex::default();
-        ix.insert(0, &terms("translate text between languages"));
-        ix.insert(1, &terms("summarise text"));
-        ix.insert(2, &terms("weather forecast"));
+        ix.insert(
+            0,
+            terms("translate text between languages")
+                .iter()
+                .map(String::as_str),
+        );
+        ix.insert(1, terms("summarise text").iter().map(String::as_str));
+        ix.insert(2, terms("weather forecast").iter().map(String::as_str));
         let fresh = |q: &str| -> Vec<(f32, u32)> {
             let mut v: Vec<_> = ix.query(&terms(q)).accumulate().touched().collect();
             v.sort_by_key(|e| e.1);
@@ -473,7 +498,7 @@ mod tests {
             t
         };
         for i in 0..n {
-            ix.insert(i, &doc(i));
+            ix.insert(i, doc(i).iter().map(String::as_str));
         }
         // Remove most of the head to force refills.
         let q = terms("common");

@@ -40,6 +40,10 @@ use text::Analyzer;
 
 /// Texts embedded per batch while rebuilding.
 const REBUILD_BATCH: usize = 8192;
+/// Prepared records handed from a rebuild's first stage to its second at
+/// once, and chunks that may wait between them.
+const REBUILD_CHUNK: usize = 512;
+const REBUILD_CHUNKS_AHEAD: usize = 8;
 
 /// Counters for metrics and `agentry bench`.
 #[derive(Debug, Clone, Default)]
@@ -457,6 +461,7 @@ impl SearchIndex {
             index.apply(prepared);
         }
         self.retrain_vectors().await;
+        self.save_live_partitions().await;
         self.shared.indexed.send_replace(change.revision);
     }
 
@@ -478,26 +483,146 @@ impl SearchIndex {
         }
     }
 
+    /// Saves the vector partitions beside the records when due (see
+    /// [`Index::partitions_save_due`]), so that the next start places every
+    /// row without training or assigning. A failure costs only that.
+    fn save_partitions(&self, reader: &Reader, index: &mut Index) {
+        if !index.partitions_save_due() {
+            return;
+        }
+        let Some(bytes) = index.saved_partitions() else {
+            return;
+        };
+        match reader.store_index_partitions(&bytes) {
+            Ok(()) => index.mark_partitions_saved(),
+            Err(e) => {
+                warn!(error = %e, "saving the vector partitions failed; the next start assigns them again")
+            }
+        }
+    }
+
+    /// [`Self::save_partitions`] for the live index, off the async threads.
+    async fn save_live_partitions(&self) {
+        let (Some(reader), true) = (
+            self.shared.reader.get().cloned(),
+            self.read().partitions_save_due(),
+        ) else {
+            return;
+        };
+        let this = self.clone();
+        let saved = tokio::task::spawn_blocking(move || {
+            // Encoded under the read lock; the indexer, the only writer,
+            // is waiting for this, so nothing moves in between.
+            let bytes = this.read().saved_partitions();
+            if let Some(bytes) = bytes {
+                match reader.store_index_partitions(&bytes) {
+                    Ok(()) => this.write().mark_partitions_saved(),
+                    Err(e) => warn!(error = %e, "saving the vector partitions failed; the next start assigns them again"),
+                }
+            }
+        })
+        .await;
+        if let Err(e) = saved {
+            error!(error = %e, "saving the vector partitions panicked");
+        }
+    }
+
     /// Builds a new index from every stored record and swaps it in; the
     /// index then stands at `revision` (read before the scan, so following
     /// from `revision + 1` misses nothing).
+    ///
+    /// Two stages on two threads: this one reads, decodes and analyses the
+    /// records (and embeds those without stored vectors), another inserts
+    /// them into the new index in scan order, each about half of the work
+    /// (at a million agents, 47 s on one thread). The directory is never
+    /// held in memory whole: a few chunks are in flight at a time.
     fn rebuild(&self, reader: &Reader, revision: u64) -> Result<(), StorageError> {
         let started = Instant::now();
-        let now = crate::domain::time::now();
         let dim = self.embedder().map_or(0, Embedder::dim);
         let mut fresh = Index::new(dim);
-        // Records are indexed as the scan reaches them: with the vectors
-        // stored for them when those were computed from the same texts and
-        // model, else embedded a batch at a time (and stored). The
-        // directory is never held in memory whole.
+        // The partitions saved by the last index, so rows keep theirs
+        // instead of being trained and assigned again.
+        if dim > 0 {
+            let saved = reader.index_partitions().unwrap_or_else(|e| {
+                warn!(error = %e, "reading the saved vector partitions failed; training them again");
+                None
+            });
+            if let Some(saved) = saved.and_then(|b| vectors::SavedPartitions::decode(&b, dim)) {
+                fresh.adopt_partitions(saved);
+            }
+        }
+        let (chunks, inserter) =
+            std::sync::mpsc::sync_channel::<Vec<Prepared>>(REBUILD_CHUNKS_AHEAD);
+        let (mut fresh, counts) = std::thread::scope(|scope| {
+            let insert = scope.spawn(move || {
+                for chunk in inserter {
+                    chunk.into_iter().for_each(|p| fresh.apply(p));
+                }
+                fresh.maintain();
+                fresh.compact();
+                fresh
+            });
+            let counts = self.prepare_all(reader, dim, &chunks);
+            // Closing the channel ends the inserter, also after a failure.
+            drop(chunks);
+            let fresh = insert
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            (fresh, counts)
+        });
+        let (agents, reused) = counts?;
+        fresh.revision = revision;
+        self.save_partitions(reader, &mut fresh);
+        {
+            let mut index = self.write();
+            *index = fresh;
+        }
+        simd::release_free_memory();
+        let ms = started.elapsed().as_millis() as u64;
+        self.shared.rebuilds.fetch_add(1, Ordering::Relaxed);
+        self.shared.last_rebuild_ms.store(ms, Ordering::Relaxed);
+        self.shared
+            .last_rebuild_reused
+            .store(reused as u64, Ordering::Relaxed);
+        self.shared.indexed.send_replace(revision);
+        info!(
+            agents,
+            reused_vectors = reused,
+            revision,
+            ms,
+            "discovery index built"
+        );
+        Ok(())
+    }
+
+    /// The first stage of [`Self::rebuild`]: every stored record prepared,
+    /// sent on in chunks of scan order. Records are prepared with the
+    /// vectors stored for them when those were computed from the same
+    /// texts and model, else embedded a batch at a time (and stored).
+    /// Returns (agents, agents whose vectors were reused).
+    fn prepare_all(
+        &self,
+        reader: &Reader,
+        dim: usize,
+        out: &std::sync::mpsc::SyncSender<Vec<Prepared>>,
+    ) -> Result<(usize, usize), StorageError> {
+        let now = crate::domain::time::now();
+        let mut chunk: Vec<Prepared> = Vec::with_capacity(REBUILD_CHUNK);
         let mut batch: Vec<(AgentRecord, u64)> = Vec::new();
         let mut texts: Vec<String> = Vec::new();
         let mut counts: Vec<usize> = Vec::new();
         let (mut agents, mut reused) = (0usize, 0usize);
-        let flush = |fresh: &mut Index,
-                     batch: &mut Vec<(AgentRecord, u64)>,
+        // False once the inserter is gone (it panicked): the scan stops.
+        let mut open = true;
+        let send = |chunk: &mut Vec<Prepared>, open: &mut bool| {
+            if *open && out.send(std::mem::take(chunk)).is_err() {
+                *open = false;
+            }
+        };
+        let embed = |batch: &mut Vec<(AgentRecord, u64)>,
                      texts: &mut Vec<String>,
-                     counts: &mut Vec<usize>| {
+                     counts: &mut Vec<usize>,
+                     chunk: &mut Vec<Prepared>| {
             // The texts of as many records as fit in one batch, so the
             // embedder works on large batches across both cores.
             let mut vectors = match self.embedder().map(|e| e.embed_blocking(texts)) {
@@ -522,7 +647,7 @@ impl SearchIndex {
                 if let Some(v) = p.doc.as_ref().and_then(|d| d.index_vectors(source)) {
                     stored.push((record.metadata.id.clone(), Some(v.encode())));
                 }
-                fresh.apply(p);
+                chunk.push(p);
             }
             if !stored.is_empty() {
                 self.store_vectors(&stored);
@@ -530,6 +655,9 @@ impl SearchIndex {
             texts.clear();
         };
         reader.scan_with_index_vectors(|r, stored| {
+            if !open {
+                return;
+            }
             agents += 1;
             let t = vector_texts(&r);
             let source = self.vector_source(&t);
@@ -542,42 +670,25 @@ impl SearchIndex {
                 if let Some(doc) = p.doc.as_mut() {
                     doc.attach_stored(v);
                 }
-                fresh.apply(p);
+                chunk.push(p);
                 reused += 1;
-                return;
+            } else {
+                counts.push(t.len());
+                texts.extend(t);
+                batch.push((r, source));
+                if texts.len() >= REBUILD_BATCH {
+                    embed(&mut batch, &mut texts, &mut counts, &mut chunk);
+                }
             }
-            counts.push(t.len());
-            texts.extend(t);
-            batch.push((r, source));
-            if texts.len() >= REBUILD_BATCH {
-                flush(&mut fresh, &mut batch, &mut texts, &mut counts);
+            if chunk.len() >= REBUILD_CHUNK {
+                send(&mut chunk, &mut open);
             }
         })?;
         if !batch.is_empty() {
-            flush(&mut fresh, &mut batch, &mut texts, &mut counts);
+            embed(&mut batch, &mut texts, &mut counts, &mut chunk);
         }
-        fresh.maintain();
-        fresh.compact();
-        fresh.revision = revision;
-        {
-            let mut index = self.write();
-            *index = fresh;
-        }
-        let ms = started.elapsed().as_millis() as u64;
-        self.shared.rebuilds.fetch_add(1, Ordering::Relaxed);
-        self.shared.last_rebuild_ms.store(ms, Ordering::Relaxed);
-        self.shared
-            .last_rebuild_reused
-            .store(reused as u64, Ordering::Relaxed);
-        self.shared.indexed.send_replace(revision);
-        info!(
-            agents,
-            reused_vectors = reused,
-            revision,
-            ms,
-            "discovery index built"
-        );
-        Ok(())
+        send(&mut chunk, &mut open);
+        Ok((agents, reused))
     }
 
     /// Keeps the index in step with the applied state until shutdown.

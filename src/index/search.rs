@@ -33,8 +33,8 @@ use crate::domain::lease::LeaseTable;
 use crate::domain::{AgentRecord, AgentStatus, Principal};
 
 use super::simd::{dot_i8, quantize};
-use super::text::Analyzer;
-use super::vectors::VectorIndex;
+use super::text::{Analyzer, TermList};
+use super::vectors::{SavedPartitions, VectorIndex};
 
 /// Ranking weights; the final score is their weighted sum divided by the
 /// sum of the weights, plus the (non-positive) policy component.
@@ -77,6 +77,12 @@ pub const MAX_UNITS: usize = 64;
 /// Agents holding a required tag are all scored when they are at most this
 /// many, or no more than a vector-index query would read anyway.
 const EXHAUSTIVE_MIN: usize = 4096;
+/// The index's maps, read on every request and written for every agent at
+/// a rebuild: a fast hasher, seeded per process.
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
+/// Fewest rows placed before saving the vector partitions again.
+const IVF_SAVE_MIN: usize = 4096;
 /// Profile cosine above which two candidates count as near-duplicates.
 const DUPLICATE_COSINE: f32 = 0.985;
 const DEPRECATED_PENALTY: f32 = 0.1;
@@ -97,7 +103,7 @@ pub struct Prepared {
 #[derive(Clone)]
 pub struct PreparedDoc {
     facts: AgentFacts,
-    terms: Vec<String>,
+    terms: TermList,
     /// Analyzed form of each tag, for query-derived tags.
     tag_forms: Vec<(String, String)>,
     profile: Option<Vec<f32>>,
@@ -175,18 +181,25 @@ impl IndexVectors {
 /// What a record's vectors are computed from: the model, the texts and
 /// the profile's λ (FNV-1a, stable across builds).
 pub fn vector_source(model: &str, texts: &[String], weights: &Weights) -> u64 {
+    let parts = [model.as_bytes(), &weights.profile_examples.to_le_bytes()];
+    stable_hash(parts.into_iter().chain(texts.iter().map(String::as_bytes)))
+}
+
+/// FNV-1a over the parts, each followed by 0xff: the same in every build
+/// and process, for what is stored.
+fn stable_hash<'a>(parts: impl IntoIterator<Item = &'a [u8]>) -> u64 {
     let mut h = 0xcbf2_9ce4_8422_2325u64;
-    let mut eat = |bytes: &[u8]| {
-        for &b in bytes.iter().chain(&[0xff]) {
+    for part in parts {
+        for &b in part.iter().chain(&[0xff]) {
             h = (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
         }
-    };
-    eat(model.as_bytes());
-    eat(&weights.profile_examples.to_le_bytes());
-    for t in texts {
-        eat(t.as_bytes());
     }
     h
+}
+
+/// The key an agent's saved vector partition is kept under.
+fn row_key(id: &str) -> u64 {
+    stable_hash([id.as_bytes()])
 }
 
 impl PreparedDoc {
@@ -369,7 +382,7 @@ pub fn analyse(
         };
     }
     let unit_count = m.examples.len() + m.operations.len();
-    let terms = analyzer.terms(&lexical_text(record));
+    let terms = analyzer.term_list(&lexical_text(record));
     let facts = AgentFacts::of(record);
     let tag_forms = facts
         .tags
@@ -513,12 +526,12 @@ fn pool_size(limit: usize) -> usize {
 pub struct Index {
     docs: Vec<Option<Doc>>,
     free: Vec<u32>,
-    by_id: HashMap<String, u32>,
+    by_id: FastMap<String, u32>,
     lexical: super::lexical::LexicalIndex,
     /// Tag → slots.
-    tags: HashMap<String, Vec<u32>>,
+    tags: FastMap<String, Vec<u32>>,
     /// Analyzed tag form → tags with that form (for query-derived tags).
-    tag_forms: HashMap<String, Vec<String>>,
+    tag_forms: FastMap<String, Vec<String>>,
     vectors: VectorIndex,
     analyzer: Analyzer,
     /// Revision of the last change applied.
@@ -527,6 +540,9 @@ pub struct Index {
     without_vectors: usize,
     /// The last `indexed_at`, shared with the next document of that time.
     indexed_at: std::sync::Arc<str>,
+    /// Saved vector partitions a rebuild places its rows by, until
+    /// [`Self::maintain`].
+    saved_partitions: Option<SavedPartitions>,
 }
 
 /// One ranked agent, with everything a response may show.
@@ -620,16 +636,44 @@ impl Index {
         Self {
             docs: Vec::new(),
             free: Vec::new(),
-            by_id: HashMap::new(),
+            by_id: FastMap::default(),
             lexical: Default::default(),
-            tags: HashMap::new(),
-            tag_forms: HashMap::new(),
+            tags: FastMap::default(),
+            tag_forms: FastMap::default(),
             vectors: VectorIndex::new(dim),
             analyzer: Analyzer::default(),
             revision: 0,
             without_vectors: 0,
             indexed_at: std::sync::Arc::from(""),
+            saved_partitions: None,
         }
+    }
+
+    /// Places the rows of this (empty) index by the partitions saved from
+    /// an earlier one, until [`Self::maintain`].
+    pub fn adopt_partitions(&mut self, saved: SavedPartitions) {
+        self.vectors.adopt(&saved);
+        self.saved_partitions = Some(saved);
+    }
+
+    /// The vector partitions to save, when partitioned (see
+    /// [`VectorIndex::saved`]).
+    pub fn saved_partitions(&self) -> Option<Vec<u8>> {
+        self.vectors.saved(|slot| {
+            let doc = self.docs.get(slot as usize)?.as_ref()?;
+            Some(row_key(&doc.id))
+        })
+    }
+
+    /// Saving the partitions again is due once a tenth of the rows (and at
+    /// least 4,096) were placed since the last save, or after training.
+    pub fn partitions_save_due(&self) -> bool {
+        self.vectors.partitions() > 0
+            && self.vectors.placed_since_saved() >= (self.vectors.live() / 10).max(IVF_SAVE_MIN)
+    }
+
+    pub fn mark_partitions_saved(&mut self) {
+        self.vectors.mark_saved();
     }
 
     pub fn len(&self) -> usize {
@@ -662,7 +706,7 @@ impl Index {
         if s == self.docs.len() {
             self.docs.push(None);
         }
-        self.lexical.insert(slot, &doc.terms);
+        self.lexical.insert(slot, doc.terms.iter());
         for t in &doc.facts.tags {
             let list = self.tags.entry(t.clone()).or_default();
             let at = list.partition_point(|&x| x < slot);
@@ -675,13 +719,17 @@ impl Index {
             }
         }
         let stored = doc.stored.unwrap_or_default();
+        let hint = self
+            .saved_partitions
+            .as_ref()
+            .and_then(|saved| saved.list_of(row_key(&p.id)));
         let has_profile = match (&doc.profile, &stored.profile) {
             (Some(p), _) => {
-                self.vectors.set(slot, p);
+                self.vectors.set(slot, p, hint);
                 true
             }
             (None, Some((code, scale))) => {
-                self.vectors.set_code(slot, code, *scale);
+                self.vectors.set_code(slot, code, *scale, hint);
                 true
             }
             (None, None) => false,
@@ -1110,6 +1158,7 @@ impl Index {
 
     pub fn maintain(&mut self) {
         self.vectors.maintain();
+        self.saved_partitions = None;
     }
 
     /// Gives back what the growth of its lists reserved beyond their

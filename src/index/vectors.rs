@@ -72,6 +72,14 @@ pub struct VectorIndex {
     centroids: Vec<f32>,
     live: usize,
     trained_at: usize,
+    /// While a rebuild adopts saved partitions: rows without a saved
+    /// partition wait in `pending` and are assigned together (on every
+    /// core) by [`Self::maintain`], instead of one by one.
+    staging: bool,
+    pending: Vec<u32>,
+    /// Rows placed since the partitions were last saved
+    /// ([`Self::saved`]), which says when saving them again is due.
+    placed_since_saved: usize,
 }
 
 impl VectorIndex {
@@ -85,6 +93,9 @@ impl VectorIndex {
             centroids: Vec::new(),
             live: 0,
             trained_at: 0,
+            staging: false,
+            pending: Vec::new(),
+            placed_since_saved: 0,
         }
     }
 
@@ -105,6 +116,16 @@ impl VectorIndex {
 
     /// Puts a row into the per-slot copy and into `list`.
     fn place(&mut self, slot: u32, list: usize, code: &[i8], scale: f32) {
+        let s = slot as usize;
+        self.write_row(slot, code, scale);
+        let pos = self.lists[list].push(slot);
+        self.at[s] = (list as u32, pos);
+        self.live += 1;
+        self.placed_since_saved += 1;
+    }
+
+    /// Writes a row into the per-slot copy (growing it as needed).
+    fn write_row(&mut self, slot: u32, code: &[i8], scale: f32) {
         let (s, dim) = (slot as usize, self.dim);
         if self.at.len() <= s {
             self.at.resize(s + 1, NONE);
@@ -113,43 +134,82 @@ impl VectorIndex {
         }
         self.codes[s * dim..(s + 1) * dim].copy_from_slice(code);
         self.scales[s] = scale;
-        let pos = self.lists[list].push(slot);
-        self.at[s] = (list as u32, pos);
+    }
+
+    /// Keeps a row out of the lists until [`Self::maintain`] assigns it.
+    fn stage(&mut self, slot: u32, code: &[i8], scale: f32) {
+        self.write_row(slot, code, scale);
+        self.pending.push(slot);
         self.live += 1;
     }
 
-    /// Stores the unit vector of `slot` (replacing any).
-    pub fn set(&mut self, slot: u32, v: &[f32]) {
+    /// Places a row: into `hint` (its saved partition) when there is one,
+    /// else into the partition nearest `exact` (or its codes), or held
+    /// back for [`Self::maintain`] while staging.
+    fn put(
+        &mut self,
+        slot: u32,
+        code: &[i8],
+        scale: f32,
+        exact: Option<&[f32]>,
+        hint: Option<u32>,
+    ) {
+        self.clear(slot);
+        let nlist = self.partitions();
+        if nlist == 0 {
+            return self.place(slot, 0, code, scale);
+        }
+        if let Some(list) = hint.filter(|&l| (l as usize) < nlist) {
+            return self.place(slot, list as usize, code, scale);
+        }
+        if self.staging {
+            return self.stage(slot, code, scale);
+        }
+        let list = match exact {
+            Some(v) => nearest(&self.centroids, self.dim, v),
+            None => {
+                let v: Vec<f32> = code.iter().map(|&c| f32::from(c) * scale).collect();
+                nearest(&self.centroids, self.dim, &v)
+            }
+        };
+        self.place(slot, list, code, scale);
+    }
+
+    /// Stores the unit vector of `slot` (replacing any); `hint` is the
+    /// partition saved for it, if any ([`SavedPartitions`]).
+    pub fn set(&mut self, slot: u32, v: &[f32], hint: Option<u32>) {
         if v.len() != self.dim || self.dim == 0 {
             return;
         }
-        self.clear(slot);
         let (q, scale) = quantize(v);
         if scale == 0.0 {
+            self.clear(slot);
             return;
         }
-        let list = if self.centroids.is_empty() {
-            0
-        } else {
-            nearest(&self.centroids, self.dim, v)
-        };
-        self.place(slot, list, &q, scale);
+        self.put(slot, &q, scale, Some(v), hint);
     }
 
     /// Stores `slot`'s row from its i8 codes (as [`Self::set`] would have
     /// made them).
-    pub fn set_code(&mut self, slot: u32, code: &[i8], scale: f32) {
+    pub fn set_code(&mut self, slot: u32, code: &[i8], scale: f32, hint: Option<u32>) {
         if code.len() != self.dim || self.dim == 0 || scale == 0.0 {
             return;
         }
-        self.clear(slot);
-        let list = if self.centroids.is_empty() {
-            0
-        } else {
-            let v: Vec<f32> = code.iter().map(|&c| f32::from(c) * scale).collect();
-            nearest(&self.centroids, self.dim, &v)
-        };
-        self.place(slot, list, code, scale);
+        self.put(slot, code, scale, None, hint);
+    }
+
+    /// Takes saved partitions into an empty index (a rebuild's): rows are
+    /// then placed into their saved partition, and the rest held back for
+    /// [`Self::maintain`]. A million agents' partitions are otherwise
+    /// trained and assigned again at every start (a quarter of the build).
+    pub fn adopt(&mut self, saved: &SavedPartitions) {
+        if self.live > 0 || saved.dim != self.dim || saved.centroids.is_empty() {
+            return;
+        }
+        self.centroids = saved.centroids.clone();
+        self.lists = vec![List::default(); self.partitions()];
+        self.trained_at = saved.trained_at;
+        self.staging = true;
     }
 
     /// Trains the partitions when the collection has doubled since they
@@ -158,6 +218,18 @@ impl VectorIndex {
     pub fn maintain(&mut self) {
         if let Some(t) = self.train() {
             self.install(t);
+        }
+        self.staging = false;
+        let pending = std::mem::take(&mut self.pending);
+        if pending.is_empty() {
+            return;
+        }
+        let lists = self.assign(&self.centroids, &pending);
+        for (slot, list) in pending.into_iter().zip(lists) {
+            let s = slot as usize;
+            let pos = self.lists[list].push(slot);
+            self.at[s] = (list as u32, pos);
+            self.placed_since_saved += 1;
         }
     }
 
@@ -179,11 +251,19 @@ impl VectorIndex {
         self.lists = t.lists;
         self.at = t.at;
         self.trained_at = t.rows;
+        // Training assigned every row, those held back included.
+        self.pending.clear();
+        self.placed_since_saved = self.live.max(1);
     }
 
     pub fn clear(&mut self, slot: u32) {
         let s = slot as usize;
         let Some(&(list, pos)) = self.at.get(s).filter(|a| **a != NONE) else {
+            if let Some(at) = self.pending.iter().position(|&p| p == slot) {
+                self.pending.swap_remove(at);
+                self.scales[s] = 0.0;
+                self.live -= 1;
+            }
             return;
         };
         self.at[s] = NONE;
@@ -505,6 +585,110 @@ impl VectorIndex {
     pub fn partitions(&self) -> usize {
         self.centroids.len() / self.dim.max(1)
     }
+
+    /// The partitions and each row's, keyed by `key_of(slot)`, for
+    /// [`SavedPartitions::decode`]; None while unpartitioned.
+    pub fn saved(&self, key_of: impl Fn(u32) -> Option<u64>) -> Option<Vec<u8>> {
+        let nlist = self.partitions();
+        if nlist == 0 {
+            return None;
+        }
+        let rows: Vec<(u64, u32)> = self
+            .at
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| **a != NONE)
+            .filter_map(|(s, a)| Some((key_of(s as u32)?, a.0)))
+            .collect();
+        let mut out = Vec::with_capacity(28 + self.centroids.len() * 4 + rows.len() * 12);
+        out.extend(SAVED_MAGIC);
+        out.extend((self.dim as u32).to_le_bytes());
+        out.extend((nlist as u32).to_le_bytes());
+        out.extend((self.trained_at as u64).to_le_bytes());
+        out.extend((rows.len() as u64).to_le_bytes());
+        for c in &self.centroids {
+            out.extend(c.to_le_bytes());
+        }
+        for (key, list) in rows {
+            out.extend(key.to_le_bytes());
+            out.extend(list.to_le_bytes());
+        }
+        Some(out)
+    }
+
+    /// Rows placed since [`Self::mark_saved`] (all of them after training).
+    pub fn placed_since_saved(&self) -> usize {
+        self.placed_since_saved
+    }
+
+    pub fn mark_saved(&mut self) {
+        self.placed_since_saved = 0;
+    }
+
+    /// Rows counted in the index.
+    pub fn live(&self) -> usize {
+        self.live
+    }
+}
+
+const SAVED_MAGIC: &[u8; 4] = b"IVF1";
+
+/// Partitions saved beside the records ([`VectorIndex::saved`]): the
+/// centroids, the row count they were trained at, and each row's
+/// partition by a 64-bit key of its agent id. Derived data: whatever does
+/// not match is assigned again.
+pub struct SavedPartitions {
+    dim: usize,
+    centroids: Vec<f32>,
+    trained_at: usize,
+    rows: std::collections::HashMap<u64, u32, foldhash::fast::RandomState>,
+}
+
+impl SavedPartitions {
+    /// None for bytes that are not a saving of `dim`-dimensional partitions.
+    pub fn decode(bytes: &[u8], dim: usize) -> Option<Self> {
+        let u32_at = |at: usize| -> Option<usize> {
+            Some(u32::from_le_bytes(bytes.get(at..at + 4)?.try_into().ok()?) as usize)
+        };
+        let u64_at = |at: usize| -> Option<u64> {
+            Some(u64::from_le_bytes(bytes.get(at..at + 8)?.try_into().ok()?))
+        };
+        if bytes.get(..4)? != SAVED_MAGIC || u32_at(4)? != dim || dim == 0 {
+            return None;
+        }
+        let nlist = u32_at(8)?;
+        let trained_at = usize::try_from(u64_at(12)?).ok()?;
+        let rows = usize::try_from(u64_at(20)?).ok()?;
+        let centroids_end = 28usize.checked_add(nlist.checked_mul(dim)?.checked_mul(4)?)?;
+        if nlist == 0 || bytes.len() != centroids_end.checked_add(rows.checked_mul(12)?)? {
+            return None;
+        }
+        let centroids = bytes[28..centroids_end]
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        let mut by_key =
+            std::collections::HashMap::with_capacity_and_hasher(rows, Default::default());
+        for row in bytes[centroids_end..].chunks_exact(12) {
+            let key = u64::from_le_bytes(row[..8].try_into().ok()?);
+            let list = u32::from_le_bytes(row[8..].try_into().ok()?);
+            if list as usize >= nlist {
+                return None;
+            }
+            by_key.insert(key, list);
+        }
+        Some(Self {
+            dim,
+            centroids,
+            trained_at,
+            rows: by_key,
+        })
+    }
+
+    /// The partition saved for the row keyed `key`.
+    pub fn list_of(&self, key: u64) -> Option<u32> {
+        self.rows.get(&key).copied()
+    }
 }
 
 /// Recall of the partitioned scan at one probe count (see
@@ -551,13 +735,16 @@ pub(crate) fn best_admitted(
         .collect()
 }
 
-/// Partitions a query probes: about a twenty-fourth of them, and at least
-/// 16. On the benchmark corpus (`agentry bench discover`) that finds 99.6 %
-/// of the exact ten nearest among the hundred candidates at 100k agents
-/// (21 of 512; a twelfth: 99.9 % at 1.6× the scan time) and 98.4 % at 10k
-/// (16 of 181; 8 would give 96.9 %, saving 30 µs).
+/// Partitions a query probes: the square root of their number, 16 to 64.
+/// The nearest rows of a query sit in a few neighbouring partitions, so
+/// the probes needed grow much slower than the partitions (a fixed share
+/// would scan a fixed share of the directory). On the benchmark corpus
+/// (`agentry bench discover`): at 10k agents 16 of 181 find 98.4 % of the
+/// exact ten nearest among the hundred candidates; at 100k 21 of 512 find
+/// 99.6 %; at 1M, 30, 60 and 120 of 1,448 all find 98.7 %, the scan
+/// taking 2.6, 5.1 and 8.7 ms.
 fn nprobe(nlist: usize) -> usize {
-    (nlist / 24).clamp(16, 64).min(nlist)
+    ((nlist as f64).sqrt() as usize).clamp(16, 64).min(nlist)
 }
 
 fn nearest(centroids: &[f32], dim: usize, v: &[f32]) -> usize {
@@ -597,7 +784,7 @@ mod tests {
         let dim = 32;
         let mut ix = VectorIndex::new(dim);
         for s in 0..6000u32 {
-            ix.set(s, &unit(u64::from(s), dim));
+            ix.set(s, &unit(u64::from(s), dim), None);
         }
         assert_eq!(ix.partitions(), 0, "trained only when asked");
         ix.maintain();
@@ -626,6 +813,53 @@ mod tests {
     }
 
     #[test]
+    fn saved_partitions_place_every_row_as_before_without_training() {
+        let (dim, n) = (32, 6000u32);
+        let key = |s: u32| Some(u64::from(s) * 7 + 1);
+        let mut first = VectorIndex::new(dim);
+        assert!(first.saved(key).is_none(), "nothing to save unpartitioned");
+        for s in 0..n {
+            first.set(s, &unit(u64::from(s), dim), None);
+        }
+        first.maintain();
+        let bytes = first.saved(key).expect("partitioned");
+        assert!(
+            SavedPartitions::decode(&bytes, dim + 1).is_none(),
+            "another dimension"
+        );
+        assert!(SavedPartitions::decode(&bytes[..bytes.len() - 1], dim).is_none());
+        assert!(SavedPartitions::decode(b"IVF1", dim).is_none());
+        let saved = SavedPartitions::decode(&bytes, dim).expect("decodes");
+
+        // A rebuild: every known row goes to its saved partition, one new
+        // row waits and is assigned by `maintain`, which does not train.
+        let mut again = VectorIndex::new(dim);
+        again.adopt(&saved);
+        for s in 0..n {
+            let hint = saved.list_of(u64::from(s) * 7 + 1);
+            assert!(hint.is_some());
+            again.set(s, &unit(u64::from(s), dim), hint);
+        }
+        again.set(n, &unit(u64::from(n), dim), None);
+        assert_eq!(again.pending, vec![n]);
+        again.maintain();
+        assert!(again.pending.is_empty());
+        assert_eq!(again.centroids, first.centroids, "not trained again");
+        assert_eq!(again.live(), n as usize + 1);
+        for s in 0..n as usize {
+            assert_eq!(again.at[s].0, first.at[s].0, "row {s} kept its partition");
+        }
+        assert_ne!(again.at[n as usize], NONE);
+        for probe in [3u32, 1234, n] {
+            let q = unit(u64::from(probe), dim);
+            assert_eq!(again.top(&q, &quantize(&q), 1, |_| true)[0].0, probe);
+        }
+        assert!(again.placed_since_saved() > 0);
+        again.mark_saved();
+        assert_eq!(again.placed_since_saved(), 0);
+    }
+
+    #[test]
     fn recall_grows_with_the_probed_partitions_and_is_complete_when_all_are() {
         let dim = 32;
         let mut ix = VectorIndex::new(dim);
@@ -635,7 +869,7 @@ mod tests {
             "nothing partitioned"
         );
         for s in 0..8000u32 {
-            ix.set(s, &unit(u64::from(s), dim));
+            ix.set(s, &unit(u64::from(s), dim), None);
         }
         ix.maintain();
         // Queries near stored rows but not equal to any.

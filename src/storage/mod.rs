@@ -43,6 +43,10 @@ pub(crate) const CF_LEASES: &str = "leases";
 /// the records and local to this node: never replicated, snapshotted or
 /// backed up; kept so that a restart need not embed every record again.
 pub(crate) const CF_INDEX_VECTORS: &str = "index_vectors";
+/// The key in [`CF_INDEX_VECTORS`] of the index's vector partitions (see
+/// `index::vectors::SavedPartitions`). Agent ids hold no control
+/// characters, so keys that start with NUL are never an agent's.
+const INDEX_PARTITIONS_KEY: &[u8] = b"\0partitions";
 
 /// Storage failures. They are fatal to Raft (openraft stops the node), so
 /// anything a client can cause is handled before it reaches storage.

@@ -228,7 +228,9 @@ impl Reader {
             let record: AgentRecord = serde_json::from_slice(value)?;
             // Vectors before this id belong to no record.
             while let Some(k) = vectors.key().filter(|k| *k < key) {
-                orphans.delete_cf(vectors_cf, k);
+                if !k.starts_with(b"\0") {
+                    orphans.delete_cf(vectors_cf, k);
+                }
                 vectors.next();
             }
             let live = !record.envelope.deleted;
@@ -247,13 +249,32 @@ impl Reader {
         }
         records.status()?;
         while let Some(k) = vectors.key() {
-            orphans.delete_cf(vectors_cf, k);
+            if !k.starts_with(b"\0") {
+                orphans.delete_cf(vectors_cf, k);
+            }
             vectors.next();
         }
         vectors.status()?;
         if !orphans.is_empty() {
             self.db.write(orphans)?;
         }
+        Ok(())
+    }
+
+    /// The discovery index's vector partitions as last saved, if any.
+    pub fn index_partitions(&self) -> Result<Option<Vec<u8>>, StorageError> {
+        let vectors_cf = cf(&self.db, CF_INDEX_VECTORS)?;
+        Ok(self
+            .db
+            .get_cf_opt(vectors_cf, super::INDEX_PARTITIONS_KEY, &super::bulk_read())?)
+    }
+
+    /// Saves the discovery index's vector partitions (derived data, like
+    /// the vectors: written outside Raft).
+    pub fn store_index_partitions(&self, bytes: &[u8]) -> Result<(), StorageError> {
+        let vectors_cf = cf(&self.db, CF_INDEX_VECTORS)?;
+        self.db
+            .put_cf(vectors_cf, super::INDEX_PARTITIONS_KEY, bytes)?;
         Ok(())
     }
 

@@ -1374,6 +1374,26 @@ mod tests {
     }
 
     /// A state machine with its database under `dir/a`.
+    /// Alice registers a minimal agent `id`.
+    fn register_by_alice(id: &str) -> Command {
+        Command::Put {
+            metadata: Box::new(crate::domain::AgentMetadata {
+                id: id.into(),
+                name: "A".into(),
+                description: "d".into(),
+                ..Default::default()
+            }),
+            visibility: None,
+            readers: Vec::new(),
+            principal: Principal::new("alice", Role::Publisher),
+            mode: WriteMode::Register,
+            now: "2026-11-24T00:00:00Z".into(),
+            publisher: None,
+            quota: None,
+            expected_revision: None,
+        }
+    }
+
     fn state_machine_in(dir: &std::path::Path) -> StateMachine {
         let db =
             crate::storage::open(&dir.join("a"), crate::storage::DEFAULT_MAX_WAL_BYTES).unwrap();
@@ -1468,24 +1488,47 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_index_scan_drops_orphaned_vectors_and_keeps_the_saved_partitions() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut sm = state_machine_in(dir.path());
+        let put = register_by_alice("kept");
+        sm.apply([Entry {
+            log_id: openraft::LogId::new(openraft::CommittedLeaderId::new(1, 1), 1),
+            payload: normal(put),
+        }])
+        .await
+        .unwrap();
+        let reader = sm.reader();
+        reader
+            .store_index_vectors(&[
+                ("gone".into(), Some(vec![2])),
+                ("kept".into(), Some(vec![1])),
+            ])
+            .unwrap();
+        reader.store_index_partitions(b"partitions").unwrap();
+        let mut seen = Vec::new();
+        reader
+            .scan_with_index_vectors(|r, v| seen.push((r.metadata.id, v.map(<[u8]>::to_vec))))
+            .unwrap();
+        assert_eq!(seen, vec![("kept".to_string(), Some(vec![1]))]);
+        // The orphan went; the partitions are no agent's and stay.
+        let mut again = Vec::new();
+        reader
+            .scan_with_index_vectors(|r, v| again.push((r.metadata.id, v.map(<[u8]>::to_vec))))
+            .unwrap();
+        assert_eq!(again, seen);
+        let cf = cf(&reader.db, crate::storage::CF_INDEX_VECTORS).unwrap();
+        assert!(reader.db.get_cf(cf, b"gone").unwrap().is_none());
+        assert_eq!(
+            reader.index_partitions().unwrap().as_deref(),
+            Some(&b"partitions"[..])
+        );
+    }
+
+    #[tokio::test]
     async fn snapshots_carry_the_audit_trail() {
         let audited = Command::Audited {
-            command: Box::new(Command::Put {
-                metadata: Box::new(crate::domain::AgentMetadata {
-                    id: "audited".into(),
-                    name: "A".into(),
-                    description: "d".into(),
-                    ..Default::default()
-                }),
-                visibility: None,
-                readers: Vec::new(),
-                principal: Principal::new("alice", Role::Publisher),
-                mode: WriteMode::Register,
-                now: "2026-11-24T00:00:00Z".into(),
-                publisher: None,
-                quota: None,
-                expected_revision: None,
-            }),
+            command: Box::new(register_by_alice("audited")),
             audit: crate::domain::audit::AuditContext {
                 principal: Some(Principal::new("alice", Role::Publisher)),
                 address: Some("192.0.2.7".into()),
