@@ -301,16 +301,6 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
     )?
     .with_audit(config.audit.retention(), audit_sink);
     let reader = state_machine.reader();
-    let (shutdown, shutdown_rx) = watch::channel(false);
-    // The discovery index is built from the applied state while Raft starts
-    // (reading its snapshot and log): at a million agents the build is most
-    // of a restart, and it needs nothing from Raft. Should the start fail,
-    // dropping `shutdown` stops it.
-    let index = SearchIndex::new(
-        load_embedder(&config.discovery).await,
-        config.discovery.weights.clone(),
-    );
-    let indexer = index.spawn(reader.clone(), shutdown_rx.clone());
     let faults = Faults::default();
     let node = RaftNode::start(
         NodeSettings {
@@ -333,6 +323,7 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
     )
     .await?;
 
+    let (shutdown, shutdown_rx) = watch::channel(false);
     let stopped = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
@@ -373,6 +364,15 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
         node.wait_for_leader(Duration::from_secs(30)).await?;
     }
 
+    // Built once Raft has started: after a kill -9 Raft first applies
+    // again what the state machine had applied but not yet made durable,
+    // and a build before that would find those records missing and embed
+    // them again from the change feed instead of reusing their vectors.
+    let index = SearchIndex::new(
+        load_embedder(&config.discovery).await,
+        config.discovery.weights.clone(),
+    );
+    let indexer = index.spawn(reader.clone(), shutdown_rx.clone());
     let peers = crate::federation::Peers::new(&config.federation)
         .map_err(crate::config::ConfigError::Invalid)?;
     let service = RegistryService::new(

@@ -485,23 +485,30 @@ impl SearchIndex {
 
     /// Saves the vector partitions beside the records when due (see
     /// [`Index::partitions_save_due`]), so that the next start places every
-    /// row without training or assigning. A failure costs only that.
-    fn save_partitions(&self, reader: &Reader, index: &mut Index) {
-        if !index.partitions_save_due() {
-            return;
-        }
-        let Some(bytes) = index.saved_partitions() else {
+    /// row without training or assigning them; a failure costs only that.
+    /// Called by the indexer, the index's only writer, so nothing moves
+    /// between encoding them under the read lock and marking them saved.
+    fn save_partitions(&self, reader: &Reader) {
+        let bytes = {
+            let index = self.read();
+            if !index.partitions_save_due() {
+                return;
+            }
+            index.saved_partitions()
+        };
+        let Some(bytes) = bytes else {
             return;
         };
         match reader.store_index_partitions(&bytes) {
-            Ok(()) => index.mark_partitions_saved(),
+            Ok(()) => self.write().mark_partitions_saved(),
             Err(e) => {
                 warn!(error = %e, "saving the vector partitions failed; the next start assigns them again")
             }
         }
     }
 
-    /// [`Self::save_partitions`] for the live index, off the async threads.
+    /// [`Self::save_partitions`] off the async threads (at a million agents
+    /// the encoding is 14 MB).
     async fn save_live_partitions(&self) {
         let (Some(reader), true) = (
             self.shared.reader.get().cloned(),
@@ -510,18 +517,7 @@ impl SearchIndex {
             return;
         };
         let this = self.clone();
-        let saved = tokio::task::spawn_blocking(move || {
-            // Encoded under the read lock; the indexer, the only writer,
-            // is waiting for this, so nothing moves in between.
-            let bytes = this.read().saved_partitions();
-            if let Some(bytes) = bytes {
-                match reader.store_index_partitions(&bytes) {
-                    Ok(()) => this.write().mark_partitions_saved(),
-                    Err(e) => warn!(error = %e, "saving the vector partitions failed; the next start assigns them again"),
-                }
-            }
-        })
-        .await;
+        let saved = tokio::task::spawn_blocking(move || this.save_partitions(&reader)).await;
         if let Err(e) = saved {
             error!(error = %e, "saving the vector partitions panicked");
         }
@@ -572,11 +568,11 @@ impl SearchIndex {
         });
         let (agents, reused) = counts?;
         fresh.revision = revision;
-        self.save_partitions(reader, &mut fresh);
-        {
-            let mut index = self.write();
-            *index = fresh;
-        }
+        // The index replaced is dropped after the lock is released: at a
+        // million agents that takes long enough to hold up searches.
+        let replaced = std::mem::replace(&mut *self.write(), fresh);
+        drop(replaced);
+        self.save_partitions(reader);
         simd::release_free_memory();
         let ms = started.elapsed().as_millis() as u64;
         self.shared.rebuilds.fetch_add(1, Ordering::Relaxed);
