@@ -216,6 +216,12 @@ impl VectorIndex {
     /// were last trained (or first passes [`IVF_MIN`]). Called after a batch
     /// of changes, so a rebuild trains once, on everything.
     pub fn maintain(&mut self) {
+        // Partitions adopted from a directory several times the size of
+        // this one are too many for it: they go, and training decides
+        // again (what a start did before partitions were saved).
+        if self.staging && self.live.saturating_mul(4) < self.trained_at {
+            self.unpartition();
+        }
         if let Some(t) = self.train() {
             self.install(t);
         }
@@ -231,6 +237,18 @@ impl VectorIndex {
             self.at[s] = (list as u32, pos);
             self.placed_since_saved += 1;
         }
+    }
+
+    /// Every row back in one list, untrained.
+    fn unpartition(&mut self) {
+        let slots: Vec<u32> = (0..self.at.len() as u32).filter(|&s| self.has(s)).collect();
+        for (pos, &s) in slots.iter().enumerate() {
+            self.at[s as usize] = (0, pos as u32);
+        }
+        self.lists = vec![List { slots }];
+        self.centroids.clear();
+        self.pending.clear();
+        self.trained_at = 0;
     }
 
     /// Whether [`Self::maintain`] would train.
@@ -857,6 +875,31 @@ mod tests {
         assert!(again.placed_since_saved() > 0);
         again.mark_saved();
         assert_eq!(again.placed_since_saved(), 0);
+    }
+
+    #[test]
+    fn partitions_saved_by_a_much_larger_directory_are_not_kept() {
+        let dim = 32;
+        let mut large = VectorIndex::new(dim);
+        for s in 0..6000u32 {
+            large.set(s, &unit(u64::from(s), dim), None);
+        }
+        large.maintain();
+        let bytes = large.saved(|s| Some(u64::from(s))).expect("partitioned");
+        let saved = SavedPartitions::decode(&bytes, dim).expect("decodes");
+        let mut small = VectorIndex::new(dim);
+        small.adopt(&saved);
+        for s in 0..1000u32 {
+            small.set(s, &unit(u64::from(s), dim), saved.list_of(u64::from(s)));
+        }
+        small.set(1000, &unit(1000, dim), None);
+        small.maintain();
+        assert_eq!(small.partitions(), 0, "1,001 rows are scanned whole");
+        assert_eq!(small.live(), 1001);
+        for probe in [0u32, 500, 1000] {
+            let q = unit(u64::from(probe), dim);
+            assert_eq!(small.top(&q, &quantize(&q), 1, |_| true)[0].0, probe);
+        }
     }
 
     #[test]
