@@ -1145,8 +1145,6 @@ impl Index {
         }
     }
 
-    /// Upkeep after a batch of changes (vector partitions retrained when
-    /// the collection has doubled).
     /// New vector partitions when they are due (see [`VectorIndex::train`]).
     pub(crate) fn train_vectors(&self) -> Option<super::vectors::Trained> {
         self.vectors.train()
@@ -1156,6 +1154,9 @@ impl Index {
         self.vectors.install(t);
     }
 
+    /// Upkeep after a batch of changes (vector partitions retrained when
+    /// the collection has doubled; rows held back by adopted partitions
+    /// assigned).
     pub fn maintain(&mut self) {
         self.vectors.maintain();
         self.saved_partitions = None;

@@ -797,13 +797,19 @@ mod tests {
         v
     }
 
+    /// An index holding rows 0..n, each `unit(row)`, not yet trained.
+    fn with_rows(n: u32, dim: usize) -> VectorIndex {
+        let mut ix = VectorIndex::new(dim);
+        for s in 0..n {
+            ix.set(s, &unit(u64::from(s), dim), None);
+        }
+        ix
+    }
+
     #[test]
     fn partitioned_search_finds_the_nearest_rows_and_honours_filters() {
         let dim = 32;
-        let mut ix = VectorIndex::new(dim);
-        for s in 0..6000u32 {
-            ix.set(s, &unit(u64::from(s), dim), None);
-        }
+        let mut ix = with_rows(6000, dim);
         assert_eq!(ix.partitions(), 0, "trained only when asked");
         ix.maintain();
         assert!(ix.partitions() > 0, "trained once past {IVF_MIN} rows");
@@ -834,11 +840,8 @@ mod tests {
     fn saved_partitions_place_every_row_as_before_without_training() {
         let (dim, n) = (32, 6000u32);
         let key = |s: u32| Some(u64::from(s) * 7 + 1);
-        let mut first = VectorIndex::new(dim);
+        let mut first = with_rows(n, dim);
         assert!(first.saved(key).is_none(), "nothing to save unpartitioned");
-        for s in 0..n {
-            first.set(s, &unit(u64::from(s), dim), None);
-        }
         first.maintain();
         let bytes = first.saved(key).expect("partitioned");
         assert!(
@@ -880,10 +883,7 @@ mod tests {
     #[test]
     fn partitions_saved_by_a_much_larger_directory_are_not_kept() {
         let dim = 32;
-        let mut large = VectorIndex::new(dim);
-        for s in 0..6000u32 {
-            large.set(s, &unit(u64::from(s), dim), None);
-        }
+        let mut large = with_rows(6000, dim);
         large.maintain();
         let bytes = large.saved(|s| Some(u64::from(s))).expect("partitioned");
         let saved = SavedPartitions::decode(&bytes, dim).expect("decodes");

@@ -48,6 +48,12 @@ pub(crate) const CF_INDEX_VECTORS: &str = "index_vectors";
 /// characters, so keys that start with NUL are never an agent's.
 const INDEX_PARTITIONS_KEY: &[u8] = b"\0partitions";
 
+/// Whether a key of [`CF_INDEX_VECTORS`] is the index's own (such as
+/// [`INDEX_PARTITIONS_KEY`]) rather than an agent's vectors.
+fn is_index_meta_key(key: &[u8]) -> bool {
+    key.starts_with(b"\0")
+}
+
 /// Storage failures. They are fatal to Raft (openraft stops the node), so
 /// anything a client can cause is handled before it reaches storage.
 #[derive(Debug, thiserror::Error)]

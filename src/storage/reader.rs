@@ -224,20 +224,23 @@ impl Reader {
         records.seek_to_first();
         vectors.seek_to_first();
         let mut orphans = rocksdb::WriteBatch::default();
+        let mut orphan = |k: &[u8]| {
+            if !super::is_index_meta_key(k) {
+                orphans.delete_cf(vectors_cf, k);
+            }
+        };
         while let (Some(key), Some(value)) = (records.key(), records.value()) {
             let record: AgentRecord = serde_json::from_slice(value)?;
             // Vectors before this id belong to no record.
             while let Some(k) = vectors.key().filter(|k| *k < key) {
-                if !k.starts_with(b"\0") {
-                    orphans.delete_cf(vectors_cf, k);
-                }
+                orphan(k);
                 vectors.next();
             }
             let live = !record.envelope.deleted;
             let stored = vectors.key().filter(|k| *k == key).and(vectors.value());
             let matched = stored.is_some();
             if !live && matched {
-                orphans.delete_cf(vectors_cf, key);
+                orphan(key);
             }
             if live {
                 visit(record, stored);
@@ -249,9 +252,7 @@ impl Reader {
         }
         records.status()?;
         while let Some(k) = vectors.key() {
-            if !k.starts_with(b"\0") {
-                orphans.delete_cf(vectors_cf, k);
-            }
+            orphan(k);
             vectors.next();
         }
         vectors.status()?;
