@@ -56,7 +56,17 @@ fn write_value(out: &mut String, value: &Value) {
 
 fn write_string(out: &mut String, s: &str) {
     out.push('"');
-    for c in s.chars() {
+    // Runs that need no escape (nearly all of a record) are copied whole.
+    let mut rest = s;
+    // The characters escaped are all ASCII, so a byte found is a whole
+    // character and the slices stay on character boundaries.
+    while let Some(at) = rest
+        .bytes()
+        .position(|b| b == b'"' || b == b'\\' || b < 0x20)
+    {
+        out.push_str(&rest[..at]);
+        let c = char::from(rest.as_bytes()[at]);
+        rest = &rest[at + 1..];
         match c {
             '"' => out.push_str("\\\""),
             '\\' => out.push_str("\\\\"),
@@ -65,10 +75,10 @@ fn write_string(out: &mut String, s: &str) {
             '\n' => out.push_str("\\n"),
             '\u{c}' => out.push_str("\\f"),
             '\r' => out.push_str("\\r"),
-            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c => out.push(c),
+            c => out.push_str(&format!("\\u{:04x}", c as u32)),
         }
     }
+    out.push_str(rest);
     out.push('"');
 }
 

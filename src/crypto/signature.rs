@@ -36,7 +36,12 @@ pub fn served_form(record: &AgentRecord) -> Value {
 
 /// The bytes a signature covers, from a served record.
 pub fn signed_bytes(served: &Value) -> Result<String, CryptoError> {
-    let mut doc = served.clone();
+    signed_form(served.clone())
+}
+
+/// [`signed_bytes`] of a served record the caller no longer needs (the
+/// signer's own, built just to be signed), without copying it.
+fn signed_form(mut doc: Value) -> Result<String, CryptoError> {
     let registry = doc
         .get_mut(ENVELOPE_MEMBER)
         .and_then(Value::as_object_mut)
@@ -70,7 +75,7 @@ pub fn sign_record(signer: &Signer, record: &mut AgentRecord, now: &str) {
     });
     // The served form of a record always has its envelope and signature,
     // so the signed bytes always exist.
-    let value = signed_bytes(&served_form(record))
+    let value = signed_form(served_form(record))
         .map(|bytes| signer.sign(bytes.as_bytes()))
         .unwrap_or_default();
     if let Some(sig) = record.envelope.signature.as_mut() {

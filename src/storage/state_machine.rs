@@ -103,16 +103,25 @@ struct SnapshotData {
 
 /// Log weight since the last snapshot, deciding when the next is due.
 ///
-/// A snapshot writes the whole state (every record), so taking one every N
-/// log entries would make cheap entries expensive: a refresh entry is a few
-/// hundred bytes, and 3,000 refreshes a second would rewrite a directory of
-/// 100k records every few seconds. Entries therefore weigh what they cost to
-/// keep and replay: a refresh entry `1`, any other `ENTRY_WEIGHT`. A
-/// snapshot is due when the weight reaches `snapshot_logs` whole entries.
+/// A snapshot writes the whole state (every record, the change history, the
+/// audit trail), so taking one every N log entries would make cheap entries
+/// expensive: a refresh entry is a few hundred bytes, and 3,000 refreshes a
+/// second would rewrite a directory of 100k records every few seconds.
+/// Entries therefore weigh what they cost to keep and replay: a refresh
+/// entry `1`, any other `ENTRY_WEIGHT`. A snapshot is due when the weight
+/// reaches `snapshot_logs` whole entries, and at least as many entries as
+/// the last snapshot held values: the state machine is durable on its own
+/// (a restart replays nothing before its last applied entry), so snapshots
+/// only bound the log, and this keeps their cost at most one stored value
+/// rewritten per entry however large the directory grows, for a log of at
+/// most about the snapshot's size (as an append-only file is rewritten
+/// once it has doubled).
 #[derive(Debug, Default)]
 pub struct SnapshotWeight {
     since: AtomicU64,
     every: AtomicU64,
+    /// The weight of the values the last snapshot held.
+    held: AtomicU64,
     due: tokio::sync::Notify,
 }
 
@@ -135,13 +144,16 @@ impl SnapshotWeight {
     fn add(&self, weight: u64) {
         let since = self.since.fetch_add(weight, Ordering::Relaxed) + weight;
         let every = self.every.load(Ordering::Relaxed);
-        if every > 0 && since >= every {
+        if every > 0 && since >= every.max(self.held.load(Ordering::Relaxed)) {
             self.since.store(0, Ordering::Relaxed);
             self.due.notify_one();
         }
     }
 
-    fn reset(&self) {
+    /// A snapshot of `values` stored values was just built or installed.
+    fn taken(&self, values: u64) {
+        self.held
+            .store(values.saturating_mul(ENTRY_WEIGHT), Ordering::Relaxed);
         self.since.store(0, Ordering::Relaxed);
     }
 
@@ -700,6 +712,7 @@ impl StateMachine {
             KEY_CLUSTER,
             &serde_json::to_vec(&ClusterRecord::default())?,
         )?;
+        let mut values = 0u64;
         for (name, cf_name) in [
             ("records", CF_AGENTS),
             ("changes", CF_CHANGES),
@@ -716,6 +729,7 @@ impl StateMachine {
                 }
                 first = false;
                 data.extend_from_slice(v);
+                values += 1;
                 it.next();
             }
             it.status()?;
@@ -739,7 +753,7 @@ impl StateMachine {
             data,
         };
         self.write_snapshot_file(&stored)?;
-        self.weight.reset();
+        self.weight.taken(values);
         self.stats.record(&self.stats.built);
         Ok(Snapshot {
             meta,
@@ -753,6 +767,14 @@ impl StateMachine {
         bytes: Vec<u8>,
     ) -> Result<(), LocalError> {
         let data: SnapshotData = serde_json::from_slice(&bytes)?;
+        let values = [
+            data.records.len(),
+            data.changes.len(),
+            data.audit.len(),
+            data.leases.len(),
+        ]
+        .iter()
+        .sum::<usize>() as u64;
         let agents = cf(&self.db, CF_AGENTS)?;
         let changes = cf(&self.db, CF_CHANGES)?;
         let sm = cf(&self.db, CF_SM)?;
@@ -825,7 +847,7 @@ impl StateMachine {
             .oldest_revision
             .store(oldest, Ordering::Release);
         self.applied.revision.store(revision, Ordering::Release);
-        self.weight.reset();
+        self.weight.taken(values);
         self.stats.record(&self.stats.installed);
         // No subscriber is normal; the send result says nothing else.
         let _ = self.applied.changes.send(Applied::SnapshotInstalled);
@@ -1319,6 +1341,39 @@ mod tests {
     }
     use crate::domain::write::{decide_put, WriteMode};
     use crate::domain::{Principal, Role};
+    use futures::FutureExt;
+
+    #[test]
+    fn snapshots_are_due_by_log_weight_and_no_sooner_than_the_last_one_held() {
+        let weight = SnapshotWeight::default();
+        weight.start(100, 0);
+        weight.add(99 * ENTRY_WEIGHT);
+        assert!(weight.due().now_or_never().is_none(), "due too early");
+        // Refreshes weigh an eighth of other entries.
+        weight.add(ENTRY_WEIGHT - 1);
+        assert!(weight.due().now_or_never().is_none(), "due too early");
+        weight.add(1);
+        assert!(weight.due().now_or_never().is_some(), "due at the interval");
+        // A snapshot of 1,000 values: the next is due after 1,000 entries,
+        // not 100, so each entry pays for at most one value rewritten.
+        weight.taken(1_000);
+        weight.add(999 * ENTRY_WEIGHT);
+        assert!(weight.due().now_or_never().is_none(), "due too early");
+        weight.add(ENTRY_WEIGHT);
+        assert!(
+            weight.due().now_or_never().is_some(),
+            "due at the size held"
+        );
+        // A small snapshot leaves the interval in charge again.
+        weight.taken(10);
+        weight.add(100 * ENTRY_WEIGHT);
+        assert!(weight.due().now_or_never().is_some(), "due at the interval");
+        // An interval of 0 never takes one.
+        weight.start(0, 0);
+        weight.taken(0);
+        weight.add(u64::MAX / 2);
+        assert!(weight.due().now_or_never().is_none(), "never");
+    }
 
     #[test]
     fn change_entries_decode_as_changes() {
