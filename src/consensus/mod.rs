@@ -23,8 +23,6 @@ pub use network::{Network, WINDOW};
 pub use node::{Bootstrap, NodeSettings, NodeStatus, RaftNode, Role, WriteError};
 pub use transport::RaftService;
 
-use std::io::Cursor;
-
 openraft::declare_raft_types!(
     /// Raft types of the registry: commands in, command results out.
     pub TypeConfig:
@@ -33,7 +31,8 @@ openraft::declare_raft_types!(
         NodeId = u64,
         Node = openraft::BasicNode,
         Entry = openraft::Entry<TypeConfig>,
-        SnapshotData = Cursor<Vec<u8>>,
+        // The snapshot file, positioned at its bytes (`storage::state_machine`).
+        SnapshotData = tokio::fs::File,
 );
 
 pub type Raft = openraft::Raft<TypeConfig>;

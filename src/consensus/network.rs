@@ -564,24 +564,49 @@ impl RaftNetwork<TypeConfig> for Connection {
         net.gate(target).await.map_err(not_sent)?;
         let header = serde_json::to_vec(&(&vote, &snapshot.meta))
             .map_err(|e| StreamingError::Network(NetworkError::new(&e)))?;
-        let data = snapshot.snapshot.into_inner();
-        let bytes = data.len();
+        use futures::StreamExt;
+        use tokio::io::AsyncReadExt;
+        let file = snapshot.snapshot;
+        let bytes = file.metadata().await.map_or(0, |m| m.len());
         let me = net.me;
         let header_proof = header.clone();
-        let mut chunks = vec![SnapshotChunk {
+        let first = SnapshotChunk {
             from: me,
             header,
             data: Vec::new(),
             stamp: Some(net.check.stamp(Some(target))),
-        }];
-        chunks.extend(data.chunks(SNAPSHOT_CHUNK).map(|c| SnapshotChunk {
-            from: me,
-            header: Vec::new(),
-            data: c.to_vec(),
-            stamp: None,
-        }));
+        };
+        // The bytes are read from the snapshot file as the stream is sent,
+        // a chunk at a time (a 2 GB snapshot is never held in memory). A
+        // read error ends the stream short, which the receiver refuses (the
+        // document does not parse), so the leader sends it again later.
+        let rest = futures::stream::unfold(Some(file), move |file| async move {
+            let mut file = file?;
+            let mut data = Vec::with_capacity(SNAPSHOT_CHUNK);
+            match (&mut file)
+                .take(SNAPSHOT_CHUNK as u64)
+                .read_to_end(&mut data)
+                .await
+            {
+                Ok(0) => None,
+                Ok(_) => Some((
+                    SnapshotChunk {
+                        from: me,
+                        header: Vec::new(),
+                        data,
+                        stamp: None,
+                    },
+                    Some(file),
+                )),
+                Err(e) => {
+                    tracing::warn!(error = %e, "reading the snapshot to send failed");
+                    None
+                }
+            }
+        });
+        let chunks = futures::stream::once(async move { first }).chain(rest);
         let mut client = net.client(target, &self.addr).map_err(not_sent)?;
-        let mut req = tonic::Request::new(tokio_stream::iter(chunks));
+        let mut req = tonic::Request::new(chunks);
         // The proof covers the vote and metadata; the data follows on the
         // same authenticated stream.
         net.auth.prove(

@@ -2,13 +2,12 @@
 //! openraft and executes requests forwarded by followers. Served only on the
 //! internal listener, never next to the public API.
 
-use std::io::Cursor;
-
 use futures::StreamExt;
 use openraft::raft::{AppendEntriesRequest, VoteRequest};
 use openraft::{BasicNode, Snapshot, SnapshotMeta, Vote};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use tokio::io::{AsyncSeekExt, AsyncWriteExt};
 use tonic::{Request, Response, Status, Streaming};
 use tracing::instrument;
 
@@ -188,21 +187,37 @@ impl RaftTransport for RaftService {
         )?;
         self.admit(first.from, first.stamp.as_ref())?;
         let (vote, meta): (Vote<NodeId>, SnapshotMeta<NodeId, BasicNode>) = decode(&first.header)?;
+        // Written to a file of the state machine's as it arrives, so a
+        // snapshot of any size costs a chunk of memory here.
+        let mut file = self
+            .node
+            .raft
+            .begin_receiving_snapshot()
+            .await
+            .map_err(|e| Status::unavailable(format!("cannot receive a snapshot now: {e}")))?;
+        let unwritable = |e: std::io::Error| Status::internal(format!("snapshot not stored: {e}"));
+        let mut bytes = 0usize;
         let mut data = first.data;
-        while let Some(chunk) = chunks.next().await {
-            let chunk = chunk?;
-            if data.len() + chunk.data.len() > self.max_snapshot_bytes {
+        loop {
+            if bytes + data.len() > self.max_snapshot_bytes {
                 return Err(Status::resource_exhausted(format!(
                     "snapshot exceeds {} bytes",
                     self.max_snapshot_bytes
                 )));
             }
-            data.extend_from_slice(&chunk.data);
+            bytes += data.len();
+            file.write_all(&data).await.map_err(unwritable)?;
+            match chunks.next().await {
+                Some(chunk) => data = chunk?.data,
+                None => break,
+            }
         }
-        tracing::info!(bytes = data.len(), snapshot = %meta.snapshot_id, "received a snapshot");
+        file.flush().await.map_err(unwritable)?;
+        file.rewind().await.map_err(unwritable)?;
+        tracing::info!(bytes, snapshot = %meta.snapshot_id, "received a snapshot");
         let snapshot = Snapshot::<TypeConfig> {
             meta,
-            snapshot: Box::new(Cursor::new(data)),
+            snapshot: file,
         };
         self.answer(&self.node.raft.install_full_snapshot(vote, snapshot).await)
     }

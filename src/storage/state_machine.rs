@@ -12,6 +12,8 @@
 //!   one is built.
 
 use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::io::{BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -195,9 +197,31 @@ impl SnapshotStats {
 /// big-endian), the metadata JSON, then the snapshot bytes as they are. (As
 /// one JSON document the bytes became an array of numbers, four times the
 /// size and most of a node's CPU while a snapshot was written.)
-struct StoredSnapshot {
-    meta: SnapshotMeta<NodeId, openraft::BasicNode>,
-    data: Vec<u8>,
+///
+/// Snapshots are handed to Raft as this file, opened and positioned at its
+/// bytes, never as a buffer: at a million agents a snapshot is 2 GB, which
+/// building, sending or reading one at start-up (where only the metadata is
+/// wanted) would otherwise hold in memory on top of the node's 4 GB.
+type SnapshotMetaOf = SnapshotMeta<NodeId, openraft::BasicNode>;
+
+/// Reads a snapshot file's header, leaving `file` at the snapshot bytes.
+fn read_snapshot_header(mut file: File) -> Result<(SnapshotMetaOf, File), LocalError> {
+    let corrupt = || {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "snapshot file shorter than its header",
+        )
+    };
+    let total = file.metadata()?.len();
+    let mut len = [0u8; 8];
+    file.read_exact(&mut len).map_err(|_| corrupt())?;
+    let len = u64::from_be_bytes(len);
+    if len > total.saturating_sub(8) {
+        return Err(corrupt().into());
+    }
+    let mut header = vec![0u8; usize::try_from(len).map_err(|_| corrupt())?];
+    file.read_exact(&mut header)?;
+    Ok((serde_json::from_slice(&header)?, file))
 }
 
 /// The stored forms of an applied change: the record's JSON, and the change
@@ -624,43 +648,37 @@ impl StateMachine {
         Ok(Some(new_oldest))
     }
 
-    fn read_snapshot_file(&self) -> Result<Option<StoredSnapshot>, LocalError> {
-        let mut bytes = match std::fs::read(self.current_path()) {
-            Ok(bytes) => bytes,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(e.into()),
-        };
-        let corrupt = || {
-            std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                "snapshot file shorter than its header",
-            )
-        };
-        let len: [u8; 8] = bytes
-            .get(..8)
-            .and_then(|b| b.try_into().ok())
-            .ok_or_else(corrupt)?;
-        let end = usize::try_from(u64::from_be_bytes(len))
-            .ok()
-            .and_then(|l| l.checked_add(8))
-            .filter(|&e| e <= bytes.len())
-            .ok_or_else(corrupt)?;
-        let meta = serde_json::from_slice(&bytes[8..end])?;
-        let data = bytes.split_off(end);
-        Ok(Some(StoredSnapshot { meta, data }))
+    /// The current snapshot's metadata, and its file positioned at the
+    /// snapshot bytes; only the header is read.
+    fn open_snapshot_file(&self) -> Result<Option<(SnapshotMetaOf, File)>, LocalError> {
+        match File::open(self.current_path()) {
+            Ok(file) => read_snapshot_header(file).map(Some),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e.into()),
+        }
     }
 
-    fn write_snapshot_file(&self, snap: &StoredSnapshot) -> Result<(), LocalError> {
-        use std::io::Write;
+    /// Writes the current snapshot file: the header for `meta`, then what
+    /// `data` writes (which returns what the caller wants back). The file
+    /// replaces the current one only once complete and synced; the handle
+    /// returned reads its snapshot bytes (opened before the rename, so it
+    /// reads this snapshot whatever replaces it later).
+    fn write_snapshot_file<T>(
+        &self,
+        meta: &SnapshotMetaOf,
+        data: impl FnOnce(&mut BufWriter<File>) -> Result<T, LocalError>,
+    ) -> Result<(File, T), LocalError> {
         let tmp = self.snapshot_dir.join("current.snapshot.tmp");
-        let meta = serde_json::to_vec(&snap.meta)?;
-        let mut file = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
-        file.write_all(&(meta.len() as u64).to_be_bytes())?;
-        file.write_all(&meta)?;
-        file.write_all(&snap.data)?;
+        let header = serde_json::to_vec(meta)?;
+        let mut file = BufWriter::new(File::create(&tmp)?);
+        file.write_all(&(header.len() as u64).to_be_bytes())?;
+        file.write_all(&header)?;
+        let out = data(&mut file)?;
         file.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+        let mut reader = File::open(&tmp)?;
+        reader.seek(SeekFrom::Start(8 + header.len() as u64))?;
         std::fs::rename(&tmp, self.current_path())?;
-        Ok(())
+        Ok((reader, out))
     }
 
     fn build(&self) -> Result<Snapshot<TypeConfig>, LocalError> {
@@ -679,21 +697,54 @@ impl StateMachine {
             .map(|b| serde_json::from_slice(&b))
             .transpose()?
             .unwrap_or_default();
-        // The document `SnapshotData` reads, written from the stored bytes:
-        // every stored value is already the JSON of its type, so records,
+        let snapshot_id = format!(
+            "{}-{}",
+            last_applied
+                .map(|l| l.to_string())
+                .unwrap_or_else(|| "empty".into()),
+            crate::domain::time::now()
+        );
+        let meta = SnapshotMeta {
+            last_log_id: last_applied,
+            last_membership: membership.clone(),
+            snapshot_id,
+        };
+        let (file, values) = self.write_snapshot_file(&meta, |data| {
+            Self::write_snapshot_data(db, &snap, data, last_applied, &membership)
+        })?;
+        self.weight.taken(values);
+        self.stats.record(&self.stats.built);
+        Ok(Snapshot {
+            meta,
+            snapshot: Box::new(tokio::fs::File::from_std(file)),
+        })
+    }
+
+    /// Writes the document `SnapshotData` reads into `data`, from the stored
+    /// bytes of `snap`; returns how many stored values it holds.
+    fn write_snapshot_data(
+        db: &DB,
+        snap: &rocksdb::Snapshot<'_>,
+        data: &mut BufWriter<File>,
+        last_applied: Option<LogId>,
+        membership: &StoredMembership,
+    ) -> Result<u64, LocalError> {
+        let stored = |key: &[u8]| -> Result<Option<Vec<u8>>, LocalError> {
+            Ok(snap.get_cf(cf(db, CF_SM)?, key)?)
+        };
+        // Every stored value is already the JSON of its type, so records,
         // changes and audit entries are copied, never decoded and encoded
         // again (a build would otherwise cost a full decode of the directory
         // every `snapshot_logs` entries).
-        let mut data = Vec::new();
-        data.extend_from_slice(b"{\"last_applied\":");
-        data.extend_from_slice(&serde_json::to_vec(&last_applied)?);
-        data.extend_from_slice(b",\"membership\":");
-        data.extend_from_slice(&serde_json::to_vec(&membership)?);
+        data.write_all(b"{\"last_applied\":")?;
+        data.write_all(&serde_json::to_vec(&last_applied)?)?;
+        data.write_all(b",\"membership\":")?;
+        data.write_all(&serde_json::to_vec(membership)?)?;
         let mut member = |name: &str, key: &[u8], default: &[u8]| -> Result<(), LocalError> {
-            data.extend_from_slice(format!(",\"{name}\":").as_bytes());
+            data.write_all(format!(",\"{name}\":").as_bytes())?;
             match stored(key)? {
-                Some(b) => data.extend_from_slice(&b),
-                None => data.extend_from_slice(default),
+                Some(b) => data.write_all(&b)?,
+                None => data.write_all(default)?,
             }
             Ok(())
         };
@@ -719,54 +770,32 @@ impl StateMachine {
             ("audit", CF_AUDIT),
             ("leases", CF_LEASES),
         ] {
-            data.extend_from_slice(format!(",\"{name}\":[").as_bytes());
+            data.write_all(format!(",\"{name}\":[").as_bytes())?;
             let mut it = snap.raw_iterator_cf_opt(cf(db, cf_name)?, super::bulk_read());
             it.seek_to_first();
             let mut first = true;
             while let Some(v) = it.value() {
                 if !first {
-                    data.push(b',');
+                    data.write_all(b",")?;
                 }
                 first = false;
-                data.extend_from_slice(v);
+                data.write_all(v)?;
                 values += 1;
                 it.next();
             }
             it.status()?;
-            data.push(b']');
+            data.write_all(b"]")?;
         }
-        data.push(b'}');
-        let snapshot_id = format!(
-            "{}-{}",
-            last_applied
-                .map(|l| l.to_string())
-                .unwrap_or_else(|| "empty".into()),
-            crate::domain::time::now()
-        );
-        let meta = SnapshotMeta {
-            last_log_id: last_applied,
-            last_membership: membership,
-            snapshot_id,
-        };
-        let stored = StoredSnapshot {
-            meta: meta.clone(),
-            data,
-        };
-        self.write_snapshot_file(&stored)?;
-        self.weight.taken(values);
-        self.stats.record(&self.stats.built);
-        Ok(Snapshot {
-            meta,
-            snapshot: Box::new(std::io::Cursor::new(stored.data)),
-        })
+        data.write_all(b"}")?;
+        Ok(values)
     }
 
-    fn install(
-        &self,
-        meta: &SnapshotMeta<NodeId, openraft::BasicNode>,
-        bytes: Vec<u8>,
-    ) -> Result<(), LocalError> {
-        let data: SnapshotData = serde_json::from_slice(&bytes)?;
+    /// Replaces the state with the snapshot whose bytes run from `file`'s
+    /// position to its end (a received file holds only them; a built one
+    /// has its header before them).
+    fn install(&self, meta: &SnapshotMetaOf, mut file: File) -> Result<(), LocalError> {
+        let start = file.stream_position()?;
+        let data: SnapshotData = serde_json::from_reader(BufReader::new(&file))?;
         let values = [
             data.records.len(),
             data.changes.len(),
@@ -839,10 +868,8 @@ impl StateMachine {
         self.applied.set_identity(data.identity);
         self.applied.set_publisher_keys(data.publisher_keys);
         *self.applied.leases_mut() = lease_table;
-        self.write_snapshot_file(&StoredSnapshot {
-            meta: meta.clone(),
-            data: bytes,
-        })?;
+        file.seek(SeekFrom::Start(start))?;
+        self.write_snapshot_file(meta, |out| Ok(std::io::copy(&mut file, out)?))?;
         self.applied
             .oldest_revision
             .store(oldest, Ordering::Release);
@@ -1300,21 +1327,42 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         self.clone()
     }
 
-    async fn begin_receiving_snapshot(
-        &mut self,
-    ) -> Result<Box<std::io::Cursor<Vec<u8>>>, StorageError> {
-        Ok(Box::new(std::io::Cursor::new(Vec::new())))
+    /// A file for a snapshot being received, unlinked as soon as it is
+    /// created: it lives only as long as the transfer holds it, so one that
+    /// fails leaves nothing behind. Installing copies it to the current
+    /// snapshot file.
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<tokio::fs::File>, StorageError> {
+        let dir = self.snapshot_dir.clone();
+        let file = tokio::task::spawn_blocking(move || -> std::io::Result<File> {
+            static RECEIVING: AtomicU64 = AtomicU64::new(0);
+            let n = RECEIVING.fetch_add(1, Ordering::Relaxed);
+            let path = dir.join(format!("incoming-{n}.tmp"));
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&path)?;
+            std::fs::remove_file(&path)?;
+            Ok(file)
+        })
+        .await
+        .map_err(std::io::Error::other)
+        .and_then(|r| r)
+        .map_err(|e| StorageIOError::write_snapshot(None, &e))?;
+        Ok(Box::new(tokio::fs::File::from_std(file)))
     }
 
     #[tracing::instrument(level = "info", skip_all)]
     async fn install_snapshot(
         &mut self,
         meta: &SnapshotMeta<NodeId, openraft::BasicNode>,
-        snapshot: Box<std::io::Cursor<Vec<u8>>>,
+        snapshot: Box<tokio::fs::File>,
     ) -> Result<(), StorageError> {
         let started = std::time::Instant::now();
+        let file = snapshot.into_std().await;
         let installed = self
-            .install(meta, snapshot.into_inner())
+            .install(meta, file)
             .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e).into());
         crate::metrics::observe_snapshot("install", started.elapsed());
         installed
@@ -1322,11 +1370,11 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
         let stored = self
-            .read_snapshot_file()
+            .open_snapshot_file()
             .map_err(|e| StorageIOError::read_snapshot(None, &e))?;
-        Ok(stored.map(|s| Snapshot {
-            meta: s.meta,
-            snapshot: Box::new(std::io::Cursor::new(s.data)),
+        Ok(stored.map(|(meta, file)| Snapshot {
+            meta,
+            snapshot: Box::new(tokio::fs::File::from_std(file)),
         }))
     }
 }
@@ -1457,23 +1505,49 @@ mod tests {
 
     /// A new state machine (database under `dir/b`) brought up by a
     /// snapshot `sm` builds now, as a follower is by InstallSnapshot.
+    /// The bytes of a snapshot file handed to Raft, from its position on.
+    async fn snapshot_bytes(mut file: Box<tokio::fs::File>) -> Vec<u8> {
+        use tokio::io::AsyncReadExt;
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes).await.unwrap();
+        bytes
+    }
+
+    /// A second state machine brought up from `sm`'s snapshot the way a
+    /// follower is: the leader reads its current snapshot file, the
+    /// follower writes the bytes into a file it is given and installs it.
     async fn restored_from_snapshot(
         sm: &mut StateMachine,
         dir: &std::path::Path,
     ) -> (StateMachine, Arc<DB>) {
-        let snap = sm
+        use tokio::io::{AsyncSeekExt, AsyncWriteExt};
+        let built = sm
             .get_snapshot_builder()
             .await
             .build_snapshot()
             .await
             .unwrap();
+        let current = sm.get_current_snapshot().await.unwrap().unwrap();
+        assert_eq!(current.meta, built.meta);
+        let bytes = snapshot_bytes(current.snapshot).await;
+        assert_eq!(bytes, snapshot_bytes(built.snapshot).await);
         let db =
             crate::storage::open(&dir.join("b"), crate::storage::DEFAULT_MAX_WAL_BYTES).unwrap();
         let mut fresh = StateMachine::open(db.clone(), dir.join("b-snap"), 1000).unwrap();
-        fresh
-            .install_snapshot(&snap.meta, snap.snapshot)
-            .await
-            .unwrap();
+        let mut received = fresh.begin_receiving_snapshot().await.unwrap();
+        received.write_all(&bytes).await.unwrap();
+        received.rewind().await.unwrap();
+        fresh.install_snapshot(&built.meta, received).await.unwrap();
+        // The follower keeps it as its own current snapshot, and the file
+        // it was received into is gone.
+        let kept = fresh.get_current_snapshot().await.unwrap().unwrap();
+        assert_eq!(kept.meta, built.meta);
+        assert_eq!(snapshot_bytes(kept.snapshot).await, bytes);
+        let files: Vec<_> = std::fs::read_dir(dir.join("b-snap"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(files, ["current.snapshot"]);
         (fresh, db)
     }
 
