@@ -568,18 +568,21 @@ impl SearchIndex {
         });
         let (agents, reused) = counts?;
         fresh.revision = revision;
-        // The index replaced is dropped after the lock is released: at a
-        // million agents that takes long enough to hold up searches.
-        let replaced = std::mem::replace(&mut *self.write(), fresh);
-        drop(replaced);
-        self.save_partitions(reader);
-        simd::release_free_memory();
+        // The build's figures are published before it starts serving, so a
+        // reader that sees its agents counted sees them too (they used to
+        // follow the saving below, and `agentry bench discover` read 0).
         let ms = started.elapsed().as_millis() as u64;
         self.shared.rebuilds.fetch_add(1, Ordering::Relaxed);
         self.shared.last_rebuild_ms.store(ms, Ordering::Relaxed);
         self.shared
             .last_rebuild_reused
             .store(reused as u64, Ordering::Relaxed);
+        // The index replaced is dropped after the lock is released: at a
+        // million agents that takes long enough to hold up searches.
+        let replaced = std::mem::replace(&mut *self.write(), fresh);
+        drop(replaced);
+        self.save_partitions(reader);
+        simd::release_free_memory();
         self.shared.indexed.send_replace(revision);
         info!(
             agents,
