@@ -204,6 +204,10 @@ impl SnapshotStats {
 /// wanted) would otherwise hold in memory on top of the node's 4 GB.
 type SnapshotMetaOf = SnapshotMeta<NodeId, openraft::BasicNode>;
 
+/// The name prefix of a snapshot file being written, renamed to
+/// `current.snapshot` once complete.
+const WRITING: &str = "current.snapshot.tmp";
+
 /// Reads a snapshot file's header, leaving `file` at the snapshot bytes.
 fn read_snapshot_header(mut file: File) -> Result<(SnapshotMetaOf, File), LocalError> {
     let corrupt = || {
@@ -298,6 +302,13 @@ impl StateMachine {
     /// change feed, and snapshots under `snapshot_dir`.
     pub fn open(db: Arc<DB>, snapshot_dir: PathBuf, history: u64) -> Result<Self, LocalError> {
         std::fs::create_dir_all(&snapshot_dir)?;
+        // Snapshot files a stopped process left half-written.
+        for entry in std::fs::read_dir(&snapshot_dir)? {
+            let entry = entry?;
+            if entry.file_name().to_string_lossy().starts_with(WRITING) {
+                std::fs::remove_file(entry.path())?;
+            }
+        }
         let db_for_seq = db.clone();
         let applied: Option<LogId> = get_json(&db, CF_SM, KEY_APPLIED)?;
         let oldest: Option<u64> = get_json(&db, CF_SM, KEY_OLDEST)?;
@@ -668,7 +679,11 @@ impl StateMachine {
         meta: &SnapshotMetaOf,
         data: impl FnOnce(&mut BufWriter<File>) -> Result<T, LocalError>,
     ) -> Result<(File, T), LocalError> {
-        let tmp = self.snapshot_dir.join("current.snapshot.tmp");
+        // Each writer has a file of its own: a snapshot built while one is
+        // installed must not write into the same file.
+        static WRITERS: AtomicU64 = AtomicU64::new(0);
+        let n = WRITERS.fetch_add(1, Ordering::Relaxed);
+        let tmp = self.snapshot_dir.join(format!("{WRITING}{n}"));
         let header = serde_json::to_vec(meta)?;
         let mut file = BufWriter::new(File::create(&tmp)?);
         file.write_all(&(header.len() as u64).to_be_bytes())?;
@@ -1503,8 +1518,33 @@ mod tests {
         StateMachine::open(db, dir.join("a-snap"), 1000).unwrap()
     }
 
-    /// A new state machine (database under `dir/b`) brought up by a
-    /// snapshot `sm` builds now, as a follower is by InstallSnapshot.
+    #[tokio::test]
+    async fn a_start_removes_half_written_snapshots_and_keeps_the_current_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut sm = state_machine_in(dir.path());
+        let built = sm
+            .get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .unwrap();
+        drop(sm);
+        let snaps = dir.path().join("a-snap");
+        std::fs::write(snaps.join(format!("{WRITING}3")), b"half a snapshot").unwrap();
+        let mut sm = state_machine_in(dir.path());
+        let files: Vec<_> = std::fs::read_dir(&snaps)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(files, ["current.snapshot"]);
+        let current = sm.get_current_snapshot().await.unwrap().unwrap();
+        assert_eq!(current.meta, built.meta);
+        assert_eq!(
+            snapshot_bytes(current.snapshot).await,
+            snapshot_bytes(built.snapshot).await
+        );
+    }
+
     /// The bytes of a snapshot file handed to Raft, from its position on.
     async fn snapshot_bytes(mut file: Box<tokio::fs::File>) -> Vec<u8> {
         use tokio::io::AsyncReadExt;
@@ -1513,8 +1553,8 @@ mod tests {
         bytes
     }
 
-    /// A second state machine brought up from `sm`'s snapshot the way a
-    /// follower is: the leader reads its current snapshot file, the
+    /// A new state machine (database under `dir/b`) brought up by a
+    /// snapshot `sm` builds now, the way a follower is: the leader reads its current snapshot file, the
     /// follower writes the bytes into a file it is given and installs it.
     async fn restored_from_snapshot(
         sm: &mut StateMachine,
