@@ -1518,25 +1518,33 @@ mod tests {
         StateMachine::open(db, dir.join("a-snap"), 1000).unwrap()
     }
 
+    /// A snapshot of `sm`'s state, built now.
+    async fn built_now(sm: &mut StateMachine) -> Snapshot<TypeConfig> {
+        sm.get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .unwrap()
+    }
+
+    /// The names of the files in a snapshot directory.
+    fn files_in(dir: &std::path::Path) -> Vec<std::ffi::OsString> {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect()
+    }
+
     #[tokio::test]
     async fn a_start_removes_half_written_snapshots_and_keeps_the_current_one() {
         let dir = tempfile::tempdir().unwrap();
         let mut sm = state_machine_in(dir.path());
-        let built = sm
-            .get_snapshot_builder()
-            .await
-            .build_snapshot()
-            .await
-            .unwrap();
+        let built = built_now(&mut sm).await;
         drop(sm);
         let snaps = dir.path().join("a-snap");
         std::fs::write(snaps.join(format!("{WRITING}3")), b"half a snapshot").unwrap();
         let mut sm = state_machine_in(dir.path());
-        let files: Vec<_> = std::fs::read_dir(&snaps)
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect();
-        assert_eq!(files, ["current.snapshot"]);
+        assert_eq!(files_in(&snaps), ["current.snapshot"]);
         let current = sm.get_current_snapshot().await.unwrap().unwrap();
         assert_eq!(current.meta, built.meta);
         assert_eq!(
@@ -1554,19 +1562,15 @@ mod tests {
     }
 
     /// A new state machine (database under `dir/b`) brought up by a
-    /// snapshot `sm` builds now, the way a follower is: the leader reads its current snapshot file, the
-    /// follower writes the bytes into a file it is given and installs it.
+    /// snapshot `sm` builds now, the way a follower is: the leader reads its
+    /// current snapshot file, the follower writes the bytes into a file it
+    /// is given and installs it.
     async fn restored_from_snapshot(
         sm: &mut StateMachine,
         dir: &std::path::Path,
     ) -> (StateMachine, Arc<DB>) {
         use tokio::io::{AsyncSeekExt, AsyncWriteExt};
-        let built = sm
-            .get_snapshot_builder()
-            .await
-            .build_snapshot()
-            .await
-            .unwrap();
+        let built = built_now(sm).await;
         let current = sm.get_current_snapshot().await.unwrap().unwrap();
         assert_eq!(current.meta, built.meta);
         let bytes = snapshot_bytes(current.snapshot).await;
@@ -1583,11 +1587,7 @@ mod tests {
         let kept = fresh.get_current_snapshot().await.unwrap().unwrap();
         assert_eq!(kept.meta, built.meta);
         assert_eq!(snapshot_bytes(kept.snapshot).await, bytes);
-        let files: Vec<_> = std::fs::read_dir(dir.join("b-snap"))
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect();
-        assert_eq!(files, ["current.snapshot"]);
+        assert_eq!(files_in(&dir.join("b-snap")), ["current.snapshot"]);
         (fresh, db)
     }
 
