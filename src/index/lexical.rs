@@ -91,7 +91,15 @@ fn put_varint(out: &mut Vec<u8>, mut v: u32) {
     out.push(v as u8);
 }
 
+#[inline(always)]
 fn get_varint(bytes: &[u8], at: &mut usize) -> u32 {
+    // Most values (every frequency, most id gaps) fit one byte.
+    if let Some(&b) = bytes.get(*at) {
+        if b < 0x80 {
+            *at += 1;
+            return u32::from(b);
+        }
+    }
     let mut v = 0u32;
     let mut shift = 0;
     while let Some(&b) = bytes.get(*at) {
@@ -383,14 +391,22 @@ impl LexicalQuery<'_> {
         let Some(&(last, _)) = self.terms.last() else {
             return 0.0;
         };
-        let mut wanted = self.terms.iter().peekable();
+        // Decoded in place (this runs for every pool member of every
+        // query): a query term is looked for only until the list passes it.
+        let bytes = &self.index.doc_terms[s].0;
+        let (mut at, mut id, mut wanted) = (0, 0u32, 0);
         let mut sum = 0.0;
-        for (id, tf) in self.index.doc_terms[s].iter() {
+        while at < bytes.len() {
+            id += get_varint(bytes, &mut at);
+            let tf = get_varint(bytes, &mut at);
             if id > last {
                 break;
             }
-            while wanted.next_if(|e| e.0 < id).is_some() {}
-            if let Some(&&(_, idf)) = wanted.peek().filter(|e| e.0 == id) {
+            while self.terms[wanted].0 < id {
+                wanted += 1;
+            }
+            let (term, idf) = self.terms[wanted];
+            if term == id {
                 sum += idf * impact(tf, length, self.avg_length);
             }
         }

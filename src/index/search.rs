@@ -475,6 +475,11 @@ struct Doc {
 struct UnitCodes {
     codes: Vec<i8>,
     scales: Vec<f32>,
+    /// The largest length of a unit as coded (its codes' norm times its
+    /// scale): with the query's, an upper bound of every unit's score
+    /// (Cauchy–Schwarz), so re-ranking skips the units of an agent that
+    /// could not reach the head even with its best possible example.
+    longest: f32,
 }
 
 impl UnitCodes {
@@ -486,14 +491,35 @@ impl UnitCodes {
             codes.extend(c);
             scales.push(scale);
         }
-        Self { codes, scales }
+        Self::from_parts(codes, scales)
     }
 
     fn of_codes(units: &[(Vec<i8>, f32)]) -> Self {
+        Self::from_parts(
+            units.iter().flat_map(|u| u.0.iter().copied()).collect(),
+            units.iter().map(|u| u.1).collect(),
+        )
+    }
+
+    fn from_parts(codes: Vec<i8>, scales: Vec<f32>) -> Self {
+        let dim = codes.len().checked_div(scales.len()).unwrap_or(0).max(1);
+        let longest = codes
+            .chunks_exact(dim)
+            .zip(&scales)
+            .map(|(row, s)| code_length(row) * s)
+            .fold(0.0f32, f32::max);
         Self {
-            codes: units.iter().flat_map(|u| u.0.iter().copied()).collect(),
-            scales: units.iter().map(|u| u.1).collect(),
+            codes,
+            scales,
+            longest,
         }
+    }
+
+    /// At least the score of every unit for a query whose code has
+    /// [`code_length`] times scale `query_length`.
+    fn bound(&self, query_length: f32) -> f32 {
+        // A hair above the product: the scores are f32 sums of i32 dots.
+        self.longest * query_length * (1.0 + 1e-5)
     }
 
     /// Approximate cosine of the query `code` to each unit, in order.
@@ -504,6 +530,19 @@ impl UnitCodes {
             .zip(&self.scales)
             .map(|(row, s)| dot_i8(&code.0, row) as f32 * code.1 * s)
     }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Set by tests to score every pool member's units (no pruning), and
+    /// counting the members whose units were scored.
+    static SCORE_EVERY_UNIT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    static UNITS_SCORED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// The Euclidean length of an i8 code.
+fn code_length(code: &[i8]) -> f32 {
+    (dot_i8(code, code) as f32).sqrt()
 }
 
 /// How big the index is.
@@ -608,6 +647,8 @@ struct Rescoring<'a> {
     wanted_tags: &'a [(String, TagMatch)],
     total_weight: f32,
     query_i8: Option<&'a (Vec<i8>, f32)>,
+    /// The query code's length times its scale (see [`UnitCodes::bound`]).
+    query_length: f32,
 }
 
 /// Score components besides `context` and `lexical` (already in
@@ -947,20 +988,11 @@ impl Index {
             wanted_tags: &wanted_tags,
             total_weight,
             query_i8: query_i8.as_ref(),
+            query_length: query_i8
+                .as_ref()
+                .map_or(0.0, |(code, scale)| code_length(code) * scale),
         };
-        // Every pool member gets its score; only the head, where
-        // duplicates are looked for, gets a full hit with its evidence.
-        let mut order: Vec<(f32, u32, usize)> = first
-            .iter()
-            .enumerate()
-            .filter_map(|(i, s)| {
-                let d = self.docs[s.slot as usize].as_ref()?;
-                Some((self.components(d, s, &ctx).score, s.slot, i))
-            })
-            .collect();
-        let id = |slot: u32| self.docs[slot as usize].as_ref().map(|d| d.id.as_str());
-        order.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| id(a.1).cmp(&id(b.1))));
-        order.truncate(q.limit + DUPLICATE_WINDOW);
+        let order = self.head_of_pool(&first, &ctx, q.limit + DUPLICATE_WINDOW);
         let mut hits: Vec<(Hit, u32)> = order
             .iter()
             .filter_map(|&(_, slot, i)| {
@@ -981,12 +1013,77 @@ impl Index {
             .collect()
     }
 
-    /// The score components of one pool member.
-    fn components(&self, d: &Doc, s: &Scored, ctx: &Rescoring) -> Components {
+    /// The `keep` best-scored pool members, best first (ties by id), as
+    /// (score, slot, position in `pool`). Every member is scored without
+    /// its units first; the units, the costly part, are scored only for a
+    /// member whose best possible example could still lift it into the
+    /// head. The result is the same as scoring every member in full.
+    fn head_of_pool(
+        &self,
+        pool: &[Scored],
+        ctx: &Rescoring,
+        keep: usize,
+    ) -> Vec<(f32, u32, usize)> {
+        let per_example = ctx.w.example / ctx.total_weight.max(f32::EPSILON);
+        let mut reachable: Vec<(f32, f32, usize)> = pool
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| {
+                let d = self.docs[s.slot as usize].as_ref()?;
+                let without_units = self.components(d, s, ctx, None).score;
+                let units = &d.unit_vectors;
+                let reach = if ctx.query_i8.is_some() && !units.scales.is_empty() {
+                    // Slack for the float rounding of the weighted sum.
+                    per_example * units.bound(ctx.query_length).max(0.0) + 1e-5
+                } else {
+                    0.0
+                };
+                Some((without_units + reach, without_units, i))
+            })
+            .collect();
+        reachable.sort_unstable_by(|a, b| b.0.total_cmp(&a.0));
+        let mut order: Vec<(f32, u32, usize)> = Vec::with_capacity(keep * 2);
+        // The `keep` best scores so far, best first.
+        let mut best: Vec<f32> = Vec::with_capacity(keep + 1);
+        #[cfg(test)]
+        let prune = !SCORE_EVERY_UNIT.get();
+        #[cfg(not(test))]
+        let prune = true;
+        for &(reach, without_units, i) in &reachable {
+            if prune && best.len() >= keep && best.last().is_some_and(|&floor| reach < floor) {
+                break;
+            }
+            let s = &pool[i];
+            let Some(d) = self.docs[s.slot as usize].as_ref() else {
+                continue;
+            };
+            let score = if reach > without_units {
+                #[cfg(test)]
+                UNITS_SCORED.set(UNITS_SCORED.get() + 1);
+                self.components(d, s, ctx, self.best_unit(d, ctx)).score
+            } else {
+                without_units
+            };
+            order.push((score, s.slot, i));
+            best.insert(best.partition_point(|&b| b >= score), score);
+            best.truncate(keep);
+        }
+        let id = |slot: u32| self.docs[slot as usize].as_ref().map(|d| d.id.as_str());
+        order.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| id(a.1).cmp(&id(b.1))));
+        order.truncate(keep);
+        order
+    }
+
+    /// The best unit score of an agent for the query (None without units
+    /// or without a query vector).
+    fn best_unit(&self, d: &Doc, ctx: &Rescoring) -> Option<f32> {
+        ctx.query_i8
+            .and_then(|code| d.unit_vectors.scores(code).max_by(f32::total_cmp))
+    }
+
+    /// The score components of one pool member, given its best unit score.
+    fn components(&self, d: &Doc, s: &Scored, ctx: &Rescoring, example: Option<f32>) -> Components {
         let (q, w) = (ctx.q, ctx.w);
-        let example = ctx
-            .query_i8
-            .and_then(|code| d.unit_vectors.scores(code).max_by(f32::total_cmp));
         let tag_hits = ctx
             .wanted_tags
             .iter()
@@ -1040,7 +1137,7 @@ impl Index {
 
     /// A ranked agent with its components and evidence.
     fn hit(&self, d: &Doc, s: &Scored, ctx: &Rescoring) -> Hit {
-        let c = self.components(d, s, ctx);
+        let c = self.components(d, s, ctx, self.best_unit(d, ctx));
         let q = ctx.q;
         // Every requested or query-derived tag the agent has; required tags
         // are matched by every candidate and shown as such.
@@ -1529,6 +1626,79 @@ mod tests {
             ..Default::default()
         };
         assert!(!only(active).contains(&"farm".to_string()));
+    }
+
+    #[test]
+    fn pruned_units_change_no_answer() {
+        // A pool much larger than the head: 150 agents made of random words
+        // from a small vocabulary, each with two examples.
+        let words: Vec<String> = (0..60).map(|i| format!("w{}x", i * 37 % 1000)).collect();
+        let mut seed = 7u64;
+        let mut pick = |n: usize| -> String {
+            (0..n)
+                .map(|_| {
+                    seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+                    words[(seed >> 33) as usize % words.len()].clone()
+                })
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        let agents: Vec<AgentRecord> = (0..150)
+            .map(|i| {
+                let (description, one, two) = (pick(4), pick(3), pick(3));
+                agent(
+                    &format!("agent-{i:03}"),
+                    &description,
+                    json!({"examples": [{"text": one}, {"text": two}]}),
+                )
+            })
+            .collect();
+        let queries: Vec<String> = (0..8).map(|_| pick(3)).collect();
+        let index = index_of(&agents);
+        let filters = HardFilters::default();
+        let mut skipped = 0;
+        // The defaults, where pruning skips most members, and examples
+        // weighing twice the profile, where a wrong bound changes answers.
+        let heavy_examples = Weights {
+            example: 2.0,
+            ..Weights::default()
+        };
+        for weights in [Weights::default(), heavy_examples] {
+            let ask = |text: &str| {
+                let q = Query {
+                    text,
+                    vector: Some(stub(text)),
+                    filters: &filters,
+                    preferred_tags: &[],
+                    limit: 10,
+                    evidence: true,
+                    principal: None,
+                    now_unix: NOW,
+                    leases: None,
+                };
+                index.search(&weights, &q)
+            };
+            for text in &queries {
+                UNITS_SCORED.set(0);
+                let pruned = ask(text);
+                let scored_pruned = UNITS_SCORED.get();
+                SCORE_EVERY_UNIT.set(true);
+                UNITS_SCORED.set(0);
+                let every = ask(text);
+                let scored_every = UNITS_SCORED.get();
+                SCORE_EVERY_UNIT.set(false);
+                let view = |hits: &[Hit]| {
+                    hits.iter()
+                        .map(|h| format!("{} {} {:?}", h.id, h.score, h.components))
+                        .collect::<Vec<_>>()
+                };
+                assert_eq!(view(&pruned), view(&every), "{text}");
+                assert_eq!(pruned.len(), 10);
+                assert_eq!(scored_every, 100, "{text}");
+                skipped += scored_every - scored_pruned;
+            }
+        }
+        assert!(skipped > 40, "only {skipped} members' units were skipped");
     }
 
     #[test]

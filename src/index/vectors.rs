@@ -716,6 +716,16 @@ pub(crate) fn best_admitted(
     admit: impl Fn(u32) -> bool,
 ) -> Vec<(u32, f32)> {
     let by_score = |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0);
+    // Usually every one of the best `k` is admitted: then only they are
+    // sorted.
+    if k > 0 && scored.len() > k {
+        scored.select_nth_unstable_by(k - 1, by_score);
+        if scored[..k].iter().all(|&(_, s)| admit(s)) {
+            let mut best = scored[..k].to_vec();
+            best.sort_unstable_by(by_score);
+            return best.into_iter().map(|(sc, s)| (s, sc)).collect();
+        }
+    }
     let head = (k * 4).max(64);
     if scored.len() > head {
         scored.select_nth_unstable_by(head, by_score);

@@ -140,7 +140,7 @@ impl RegistryService {
         for mut hit in hits {
             // The record may have changed since it was indexed; show what
             // is stored now (and skip it if it is gone).
-            let Some(record) = self.reader().get(&hit.id)? else {
+            let Some(record) = self.reader().get_shared(&hit.id)? else {
                 continue;
             };
             if record.envelope.deleted {

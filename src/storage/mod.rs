@@ -11,6 +11,7 @@ mod format;
 mod log_store;
 mod quota;
 mod reader;
+mod record_cache;
 mod space;
 mod state_machine;
 

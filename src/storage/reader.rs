@@ -58,6 +58,9 @@ pub(crate) struct AppliedState {
     /// Every hold and lease, as applied: only `apply` and `install` change
     /// it, after their batch is written.
     pub leases: std::sync::RwLock<LeaseTable>,
+    /// Parsed records for discovery's answers; the state machine
+    /// invalidates what it writes.
+    pub records: super::record_cache::RecordCache,
 }
 
 impl AppliedState {
@@ -178,6 +181,25 @@ impl Reader {
     /// The record (or tombstone) with this id.
     pub fn get(&self, id: &str) -> Result<Option<AgentRecord>, StorageError> {
         get_json(&self.db, CF_AGENTS, id.as_bytes())
+    }
+
+    /// The record (or tombstone) with this id, shared: parsed once and
+    /// kept in a bounded cache for the records discovery keeps returning.
+    pub fn get_shared(&self, id: &str) -> Result<Option<Arc<AgentRecord>>, StorageError> {
+        let cache = &self.applied.records;
+        if let Some(record) = cache.get(id) {
+            return Ok(Some(record));
+        }
+        let read_at = cache.generation();
+        let Some(bytes) = self
+            .db
+            .get_pinned_cf(cf(&self.db, CF_AGENTS)?, id.as_bytes())?
+        else {
+            return Ok(None);
+        };
+        let record: Arc<AgentRecord> = Arc::new(serde_json::from_slice(&bytes)?);
+        cache.fill(read_at, record.clone(), bytes.len());
+        Ok(Some(record))
     }
 
     /// A record with the expiry its lease gives it, both as of the same

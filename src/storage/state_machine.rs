@@ -328,6 +328,7 @@ impl StateMachine {
             signer: std::sync::RwLock::new(signer),
             publisher_keys: std::sync::RwLock::new(Arc::new(publisher_keys)),
             leases: std::sync::RwLock::new(load_leases(&db)?),
+            records: Default::default(),
         });
         let this = Self {
             db,
@@ -877,6 +878,7 @@ impl StateMachine {
         );
         batch.put_cf(sm, KEY_CLUSTER, serde_json::to_vec(&data.cluster)?);
         self.db.write(batch)?;
+        self.applied.records.clear();
         self.cluster.set(data.cluster);
         self.audit_seq.store(data.audit_seq, Ordering::Release);
         self.recount()?;
@@ -1261,6 +1263,9 @@ impl StateMachine {
                 table.apply(w);
             }
         }
+        // Before the revision is published: whoever sees it reads the
+        // records as written.
+        self.applied.records.invalidate(written.keys());
         if let Some(cluster) = cluster {
             self.cluster.set(cluster);
         }
@@ -1589,6 +1594,53 @@ mod tests {
         assert_eq!(snapshot_bytes(kept.snapshot).await, bytes);
         assert_eq!(files_in(&dir.join("b-snap")), ["current.snapshot"]);
         (fresh, db)
+    }
+
+    #[tokio::test]
+    async fn cached_records_follow_every_write_and_every_installed_snapshot() {
+        use tokio::io::{AsyncSeekExt, AsyncWriteExt};
+        let leader = openraft::CommittedLeaderId::new(1, 1);
+        let alice = Principal::new("alice", Role::Publisher);
+        let put = |index: u64| Entry {
+            log_id: openraft::LogId::new(leader, index),
+            payload: normal(register("a", &alice, "2026-11-25T00:00:00Z")),
+        };
+        let revision = |sm: &StateMachine| {
+            sm.reader()
+                .get_shared("a")
+                .unwrap()
+                .map(|r| r.envelope.revision)
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let mut sm = state_machine_in(dir.path());
+        assert_eq!(revision(&sm), None);
+        sm.apply([put(1)]).await.unwrap();
+        // Read twice: the second read is the cached one.
+        assert_eq!(revision(&sm), Some(1));
+        assert_eq!(revision(&sm), Some(1));
+        sm.apply([put(2)]).await.unwrap();
+        assert_eq!(revision(&sm), Some(2));
+        assert_eq!(
+            revision(&sm),
+            sm.reader().get("a").unwrap().map(|r| r.envelope.revision)
+        );
+        // A follower that read (and cached) an older "a" installs a
+        // snapshot holding the newer one.
+        let built = built_now(&mut sm).await;
+        let bytes = snapshot_bytes(built.snapshot).await;
+        let db = crate::storage::open(&dir.path().join("b"), crate::storage::DEFAULT_MAX_WAL_BYTES)
+            .unwrap();
+        let mut follower = StateMachine::open(db, dir.path().join("b-snap"), 1000).unwrap();
+        follower.apply([put(1)]).await.unwrap();
+        assert_eq!(revision(&follower), Some(1));
+        let mut received = follower.begin_receiving_snapshot().await.unwrap();
+        received.write_all(&bytes).await.unwrap();
+        received.rewind().await.unwrap();
+        follower
+            .install_snapshot(&built.meta, received)
+            .await
+            .unwrap();
+        assert_eq!(revision(&follower), Some(2));
     }
 
     #[tokio::test]
