@@ -846,12 +846,12 @@ impl Index {
         let dim = self.vectors.dim();
         let semantic = q.vector.as_deref().filter(|v| dim > 0 && v.len() == dim);
         let pool = pool_size(q.limit);
-        let admit = |slot: u32| {
+        let admits = |filters: &HardFilters, slot: u32| {
             self.docs[slot as usize].as_ref().is_some_and(|d| {
-                q.filters
-                    .admit_expiring(&d.facts, q.expires_unix(d), q.principal, q.now_unix)
+                filters.admit_expiring(&d.facts, q.expires_unix(d), q.principal, q.now_unix)
             })
         };
+        let admit = |slot: u32| admits(q.filters, slot);
         let query_tags = self.query_tags(&terms);
         let wanted_tags: Vec<(String, TagMatch)> = q
             .preferred_tags
@@ -874,11 +874,15 @@ impl Index {
             .filters
             .required_tags
             .iter()
-            .map(|t| self.tags.get(t).map_or(&[][..], Vec::as_slice))
-            .min_by_key(|l| l.len());
+            .map(|t| (t, self.tags.get(t).map_or(&[][..], Vec::as_slice)))
+            .min_by_key(|(_, l)| l.len());
         let query_i8 = semantic.map(quantize);
         let mut cands: Vec<u32> = match required {
-            Some(list) if list.len() <= self.vectors.scan_rows().max(EXHAUSTIVE_MIN) => {
+            Some((tag, list)) if list.len() <= self.vectors.scan_rows().max(EXHAUSTIVE_MIN) => {
+                // Every agent of the list holds `tag`: the filters need not
+                // look it up again (a string read per agent).
+                let mut rest = q.filters.clone();
+                rest.required_tags.retain(|t| t != tag);
                 // Scored by the i8 rows and the term heads first, so only
                 // the head of the list pays for the filters.
                 let best = list.iter().map(|&s| heads.get(s)).fold(0.0f32, f32::max);
@@ -894,7 +898,7 @@ impl Index {
                         (weights.context * context + weights.lexical * lexical, s)
                     })
                     .collect();
-                super::vectors::best_admitted(scored, pool, admit)
+                super::vectors::best_admitted(scored, pool, |slot| admits(&rest, slot))
                     .into_iter()
                     .map(|(s, _)| s)
                     .collect()
@@ -967,7 +971,8 @@ impl Index {
             first.truncate(pool);
         }
         // Re-ranking: exact BM25, relative to the best in the pool.
-        let exact: Vec<f32> = first.iter().map(|s| lexical.score(s.slot)).collect();
+        let slots: Vec<u32> = first.iter().map(|s| s.slot).collect();
+        let exact = lexical.scores(&slots);
         let best_exact = exact.iter().copied().fold(0.0f32, f32::max);
         for (s, e) in first.iter_mut().zip(exact) {
             s.lexical = if best_exact > 0.0 {
@@ -1025,10 +1030,22 @@ impl Index {
         keep: usize,
     ) -> Vec<(f32, u32, usize)> {
         let per_example = ctx.w.example / ctx.total_weight.max(f32::EPSILON);
+        // Members are scattered in memory: each is asked for a few ahead.
+        const AHEAD: usize = 4;
+        let doc = |i: usize| {
+            pool.get(i)
+                .and_then(|s| self.docs.get(s.slot as usize))
+                .and_then(Option::as_ref)
+        };
         let mut reachable: Vec<(f32, f32, usize)> = pool
             .iter()
             .enumerate()
             .filter_map(|(i, s)| {
+                if let Some(ahead) = pool.get(i + AHEAD) {
+                    if let Some(entry) = self.docs.get(ahead.slot as usize) {
+                        super::simd::prefetch(std::slice::from_ref(entry));
+                    }
+                }
                 let d = self.docs[s.slot as usize].as_ref()?;
                 let without_units = self.components(d, s, ctx, None).score;
                 let units = &d.unit_vectors;
@@ -1049,9 +1066,12 @@ impl Index {
         let prune = !SCORE_EVERY_UNIT.get();
         #[cfg(not(test))]
         let prune = true;
-        for &(reach, without_units, i) in &reachable {
+        for (k, &(reach, without_units, i)) in reachable.iter().enumerate() {
             if prune && best.len() >= keep && best.last().is_some_and(|&floor| reach < floor) {
                 break;
+            }
+            if let Some(ahead) = reachable.get(k + 2).and_then(|r| doc(r.2)) {
+                super::simd::prefetch(&ahead.unit_vectors.codes);
             }
             let s = &pool[i];
             let Some(d) = self.docs[s.slot as usize].as_ref() else {

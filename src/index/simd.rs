@@ -79,13 +79,19 @@ pub fn dot_f32_i8(a: &[f32], b: &[i8]) -> f32 {
 /// Asks the CPU to start loading `data` into cache (a hint; nothing on
 /// other architectures). Used a few rows ahead when rows are visited in an
 /// order the hardware prefetcher cannot guess.
-pub fn prefetch(data: &[i8]) {
+pub fn prefetch<T>(data: &[T]) {
     #[cfg(target_arch = "x86_64")]
-    for line in data.chunks(64) {
-        // SAFETY: a prefetch only hints; it never faults or reads.
-        unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(line.as_ptr())
-        };
+    {
+        let start = data.as_ptr().cast::<i8>();
+        for offset in (0..std::mem::size_of_val(data)).step_by(64) {
+            // SAFETY: the offset stays inside `data`; a prefetch only
+            // hints, it never faults or reads.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                    start.add(offset),
+                )
+            };
+        }
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = data;

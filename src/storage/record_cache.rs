@@ -1,8 +1,9 @@
 //! Parsed records kept for the read path. Discovery reads the stored
 //! record of every hit it returns (what is stored now, not what was
 //! indexed); parsing those from RocksDB was about a fifth of a query's
-//! time. The cache is bounded by the records' stored size, so a directory
-//! of a million agents keeps only its hot records parsed.
+//! time. The cache is bounded by the memory its records take (estimated
+//! from their stored size), so a directory of a million agents keeps only
+//! its hot records parsed, in a few tens of megabytes.
 //!
 //! Coherence: an apply writes its batch, then [`RecordCache::invalidate`]s
 //! the records it wrote, before it publishes the new applied revision. A
@@ -18,9 +19,12 @@ use quick_cache::Weighter;
 
 use crate::domain::AgentRecord;
 
-/// Stored bytes of records kept parsed (parsed, a record takes about
-/// three times its stored size).
-const CAPACITY_BYTES: u64 = 8 << 20;
+/// Memory the parsed records may take.
+const CAPACITY_BYTES: u64 = 24 << 20;
+/// Parsed, a record takes about five times its stored (JSON) size: every
+/// string and map is an allocation of its own (measured with `agentry
+/// bench discover`: 8 MiB of stored records grew the node by 43 MiB).
+const PARSED_PER_STORED: u64 = 5;
 /// A typical stored record, for sizing the cache's table.
 const TYPICAL_BYTES: u64 = 2048;
 
@@ -35,7 +39,7 @@ struct ByStoredSize;
 
 impl Weighter<String, Cached> for ByStoredSize {
     fn weight(&self, _id: &String, value: &Cached) -> u64 {
-        u64::from(value.stored_bytes.max(1))
+        u64::from(value.stored_bytes.max(1)) * PARSED_PER_STORED
     }
 }
 
@@ -50,7 +54,7 @@ impl Default for RecordCache {
     fn default() -> Self {
         Self {
             cache: Cache::with_weighter(
-                (CAPACITY_BYTES / TYPICAL_BYTES) as usize,
+                (CAPACITY_BYTES / (TYPICAL_BYTES * PARSED_PER_STORED)) as usize,
                 CAPACITY_BYTES,
                 ByStoredSize,
             ),
@@ -144,7 +148,7 @@ mod tests {
     #[test]
     fn the_cache_is_bounded_by_stored_size() {
         let cache = RecordCache::default();
-        let big = (CAPACITY_BYTES / 16) as usize;
+        let big = (CAPACITY_BYTES / PARSED_PER_STORED / 16) as usize;
         for i in 0..64 {
             let at = cache.generation();
             cache.fill(at, record(&format!("agent-{i}"), "x"), big);
