@@ -1029,7 +1029,9 @@ impl Index {
         ctx: &Rescoring,
         keep: usize,
     ) -> Vec<(f32, u32, usize)> {
-        let per_example = ctx.w.example / ctx.total_weight.max(f32::EPSILON);
+        // Weights are configurable, negative ones included: an example
+        // moves the score by at most this times its best unit's score.
+        let per_example = (ctx.w.example / ctx.total_weight.max(f32::EPSILON)).abs();
         // Members are scattered in memory: each is asked for a few ahead.
         const AHEAD: usize = 4;
         let doc = |i: usize| {
@@ -1677,13 +1679,18 @@ mod tests {
         let index = index_of(&agents);
         let filters = HardFilters::default();
         let mut skipped = 0;
-        // The defaults, where pruning skips most members, and examples
-        // weighing twice the profile, where a wrong bound changes answers.
+        // The defaults, where pruning skips most members; examples weighing
+        // twice the profile, where a wrong bound changes answers; and a
+        // negative example weight (configurable, so allowed).
         let heavy_examples = Weights {
             example: 2.0,
             ..Weights::default()
         };
-        for weights in [Weights::default(), heavy_examples] {
+        let against_examples = Weights {
+            example: -0.5,
+            ..Weights::default()
+        };
+        for weights in [Weights::default(), heavy_examples, against_examples] {
             let ask = |text: &str| {
                 let q = Query {
                     text,
