@@ -949,7 +949,11 @@ impl Index {
         let best_partial = cands.iter().map(|&s| heads.get(s)).fold(0.0f32, f32::max);
         let mut first: Vec<Scored> = cands
             .iter()
-            .map(|&slot| {
+            .enumerate()
+            .map(|(i, &slot)| {
+                if let Some(&ahead) = cands.get(i + 4) {
+                    self.vectors.prefetch(ahead);
+                }
                 let context = semantic
                     .filter(|_| self.vectors.has(slot))
                     .map(|v| self.vectors.exact(slot, v));
