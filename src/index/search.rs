@@ -951,9 +951,7 @@ impl Index {
             .iter()
             .enumerate()
             .map(|(i, &slot)| {
-                if let Some(&ahead) = cands.get(i + 4) {
-                    self.vectors.prefetch(ahead);
-                }
+                self.vectors.prefetch_ahead(&cands, i);
                 let context = semantic
                     .filter(|_| self.vectors.has(slot))
                     .map(|v| self.vectors.exact(slot, v));

@@ -439,26 +439,24 @@ impl VectorIndex {
             .iter()
             .enumerate()
             .map(|(i, &s)| {
-                // Two steps: the slot's position first, then (once that
-                // has arrived) its row.
-                if let Some(far) = slots
-                    .get(i + 2 * AHEAD)
-                    .and_then(|&f| self.at.get(f as usize))
-                {
-                    prefetch(std::slice::from_ref(far));
-                }
-                if let Some(&next) = slots.get(i + AHEAD) {
-                    self.prefetch(next);
-                }
+                self.prefetch_ahead(slots, i);
                 self.approx(s, code)
             })
             .collect()
     }
 
-    /// Starts loading `slot`'s codes into the cache (rows visited by slot
-    /// are scattered over the lists).
-    pub fn prefetch(&self, slot: u32) {
-        if let Some((code, _)) = self.code(slot) {
+    /// Called at position `i` of a walk over `slots`: starts loading the
+    /// rows a few slots ahead, in two steps - a slot's position first,
+    /// then (once that has arrived) its row; rows visited by slot are
+    /// scattered over the lists.
+    pub fn prefetch_ahead(&self, slots: &[u32], i: usize) {
+        if let Some(far) = slots
+            .get(i + 2 * AHEAD)
+            .and_then(|&f| self.at.get(f as usize))
+        {
+            prefetch(std::slice::from_ref(far));
+        }
+        if let Some((code, _)) = slots.get(i + AHEAD).and_then(|&next| self.code(next)) {
             prefetch(code);
         }
     }
