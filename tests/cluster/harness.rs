@@ -204,6 +204,15 @@ impl Cluster {
     }
 
     fn launch(&mut self, id: u64) {
+        if let Err(why) = self.try_launch(id) {
+            panic!("{why}");
+        }
+    }
+
+    /// Starts node `id`; a process that exits before its ready line is
+    /// reported with the tail of its log (the temporary directory, and the
+    /// log with it, is gone once CI ends).
+    fn try_launch(&mut self, id: u64) -> Result<(), String> {
         let data_dir = self.data_dir(id);
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -255,12 +264,18 @@ impl Cluster {
         BufReader::new(stdout)
             .read_line(&mut line)
             .expect("ready line");
-        assert!(
-            line.starts_with("agentry ready"),
-            "node {id} did not start: {line:?}; see {}",
-            self.dir.path().join(format!("node-{id}.log")).display()
-        );
+        if !line.starts_with("agentry ready") {
+            let _ = child.wait();
+            let log = self.log(id);
+            let tail: Vec<&str> = log.lines().rev().take(40).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            return Err(format!(
+                "node {id} did not start: {line:?}; its log ends:\n{}",
+                tail.join("\n")
+            ));
+        }
         self.nodes.get_mut(&id).expect("reserved").child = Some(child);
+        Ok(())
     }
 
     /// SIGKILL: no shutdown, no flush.
@@ -286,6 +301,23 @@ impl Cluster {
     /// flags.
     pub fn restart(&mut self, id: u64) {
         self.launch(id);
+    }
+
+    /// What a supervisor (systemd's `Restart=always`, a pod's restart
+    /// policy) does: starts node `id` again, up to `attempts` times a
+    /// second apart, until one start reaches its ready line. Each failed
+    /// start is printed with its log.
+    pub fn restart_supervised(&mut self, id: u64, attempts: usize) {
+        for attempt in 1..=attempts {
+            match self.try_launch(id) {
+                Ok(()) => return,
+                Err(why) if attempt < attempts => {
+                    eprintln!("start {attempt} of node {id} failed: {why}");
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+                Err(why) => panic!("{attempts} starts failed; the last: {why}"),
+            }
+        }
     }
 
     pub fn is_running(&self, id: u64) -> bool {
