@@ -510,12 +510,15 @@ pub struct Config {
 /// filesystem has less than `reserve_bytes` free, so a full disk never
 /// stops the Raft core (0 turns the check off); RocksDB's WAL is kept
 /// below `max_wal_bytes`, which bounds what a restart writes before the
-/// node serves. Keep the reserve above the WAL bound.
+/// node serves. Keep the reserve above the WAL bound. Up to
+/// `record_cache_bytes` of parsed records are kept for discovery's answers
+/// (0: none).
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct StorageConfig {
     pub reserve_bytes: u64,
     pub max_wal_bytes: u64,
+    pub record_cache_bytes: u64,
 }
 
 impl Default for StorageConfig {
@@ -523,6 +526,7 @@ impl Default for StorageConfig {
         Self {
             reserve_bytes: crate::storage::DEFAULT_RESERVE_BYTES,
             max_wal_bytes: crate::storage::DEFAULT_MAX_WAL_BYTES,
+            record_cache_bytes: crate::storage::DEFAULT_RECORD_CACHE_BYTES,
         }
     }
 }

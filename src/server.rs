@@ -299,7 +299,8 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
         config.data_dir.join("snapshots"),
         config.watch_history,
     )?
-    .with_audit(config.audit.retention(), audit_sink);
+    .with_audit(config.audit.retention(), audit_sink)
+    .with_record_cache(config.storage.record_cache_bytes);
     let reader = state_machine.reader();
     let faults = Faults::default();
     let node = RaftNode::start(

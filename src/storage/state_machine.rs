@@ -372,6 +372,13 @@ impl StateMachine {
         Ok(())
     }
 
+    /// Bounds the parsed records kept for reads (`[storage]
+    /// record_cache_bytes`).
+    pub fn with_record_cache(self, bytes: u64) -> Self {
+        self.applied.records.set_capacity(bytes);
+        self
+    }
+
     /// The same state machine, keeping the audit trail to `retention` and
     /// copying committed entries to `sink`.
     pub fn with_audit(mut self, retention: Retention, sink: Option<AuditSink>) -> Self {
