@@ -32,7 +32,7 @@ use crate::domain::filter::{AgentFacts, HardFilters};
 use crate::domain::lease::LeaseTable;
 use crate::domain::{AgentRecord, AgentStatus, Principal};
 
-use super::simd::{dot_i8, quantize};
+use super::simd::{dot_i8, dots_i8, quantize};
 use super::text::{Analyzer, TermList};
 use super::vectors::{SavedPartitions, VectorIndex};
 
@@ -523,12 +523,13 @@ impl UnitCodes {
     }
 
     /// Approximate cosine of the query `code` to each unit, in order.
-    fn scores<'a>(&'a self, code: &'a (Vec<i8>, f32)) -> impl Iterator<Item = f32> + 'a {
-        let dim = code.0.len().max(1);
-        self.codes
-            .chunks_exact(dim)
+    fn scores(&self, code: &(Vec<i8>, f32)) -> Vec<f32> {
+        let mut dots = vec![0; self.scales.len()];
+        dots_i8(&code.0, &self.codes, &mut dots);
+        dots.iter()
             .zip(&self.scales)
-            .map(|(row, s)| dot_i8(&code.0, row) as f32 * code.1 * s)
+            .map(|(&dot, s)| dot as f32 * code.1 * s)
+            .collect()
     }
 }
 
@@ -1101,8 +1102,12 @@ impl Index {
     /// The best unit score of an agent for the query (None without units
     /// or without a query vector).
     fn best_unit(&self, d: &Doc, ctx: &Rescoring) -> Option<f32> {
-        ctx.query_i8
-            .and_then(|code| d.unit_vectors.scores(code).max_by(f32::total_cmp))
+        ctx.query_i8.and_then(|code| {
+            d.unit_vectors
+                .scores(code)
+                .into_iter()
+                .max_by(f32::total_cmp)
+        })
     }
 
     /// The score components of one pool member, given its best unit score.
@@ -1161,7 +1166,13 @@ impl Index {
 
     /// A ranked agent with its components and evidence.
     fn hit(&self, d: &Doc, s: &Scored, ctx: &Rescoring) -> Hit {
-        let c = self.components(d, s, ctx, self.best_unit(d, ctx));
+        // Each unit's score, once: the best is the `example` component, and
+        // those close to it are evidence.
+        let unit_scores = ctx.query_i8.map(|code| d.unit_vectors.scores(code));
+        let best_unit = unit_scores
+            .as_ref()
+            .and_then(|u| u.iter().copied().max_by(f32::total_cmp));
+        let c = self.components(d, s, ctx, best_unit);
         let q = ctx.q;
         // Every requested or query-derived tag the agent has; required tags
         // are matched by every candidate and shown as such.
@@ -1198,10 +1209,9 @@ impl Index {
         components.push(("policy", c.policy));
         components.push(("lexical", s.lexical));
         // Examples close to the best one are evidence; far worse ones are not.
-        let matched_positions = match (c.example, ctx.query_i8) {
-            (Some(best), Some(code)) => {
-                let mut scores: Vec<(usize, f32)> =
-                    d.unit_vectors.scores(code).enumerate().collect();
+        let matched_positions = match (c.example, unit_scores) {
+            (Some(best), Some(units)) => {
+                let mut scores: Vec<(usize, f32)> = units.into_iter().enumerate().collect();
                 scores.sort_by(|a, b| b.1.total_cmp(&a.1));
                 scores
                     .into_iter()

@@ -13,7 +13,7 @@
 //! 100k agents the scan is bound by memory, and reading one block per
 //! partition instead of a row scattered per agent is what keeps it fast.
 
-use super::simd::{dot_f32, dot_f32_i8, dot_i8, prefetch, quantize};
+use super::simd::{dot_f32, dot_f32_i8, dot_i8, dots_i8, prefetch, quantize};
 
 /// Below this many vectors every row is scanned.
 const IVF_MIN: usize = 4096;
@@ -512,11 +512,13 @@ impl VectorIndex {
         };
         let mut scored: Vec<(f32, u32)> =
             Vec::with_capacity(probed.iter().map(|&c| self.lists[c].slots.len()).sum());
+        let mut dots = Vec::new();
         for c in probed {
             let list = &self.lists[c];
-            let rows = list.codes.chunks_exact(self.dim);
-            for (row, (&s, &scale)) in rows.zip(list.slots.iter().zip(&list.scales)) {
-                scored.push((dot_i8(qq, row) as f32 * qscale * scale, s));
+            dots.resize(list.slots.len(), 0);
+            dots_i8(qq, &list.codes, &mut dots);
+            for (&dot, (&s, &scale)) in dots.iter().zip(list.slots.iter().zip(&list.scales)) {
+                scored.push((dot as f32 * qscale * scale, s));
             }
         }
         best_admitted(scored, k, admit)
@@ -839,16 +841,24 @@ impl CodedCentroids {
 
     /// The centroid nearest `row` (0 when there are none).
     fn nearest(&self, row: &[i8]) -> usize {
+        // The centroids a block at a time, into a buffer on the stack.
+        const BLOCK: usize = 64;
+        let dim = self.dim.max(1);
+        let mut dots = [0i32; BLOCK];
         let mut best = (f32::MIN, 0);
-        for (c, (code, &scale)) in self
+        for (b, (codes, scales)) in self
             .codes
-            .chunks_exact(self.dim.max(1))
-            .zip(&self.scales)
+            .chunks(BLOCK * dim)
+            .zip(self.scales.chunks(BLOCK))
             .enumerate()
         {
-            let d = dot_i8(row, code) as f32 * scale;
-            if d > best.0 {
-                best = (d, c);
+            let dots = &mut dots[..scales.len()];
+            dots_i8(row, codes, dots);
+            for (i, (&dot, &scale)) in dots.iter().zip(scales).enumerate() {
+                let d = dot as f32 * scale;
+                if d > best.0 {
+                    best = (d, b * BLOCK + i);
+                }
             }
         }
         best.1
