@@ -76,7 +76,7 @@ pub fn dots_i8(q: &[i8], rows: &[i8], out: &mut [i32]) {
     }
     debug_assert_eq!(rows.len() / dim, out.len());
     #[cfg(target_arch = "x86_64")]
-    if has_avx2() && dim % 32 == 0 {
+    if has_avx2() && dim.is_multiple_of(32) {
         // SAFETY: AVX2 was detected on this CPU; `dim` is a whole number
         // of 32-byte steps.
         return unsafe { avx2::dots_i8(q, rows, out) };
