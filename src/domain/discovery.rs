@@ -391,6 +391,12 @@ pub fn visible_metadata(
 /// The URL without user information, query or fragment, which is where
 /// credentials and internal routing hints hide.
 fn strip_url_secrets(endpoint: &str) -> String {
+    // Credentials need an '@', a query a '?', a fragment a '#': an endpoint
+    // without any of them has nothing to strip, and is not parsed (this
+    // runs for every binding of every result).
+    if !endpoint.contains(['@', '?', '#']) {
+        return endpoint.to_string();
+    }
     match url::Url::parse(endpoint) {
         Ok(mut u) if !u.cannot_be_a_base() => {
             if u.username().is_empty()
@@ -501,5 +507,23 @@ pub(super) mod tests {
         assert_eq!(m, r.metadata);
         let (m, _) = visible_metadata(&r, Detail::Minimal, Some(&alice));
         assert!(m.name.is_empty() && m.bindings.len() == 1 && m.status.is_some());
+    }
+
+    #[test]
+    fn endpoints_lose_credentials_queries_and_fragments_and_nothing_else() {
+        for (given, shown) in [
+            ("https://a.example/x", "https://a.example/x"),
+            (
+                "https://a.example:8443/v1/run",
+                "https://a.example:8443/v1/run",
+            ),
+            ("https://u@a.example/x", "https://a.example/x"),
+            ("https://u:p@a.example/x", "https://a.example/x"),
+            ("https://a.example/x?key=1", "https://a.example/x"),
+            ("https://a.example/x#k", "https://a.example/x"),
+            ("not a url", "not a url"),
+        ] {
+            assert_eq!(strip_url_secrets(given), shown, "{given}");
+        }
     }
 }

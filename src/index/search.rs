@@ -32,9 +32,9 @@ use crate::domain::filter::{AgentFacts, HardFilters};
 use crate::domain::lease::LeaseTable;
 use crate::domain::{AgentRecord, AgentStatus, Principal};
 
-use super::simd::{dot_i8, dots_i8, quantize};
+use super::simd::{dot_i8, quantize};
 use super::text::{Analyzer, TermList};
-use super::vectors::{SavedPartitions, VectorIndex};
+use super::vectors::{Prefetching, SavedPartitions, VectorIndex};
 
 /// Ranking weights; the final score is their weighted sum divided by the
 /// sum of the weights, plus the (non-positive) policy component.
@@ -522,14 +522,19 @@ impl UnitCodes {
         self.longest * query_length * (1.0 + 1e-5)
     }
 
-    /// Approximate cosine of the query `code` to each unit, in order.
-    fn scores(&self, code: &(Vec<i8>, f32)) -> Vec<f32> {
-        let mut dots = vec![0; self.scales.len()];
-        dots_i8(&code.0, &self.codes, &mut dots);
-        dots.iter()
-            .zip(&self.scales)
-            .map(|(&dot, s)| dot as f32 * code.1 * s)
-            .collect()
+    /// Calls `visit(i, score)` with the approximate cosine of the query
+    /// `code` to each unit `i`, in order.
+    fn each_score(&self, code: &(Vec<i8>, f32), mut visit: impl FnMut(usize, f32)) {
+        super::simd::each_dot_i8(&code.0, &self.codes, |i, dot| {
+            visit(i, dot as f32 * code.1 * self.scales[i]);
+        });
+    }
+
+    /// The best unit score for the query `code` (None without units).
+    fn best(&self, code: &(Vec<i8>, f32)) -> Option<f32> {
+        let mut best: Option<f32> = None;
+        self.each_score(code, |_, s| best = Some(best.map_or(s, |b| b.max(s))));
+        best
     }
 }
 
@@ -558,6 +563,14 @@ pub struct Size {
 
 /// Candidates re-ranked with every component for a request of `limit`.
 fn pool_size(limit: usize) -> usize {
+    static POOL: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    if let Some(p) = POOL.get_or_init(|| {
+        std::env::var("AGENTRY_POOL")
+            .ok()
+            .and_then(|v| v.parse().ok())
+    }) {
+        return limit.max(*p);
+    }
     (limit * 5).max(100)
 }
 
@@ -853,6 +866,12 @@ impl Index {
             })
         };
         let admit = |slot: u32| admits(q.filters, slot);
+        // What the filters read of an agent, asked for a few agents ahead.
+        let doc_ahead = |slot: u32| {
+            if let Some(entry) = self.docs.get(slot as usize) {
+                super::simd::prefetch(std::slice::from_ref(entry));
+            }
+        };
         let query_tags = self.query_tags(&terms);
         let wanted_tags: Vec<(String, TagMatch)> = q
             .preferred_tags
@@ -899,25 +918,33 @@ impl Index {
                         (weights.context * context + weights.lexical * lexical, s)
                     })
                     .collect();
-                super::vectors::best_admitted(scored, pool, |slot| admits(&rest, slot))
-                    .into_iter()
-                    .map(|(s, _)| s)
-                    .collect()
+                super::vectors::best_admitted(
+                    scored,
+                    pool,
+                    Prefetching(|slot| admits(&rest, slot), doc_ahead),
+                )
+                .into_iter()
+                .map(|(s, _)| s)
+                .collect()
             }
             _ => {
                 let mut c = Vec::new();
                 if let (Some(v), Some(code)) = (semantic, &query_i8) {
                     c.extend(
                         self.vectors
-                            .top(v, code, pool, admit)
+                            .top(v, code, pool, Prefetching(admit, doc_ahead))
                             .into_iter()
                             .map(|(s, _)| s),
                     );
                 }
                 c.extend(
-                    super::vectors::best_admitted(heads.touched().collect(), pool, admit)
-                        .into_iter()
-                        .map(|(s, _)| s),
+                    super::vectors::best_admitted(
+                        heads.touched().collect(),
+                        pool,
+                        Prefetching(admit, doc_ahead),
+                    )
+                    .into_iter()
+                    .map(|(s, _)| s),
                 );
                 for (t, _) in &wanted_tags {
                     if let Some(list) = self.tags.get(t) {
@@ -1102,12 +1129,7 @@ impl Index {
     /// The best unit score of an agent for the query (None without units
     /// or without a query vector).
     fn best_unit(&self, d: &Doc, ctx: &Rescoring) -> Option<f32> {
-        ctx.query_i8.and_then(|code| {
-            d.unit_vectors
-                .scores(code)
-                .into_iter()
-                .max_by(f32::total_cmp)
-        })
+        ctx.query_i8.and_then(|code| d.unit_vectors.best(code))
     }
 
     /// The score components of one pool member, given its best unit score.
@@ -1168,7 +1190,11 @@ impl Index {
     fn hit(&self, d: &Doc, s: &Scored, ctx: &Rescoring) -> Hit {
         // Each unit's score, once: the best is the `example` component, and
         // those close to it are evidence.
-        let unit_scores = ctx.query_i8.map(|code| d.unit_vectors.scores(code));
+        let unit_scores = ctx.query_i8.map(|code| {
+            let mut scores = Vec::with_capacity(d.unit_vectors.scales.len());
+            d.unit_vectors.each_score(code, |_, s| scores.push(s));
+            scores
+        });
         let best_unit = unit_scores
             .as_ref()
             .and_then(|u| u.iter().copied().max_by(f32::total_cmp));

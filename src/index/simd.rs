@@ -86,6 +86,27 @@ pub fn dots_i8(q: &[i8], rows: &[i8], out: &mut [i32]) {
     }
 }
 
+/// Calls `visit(i, dot)` with [`dot_i8`] of `q` and each row `i` that
+/// `rows` holds back to back, computed by [`dots_i8`] a block at a time
+/// into a buffer on the stack: scans, centroids and an agent's units all
+/// walk their dot products this way, without allocating.
+#[inline]
+pub fn each_dot_i8(q: &[i8], rows: &[i8], mut visit: impl FnMut(usize, i32)) {
+    const BLOCK: usize = 64;
+    let dim = q.len();
+    if dim == 0 {
+        return;
+    }
+    let mut dots = [0i32; BLOCK];
+    for (b, block) in rows.chunks(BLOCK * dim).enumerate() {
+        let dots = &mut dots[..block.len() / dim];
+        dots_i8(q, &block[..dots.len() * dim], dots);
+        for (i, &dot) in dots.iter().enumerate() {
+            visit(b * BLOCK + i, dot);
+        }
+    }
+}
+
 /// Dot product of an f32 slice with an equally long i8 slice: a query
 /// kept exact against a stored row kept as i8 codes (multiply by the row's
 /// scale for the cosine). Only the row's rounding is left in the result.

@@ -13,7 +13,7 @@
 //! 100k agents the scan is bound by memory, and reading one block per
 //! partition instead of a row scattered per agent is what keeps it fast.
 
-use super::simd::{dot_f32, dot_f32_i8, dot_i8, dots_i8, prefetch, quantize};
+use super::simd::{dot_f32_i8, dot_i8, each_dot_i8, prefetch, quantize};
 
 /// Below this many vectors every row is scanned.
 const IVF_MIN: usize = 4096;
@@ -477,7 +477,7 @@ impl VectorIndex {
         q: &[f32],
         code: &(Vec<i8>, f32),
         k: usize,
-        admit: impl Fn(u32) -> bool,
+        admit: impl Admit,
     ) -> Vec<(u32, f32)> {
         let probe = nprobe(self.partitions());
         self.top_probing(q, code, k, probe, admit)
@@ -490,7 +490,7 @@ impl VectorIndex {
         code: &(Vec<i8>, f32),
         k: usize,
         nprobe: usize,
-        admit: impl Fn(u32) -> bool,
+        admit: impl Admit,
     ) -> Vec<(u32, f32)> {
         if q.len() != self.dim || code.0.len() != self.dim || k == 0 || self.live == 0 {
             return Vec::new();
@@ -500,26 +500,22 @@ impl VectorIndex {
             0 => vec![0],
             nlist => {
                 let nprobe = nprobe.clamp(1, nlist);
-                let mut order: Vec<(f32, usize)> = self
-                    .centroids
-                    .chunks_exact(self.dim)
-                    .enumerate()
-                    .map(|(c, row)| (dot_f32(q, row), c))
-                    .collect();
+                // By the i8 centroids, as rows are placed.
+                let mut order: Vec<(f32, usize)> = Vec::with_capacity(nlist);
+                each_dot_i8(qq, &self.coded.codes, |c, dot| {
+                    order.push((dot as f32 * self.coded.scales[c], c));
+                });
                 order.select_nth_unstable_by(nprobe - 1, |a, b| b.0.total_cmp(&a.0));
                 order[..nprobe].iter().map(|&(_, c)| c).collect()
             }
         };
         let mut scored: Vec<(f32, u32)> =
             Vec::with_capacity(probed.iter().map(|&c| self.lists[c].slots.len()).sum());
-        let mut dots = Vec::new();
         for c in probed {
             let list = &self.lists[c];
-            dots.resize(list.slots.len(), 0);
-            dots_i8(qq, &list.codes, &mut dots);
-            for (&dot, (&s, &scale)) in dots.iter().zip(list.slots.iter().zip(&list.scales)) {
-                scored.push((dot as f32 * qscale * scale, s));
-            }
+            each_dot_i8(qq, &list.codes, |i, dot| {
+                scored.push((dot as f32 * qscale * list.scales[i], list.slots[i]));
+            });
         }
         best_admitted(scored, k, admit)
     }
@@ -720,20 +716,56 @@ pub struct ProbeRecall {
     pub scan_us: f64,
 }
 
+/// A hard filter over slots, as the candidate scans apply it: any
+/// `Fn(u32) -> bool`, or a [`Prefetching`] one.
+pub(crate) trait Admit {
+    fn admit(&self, slot: u32) -> bool;
+    /// Called a few slots before `admit(slot)`, so that what the filter
+    /// reads (scattered in memory) can be asked for early.
+    fn ahead(&self, _slot: u32) {}
+}
+
+impl<F: Fn(u32) -> bool> Admit for F {
+    fn admit(&self, slot: u32) -> bool {
+        self(slot)
+    }
+}
+
+/// A filter (`.0`) with the prefetch (`.1`) of what it reads.
+pub(crate) struct Prefetching<A, P>(pub A, pub P);
+
+impl<A: Fn(u32) -> bool, P: Fn(u32)> Admit for Prefetching<A, P> {
+    fn admit(&self, slot: u32) -> bool {
+        (self.0)(slot)
+    }
+    fn ahead(&self, slot: u32) {
+        (self.1)(slot)
+    }
+}
+
 /// The `k` best admitted items by score, best first, as (slot, score).
 /// Only the head is sorted: a selection first, a full sort only when the
 /// filter rejects too much of the head.
 pub(crate) fn best_admitted(
     mut scored: Vec<(f32, u32)>,
     k: usize,
-    admit: impl Fn(u32) -> bool,
+    filter: impl Admit,
 ) -> Vec<(u32, f32)> {
+    const AHEAD: usize = 4;
     let by_score = |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0);
     // Usually every one of the best `k` is admitted: then only they are
     // sorted.
     if k > 0 && scored.len() > k {
         scored.select_nth_unstable_by(k - 1, by_score);
-        if scored[..k].iter().all(|&(_, s)| admit(s)) {
+        let head = &scored[..k];
+        head.iter().take(AHEAD).for_each(|&(_, s)| filter.ahead(s));
+        let all = head.iter().enumerate().all(|(i, &(_, s))| {
+            if let Some(&(_, next)) = head.get(i + AHEAD) {
+                filter.ahead(next);
+            }
+            filter.admit(s)
+        });
+        if all {
             let mut best = scored[..k].to_vec();
             best.sort_unstable_by(by_score);
             return best.into_iter().map(|(sc, s)| (s, sc)).collect();
@@ -746,7 +778,7 @@ pub(crate) fn best_admitted(
         first.sort_unstable_by(by_score);
         let picked: Vec<(u32, f32)> = first
             .iter()
-            .filter(|(_, s)| admit(*s))
+            .filter(|(_, s)| filter.admit(*s))
             .take(k)
             .map(|&(sc, s)| (s, sc))
             .collect();
@@ -757,7 +789,7 @@ pub(crate) fn best_admitted(
     scored.sort_unstable_by(by_score);
     scored
         .into_iter()
-        .filter(|&(_, s)| admit(s))
+        .filter(|&(_, s)| filter.admit(s))
         .take(k)
         .map(|(sc, s)| (s, sc))
         .collect()
@@ -820,17 +852,13 @@ fn nprobe(nlist: usize) -> usize {
 /// may go to its second-nearest partition, which probing absorbs).
 #[derive(Default)]
 struct CodedCentroids {
-    dim: usize,
     codes: Vec<i8>,
     scales: Vec<f32>,
 }
 
 impl CodedCentroids {
     fn new(centroids: &[f32], dim: usize) -> Self {
-        let mut out = Self {
-            dim,
-            ..Self::default()
-        };
+        let mut out = Self::default();
         for row in centroids.chunks_exact(dim.max(1)) {
             let (code, scale) = quantize(row);
             out.codes.extend_from_slice(&code);
@@ -841,26 +869,13 @@ impl CodedCentroids {
 
     /// The centroid nearest `row` (0 when there are none).
     fn nearest(&self, row: &[i8]) -> usize {
-        // The centroids a block at a time, into a buffer on the stack.
-        const BLOCK: usize = 64;
-        let dim = self.dim.max(1);
-        let mut dots = [0i32; BLOCK];
         let mut best = (f32::MIN, 0);
-        for (b, (codes, scales)) in self
-            .codes
-            .chunks(BLOCK * dim)
-            .zip(self.scales.chunks(BLOCK))
-            .enumerate()
-        {
-            let dots = &mut dots[..scales.len()];
-            dots_i8(row, codes, dots);
-            for (i, (&dot, &scale)) in dots.iter().zip(scales).enumerate() {
-                let d = dot as f32 * scale;
-                if d > best.0 {
-                    best = (d, b * BLOCK + i);
-                }
+        each_dot_i8(row, &self.codes, |i, dot| {
+            let d = dot as f32 * self.scales[i];
+            if d > best.0 {
+                best = (d, i);
             }
-        }
+        });
         best.1
     }
 }
