@@ -563,14 +563,6 @@ pub struct Size {
 
 /// Candidates re-ranked with every component for a request of `limit`.
 fn pool_size(limit: usize) -> usize {
-    static POOL: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    if let Some(p) = POOL.get_or_init(|| {
-        std::env::var("AGENTRY_POOL")
-            .ok()
-            .and_then(|v| v.parse().ok())
-    }) {
-        return limit.max(*p);
-    }
     (limit * 5).max(100)
 }
 
