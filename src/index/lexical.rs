@@ -3,17 +3,18 @@
 //!
 //! Candidate generation must not cost time in proportion to the collection,
 //! so every term keeps an *impact-ordered* head: the documents where the
-//! term weighs most, at most [`HEAD`] of them, with their impacts; the rest
-//! of its documents are a plain sorted list of slots (for document
-//! frequencies and refills; four bytes each). A query accumulates only the
-//! heads (score-at-a-time with a bounded budget), and the exact BM25 of the
-//! few agents that reach re-ranking is computed from each document's own
+//! term weighs most, at most [`HEAD`] of them, with their frequency of the
+//! term and length; the rest of its documents are a plain sorted list of
+//! slots (for document frequencies and refills; four bytes each). A query
+//! accumulates only the heads (score-at-a-time with a bounded budget), and
+//! the exact BM25 of the few agents that reach re-ranking is taken from the
+//! heads when they hold it whole, else computed from the document's own
 //! term list, kept varint-encoded.
 //!
-//! A document's impact is its BM25 term weight without the IDF, taken with
-//! the average length at the time it was indexed; the average drifts slowly
-//! and the impact only orders candidates, so the drift never reaches a
-//! returned score.
+//! A document's impact (its BM25 term weight without the IDF) orders a
+//! head and decides what enters it, taken with the average length of the
+//! moment; the average drifts slowly and only that order feels it. Scores
+//! always use the current average.
 
 use std::collections::HashMap;
 
@@ -25,10 +26,40 @@ const PRUNE_MIN_DOCS: u32 = 1000;
 /// Documents kept in a term's impact-ordered head.
 const HEAD: usize = 512;
 
+/// A document in a term's head: its slot, and its frequency of the term
+/// and length, saturated at `u16::MAX` (then its contribution is not taken
+/// from the head). Eight bytes, as (impact, slot) were.
+#[derive(Clone, Copy)]
+struct Posting {
+    slot: u32,
+    tf: u16,
+    length: u16,
+}
+
+impl Posting {
+    fn new(slot: u32, tf: u32, length: u32) -> Self {
+        let narrow = |v: u32| u16::try_from(v).unwrap_or(u16::MAX);
+        Self {
+            slot,
+            tf: narrow(tf),
+            length: narrow(length),
+        }
+    }
+
+    /// True when the frequency and length are the document's own.
+    fn exact(self) -> bool {
+        self.tf < u16::MAX && self.length < u16::MAX
+    }
+
+    fn impact(self, avg_length: f32) -> f32 {
+        impact(u32::from(self.tf), u32::from(self.length), avg_length)
+    }
+}
+
 #[derive(Default)]
 struct Term {
-    /// (impact, slot), best first: exactly the best `head.len()` documents.
-    head: Vec<(f32, u32)>,
+    /// Best impact first: exactly the best `head.len()` documents.
+    head: Vec<Posting>,
     /// Every other document holding the term, sorted by slot (its term
     /// frequency is in the document's own term list).
     rest: Vec<u32>,
@@ -150,24 +181,34 @@ pub struct LexicalQuery<'a> {
     avg_length: f32,
 }
 
-/// Head accumulation of a query: partial BM25 per touched slot.
+/// Head accumulation of a query: partial BM25 per touched slot, with the
+/// query terms whose contribution it holds exactly.
 pub struct Accumulated {
-    scores: Vec<f32>,
+    /// Per slot: (partial score, bit `i` set when query term `i`'s head
+    /// gave the slot its exact contribution).
+    scores: Vec<(f32, u32)>,
     touched: Vec<u32>,
+    /// Bits of the query terms whose documents are not all in their heads.
+    tailed: u32,
+    /// False when the query has more terms than the bits can tell apart.
+    resolvable: bool,
 }
+
+/// Query terms whose head contributions are told apart, one bit each.
+const RESOLVED_TERMS: usize = 32;
 
 thread_local! {
     /// A dense score array per thread, reused across queries: allocating
     /// (and zeroing) one slot per agent for every query cost page faults
     /// at 100k agents. It is handed back with only the touched slots reset.
-    static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    static SCORES: std::cell::RefCell<Vec<(f32, u32)>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 impl Drop for Accumulated {
     fn drop(&mut self) {
         let mut scores = std::mem::take(&mut self.scores);
         for &t in &self.touched {
-            scores[t as usize] = 0.0;
+            scores[t as usize] = (0.0, 0);
         }
         SCORES.with(|s| {
             let mut pooled = s.borrow_mut();
@@ -181,12 +222,20 @@ impl Drop for Accumulated {
 impl Accumulated {
     /// The partial score of `slot` (0 when no head reached it).
     pub fn get(&self, slot: u32) -> f32 {
-        self.scores.get(slot as usize).copied().unwrap_or(0.0)
+        self.scores.get(slot as usize).map_or(0.0, |e| e.0)
+    }
+
+    /// The exact BM25 score of `slot` when the heads gave it whole: every
+    /// query term either reached the slot through its head, or keeps all
+    /// its documents in its head and did not.
+    fn exact(&self, slot: u32) -> Option<f32> {
+        let (score, reached) = self.scores.get(slot as usize).copied().unwrap_or((0.0, 0));
+        (self.resolvable && self.tailed & !reached == 0).then_some(score)
     }
 
     /// Every slot some head reached, with its partial score.
     pub fn touched(&self) -> impl Iterator<Item = (f32, u32)> + '_ {
-        self.touched.iter().map(|&s| (self.scores[s as usize], s))
+        self.touched.iter().map(|&s| (self.scores[s as usize].0, s))
     }
 }
 
@@ -211,23 +260,25 @@ impl LexicalIndex {
         let slots: Vec<u32> = term
             .head
             .drain(..)
-            .map(|e| e.1)
+            .map(|e| e.slot)
             .chain(term.rest.drain(..))
             .collect();
-        let mut all: Vec<(f32, u32)> = slots
+        let mut all: Vec<(f32, Posting)> = slots
             .into_iter()
             .map(|s| {
                 let len = self.lengths[s as usize].unwrap_or(0);
                 let tf = self.doc_terms[s as usize].tf(id);
-                (impact(tf, len, avg), s)
+                (impact(tf, len, avg), Posting::new(s, tf, len))
             })
             .collect();
-        let by_impact = |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
+        let by_impact = |a: &(f32, Posting), b: &(f32, Posting)| {
+            b.0.total_cmp(&a.0).then(a.1.slot.cmp(&b.1.slot))
+        };
         let term = &mut self.terms[id as usize];
         if all.len() > HEAD {
             all.select_nth_unstable_by(HEAD, by_impact);
             term.floor = all[HEAD..].iter().map(|e| e.0).fold(0.0, f32::max);
-            let mut rest: Vec<u32> = all[HEAD..].iter().map(|e| e.1).collect();
+            let mut rest: Vec<u32> = all[HEAD..].iter().map(|e| e.1.slot).collect();
             rest.sort_unstable();
             term.rest = rest;
             all.truncate(HEAD);
@@ -235,7 +286,7 @@ impl LexicalIndex {
             term.floor = 0.0;
         }
         all.sort_unstable_by(by_impact);
-        term.head = all;
+        term.head = all.into_iter().map(|e| e.1).collect();
     }
 
     /// Indexes `terms` as the document in `slot` (a free slot).
@@ -276,11 +327,12 @@ impl LexicalIndex {
             let term = &mut self.terms[id as usize];
             let w = impact(tf, length, avg);
             if w > term.floor {
-                let at = term.head.partition_point(|e| e.0 >= w);
-                term.head.insert(at, (w, slot));
+                let at = term.head.partition_point(|e| e.impact(avg) >= w);
+                term.head.insert(at, Posting::new(slot, tf, length));
                 if term.head.len() > HEAD {
-                    if let Some((dropped, out)) = term.head.pop() {
-                        term.floor = term.floor.max(dropped);
+                    if let Some(dropped) = term.head.pop() {
+                        term.floor = term.floor.max(dropped.impact(avg));
+                        let out = dropped.slot;
                         let at = term.rest.partition_point(|&d| d < out);
                         term.rest.insert(at, out);
                     }
@@ -309,7 +361,7 @@ impl LexicalIndex {
             let term = &mut self.terms[id as usize];
             if let Ok(at) = term.rest.binary_search(&slot) {
                 term.rest.remove(at);
-            } else if let Some(at) = term.head.iter().position(|e| e.1 == slot) {
+            } else if let Some(at) = term.head.iter().position(|e| e.slot == slot) {
                 term.head.remove(at);
                 // A head worn down to half is refilled: amortised, a
                 // removal costs a few postings, not a whole list.
@@ -378,46 +430,78 @@ impl LexicalQuery<'_> {
     }
 
     /// Partial scores from every query term's head: exact for documents in
-    /// all the heads of their terms, a lower bound otherwise.
+    /// all the heads of their terms, a lower bound otherwise. The terms are
+    /// added in id order, as [`Self::score`] adds them, so a score the
+    /// heads give whole is the same number.
     pub fn accumulate(&self) -> Accumulated {
         let n = self.index.lengths.len();
         let mut scores = SCORES.with(|s| std::mem::take(&mut *s.borrow_mut()));
         // All zeros: only ever returned with its touched slots reset.
-        scores.resize(n, 0.0);
+        scores.resize(n, (0.0, 0));
         let mut touched = Vec::new();
-        for &(id, idf) in &self.terms {
-            for &(w, slot) in &self.index.terms[id as usize].head {
-                let s = &mut scores[slot as usize];
-                if *s == 0.0 {
-                    touched.push(slot);
+        let mut tailed = 0u32;
+        for (i, &(id, idf)) in self.terms.iter().enumerate() {
+            let term = &self.index.terms[id as usize];
+            let bit = if i < RESOLVED_TERMS { 1u32 << i } else { 0 };
+            if !term.rest.is_empty() {
+                tailed |= bit;
+            }
+            for &p in &term.head {
+                let s = &mut scores[p.slot as usize];
+                if s.0 == 0.0 && s.1 == 0 {
+                    touched.push(p.slot);
                 }
-                *s += idf * w;
+                s.0 += idf * p.impact(self.avg_length);
+                if p.exact() {
+                    s.1 |= bit;
+                } else {
+                    // Not whole: the term counts as unresolved for it.
+                    tailed |= bit;
+                }
             }
         }
-        Accumulated { scores, touched }
+        Accumulated {
+            scores,
+            touched,
+            tailed,
+            resolvable: self.terms.len() <= RESOLVED_TERMS,
+        }
     }
 
     /// [`Self::score`] of each of `slots`, in order. The term lists are
     /// scattered in memory and reading each one's first bytes was most of
     /// the time, so they are asked for a few documents ahead, in two steps:
     /// the list's pointer, then (once that has arrived) its first bytes.
-    pub fn scores(&self, slots: &[u32]) -> Vec<f32> {
+    pub fn scores(&self, slots: &[u32], heads: &Accumulated) -> Vec<f32> {
         const AHEAD: usize = 4;
-        let doc_terms = &self.index.doc_terms;
-        let entry = |i: usize| slots.get(i).and_then(|&s| doc_terms.get(s as usize));
-        slots
+        // Only the documents the heads left unresolved are read.
+        let mut unresolved = Vec::new();
+        let mut out: Vec<f32> = slots
             .iter()
             .enumerate()
             .map(|(i, &slot)| {
-                if let Some(far) = entry(i + 2 * AHEAD) {
-                    super::simd::prefetch(std::slice::from_ref(far));
-                }
-                if let Some(near) = entry(i + AHEAD) {
-                    super::simd::prefetch(&near.0[..near.0.len().min(128)]);
-                }
-                self.score(slot)
+                heads.exact(slot).unwrap_or_else(|| {
+                    unresolved.push(i);
+                    0.0
+                })
             })
-            .collect()
+            .collect();
+        let doc_terms = &self.index.doc_terms;
+        let entry = |k: usize| {
+            unresolved
+                .get(k)
+                .and_then(|&i| doc_terms.get(slots[i] as usize))
+        };
+        for (k, &i) in unresolved.iter().enumerate() {
+            if let Some(far) = entry(k + 2 * AHEAD) {
+                super::simd::prefetch(std::slice::from_ref(far));
+            }
+            if let Some(near) = entry(k + AHEAD) {
+                super::simd::prefetch(&near.0[..near.0.len().min(128)]);
+            }
+            out[i] = self.score(slots[i]);
+        }
+        out
     }
 
     /// The exact BM25 score of the document in `slot`: one pass over its
@@ -533,6 +617,60 @@ mod tests {
         assert_eq!(acc.get(0), 0.0);
         assert_eq!(acc.get(1), 0.0);
         assert!(acc.get(2) > 0.0);
+    }
+
+    #[test]
+    fn scores_taken_from_the_heads_are_the_exact_scores() {
+        // "rare" stays within its head; "often" overflows it into a tail;
+        // lengths vary so the average drifts as documents come and go.
+        let mut ix = LexicalIndex::default();
+        let n = (HEAD * 6) as u32;
+        let doc = |i: u32| {
+            let mut t: Vec<String> = (0..(3 + i % 17)).map(|k| format!("filler{k}")).collect();
+            if i.is_multiple_of(5) {
+                t.extend(std::iter::repeat_n(
+                    "often".to_string(),
+                    1 + (i % 3) as usize,
+                ));
+            }
+            if i.is_multiple_of(23) {
+                t.push("rare".into());
+            }
+            t
+        };
+        for i in 0..n {
+            ix.insert(i, doc(i).iter().map(String::as_str));
+        }
+        for i in (0..n).step_by(7) {
+            ix.remove(i);
+        }
+        for text in [
+            "rare",
+            "often",
+            "rare often",
+            "rare often rare",
+            "filler3 rare",
+        ] {
+            let q = ix.query(&terms(text));
+            let heads = q.accumulate();
+            let slots: Vec<u32> = (0..n).collect();
+            let mut from_heads = 0;
+            for (slot, got) in slots.iter().zip(q.scores(&slots, &heads)) {
+                assert_eq!(
+                    got.to_bits(),
+                    q.score(*slot).to_bits(),
+                    "{text}: slot {slot}"
+                );
+                from_heads += usize::from(heads.exact(*slot).is_some());
+            }
+            // Queries of head-only terms are answered from the heads alone.
+            if text == "rare" {
+                assert_eq!(from_heads, slots.len());
+            }
+            if text.contains("often") {
+                assert!(from_heads < slots.len());
+            }
+        }
     }
 
     #[test]

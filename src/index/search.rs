@@ -994,7 +994,7 @@ impl Index {
         }
         // Re-ranking: exact BM25, relative to the best in the pool.
         let slots: Vec<u32> = first.iter().map(|s| s.slot).collect();
-        let exact = lexical.scores(&slots);
+        let exact = lexical.scores(&slots, &heads);
         let best_exact = exact.iter().copied().fold(0.0f32, f32::max);
         for (s, e) in first.iter_mut().zip(exact) {
             s.lexical = if best_exact > 0.0 {
