@@ -190,6 +190,8 @@ pub struct Accumulated {
     touched: Vec<u32>,
     /// Bits of the query terms whose documents are not all in their heads.
     tailed: u32,
+    /// Bits of the query terms with a head posting not taken whole.
+    inexact: u32,
     /// False when the query has more terms than the bits can tell apart.
     resolvable: bool,
 }
@@ -226,11 +228,28 @@ impl Accumulated {
     }
 
     /// The exact BM25 score of `slot` when the heads gave it whole: every
-    /// query term either reached the slot through its head, or keeps all
-    /// its documents in its head and did not.
-    fn exact(&self, slot: u32) -> Option<f32> {
+    /// query term either reached the slot through its head, or does not
+    /// hold the slot at all - its head did not reach it and its tail (a
+    /// sorted list, searched only for terms that have one) lacks it.
+    fn exact(&self, slot: u32, query: &LexicalQuery) -> Option<f32> {
         let (score, reached) = self.scores.get(slot as usize).copied().unwrap_or((0.0, 0));
-        (self.resolvable && self.tailed & !reached == 0).then_some(score)
+        if !self.resolvable || self.inexact & !reached != 0 {
+            return None;
+        }
+        let mut open = self.tailed & !reached;
+        while open != 0 {
+            let i = open.trailing_zeros() as usize;
+            open &= open - 1;
+            let id = query.terms.get(i)?.0;
+            if query.index.terms[id as usize]
+                .rest
+                .binary_search(&slot)
+                .is_ok()
+            {
+                return None;
+            }
+        }
+        Some(score)
     }
 
     /// Every slot some head reached, with its partial score.
@@ -439,7 +458,7 @@ impl LexicalQuery<'_> {
         // All zeros: only ever returned with its touched slots reset.
         scores.resize(n, (0.0, 0));
         let mut touched = Vec::new();
-        let mut tailed = 0u32;
+        let (mut tailed, mut inexact) = (0u32, 0u32);
         for (i, &(id, idf)) in self.terms.iter().enumerate() {
             let term = &self.index.terms[id as usize];
             let bit = if i < RESOLVED_TERMS { 1u32 << i } else { 0 };
@@ -455,8 +474,8 @@ impl LexicalQuery<'_> {
                 if p.exact() {
                     s.1 |= bit;
                 } else {
-                    // Not whole: the term counts as unresolved for it.
-                    tailed |= bit;
+                    // Not whole: the term is unresolved for it.
+                    inexact |= bit;
                 }
             }
         }
@@ -464,6 +483,7 @@ impl LexicalQuery<'_> {
             scores,
             touched,
             tailed,
+            inexact,
             resolvable: self.terms.len() <= RESOLVED_TERMS,
         }
     }
@@ -480,7 +500,7 @@ impl LexicalQuery<'_> {
             .iter()
             .enumerate()
             .map(|(i, &slot)| {
-                heads.exact(slot).unwrap_or_else(|| {
+                heads.exact(slot, self).unwrap_or_else(|| {
                     unresolved.push(i);
                     0.0
                 })
@@ -661,7 +681,7 @@ mod tests {
                     q.score(*slot).to_bits(),
                     "{text}: slot {slot}"
                 );
-                from_heads += usize::from(heads.exact(*slot).is_some());
+                from_heads += usize::from(heads.exact(*slot, &q).is_some());
             }
             // Queries of head-only terms are answered from the heads alone.
             if text == "rare" {
