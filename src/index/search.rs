@@ -533,7 +533,11 @@ impl UnitCodes {
     /// The best unit score for the query `code` (None without units).
     fn best(&self, code: &(Vec<i8>, f32)) -> Option<f32> {
         let mut best: Option<f32> = None;
-        self.each_score(code, |_, s| best = Some(best.map_or(s, |b| b.max(s))));
+        // Compared as `hit` compares them (`total_cmp`), so the `example`
+        // a member was ranked by is the one it reports.
+        self.each_score(code, |_, s| {
+            best = Some(best.map_or(s, |b| std::cmp::max_by(b, s, f32::total_cmp)));
+        });
         best
     }
 }
