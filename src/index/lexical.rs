@@ -198,6 +198,12 @@ pub struct Accumulated {
 
 /// Query terms whose head contributions are told apart, one bit each.
 const RESOLVED_TERMS: usize = 32;
+/// Tails at most this long are searched for a pool member instead of
+/// decoding its term list: 16 KiB, which stays in cache across a query's
+/// searches. A longer tail's search misses the cache at most of its steps
+/// and costs more than the decoding (at 100k agents it doubled exact
+/// BM25's time).
+const SEARCHED_TAIL: usize = 4096;
 
 thread_local! {
     /// A dense score array per thread, reused across queries: allocating
@@ -230,7 +236,8 @@ impl Accumulated {
     /// The exact BM25 score of `slot` when the heads gave it whole: every
     /// query term either reached the slot through its head, or does not
     /// hold the slot at all - its head did not reach it and its tail (a
-    /// sorted list, searched only for terms that have one) lacks it.
+    /// sorted list, searched when it has one of at most [`SEARCHED_TAIL`])
+    /// lacks it.
     fn exact(&self, slot: u32, query: &LexicalQuery) -> Option<f32> {
         let (score, reached) = self.scores.get(slot as usize).copied().unwrap_or((0.0, 0));
         if !self.resolvable || self.inexact & !reached != 0 {
@@ -241,11 +248,8 @@ impl Accumulated {
             let i = open.trailing_zeros() as usize;
             open &= open - 1;
             let id = query.terms.get(i)?.0;
-            if query.index.terms[id as usize]
-                .rest
-                .binary_search(&slot)
-                .is_ok()
-            {
+            let tail = &query.index.terms[id as usize].rest;
+            if tail.len() > SEARCHED_TAIL || tail.binary_search(&slot).is_ok() {
                 return None;
             }
         }
