@@ -675,6 +675,16 @@ struct Components {
     deprecated: bool,
 }
 
+/// A member of the head of the pool in its final place: its score (with
+/// any duplicate penalty), slot, position in the pool, and the slot of the
+/// better agent it nearly repeats.
+struct Placed {
+    score: f32,
+    slot: u32,
+    at: usize,
+    duplicate_of: Option<u32>,
+}
+
 struct Scored {
     slot: u32,
     context: Option<f32>,
@@ -1023,23 +1033,40 @@ impl Index {
                 .as_ref()
                 .map_or(0.0, |(code, scale)| code_length(code) * scale),
         };
-        let order = self.head_of_pool(&first, &ctx, q.limit + DUPLICATE_WINDOW);
-        let mut hits: Vec<(Hit, u32)> = order
-            .iter()
-            .filter_map(|&(_, slot, i)| {
-                let d = self.docs[slot as usize].as_ref()?;
-                Some((self.hit(d, &first[i], &ctx), slot))
+        // Duplicates are looked for among a few more than are returned,
+        // by score alone; only the returned members become hits (a hit
+        // scores every unit and copies its strings).
+        let mut head: Vec<Placed> = self
+            .head_of_pool(&first, &ctx, q.limit + DUPLICATE_WINDOW)
+            .into_iter()
+            .map(|(score, slot, at)| Placed {
+                score,
+                slot,
+                at,
+                duplicate_of: None,
             })
             .collect();
-        // `hits` is in `order`'s order already, the same as `ranked`.
-        self.mark_duplicates(&mut hits);
-        hits.truncate(q.limit);
-        hits.into_iter()
-            .map(|(mut h, _)| {
+        self.mark_duplicates(&mut head);
+        head.truncate(q.limit);
+        head.iter()
+            .filter_map(|p| {
+                let d = self.docs[p.slot as usize].as_ref()?;
+                let mut h = self.hit(d, &first[p.at], &ctx);
+                // The hit scores the member exactly as the pool's head did.
+                debug_assert!(p.duplicate_of.is_some() || h.score.to_bits() == p.score.to_bits());
+                if let Some(original) = p.duplicate_of {
+                    let original = self.docs[original as usize].as_ref()?.id.clone();
+                    h.score = p.score;
+                    if let Some(c) = h.components.iter_mut().find(|c| c.0 == "policy") {
+                        c.1 -= DUPLICATE_PENALTY;
+                    }
+                    h.notes.push(format!("near-duplicate of '{original}'"));
+                    h.duplicate_of = Some(original);
+                }
                 if !q.evidence {
                     h.matched_positions = None;
                 }
-                h
+                Some(h)
             })
             .collect()
     }
@@ -1261,44 +1288,41 @@ impl Index {
         }
     }
 
-    /// A hit that nearly repeats a better one (same name and description,
-    /// or nearly the same profile vector) is pushed down and says whose
-    /// copy it is.
-    fn mark_duplicates(&self, hits: &mut [(Hit, u32)]) {
-        let n = hits.len();
+    /// A member that nearly repeats a better one (same name and
+    /// description, or nearly the same profile vector) is pushed down and
+    /// remembers whose copy it is.
+    fn mark_duplicates(&self, head: &mut [Placed]) {
         let mut changed = false;
-        for i in 1..n {
-            let (si, di) = (hits[i].1, self.docs[hits[i].1 as usize].as_ref());
-            let Some(di) = di else { continue };
+        for i in 1..head.len() {
+            let Some(di) = self.docs[head[i].slot as usize].as_ref() else {
+                continue;
+            };
             for j in 0..i {
-                let Some(dj) = self.docs[hits[j].1 as usize].as_ref() else {
-                    continue;
-                };
-                if hits[j].0.duplicate_of.is_some() {
+                if head[j].duplicate_of.is_some() {
                     continue;
                 }
+                let Some(dj) = self.docs[head[j].slot as usize].as_ref() else {
+                    continue;
+                };
                 let same_text = di.fingerprint == dj.fingerprint;
-                let close = self.vectors.cosine(si, hits[j].1) > DUPLICATE_COSINE;
-                if same_text || close {
-                    let original = dj.id.clone();
-                    let h = &mut hits[i].0;
-                    h.score -= DUPLICATE_PENALTY;
-                    if let Some(p) = h.components.iter_mut().find(|c| c.0 == "policy") {
-                        p.1 -= DUPLICATE_PENALTY;
-                    }
-                    h.notes.push(format!("near-duplicate of '{original}'"));
-                    h.duplicate_of = Some(original);
+                if same_text || self.vectors.cosine(head[i].slot, head[j].slot) > DUPLICATE_COSINE {
+                    head[i].score -= DUPLICATE_PENALTY;
+                    head[i].duplicate_of = Some(head[j].slot);
                     changed = true;
                     break;
                 }
             }
         }
         if changed {
-            hits.sort_by(ranked);
+            let id = |slot: u32| self.docs[slot as usize].as_ref().map(|d| d.id.as_str());
+            head.sort_by(|a, b| {
+                b.score
+                    .total_cmp(&a.score)
+                    .then_with(|| id(a.slot).cmp(&id(b.slot)))
+            });
         }
     }
 
-    /// New vector partitions when they are due (see [`VectorIndex::train`]).
     pub(crate) fn train_vectors(&self) -> Option<super::vectors::Trained> {
         self.vectors.train()
     }
@@ -1375,13 +1399,6 @@ impl Index {
             without_vectors: self.without_vectors,
         }
     }
-}
-
-/// Best score first; equal scores in id order, so rankings are stable.
-fn ranked(a: &(Hit, u32), b: &(Hit, u32)) -> std::cmp::Ordering {
-    b.0.score
-        .total_cmp(&a.0.score)
-        .then_with(|| a.0.id.cmp(&b.0.id))
 }
 
 /// What tells two agents with the same name and description apart from
