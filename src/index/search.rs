@@ -1323,6 +1323,7 @@ impl Index {
         }
     }
 
+    /// New vector partitions when they are due (see [`VectorIndex::train`]).
     pub(crate) fn train_vectors(&self) -> Option<super::vectors::Trained> {
         self.vectors.train()
     }
