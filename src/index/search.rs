@@ -1143,8 +1143,7 @@ impl Index {
             best.insert(best.partition_point(|&b| b >= score), score);
             best.truncate(keep);
         }
-        let id = |slot: u32| self.docs[slot as usize].as_ref().map(|d| d.id.as_str());
-        order.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| id(a.1).cmp(&id(b.1))));
+        order.sort_by(|a, b| self.ranked((a.0, a.1), (b.0, b.1)));
         order.truncate(keep);
         order
     }
@@ -1314,13 +1313,15 @@ impl Index {
             }
         }
         if changed {
-            let id = |slot: u32| self.docs[slot as usize].as_ref().map(|d| d.id.as_str());
-            head.sort_by(|a, b| {
-                b.score
-                    .total_cmp(&a.score)
-                    .then_with(|| id(a.slot).cmp(&id(b.slot)))
-            });
+            head.sort_by(|a, b| self.ranked((a.score, a.slot), (b.score, b.slot)));
         }
+    }
+
+    /// The order of an answer, for (score, slot) pairs: best score first;
+    /// equal scores in id order, so rankings are stable.
+    fn ranked(&self, a: (f32, u32), b: (f32, u32)) -> std::cmp::Ordering {
+        let id = |slot: u32| self.docs[slot as usize].as_ref().map(|d| d.id.as_str());
+        b.0.total_cmp(&a.0).then_with(|| id(a.1).cmp(&id(b.1)))
     }
 
     /// New vector partitions when they are due (see [`VectorIndex::train`]).
