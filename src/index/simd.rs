@@ -239,24 +239,36 @@ mod avx2 {
         let ones = _mm256_set1_epi16(1);
         let qp = q.as_ptr();
         let mut r = 0;
+        // One step of one row: |x| times y with x's signs, summed in
+        // pairs, then in fours into 32-bit lanes.
+        let step = |ax: __m256i, x: __m256i, row: *const i8, acc: __m256i| {
+            let y = _mm256_loadu_si256(row as *const __m256i);
+            let pairs = _mm256_maddubs_epi16(ax, _mm256_sign_epi8(y, x));
+            _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, ones))
+        };
         while r + 4 <= n {
             let base = rows.as_ptr().add(r * dim);
-            let mut acc = [_mm256_setzero_si256(); 4];
+            // Four named accumulators, kept in registers across the row.
+            let (mut a0, mut a1, mut a2, mut a3) = (
+                _mm256_setzero_si256(),
+                _mm256_setzero_si256(),
+                _mm256_setzero_si256(),
+                _mm256_setzero_si256(),
+            );
             let mut i = 0;
             while i < dim {
                 let x = _mm256_loadu_si256(qp.add(i) as *const __m256i);
                 let ax = _mm256_sign_epi8(x, x);
-                for (k, a) in acc.iter_mut().enumerate() {
-                    let y = _mm256_loadu_si256(base.add(k * dim + i) as *const __m256i);
-                    let pairs = _mm256_maddubs_epi16(ax, _mm256_sign_epi8(y, x));
-                    *a = _mm256_add_epi32(*a, _mm256_madd_epi16(pairs, ones));
-                }
+                a0 = step(ax, x, base.add(i), a0);
+                a1 = step(ax, x, base.add(dim + i), a1);
+                a2 = step(ax, x, base.add(2 * dim + i), a2);
+                a3 = step(ax, x, base.add(3 * dim + i), a3);
                 i += 32;
             }
             // Lanes of rows 0..4 summed pairwise, then the halves added:
             // one vector of the four dot products.
-            let s01 = _mm256_hadd_epi32(acc[0], acc[1]);
-            let s23 = _mm256_hadd_epi32(acc[2], acc[3]);
+            let s01 = _mm256_hadd_epi32(a0, a1);
+            let s23 = _mm256_hadd_epi32(a2, a3);
             let s = _mm256_hadd_epi32(s01, s23);
             let four = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
             _mm_storeu_si128(out.as_mut_ptr().add(r) as *mut __m128i, four);
