@@ -661,6 +661,17 @@ struct Rescoring<'a> {
     query_length: f32,
 }
 
+impl Rescoring<'_> {
+    /// The final score of a member whose other components weigh `rest`
+    /// and whose best unit scores `example`. The head of the pool and the
+    /// hits both score through here, so a member's score is the same
+    /// number wherever it is computed.
+    fn score(&self, rest: f32, example: Option<f32>, policy: f32) -> f32 {
+        (rest + self.w.example * example.unwrap_or(0.0)) / self.total_weight.max(f32::EPSILON)
+            + policy
+    }
+}
+
 /// Score components besides `context` and `lexical` (already in
 /// [`Scored`]), and the final score.
 struct Components {
@@ -670,6 +681,9 @@ struct Components {
     freshness: f32,
     policy: f32,
     score: f32,
+    /// The weighted sum of every component but `example`: the score with
+    /// another example is [`Rescoring::score`] of it.
+    rest: f32,
     /// The agent's tag count when it is over the stuffing threshold.
     stuffed_tags: Option<usize>,
     deprecated: bool,
@@ -846,9 +860,17 @@ impl Index {
     /// single words up to three-word phrases).
     fn query_tags(&self, terms: &[String]) -> Vec<String> {
         let mut out: Vec<String> = Vec::new();
+        let mut phrase = String::new();
         for n in 1..=3 {
             for w in terms.windows(n) {
-                if let Some(tags) = self.tag_forms.get(&w.join(" ")) {
+                phrase.clear();
+                for (i, word) in w.iter().enumerate() {
+                    if i > 0 {
+                        phrase.push(' ');
+                    }
+                    phrase.push_str(word);
+                }
+                if let Some(tags) = self.tag_forms.get(phrase.as_str()) {
                     for t in tags {
                         if self.tags.contains_key(t) && !out.contains(t) {
                             out.push(t.clone());
@@ -1095,7 +1117,9 @@ impl Index {
                 .and_then(|s| self.docs.get(s.slot as usize))
                 .and_then(Option::as_ref)
         };
-        let mut reachable: Vec<(f32, f32, usize)> = pool
+        // (the best score the member could reach, its score without units,
+        // its position, its components)
+        let mut reachable: Vec<(f32, f32, usize, Components)> = pool
             .iter()
             .enumerate()
             .filter_map(|(i, s)| {
@@ -1105,7 +1129,8 @@ impl Index {
                     }
                 }
                 let d = self.docs[s.slot as usize].as_ref()?;
-                let without_units = self.components(d, s, ctx, None).score;
+                let base = self.components(d, s, ctx, None);
+                let without_units = base.score;
                 let units = &d.unit_vectors;
                 let reach = if ctx.query_i8.is_some() && !units.scales.is_empty() {
                     // Slack for the float rounding of the weighted sum.
@@ -1113,7 +1138,7 @@ impl Index {
                 } else {
                     0.0
                 };
-                Some((without_units + reach, without_units, i))
+                Some((without_units + reach, without_units, i, base))
             })
             .collect();
         reachable.sort_unstable_by(|a, b| b.0.total_cmp(&a.0));
@@ -1124,7 +1149,7 @@ impl Index {
         let prune = !SCORE_EVERY_UNIT.get();
         #[cfg(not(test))]
         let prune = true;
-        for (k, &(reach, without_units, i)) in reachable.iter().enumerate() {
+        for (k, &(reach, without_units, i, ref base)) in reachable.iter().enumerate() {
             if prune && best.len() >= keep && best.last().is_some_and(|&floor| reach < floor) {
                 break;
             }
@@ -1138,7 +1163,7 @@ impl Index {
             let score = if reach > without_units {
                 #[cfg(test)]
                 UNITS_SCORED.set(UNITS_SCORED.get() + 1);
-                self.components(d, s, ctx, self.best_unit(d, ctx)).score
+                ctx.score(base.rest, self.best_unit(d, ctx), base.policy)
             } else {
                 without_units
             };
@@ -1193,8 +1218,7 @@ impl Index {
         };
         let age_days = (q.now_unix - d.facts.updated_unix).max(0) as f32 / 86_400.0;
         let freshness = 0.5f32.powf(age_days / w.freshness_half_life_days.max(1.0));
-        let weighted = w.context * s.context.unwrap_or(0.0)
-            + w.example * example.unwrap_or(0.0)
+        let rest = w.context * s.context.unwrap_or(0.0)
             + w.lexical * s.lexical
             + w.tag * tag
             + w.protocol * protocol
@@ -1205,7 +1229,8 @@ impl Index {
             protocol,
             freshness,
             policy,
-            score: weighted / ctx.total_weight.max(f32::EPSILON) + policy,
+            score: ctx.score(rest, example, policy),
+            rest,
             stuffed_tags,
             deprecated,
         }

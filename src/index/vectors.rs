@@ -470,8 +470,9 @@ impl VectorIndex {
         }
     }
 
-    /// Up to `k` admitted slots with the best approximate scores, best
-    /// first, as (slot, approximate cosine). `code` is the query quantized.
+    /// Up to `k` admitted slots with the best approximate scores, in no
+    /// particular order, as (slot, approximate cosine). `code` is the
+    /// query quantized.
     pub fn top(
         &self,
         q: &[f32],
@@ -743,9 +744,9 @@ impl<A: Fn(u32) -> bool, P: Fn(u32)> Admit for Prefetching<A, P> {
     }
 }
 
-/// The `k` best admitted items by score, best first, as (slot, score).
-/// Only the head is sorted: a selection first, a full sort only when the
-/// filter rejects too much of the head.
+/// The `k` best admitted items by score, as (slot, score), in no
+/// particular order (every caller gathers candidates into a set). A
+/// selection first; a sort only when the filter rejects some of the best.
 pub(crate) fn best_admitted(
     mut scored: Vec<(f32, u32)>,
     k: usize,
@@ -766,9 +767,7 @@ pub(crate) fn best_admitted(
             filter.admit(s)
         });
         if all {
-            let mut best = scored[..k].to_vec();
-            best.sort_unstable_by(by_score);
-            return best.into_iter().map(|(sc, s)| (s, sc)).collect();
+            return scored[..k].iter().map(|&(sc, s)| (s, sc)).collect();
         }
     }
     let head = (k * 4).max(64);
@@ -921,7 +920,8 @@ mod tests {
         for probe in [3u32, 1234, 5999] {
             let q = unit(u64::from(probe), dim);
             let top = ix.top(&q, &quantize(&q), 5, |_| true);
-            assert_eq!(top[0].0, probe);
+            let best = top.iter().max_by(|a, b| a.1.total_cmp(&b.1));
+            assert_eq!(best.map(|b| b.0), Some(probe));
             assert!((ix.exact(probe, &q) - 1.0).abs() < 1e-2);
             let odd = ix.top(&q, &quantize(&q), 5, |s| s % 2 == 1);
             assert!(odd.iter().all(|(s, _)| s % 2 == 1));
