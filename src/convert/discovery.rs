@@ -160,7 +160,7 @@ pub fn discovery_result_to_pb(r: &DiscoveryResult) -> pb::DiscoverResponse {
                 id: h.id.clone(),
                 name: c.metadata.name.clone(),
                 description: c.metadata.description.clone(),
-                bindings: pb::AgentMetadata::from(&c.metadata).bindings,
+                bindings: super::bindings_to_pb(&c.metadata.bindings),
                 score: round(h.score),
                 score_components: if evidence {
                     h.components

@@ -158,6 +158,21 @@ fn auth_from_pb(a: pb::AuthRequirement) -> domain::AuthRequirement {
     }
 }
 
+/// A record's bindings as the wire carries them.
+pub fn bindings_to_pb(bindings: &[domain::Binding]) -> Vec<pb::Binding> {
+    bindings
+        .iter()
+        .map(|b| pb::Binding {
+            protocol: b.protocol.clone(),
+            endpoint: b.endpoint.clone(),
+            media_types: b.media_types.clone(),
+            interaction_model: b.interaction_model.clone(),
+            priority: b.priority,
+            extensions: opt_struct(&b.extra),
+        })
+        .collect()
+}
+
 impl From<&domain::AgentMetadata> for pb::AgentMetadata {
     fn from(m: &domain::AgentMetadata) -> Self {
         let schema = |v: &Option<Value>| v.as_ref().map(json_to_pb);
@@ -209,18 +224,7 @@ impl From<&domain::AgentMetadata> for pb::AgentMetadata {
                     extensions: opt_struct(&e.extra),
                 })
                 .collect(),
-            bindings: m
-                .bindings
-                .iter()
-                .map(|b| pb::Binding {
-                    protocol: b.protocol.clone(),
-                    endpoint: b.endpoint.clone(),
-                    media_types: b.media_types.clone(),
-                    interaction_model: b.interaction_model.clone(),
-                    priority: b.priority,
-                    extensions: opt_struct(&b.extra),
-                })
-                .collect(),
+            bindings: bindings_to_pb(&m.bindings),
             constraints: m.constraints.as_ref().map(map_to_struct),
             expires_at: m.expires_at.clone(),
             updated_at: m.updated_at.clone(),
