@@ -1117,9 +1117,9 @@ impl Index {
                 .and_then(|s| self.docs.get(s.slot as usize))
                 .and_then(Option::as_ref)
         };
-        // (the best score the member could reach, its score without units,
-        // its position, its components)
-        let mut reachable: Vec<(f32, f32, usize, Components)> = pool
+        // (the best score the member could reach, its position, its
+        // components without units)
+        let mut reachable: Vec<(f32, usize, Components)> = pool
             .iter()
             .enumerate()
             .filter_map(|(i, s)| {
@@ -1130,7 +1130,6 @@ impl Index {
                 }
                 let d = self.docs[s.slot as usize].as_ref()?;
                 let base = self.components(d, s, ctx, None);
-                let without_units = base.score;
                 let units = &d.unit_vectors;
                 let reach = if ctx.query_i8.is_some() && !units.scales.is_empty() {
                     // Slack for the float rounding of the weighted sum.
@@ -1138,7 +1137,7 @@ impl Index {
                 } else {
                     0.0
                 };
-                Some((without_units + reach, without_units, i, base))
+                Some((base.score + reach, i, base))
             })
             .collect();
         reachable.sort_unstable_by(|a, b| b.0.total_cmp(&a.0));
@@ -1149,23 +1148,23 @@ impl Index {
         let prune = !SCORE_EVERY_UNIT.get();
         #[cfg(not(test))]
         let prune = true;
-        for (k, &(reach, without_units, i, ref base)) in reachable.iter().enumerate() {
+        for (k, &(reach, i, ref base)) in reachable.iter().enumerate() {
             if prune && best.len() >= keep && best.last().is_some_and(|&floor| reach < floor) {
                 break;
             }
-            if let Some(ahead) = reachable.get(k + 2).and_then(|r| doc(r.2)) {
+            if let Some(ahead) = reachable.get(k + 2).and_then(|r| doc(r.1)) {
                 super::simd::prefetch(&ahead.unit_vectors.codes);
             }
             let s = &pool[i];
             let Some(d) = self.docs[s.slot as usize].as_ref() else {
                 continue;
             };
-            let score = if reach > without_units {
+            let score = if reach > base.score {
                 #[cfg(test)]
                 UNITS_SCORED.set(UNITS_SCORED.get() + 1);
                 ctx.score(base.rest, self.best_unit(d, ctx), base.policy)
             } else {
-                without_units
+                base.score
             };
             order.push((score, s.slot, i));
             best.insert(best.partition_point(|&b| b >= score), score);
