@@ -244,14 +244,15 @@ fn export(
 }
 
 /// Recall of the vector candidates against an exact scan, over (up to)
-/// the first thousand queries.
+/// the first thousand queries: of the vector index's, and of a required
+/// tag's scan (the queries with a tag).
 fn vector_recall(
     index: &crate::index::SearchIndex,
     qs: &[(String, Option<String>)],
     n: usize,
-) -> Result<Vec<crate::index::ProbeRecall>, String> {
+) -> Result<(Vec<crate::index::ProbeRecall>, Vec<crate::index::TagRecall>), String> {
     let Some(embedder) = index.embedder() else {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), Vec::new()));
     };
     let texts: Vec<String> = qs.iter().take(1000).map(|(t, _)| t.clone()).collect();
     let vectors = embedder.embed_blocking(&texts).map_err(|e| e.to_string())?;
@@ -266,7 +267,15 @@ fn vector_recall(
             exact.insert(record.metadata.id.clone(), p.to_vec());
         }
     }
-    Ok(index.vector_recall(&vectors, 10, &exact))
+    let tagged: Vec<(Vec<f32>, String)> = vectors
+        .iter()
+        .zip(qs)
+        .filter_map(|(v, (_, tag))| Some((v.clone(), tag.clone()?)))
+        .collect();
+    Ok((
+        index.vector_recall(&vectors, 10, &exact),
+        index.tag_recall(&tagged, 10, &exact),
+    ))
 }
 
 /// The server-side rows the in-process peers are compared with.
@@ -284,6 +293,8 @@ pub struct SizeReport {
     pub partitions: usize,
     /// Vector candidate recall per probe count (empty when unpartitioned).
     pub recall: Vec<crate::index::ProbeRecall>,
+    /// A required tag's scan: recall per rows read.
+    pub tag_recall: Vec<crate::index::TagRecall>,
     pub runs: Vec<Measured>,
     /// What `scripts/bench-peers.py` printed (empty without peers).
     pub peers: Vec<Value>,
@@ -628,7 +639,7 @@ pub async fn run_size(
         lat,
         wall,
     ));
-    let recall = vector_recall(service.index(), &qs, n)?;
+    let (recall, tag_recall) = vector_recall(service.index(), &qs, n)?;
     let peer_dir = dir.join("peers");
     let peer_figures = if !peers.is_empty() {
         export(&peer_dir, n, &qs, service.index())?;
@@ -655,6 +666,7 @@ pub async fn run_size(
             .map(|(b, a)| a.saturating_sub(b) as f64 / n.max(1) as f64),
         partitions: stats.partitions,
         recall,
+        tag_recall,
         runs,
         peers: peer_figures,
     })
@@ -689,6 +701,20 @@ pub fn report(sizes: &[SizeReport]) -> String {
             out.push_str(&format!(
                 "  vector candidates probing {} of {} partitions: recall@10 in the top {} {:.3}, scan {:.0} µs\n",
                 r.nprobe, r.partitions, r.pool, r.recall, r.scan_us
+            ));
+        }
+        for r in &s.tag_recall {
+            let rows = r
+                .rows_per_candidate
+                .map_or("every row of the tag".to_string(), |p| {
+                    format!("the nearest partitions' rows, {p} per candidate")
+                });
+            out.push_str(&format!(
+                "  required tag scanning {rows}: recall@10 in the top {} {:.3}, {:.0} % of the rows read, scan {:.0} µs\n",
+                r.pool,
+                r.recall,
+                100.0 * r.read_share,
+                r.scan_us
             ));
         }
         out.push_str("  | run | p50 µs | p99 µs | queries/s |\n  |---|---|---|---|\n");

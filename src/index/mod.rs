@@ -16,6 +16,7 @@ mod simd;
 pub mod text;
 mod vectors;
 
+pub use search::TagRecall;
 pub use vectors::ProbeRecall;
 
 /// Texts whose vectors the federated pool cache keeps (~1 KB each with the
@@ -392,6 +393,16 @@ impl SearchIndex {
         exact: &HashMap<String, Vec<f32>>,
     ) -> Vec<ProbeRecall> {
         self.read().vector_recall(queries, limit, exact)
+    }
+
+    /// See [`search::Index::tag_recall`].
+    pub fn tag_recall(
+        &self,
+        queries: &[(Vec<f32>, String)],
+        limit: usize,
+        exact: &HashMap<String, Vec<f32>>,
+    ) -> Vec<TagRecall> {
+        self.read().tag_recall(queries, limit, exact)
     }
 
     /// Agents indexed without vectors because the embedder failed.

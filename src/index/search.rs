@@ -77,6 +77,11 @@ pub const MAX_UNITS: usize = 64;
 /// Agents holding a required tag are all scored when they are at most this
 /// many, or no more than a vector-index query would read anyway.
 const EXHAUSTIVE_MIN: usize = 4096;
+/// Of a required tag's agents, the rows read are those in the partitions
+/// nearest the query, enough partitions to hold this many times the pool
+/// (if the tag's agents are spread evenly), plus every agent a query term
+/// reached; `agentry bench discover` measures the recall this keeps.
+pub(crate) const TAG_ROWS_PER_CANDIDATE: usize = 4;
 /// The index's maps, read on every request and written for every agent at
 /// a rebuild: a fast hasher, seeded per process.
 type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
@@ -565,6 +570,16 @@ pub struct Size {
     pub without_vectors: usize,
 }
 
+/// See [`Index::tag_recall`].
+pub struct TagRecall {
+    /// None: every row of the tag read.
+    pub rows_per_candidate: Option<usize>,
+    pub read_share: f64,
+    pub recall: f64,
+    pub scan_us: f64,
+    pub pool: usize,
+}
+
 /// Candidates re-ranked with every component for a request of `limit`.
 fn pool_size(limit: usize) -> usize {
     (limit * 5).max(100)
@@ -935,15 +950,25 @@ impl Index {
                 // the head of the list pays for the filters.
                 let best = list.iter().map(|&s| heads.get(s)).fold(0.0f32, f32::max);
                 let context = match &query_i8 {
-                    Some(code) => self.vectors.approx_each(list, code),
-                    None => vec![0.0; list.len()],
+                    Some(code) => {
+                        self.vectors
+                            .approx_near(list, code, TAG_ROWS_PER_CANDIDATE * pool)
+                    }
+                    None => vec![Some(0.0); list.len()],
                 };
                 let scored: Vec<(f32, u32)> = list
                     .iter()
                     .zip(context)
-                    .map(|(&s, context)| {
-                        let lexical = if best > 0.0 { heads.get(s) / best } else { 0.0 };
-                        (weights.context * context + weights.lexical * lexical, s)
+                    .filter_map(|(&s, context)| {
+                        let partial = heads.get(s);
+                        let lexical = if best > 0.0 { partial / best } else { 0.0 };
+                        // A row not read is scored only if a term reached it.
+                        let context = match (context, &query_i8) {
+                            (Some(c), _) => c,
+                            (None, Some(code)) if partial > 0.0 => self.vectors.approx(s, code),
+                            (None, _) => return None,
+                        };
+                        Some((weights.context * context + weights.lexical * lexical, s))
                     })
                     .collect();
                 super::vectors::best_admitted(
@@ -1396,6 +1421,76 @@ impl Index {
             Some(super::simd::dot_f32(q, v))
         };
         self.vectors.recall(queries, limit, pool_size(limit), truth)
+    }
+
+    /// How well a required tag's scan (see [`TAG_ROWS_PER_CANDIDATE`])
+    /// finds the tag's true nearest agents, for the benchmark: for `(query,
+    /// tag)` pairs, the share of the tag's `limit` nearest by the cosine to
+    /// each agent's vector in `exact` that are among the `pool` best rows
+    /// read, at half, once and twice the rows per candidate and with every
+    /// row read; with the share of the tag's rows read and the scan's mean
+    /// time. Term matches, which are always read, are left out.
+    pub fn tag_recall(
+        &self,
+        queries: &[(Vec<f32>, String)],
+        limit: usize,
+        exact: &HashMap<String, Vec<f32>>,
+    ) -> Vec<TagRecall> {
+        let pool = pool_size(limit);
+        let cosine = |slot: u32, q: &[f32]| {
+            let d = self.docs.get(slot as usize)?.as_ref()?;
+            Some(super::simd::dot_f32(q, exact.get(&d.id)?))
+        };
+        let lists: Vec<(&Vec<f32>, &[u32], Vec<u32>)> = queries
+            .iter()
+            .filter_map(|(q, tag)| {
+                let list = self.tags.get(tag)?.as_slice();
+                let scored = list
+                    .iter()
+                    .filter_map(|&s| Some((cosine(s, q)?, s)))
+                    .collect();
+                let truth = super::vectors::best_admitted(scored, limit, |_| true)
+                    .into_iter()
+                    .map(|(s, _)| s)
+                    .collect();
+                Some((q, list, truth))
+            })
+            .collect();
+        [
+            TAG_ROWS_PER_CANDIDATE / 2,
+            TAG_ROWS_PER_CANDIDATE,
+            TAG_ROWS_PER_CANDIDATE * 2,
+            usize::MAX / pool,
+        ]
+        .into_iter()
+        .map(|per| {
+            let (mut found, mut wanted, mut read, mut rows) = (0usize, 0usize, 0usize, 0usize);
+            let started = std::time::Instant::now();
+            for (q, list, truth) in &lists {
+                let near = self.vectors.approx_near(list, &quantize(q), per * pool);
+                let scored: Vec<(f32, u32)> = list
+                    .iter()
+                    .zip(near)
+                    .filter_map(|(&s, c)| Some((c?, s)))
+                    .collect();
+                read += scored.len();
+                rows += list.len();
+                let got = super::vectors::best_admitted(scored, pool, |_| true);
+                found += truth
+                    .iter()
+                    .filter(|s| got.iter().any(|(g, _)| g == *s))
+                    .count();
+                wanted += truth.len();
+            }
+            TagRecall {
+                rows_per_candidate: (per < usize::MAX / pool).then_some(per),
+                read_share: read as f64 / rows.max(1) as f64,
+                recall: found as f64 / wanted.max(1) as f64,
+                scan_us: started.elapsed().as_secs_f64() * 1e6 / lists.len().max(1) as f64,
+                pool,
+            }
+        })
+        .collect()
     }
 
     pub fn vectors_training_due(&self) -> bool {
