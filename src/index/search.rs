@@ -949,36 +949,43 @@ impl Index {
                 // Scored by the i8 rows and the term heads first, so only
                 // the head of the list pays for the filters.
                 let best = list.iter().map(|&s| heads.get(s)).fold(0.0f32, f32::max);
-                let context = match &query_i8 {
-                    Some(code) => {
-                        self.vectors
-                            .approx_near(list, code, TAG_ROWS_PER_CANDIDATE * pool)
-                    }
-                    None => vec![Some(0.0); list.len()],
+                // The best admitted of the rows read for `want` (see
+                // [`VectorIndex::approx_near`]), and whether every row was.
+                let scan = |want: usize| {
+                    let context = match &query_i8 {
+                        Some(code) => self.vectors.approx_near(list, code, want),
+                        None => vec![Some(0.0); list.len()],
+                    };
+                    let whole = context.iter().all(Option::is_some);
+                    let scored: Vec<(f32, u32)> = list
+                        .iter()
+                        .zip(context)
+                        .filter_map(|(&s, context)| {
+                            let partial = heads.get(s);
+                            let lexical = if best > 0.0 { partial / best } else { 0.0 };
+                            // A row not read counts only if a term reached it.
+                            let context = match (context, &query_i8) {
+                                (Some(c), _) => c,
+                                (None, Some(code)) if partial > 0.0 => self.vectors.approx(s, code),
+                                (None, _) => return None,
+                            };
+                            Some((weights.context * context + weights.lexical * lexical, s))
+                        })
+                        .collect();
+                    let picked = super::vectors::best_admitted(
+                        scored,
+                        pool,
+                        Prefetching(|slot| admits(&rest, slot), doc_ahead),
+                    );
+                    (picked, whole)
                 };
-                let scored: Vec<(f32, u32)> = list
-                    .iter()
-                    .zip(context)
-                    .filter_map(|(&s, context)| {
-                        let partial = heads.get(s);
-                        let lexical = if best > 0.0 { partial / best } else { 0.0 };
-                        // A row not read is scored only if a term reached it.
-                        let context = match (context, &query_i8) {
-                            (Some(c), _) => c,
-                            (None, Some(code)) if partial > 0.0 => self.vectors.approx(s, code),
-                            (None, _) => return None,
-                        };
-                        Some((weights.context * context + weights.lexical * lexical, s))
-                    })
-                    .collect();
-                super::vectors::best_admitted(
-                    scored,
-                    pool,
-                    Prefetching(|slot| admits(&rest, slot), doc_ahead),
-                )
-                .into_iter()
-                .map(|(s, _)| s)
-                .collect()
+                let (mut picked, whole) = scan(TAG_ROWS_PER_CANDIDATE * pool);
+                if picked.len() < pool && !whole {
+                    // The other filters admitted too few of the rows read:
+                    // every holder is read, so none that passes is missed.
+                    picked = scan(usize::MAX).0;
+                }
+                picked.into_iter().map(|(s, _)| s).collect()
             }
             _ => {
                 let mut c = Vec::new();
@@ -1457,17 +1464,18 @@ impl Index {
             })
             .collect();
         [
-            TAG_ROWS_PER_CANDIDATE / 2,
-            TAG_ROWS_PER_CANDIDATE,
-            TAG_ROWS_PER_CANDIDATE * 2,
-            usize::MAX / pool,
+            Some(TAG_ROWS_PER_CANDIDATE / 2),
+            Some(TAG_ROWS_PER_CANDIDATE),
+            Some(TAG_ROWS_PER_CANDIDATE * 2),
+            None,
         ]
         .into_iter()
         .map(|per| {
+            let want = per.map_or(usize::MAX, |p| p * pool);
             let (mut found, mut wanted, mut read, mut rows) = (0usize, 0usize, 0usize, 0usize);
             let started = std::time::Instant::now();
             for (q, list, truth) in &lists {
-                let near = self.vectors.approx_near(list, &quantize(q), per * pool);
+                let near = self.vectors.approx_near(list, &quantize(q), want);
                 let scored: Vec<(f32, u32)> = list
                     .iter()
                     .zip(near)
@@ -1483,7 +1491,7 @@ impl Index {
                 wanted += truth.len();
             }
             TagRecall {
-                rows_per_candidate: (per < usize::MAX / pool).then_some(per),
+                rows_per_candidate: per,
                 read_share: read as f64 / rows.max(1) as f64,
                 recall: found as f64 / wanted.max(1) as f64,
                 scan_us: started.elapsed().as_secs_f64() * 1e6 / lists.len().max(1) as f64,
@@ -1795,6 +1803,60 @@ mod tests {
         assert_eq!(component(dup, "policy"), Some(-DUPLICATE_PENALTY));
         let at = hits.iter().position(|h| h.duplicate_of.is_some()).unwrap();
         assert!(at > first);
+    }
+
+    #[test]
+    fn a_required_tags_scan_misses_no_agent_the_other_filters_admit() {
+        // A partitioned index of 5,000 agents where 4,000 hold the required
+        // tag (few enough to be scanned by the tag's list), and a second
+        // filter admits only 31 of those, scattered: the partitions nearest
+        // the query hold only a few of them, so the scan must read the
+        // rest of the tag's rows too.
+        let words = [
+            "forecast",
+            "invoice",
+            "translate",
+            "summarise",
+            "schedule",
+            "route",
+        ];
+        let kept = |i: usize| i < 4000 && i.is_multiple_of(133);
+        let records: Vec<AgentRecord> = (0..5000)
+            .map(|i| {
+                let tags = match (i < 4000, kept(i)) {
+                    (true, true) => json!(["t"]),
+                    (true, false) => json!(["t", "other"]),
+                    _ => json!(["other"]),
+                };
+                agent(
+                    &format!("a{i}"),
+                    &format!("{} {} agent {i}", words[i % 6], words[(i / 6) % 6]),
+                    json!({"tags": tags}),
+                )
+            })
+            .collect();
+        let mut index = index_of(&records);
+        index.maintain();
+        assert!(index.partitions() > 0);
+        let filters = HardFilters {
+            required_tags: vec!["t".into()],
+            excluded_tags: vec!["other".into()],
+            ..Default::default()
+        };
+        let q = Query {
+            text: "plan a delivery",
+            vector: Some(stub("plan a delivery")),
+            filters: &filters,
+            preferred_tags: &[],
+            limit: 50,
+            evidence: false,
+            principal: None,
+            now_unix: NOW,
+            leases: None,
+        };
+        let hits = index.search(&Weights::default(), &q);
+        assert_eq!(hits.len(), 31, "every admitted agent is found");
+        assert!(hits.iter().all(|h| h.id[1..].parse().is_ok_and(kept)));
     }
 
     #[test]
