@@ -435,9 +435,9 @@ impl VectorIndex {
     /// Approximate cosines of the query `code` to the vectors of `slots`,
     /// in order, reading only the rows in the partitions nearest the query:
     /// as many partitions as would hold `want` of `slots` if they were
-    /// spread evenly (all of them while unpartitioned, or when that is most
-    /// of the lists). A skipped row is None; a slot without a vector, or
-    /// whose row waits to be placed, is read (0 without one).
+    /// spread evenly (every row while unpartitioned, or when that would be
+    /// half the partitions or more). A skipped row is None; a slot without
+    /// a vector, or whose row waits to be placed, is read (0 without one).
     ///
     /// A selective filter's agents are scattered over the lists, so each
     /// row read is a cache miss of its own: at 100k agents reading a tag's
