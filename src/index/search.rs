@@ -1484,10 +1484,7 @@ impl Index {
                 read += scored.len();
                 rows += list.len();
                 let got = super::vectors::best_admitted(scored, pool, |_| true);
-                found += truth
-                    .iter()
-                    .filter(|s| got.iter().any(|(g, _)| g == *s))
-                    .count();
+                found += super::vectors::found_in(truth, &got);
                 wanted += truth.len();
             }
             TagRecall {

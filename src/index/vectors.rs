@@ -468,22 +468,7 @@ impl VectorIndex {
             .iter()
             .enumerate()
             .map(|(i, &s)| {
-                if let Some(far) = slots
-                    .get(i + 2 * AHEAD)
-                    .and_then(|&f| self.at.get(f as usize))
-                {
-                    prefetch(std::slice::from_ref(far));
-                }
-                // Only the rows that will be read are asked for.
-                if let Some(&(list, pos)) = slots
-                    .get(i + AHEAD)
-                    .and_then(|&next| self.at.get(next as usize))
-                    .filter(|a| read(a.0))
-                {
-                    if let Some(l) = self.list(list) {
-                        prefetch(l.row(pos as usize, self.dim).0);
-                    }
-                }
+                self.prefetch_ahead_in(slots, i, read);
                 match self.at.get(s as usize) {
                     Some(&(list, _)) if list != NONE.0 && !read(list) => None,
                     _ => Some(self.approx(s, code)),
@@ -497,13 +482,24 @@ impl VectorIndex {
     /// then (once that has arrived) its row; rows visited by slot are
     /// scattered over the lists.
     pub fn prefetch_ahead(&self, slots: &[u32], i: usize) {
+        self.prefetch_ahead_in(slots, i, |_| true);
+    }
+
+    /// [`Self::prefetch_ahead`] asking only for the rows in the lists that
+    /// `read` accepts (the rows a walk will read).
+    fn prefetch_ahead_in(&self, slots: &[u32], i: usize, read: impl Fn(u32) -> bool) {
         if let Some(far) = slots
             .get(i + 2 * AHEAD)
             .and_then(|&f| self.at.get(f as usize))
         {
             prefetch(std::slice::from_ref(far));
         }
-        if let Some((code, _)) = slots.get(i + AHEAD).and_then(|&next| self.code(next)) {
+        let next = slots
+            .get(i + AHEAD)
+            .and_then(|&next| self.at.get(next as usize))
+            .filter(|a| **a != NONE && read(a.0))
+            .and_then(|&(list, pos)| Some(self.list(list)?.row(pos as usize, self.dim)));
+        if let Some((code, _)) = next {
             prefetch(code);
         }
     }
@@ -623,10 +619,7 @@ impl VectorIndex {
                 let started = std::time::Instant::now();
                 for (q, want) in queries.iter().zip(&truth) {
                     let got = self.top_probing(q, &quantize(q), pool, probe, |_| true);
-                    found += want
-                        .iter()
-                        .filter(|s| got.iter().any(|(g, _)| g == *s))
-                        .count();
+                    found += found_in(want, &got);
                     wanted += want.len();
                 }
                 ProbeRecall {
@@ -769,6 +762,14 @@ pub struct ProbeRecall {
     pub pool: usize,
     pub recall: f64,
     pub scan_us: f64,
+}
+
+/// How many of `truth` are among `got`, for the recall figures.
+pub(crate) fn found_in(truth: &[u32], got: &[(u32, f32)]) -> usize {
+    truth
+        .iter()
+        .filter(|s| got.iter().any(|(g, _)| g == *s))
+        .count()
 }
 
 /// A hard filter over slots, as the candidate scans apply it: any
