@@ -281,6 +281,9 @@ fn vector_recall(
 /// The server-side rows the in-process peers are compared with.
 const SERVER_SIDE: &str = "server-side, 1 client";
 const SERVER_SIDE_NO_EMBED: &str = "server-side, 1 client, without embedding the query";
+/// Queries timed with a filter that admits nothing: each reads every
+/// agent's facts, so fewer suffice (and a million agents stay quick).
+const NOTHING_ADMITTED_QUERIES: usize = 200;
 
 /// Figures of one corpus size.
 pub struct SizeReport {
@@ -529,6 +532,7 @@ async fn restart_in_own_process(
 async fn server_side(
     service: &crate::service::RegistryService,
     qs: &[(String, Option<String>)],
+    protocols: &[String],
 ) -> Result<(Vec<Duration>, Vec<Duration>, Duration), String> {
     let mut lat = Vec::with_capacity(qs.len());
     let mut embed = Vec::with_capacity(qs.len());
@@ -549,6 +553,7 @@ async fn server_side(
         let req = DiscoveryRequest {
             query: text.clone(),
             required_tags: tag.iter().cloned().collect(),
+            protocols: protocols.to_vec(),
             limit: 10,
             ..Default::default()
         };
@@ -594,7 +599,7 @@ pub async fn run_size(
     tracing::info!(agents = n, load_secs, "corpus indexed; measuring queries");
 
     let mut runs = Vec::new();
-    let (lat, embed, wall) = server_side(&service, &qs).await?;
+    let (lat, embed, wall) = server_side(&service, &qs, &[]).await?;
     let without: Vec<Duration> = lat
         .iter()
         .zip(&embed)
@@ -633,9 +638,18 @@ pub async fn run_size(
         .collect()
         .await;
     refreshed.into_iter().collect::<Result<Vec<_>, _>>()?;
-    let (lat, _, wall) = server_side(&service, &qs).await?;
+    let (lat, _, wall) = server_side(&service, &qs, &[]).await?;
     runs.push(measured(
         "server-side, 1 client, every agent on a lease".into(),
+        lat,
+        wall,
+    ));
+    // A filter that admits no agent (no corpus agent speaks A2A): the
+    // scan probes every partition before it can answer with nothing.
+    let few = &qs[..qs.len().min(NOTHING_ADMITTED_QUERIES)];
+    let (lat, _, wall) = server_side(&service, few, &["a2a".into()]).await?;
+    runs.push(measured(
+        "server-side, 1 client, a filter admitting no agent".into(),
         lat,
         wall,
     ));

@@ -905,7 +905,7 @@ impl Index {
         let pool = pool_size(q.limit);
         let admits = |filters: &HardFilters, slot: u32| {
             self.docs[slot as usize].as_ref().is_some_and(|d| {
-                filters.admit_expiring(&d.facts, q.expires_unix(d), q.principal, q.now_unix)
+                filters.admit_expiring(&d.facts, || q.expires_unix(d), q.principal, q.now_unix)
             })
         };
         let admit = |slot: u32| admits(q.filters, slot);
@@ -1854,6 +1854,71 @@ mod tests {
         let hits = index.search(&Weights::default(), &q);
         assert_eq!(hits.len(), 31, "every admitted agent is found");
         assert!(hits.iter().all(|h| h.id[1..].parse().is_ok_and(kept)));
+    }
+
+    #[test]
+    fn a_selective_filter_on_the_vector_path_misses_no_agent_it_admits() {
+        // 5,000 partitioned agents, no required tag: the vector index
+        // gives the candidates. Only 30 agents, scattered, lack the
+        // excluded tag, and the query's words reach none of them, so the
+        // partitions probed first hold only a few: the scan probes on.
+        let words = ["forecast", "invoice", "translate", "summarise", "schedule"];
+        let kept = |i: usize| i % 167 == 5;
+        let records: Vec<AgentRecord> = (0..5000)
+            .map(|i| {
+                let tags = if kept(i) {
+                    json!(["t"])
+                } else {
+                    json!(["t", "other"])
+                };
+                agent(
+                    &format!("a{i}"),
+                    &format!("{} {} agent {i}", words[i % 5], words[(i / 5) % 5]),
+                    json!({"tags": tags}),
+                )
+            })
+            .collect();
+        let mut index = index_of(&records);
+        index.maintain();
+        assert!(index.partitions() > 0);
+        let filters = HardFilters {
+            excluded_tags: vec!["other".into()],
+            ..Default::default()
+        };
+        let ask = |limit: usize| {
+            let q = Query {
+                text: "plan a delivery",
+                vector: Some(stub("plan a delivery")),
+                filters: &filters,
+                preferred_tags: &[],
+                limit,
+                evidence: false,
+                principal: None,
+                now_unix: NOW,
+                leases: None,
+            };
+            index.search(&Weights::default(), &q)
+        };
+        let hits = ask(50);
+        assert_eq!(hits.len(), 30, "every admitted agent is found");
+        assert!(hits.iter().all(|h| h.id[1..].parse().is_ok_and(kept)));
+        // A filter that admits nothing answers with nothing, not an error.
+        let none = HardFilters {
+            excluded_tags: vec!["t".into()],
+            ..Default::default()
+        };
+        let q = Query {
+            text: "plan a delivery",
+            vector: Some(stub("plan a delivery")),
+            filters: &none,
+            preferred_tags: &[],
+            limit: 10,
+            evidence: false,
+            principal: None,
+            now_unix: NOW,
+            leases: None,
+        };
+        assert!(index.search(&Weights::default(), &q).is_empty());
     }
 
     #[test]

@@ -528,6 +528,14 @@ impl VectorIndex {
     }
 
     /// [`Self::top`] probing `nprobe` partitions (ignored when unpartitioned).
+    ///
+    /// A filter that admits fewer than `k` of the probed rows probes
+    /// further, four times as many partitions a round, nearest first, up
+    /// to every one: a filter that admits 30 of a directory's agents finds
+    /// those 30 wherever they were placed. The filter is selective then,
+    /// so the further rounds check it before scoring a row. A filter that
+    /// admits almost nothing thus reads every agent's facts once, as a
+    /// database's scan without an index would; rate limits bound how often.
     fn top_probing(
         &self,
         q: &[f32],
@@ -540,19 +548,79 @@ impl VectorIndex {
             return Vec::new();
         }
         let (qq, qscale) = (&code.0, code.1);
-        let probed: Vec<usize> = match self.partitions() {
+        let nlist = self.partitions();
+        let probed: Vec<usize> = match nlist {
             0 => vec![0],
             _ => self.nearest_lists(qq, nprobe),
         };
         let mut scored: Vec<(f32, u32)> =
             Vec::with_capacity(probed.iter().map(|&c| self.lists[c].slots.len()).sum());
-        for c in probed {
+        for &c in &probed {
             let list = &self.lists[c];
             each_dot_i8(qq, &list.codes, |i, dot| {
                 scored.push((dot as f32 * qscale * list.scales[i], list.slots[i]));
             });
         }
-        best_admitted(scored, k, admit)
+        let mut found = best_admitted(
+            scored,
+            k,
+            Prefetching(|s| admit.admit(s), |s| admit.ahead(s)),
+        );
+        if found.len() >= k || probed.len() >= nlist {
+            return found;
+        }
+        // Every admitted row probed so far is in `found`.
+        let mut done = vec![false; nlist];
+        probed.iter().for_each(|&c| done[c] = true);
+        let rest: Vec<usize> = self
+            .nearest_lists(qq, nlist)
+            .into_iter()
+            .filter(|&c| !done[c])
+            .collect();
+        let mut round = probed.len();
+        let mut next = rest.as_slice();
+        let mut more: Vec<(f32, u32)> = Vec::new();
+        let score = |row: &[i8], scale: f32| dot_i8(qq, row) as f32 * qscale * scale;
+        while !next.is_empty() && found.len() + more.len() < k {
+            round = round.saturating_mul(4);
+            if round.saturating_mul(2) >= next.len() {
+                // Most of the rest: read by slot, in the order the
+                // filter's facts are stored, which the CPU fetches ahead
+                // of the walk, where by partition each agent's facts were
+                // a cache miss of its own.
+                let mut left = vec![false; nlist];
+                next.iter().for_each(|&c| left[c] = true);
+                let unprobed =
+                    |list: u32| list == PENDING || left.get(list as usize) == Some(&true);
+                for (slot, &(list, pos)) in self.at.iter().enumerate() {
+                    let slot = slot as u32;
+                    if !unprobed(list) || !admit.admit(slot) {
+                        continue;
+                    }
+                    if let Some(rows) = self.list(list) {
+                        let (row, scale) = rows.row(pos as usize, self.dim);
+                        more.push((score(row, scale), slot));
+                    }
+                }
+                break;
+            }
+            let (now, later) = next.split_at(round.min(next.len()));
+            for &c in now {
+                let list = &self.lists[c];
+                for (i, &slot) in list.slots.iter().enumerate() {
+                    if let Some(&ahead) = list.slots.get(i + AHEAD) {
+                        admit.ahead(ahead);
+                    }
+                    if admit.admit(slot) {
+                        let (row, scale) = list.row(i, self.dim);
+                        more.push((score(row, scale), slot));
+                    }
+                }
+            }
+            next = later;
+        }
+        found.extend(best_admitted(more, k - found.len(), |_| true));
+        found
     }
 
     /// The `n` partitions (at least one, at most all) whose centroids are
@@ -1147,6 +1215,32 @@ mod tests {
             ix.approx_near(&with_gap, &code, 200).last(),
             Some(&Some(0.0))
         );
+    }
+
+    #[test]
+    fn a_selective_filter_probes_further_until_it_has_its_candidates() {
+        let dim = 32;
+        let mut ix = with_rows(6000, dim);
+        ix.maintain();
+        let nlist = ix.partitions();
+        assert!(nlist > nprobe(nlist));
+        let q = unit(900, dim);
+        let code = quantize(&q);
+        // 30 admitted rows, scattered over the partitions.
+        let admitted = |s: u32| s % 200 == 13;
+        let got = ix.top(&q, &code, 100, admitted);
+        let mut slots: Vec<u32> = got.iter().map(|&(s, _)| s).collect();
+        slots.sort_unstable();
+        assert_eq!(slots, (13..6000).step_by(200).collect::<Vec<u32>>());
+        assert!(got.iter().all(|&(s, c)| c == ix.approx(s, &code)));
+        // Wanting fewer stops probing once it has them: each admitted.
+        let few = ix.top(&q, &code, 10, admitted);
+        assert_eq!(few.len(), 10);
+        assert!(few.iter().all(|&(s, _)| admitted(s)));
+        // A filter that admits no row: nothing, after every partition.
+        assert!(ix.top(&q, &code, 10, |_| false).is_empty());
+        // An unselective filter is answered by the first probes alone.
+        assert_eq!(ix.top(&q, &code, 10, |_| true).len(), 10);
     }
 
     #[test]

@@ -425,7 +425,7 @@ impl ArdService {
             .items
             .iter()
             .filter(|(id, i)| {
-                filters.admit_expiring(&i.facts, expiry(&leases, id, i), principal, now)
+                filters.admit_expiring(&i.facts, || expiry(&leases, id, i), principal, now)
             })
             .map(|(id, i)| (plan.sort_key(&i.entry, id, &i.created), i))
             .collect();
@@ -659,7 +659,7 @@ impl ArdService {
             .items
             .iter()
             .filter(|(id, i)| {
-                filters.admit_expiring(&i.facts, expiry(&leases, id, i), principal, now)
+                filters.admit_expiring(&i.facts, || expiry(&leases, id, i), principal, now)
             })
             .map(|(_, i)| &i.entry)
             .collect();
@@ -696,7 +696,7 @@ fn visible(
         statuses: crate::domain::filter::ALL_BUT_DELETED.to_vec(),
         ..Default::default()
     }
-    .admit_expiring(facts, expires_unix, principal, now)
+    .admit_expiring(facts, || expires_unix, principal, now)
 }
 
 /// What building entries needs.
