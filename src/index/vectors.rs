@@ -583,27 +583,6 @@ impl VectorIndex {
         let score = |row: &[i8], scale: f32| dot_i8(qq, row) as f32 * qscale * scale;
         while !next.is_empty() && found.len() + more.len() < k {
             round = round.saturating_mul(4);
-            if round.saturating_mul(2) >= next.len() {
-                // Most of the rest: read by slot, in the order the
-                // filter's facts are stored, which the CPU fetches ahead
-                // of the walk, where by partition each agent's facts were
-                // a cache miss of its own.
-                let mut left = vec![false; nlist];
-                next.iter().for_each(|&c| left[c] = true);
-                let unprobed =
-                    |list: u32| list == PENDING || left.get(list as usize) == Some(&true);
-                for (slot, &(list, pos)) in self.at.iter().enumerate() {
-                    let slot = slot as u32;
-                    if !unprobed(list) || !admit.admit(slot) {
-                        continue;
-                    }
-                    if let Some(rows) = self.list(list) {
-                        let (row, scale) = rows.row(pos as usize, self.dim);
-                        more.push((score(row, scale), slot));
-                    }
-                }
-                break;
-            }
             let (now, later) = next.split_at(round.min(next.len()));
             for &c in now {
                 let list = &self.lists[c];
