@@ -569,14 +569,14 @@ impl VectorIndex {
         if found.len() >= k || probed.len() >= nlist {
             return found;
         }
-        // Every admitted row probed so far is in `found`.
+        // Every admitted row probed so far is in `found`. The rest of
+        // the partitions, nearest first.
         let mut done = vec![false; nlist];
         probed.iter().for_each(|&c| done[c] = true);
-        let rest: Vec<usize> = self
-            .nearest_lists(qq, nlist)
-            .into_iter()
-            .filter(|&c| !done[c])
-            .collect();
+        let mut by_nearness = self.nearness(qq);
+        by_nearness.retain(|&(_, c)| !done[c]);
+        by_nearness.sort_unstable_by(|a, b| b.0.total_cmp(&a.0));
+        let rest: Vec<usize> = by_nearness.into_iter().map(|(_, c)| c).collect();
         let mut round = probed.len();
         let mut next = rest.as_slice();
         let mut more: Vec<(f32, u32)> = Vec::new();
@@ -610,12 +610,19 @@ impl VectorIndex {
             return Vec::new();
         }
         let n = n.clamp(1, nlist);
-        let mut order: Vec<(f32, usize)> = Vec::with_capacity(nlist);
+        let mut order = self.nearness(qq);
+        order.select_nth_unstable_by(n - 1, |a, b| b.0.total_cmp(&a.0));
+        order[..n].iter().map(|&(_, c)| c).collect()
+    }
+
+    /// Every partition as (its i8 centroid's score against the query
+    /// `qq`, the partition), in partition order.
+    fn nearness(&self, qq: &[i8]) -> Vec<(f32, usize)> {
+        let mut order: Vec<(f32, usize)> = Vec::with_capacity(self.partitions());
         each_dot_i8(qq, &self.coded.codes, |c, dot| {
             order.push((dot as f32 * self.coded.scales[c], c));
         });
-        order.select_nth_unstable_by(n - 1, |a, b| b.0.total_cmp(&a.0));
-        order[..n].iter().map(|&(_, c)| c).collect()
+        order
     }
 
     /// Bytes held for the vectors (codes, scales, positions, centroids).
@@ -1212,10 +1219,14 @@ mod tests {
         slots.sort_unstable();
         assert_eq!(slots, (13..6000).step_by(200).collect::<Vec<u32>>());
         assert!(got.iter().all(|&(s, c)| c == ix.approx(s, &code)));
-        // Wanting fewer stops probing once it has them: each admitted.
+        // Wanting fewer stops probing once it has them: each admitted,
+        // from the nearest partitions first, so the best of the 30 is
+        // among them.
         let few = ix.top(&q, &code, 10, admitted);
         assert_eq!(few.len(), 10);
         assert!(few.iter().all(|&(s, _)| admitted(s)));
+        let best = got.iter().max_by(|a, b| a.1.total_cmp(&b.1)).map(|b| b.0);
+        assert!(few.iter().any(|&(s, _)| Some(s) == best));
         // A filter that admits no row: nothing, after every partition.
         assert!(ix.top(&q, &code, 10, |_| false).is_empty());
         // An unselective filter is answered by the first probes alone.
