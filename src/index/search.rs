@@ -1678,18 +1678,47 @@ mod tests {
     }
 
     fn ask(index: &Index, text: &str, filters: &HardFilters, preferred: &[String]) -> Vec<Hit> {
+        ask_up_to(index, text, filters, preferred, 10)
+    }
+
+    fn ask_up_to(
+        index: &Index,
+        text: &str,
+        filters: &HardFilters,
+        preferred: &[String],
+        limit: usize,
+    ) -> Vec<Hit> {
         let q = Query {
             text,
             vector: Some(stub(text)),
             filters,
             preferred_tags: preferred,
-            limit: 10,
+            limit,
             evidence: true,
             principal: None,
             now_unix: NOW,
             leases: None,
         };
         index.search(&Weights::default(), &q)
+    }
+
+    /// 5,000 agents, partitioned, each described by two of `words` and
+    /// tagged by `tags_of(i)`.
+    fn partitioned(words: &[&str], tags_of: impl Fn(usize) -> serde_json::Value) -> Index {
+        let n = words.len();
+        let records: Vec<AgentRecord> = (0..5000)
+            .map(|i| {
+                agent(
+                    &format!("a{i}"),
+                    &format!("{} {} agent {i}", words[i % n], words[(i / n) % n]),
+                    json!({"tags": tags_of(i)}),
+                )
+            })
+            .collect();
+        let mut index = index_of(&records);
+        index.maintain();
+        assert!(index.partitions() > 0);
+        index
     }
 
     fn component(h: &Hit, name: &str) -> Option<f32> {
@@ -1818,40 +1847,17 @@ mod tests {
             "route",
         ];
         let kept = |i: usize| i < 4000 && i.is_multiple_of(133);
-        let records: Vec<AgentRecord> = (0..5000)
-            .map(|i| {
-                let tags = match (i < 4000, kept(i)) {
-                    (true, true) => json!(["t"]),
-                    (true, false) => json!(["t", "other"]),
-                    _ => json!(["other"]),
-                };
-                agent(
-                    &format!("a{i}"),
-                    &format!("{} {} agent {i}", words[i % 6], words[(i / 6) % 6]),
-                    json!({"tags": tags}),
-                )
-            })
-            .collect();
-        let mut index = index_of(&records);
-        index.maintain();
-        assert!(index.partitions() > 0);
+        let index = partitioned(&words, |i| match (i < 4000, kept(i)) {
+            (true, true) => json!(["t"]),
+            (true, false) => json!(["t", "other"]),
+            _ => json!(["other"]),
+        });
         let filters = HardFilters {
             required_tags: vec!["t".into()],
             excluded_tags: vec!["other".into()],
             ..Default::default()
         };
-        let q = Query {
-            text: "plan a delivery",
-            vector: Some(stub("plan a delivery")),
-            filters: &filters,
-            preferred_tags: &[],
-            limit: 50,
-            evidence: false,
-            principal: None,
-            now_unix: NOW,
-            leases: None,
-        };
-        let hits = index.search(&Weights::default(), &q);
+        let hits = ask_up_to(&index, "plan a delivery", &filters, &[], 50);
         assert_eq!(hits.len(), 31, "every admitted agent is found");
         assert!(hits.iter().all(|h| h.id[1..].parse().is_ok_and(kept)));
     }
@@ -1864,42 +1870,18 @@ mod tests {
         // partitions probed first hold only a few: the scan probes on.
         let words = ["forecast", "invoice", "translate", "summarise", "schedule"];
         let kept = |i: usize| i % 167 == 5;
-        let records: Vec<AgentRecord> = (0..5000)
-            .map(|i| {
-                let tags = if kept(i) {
-                    json!(["t"])
-                } else {
-                    json!(["t", "other"])
-                };
-                agent(
-                    &format!("a{i}"),
-                    &format!("{} {} agent {i}", words[i % 5], words[(i / 5) % 5]),
-                    json!({"tags": tags}),
-                )
-            })
-            .collect();
-        let mut index = index_of(&records);
-        index.maintain();
-        assert!(index.partitions() > 0);
+        let index = partitioned(&words, |i| {
+            if kept(i) {
+                json!(["t"])
+            } else {
+                json!(["t", "other"])
+            }
+        });
         let filters = HardFilters {
             excluded_tags: vec!["other".into()],
             ..Default::default()
         };
-        let ask = |limit: usize| {
-            let q = Query {
-                text: "plan a delivery",
-                vector: Some(stub("plan a delivery")),
-                filters: &filters,
-                preferred_tags: &[],
-                limit,
-                evidence: false,
-                principal: None,
-                now_unix: NOW,
-                leases: None,
-            };
-            index.search(&Weights::default(), &q)
-        };
-        let hits = ask(50);
+        let hits = ask_up_to(&index, "plan a delivery", &filters, &[], 50);
         assert_eq!(hits.len(), 30, "every admitted agent is found");
         assert!(hits.iter().all(|h| h.id[1..].parse().is_ok_and(kept)));
         // A filter that admits nothing answers with nothing, not an error.
@@ -1907,18 +1889,7 @@ mod tests {
             excluded_tags: vec!["t".into()],
             ..Default::default()
         };
-        let q = Query {
-            text: "plan a delivery",
-            vector: Some(stub("plan a delivery")),
-            filters: &none,
-            preferred_tags: &[],
-            limit: 10,
-            evidence: false,
-            principal: None,
-            now_unix: NOW,
-            leases: None,
-        };
-        assert!(index.search(&Weights::default(), &q).is_empty());
+        assert!(ask(&index, "plan a delivery", &none, &[]).is_empty());
     }
 
     #[test]
