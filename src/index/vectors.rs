@@ -548,14 +548,19 @@ impl VectorIndex {
             return Vec::new();
         }
         let (qq, qscale) = (&code.0, code.1);
-        let nlist = self.partitions();
-        let probed: Vec<usize> = match nlist {
-            0 => vec![0],
-            _ => self.nearest_lists(qq, nprobe),
+        // Every partition by its nearness (the one list while
+        // unpartitioned): the `nprobe` nearest first, the rest after them.
+        let by_nearness = |a: &(f32, usize), b: &(f32, usize)| b.0.total_cmp(&a.0);
+        let mut order = match self.partitions() {
+            0 => vec![(0.0, 0)],
+            _ => self.nearness(qq),
         };
+        let first = nprobe.clamp(1, order.len());
+        order.select_nth_unstable_by(first - 1, by_nearness);
+        let (probed, rest) = order.split_at_mut(first);
         let mut scored: Vec<(f32, u32)> =
-            Vec::with_capacity(probed.iter().map(|&c| self.lists[c].slots.len()).sum());
-        for &c in &probed {
+            Vec::with_capacity(probed.iter().map(|&(_, c)| self.lists[c].slots.len()).sum());
+        for &(_, c) in probed.iter() {
             let list = &self.lists[c];
             each_dot_i8(qq, &list.codes, |i, dot| {
                 scored.push((dot as f32 * qscale * list.scales[i], list.slots[i]));
@@ -566,25 +571,20 @@ impl VectorIndex {
             k,
             Prefetching(|s| admit.admit(s), |s| admit.ahead(s)),
         );
-        if found.len() >= k || probed.len() >= nlist {
+        if found.len() >= k || rest.is_empty() {
             return found;
         }
-        // Every admitted row probed so far is in `found`. The rest of
-        // the partitions, nearest first.
-        let mut done = vec![false; nlist];
-        probed.iter().for_each(|&c| done[c] = true);
-        let mut by_nearness = self.nearness(qq);
-        by_nearness.retain(|&(_, c)| !done[c]);
-        by_nearness.sort_unstable_by(|a, b| b.0.total_cmp(&a.0));
-        let rest: Vec<usize> = by_nearness.into_iter().map(|(_, c)| c).collect();
+        // Every admitted row probed so far is in `found`. The rest of the
+        // partitions, nearest first.
+        rest.sort_unstable_by(by_nearness);
         let mut round = probed.len();
-        let mut next = rest.as_slice();
+        let mut next = &*rest;
         let mut more: Vec<(f32, u32)> = Vec::new();
         let score = |row: &[i8], scale: f32| dot_i8(qq, row) as f32 * qscale * scale;
         while !next.is_empty() && found.len() + more.len() < k {
             round = round.saturating_mul(4);
             let (now, later) = next.split_at(round.min(next.len()));
-            for &c in now {
+            for &(_, c) in now {
                 let list = &self.lists[c];
                 for (i, &slot) in list.slots.iter().enumerate() {
                     if let Some(&ahead) = list.slots.get(i + AHEAD) {
