@@ -843,15 +843,21 @@ impl RaftNode {
         }
     }
 
-    /// Resolves when the Raft core stops, with the reason.
+    /// Resolves when the Raft core stops, with the reason. It watches the
+    /// server metrics (role, vote, leader, membership), not the full ones:
+    /// those change several times per write, and each change woke this
+    /// waiter (on the main thread, a context switch per wake). A core that
+    /// stops drops its metrics' senders, which ends the watch.
     pub async fn core_stop(&self) -> String {
-        let mut metrics = self.raft.metrics();
+        let mut server = self.raft.server_metrics();
         loop {
-            if let Err(fatal) = &metrics.borrow_and_update().running_state {
-                return fatal.to_string();
+            if let Some(why) = self.core_stopped() {
+                return why;
             }
-            if metrics.changed().await.is_err() {
-                return "the Raft core is gone".to_string();
+            if server.changed().await.is_err() {
+                return self
+                    .core_stopped()
+                    .unwrap_or_else(|| "the Raft core is gone".to_string());
             }
         }
     }
