@@ -941,7 +941,7 @@ impl Index {
             .min_by_key(|(_, l)| l.len());
         let query_i8 = semantic.map(quantize);
         let mut cands: Vec<u32> = match required {
-            Some((tag, list)) if list.len() <= self.vectors.scan_rows().max(EXHAUSTIVE_MIN) => {
+            Some((tag, list)) if list.len() <= self.vectors.tag_scan_rows().max(EXHAUSTIVE_MIN) => {
                 // Every agent of the list holds `tag`: the filters need not
                 // look it up again (a string read per agent).
                 let mut rest = q.filters.clone();

@@ -504,12 +504,21 @@ impl VectorIndex {
         }
     }
 
-    /// Rows one [`Self::top`] reads: all of them, or the probed partitions'
-    /// share once partitioned.
-    pub fn scan_rows(&self) -> usize {
+    /// Rows in the square root of the partitions (16 to 64 of them; all
+    /// rows while unpartitioned): up to this many holders, a required
+    /// tag's agents are scanned rather than filtered out of the vector
+    /// candidates.
+    ///
+    /// Deliberately not the rows [`Self::top`] probes. When the probes went
+    /// from the full square root to three quarters of it, the bound went
+    /// with them: at 1M agents a tag held by 2 % (20,000) fell just above
+    /// it, so its queries took the vector path, whose filter then had to
+    /// search far for agents it admits (p50 / p99 1.2-1.6 / 5.3-6.8 ms
+    /// against 0.9 / 1.4 ms on the tag path, in `agentry bench discover`).
+    pub fn tag_scan_rows(&self) -> usize {
         match self.partitions() {
             0 => self.live,
-            n => self.live * nprobe(n) / n,
+            n => self.live * ((n as f64).sqrt() as usize).clamp(16, 64).min(n) / n,
         }
     }
 
@@ -943,16 +952,19 @@ fn assign<'a>(
     })
 }
 
-/// Partitions a query probes: the square root of their number, 16 to 64.
-/// The nearest rows of a query sit in a few neighbouring partitions, so
-/// the probes needed grow much slower than the partitions (a fixed share
-/// would scan a fixed share of the directory). On the benchmark corpus
-/// (`agentry bench discover`): at 10k agents 16 of 181 find 98.4 % of the
-/// exact ten nearest among the hundred candidates; at 100k 21 of 512 find
-/// 99.6 %; at 1M, 30, 60 and 120 of 1,448 all find 98.7 %, the scan
-/// taking 2.6, 5.1 and 8.7 ms.
+/// Partitions a query probes: three quarters of the square root of their
+/// number, 16 to 64. The nearest rows of a query sit in a few neighbouring
+/// partitions, so the probes needed grow much slower than the partitions
+/// (a fixed share would scan a fixed share of the directory). On the
+/// benchmark corpus (`agentry bench discover`), recall@10 in the top 100:
+/// at 10k agents 16 of 181 partitions find 98.2-99.0 %; at 100k 16 of 512
+/// find 99.3-99.6 % (22, the full square root, found 99.7-99.9 % for a
+/// third more scanning); at 1M 19, 38 and 76 of 1,448 all find 97.2-97.4
+/// % (there the i8 codes, not the probes, bound it), so 28 lose nothing.
 fn nprobe(nlist: usize) -> usize {
-    ((nlist as f64).sqrt() as usize).clamp(16, 64).min(nlist)
+    (((nlist as f64).sqrt() * 0.75) as usize)
+        .clamp(16, 64)
+        .min(nlist)
 }
 
 /// Centroids as i8 codes with a scale each: a row is placed by i8 dot

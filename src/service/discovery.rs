@@ -137,10 +137,12 @@ impl RegistryService {
             leases: None,
         });
         let mut candidates = Vec::with_capacity(hits.len());
-        for mut hit in hits {
-            // The record may have changed since it was indexed; show what
-            // is stored now (and skip it if it is gone).
-            let Some(record) = self.reader().get_shared(&hit.id)? else {
+        // The record may have changed since it was indexed; show what is
+        // stored now (and skip it if it is gone).
+        let ids: Vec<&str> = hits.iter().map(|h| h.id.as_str()).collect();
+        let records = self.reader().get_shared_many(&ids)?;
+        for (mut hit, record) in hits.into_iter().zip(records) {
+            let Some(record) = record else {
                 continue;
             };
             if record.envelope.deleted {

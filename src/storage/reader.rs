@@ -186,20 +186,37 @@ impl Reader {
     /// The record (or tombstone) with this id, shared: parsed once and
     /// kept in a bounded cache for the records discovery keeps returning.
     pub fn get_shared(&self, id: &str) -> Result<Option<Arc<AgentRecord>>, StorageError> {
+        Ok(self.get_shared_many(&[id])?.pop().flatten())
+    }
+
+    /// The records (or tombstones) with these ids, in order, as
+    /// [`Self::get_shared`] gives them one at a time. Those not in the cache
+    /// are read from RocksDB in one batched lookup: a discovery answer
+    /// reads each of its hits, and in a directory larger than the cache
+    /// most of them miss.
+    pub fn get_shared_many(
+        &self,
+        ids: &[&str],
+    ) -> Result<Vec<Option<Arc<AgentRecord>>>, StorageError> {
         let cache = &self.applied.records;
-        if let Some(record) = cache.get(id) {
-            return Ok(Some(record));
+        let mut out: Vec<Option<Arc<AgentRecord>>> = ids.iter().map(|id| cache.get(id)).collect();
+        let missed: Vec<usize> = (0..ids.len()).filter(|&i| out[i].is_none()).collect();
+        if missed.is_empty() {
+            return Ok(out);
         }
         let read_at = cache.generation();
-        let Some(bytes) = self
-            .db
-            .get_pinned_cf(cf(&self.db, CF_AGENTS)?, id.as_bytes())?
-        else {
-            return Ok(None);
-        };
-        let record: Arc<AgentRecord> = Arc::new(serde_json::from_slice(&bytes)?);
-        cache.fill(read_at, record.clone(), bytes.len());
-        Ok(Some(record))
+        let read = self.db.batched_multi_get_cf(
+            cf(&self.db, CF_AGENTS)?,
+            missed.iter().map(|&i| ids[i].as_bytes()),
+            false,
+        );
+        for (&i, bytes) in missed.iter().zip(read) {
+            let Some(bytes) = bytes? else { continue };
+            let record: Arc<AgentRecord> = Arc::new(serde_json::from_slice(&bytes)?);
+            cache.fill(read_at, record.clone(), bytes.len());
+            out[i] = Some(record);
+        }
+        Ok(out)
     }
 
     /// A record with the expiry its lease gives it, both as of the same

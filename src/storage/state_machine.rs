@@ -1631,6 +1631,15 @@ mod tests {
             revision(&sm),
             sm.reader().get("a").unwrap().map(|r| r.envelope.revision)
         );
+        // Several at once, read from disk (the cache emptied), come back
+        // in the order asked: a missing id as none, an id asked twice twice.
+        sm.reader().applied.records.clear();
+        let both = sm.reader().get_shared_many(&["a", "none", "a"]).unwrap();
+        let revisions: Vec<Option<u64>> = both
+            .iter()
+            .map(|r| r.as_ref().map(|r| r.envelope.revision))
+            .collect();
+        assert_eq!(revisions, [Some(2), None, Some(2)]);
         // A follower that read (and cached) an older "a" installs a
         // snapshot holding the newer one.
         let built = built_now(&mut sm).await;
