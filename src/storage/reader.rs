@@ -183,17 +183,11 @@ impl Reader {
         get_json(&self.db, CF_AGENTS, id.as_bytes())
     }
 
-    /// The record (or tombstone) with this id, shared: parsed once and
-    /// kept in a bounded cache for the records discovery keeps returning.
-    pub fn get_shared(&self, id: &str) -> Result<Option<Arc<AgentRecord>>, StorageError> {
-        Ok(self.get_shared_many(&[id])?.pop().flatten())
-    }
-
-    /// The records (or tombstones) with these ids, in order, as
-    /// [`Self::get_shared`] gives them one at a time. Those not in the cache
-    /// are read from RocksDB in one batched lookup: a discovery answer
-    /// reads each of its hits, and in a directory larger than the cache
-    /// most of them miss.
+    /// The records (or tombstones) with these ids, in order, shared: parsed
+    /// once and kept in a bounded cache for the records discovery keeps
+    /// returning. Those not in the cache are read from RocksDB in one
+    /// batched lookup: a discovery answer reads each of its hits, and in a
+    /// directory larger than the cache most of them miss.
     pub fn get_shared_many(
         &self,
         ids: &[&str],

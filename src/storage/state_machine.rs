@@ -1613,9 +1613,8 @@ mod tests {
             payload: normal(register("a", &alice, "2026-11-25T00:00:00Z")),
         };
         let revision = |sm: &StateMachine| {
-            sm.reader()
-                .get_shared("a")
-                .unwrap()
+            sm.reader().get_shared_many(&["a"]).unwrap()[0]
+                .as_ref()
                 .map(|r| r.envelope.revision)
         };
         let dir = tempfile::tempdir().unwrap();
