@@ -959,7 +959,13 @@ fn assign<'a>(
 /// third more scanning); at 1M 19, 38 and 76 of 1,448 all find 97.2-97.4
 /// % (there the i8 codes, not the probes, bound it), so 28 lose nothing.
 fn nprobe(nlist: usize) -> usize {
-    (((nlist as f64).sqrt() * 0.75) as usize)
+    root_share(nlist, 0.75)
+}
+
+/// `share` of the square root of `nlist` partitions, 16 to 64 of them (at
+/// most all).
+fn root_share(nlist: usize, share: f64) -> usize {
+    (((nlist as f64).sqrt() * share) as usize)
         .clamp(16, 64)
         .min(nlist)
 }
@@ -968,7 +974,7 @@ fn nprobe(nlist: usize) -> usize {
 fn tag_scan_bound(live: usize, nlist: usize) -> usize {
     match nlist {
         0 => live,
-        n => live * ((n as f64).sqrt() as usize).clamp(16, 64).min(n) / n,
+        n => live * root_share(n, 1.0) / n,
     }
 }
 
