@@ -10,7 +10,8 @@ use serde_json::{Map, Value};
 
 use super::filter::{self, HardFilters, Surface};
 use super::record::{
-    AgentMetadata, AgentRecord, AgentStatus, Binding, Principal, Provenance, VerificationState,
+    AgentMetadata, AgentRecord, AgentStatus, Binding, Envelope, Principal, Provenance,
+    VerificationState,
 };
 use super::validate::{normalise_tags, FieldError};
 
@@ -388,6 +389,67 @@ pub fn visible_metadata(
     (out, redacted)
 }
 
+/// A stored record (its JSON) with only what [`visible_metadata`] shows
+/// below `full` detail, and its whole envelope: example tasks, operations,
+/// schemas, constraints and extension members are skipped unparsed.
+/// Discovery answers read every hit's stored record, and at summary detail
+/// most of the parse went to members they never show (a record's five
+/// example tasks alone are most of its allocations).
+pub fn parse_summary(stored: &[u8]) -> serde_json::Result<AgentRecord> {
+    /// The members a summary shows, with `AgentMetadata`'s defaults.
+    #[derive(serde::Deserialize)]
+    struct Summary {
+        #[serde(default)]
+        id: String,
+        #[serde(default)]
+        name: String,
+        #[serde(default)]
+        description: String,
+        #[serde(default)]
+        version: Option<String>,
+        #[serde(default)]
+        publisher: Option<String>,
+        #[serde(default)]
+        capabilities: Vec<String>,
+        #[serde(default)]
+        tags: Vec<String>,
+        #[serde(default)]
+        status: Option<AgentStatus>,
+        #[serde(default)]
+        bindings: Vec<Binding>,
+        #[serde(default)]
+        expires_at: Option<String>,
+        #[serde(default)]
+        updated_at: Option<String>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Stored {
+        metadata: Summary,
+        envelope: Envelope,
+    }
+    let Stored {
+        metadata: m,
+        envelope,
+    } = serde_json::from_slice(stored)?;
+    Ok(AgentRecord {
+        metadata: AgentMetadata {
+            id: m.id,
+            name: m.name,
+            description: m.description,
+            version: m.version,
+            publisher: m.publisher,
+            capabilities: m.capabilities,
+            tags: m.tags,
+            status: m.status,
+            bindings: m.bindings,
+            expires_at: m.expires_at,
+            updated_at: m.updated_at,
+            ..Default::default()
+        },
+        envelope,
+    })
+}
+
 /// The URL without user information, query or fragment, which is where
 /// credentials and internal routing hints hide.
 fn strip_url_secrets(endpoint: &str) -> String {
@@ -419,7 +481,7 @@ fn strip_url_secrets(endpoint: &str) -> String {
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
-    use crate::domain::record::{Envelope, Role};
+    use crate::domain::record::Role;
     use serde_json::json;
 
     fn req(v: Value) -> DiscoveryRequest {
@@ -507,6 +569,43 @@ pub(super) mod tests {
         assert_eq!(m, r.metadata);
         let (m, _) = visible_metadata(&r, Detail::Minimal, Some(&alice));
         assert!(m.name.is_empty() && m.bindings.len() == 1 && m.status.is_some());
+    }
+
+    #[test]
+    fn a_summary_shows_what_the_whole_record_shows_below_full_detail() {
+        let mut r = record("alice");
+        let more: AgentMetadata = serde_json::from_value(json!({
+            "version": "2.1", "publisher": "Acme", "capabilities": ["payroll"],
+            "expires_at": "2027-01-01T00:00:00Z", "updated_at": "2026-02-01T00:00:00Z",
+            "examples": [{"text": "run payroll for March", "x-note": 1}],
+            "operations": [{"name": "run", "inputs": {"type": "object"}}],
+            "inputs": {"type": "object"}
+        }))
+        .unwrap();
+        let m = &mut r.metadata;
+        m.version = more.version;
+        m.publisher = more.publisher;
+        m.capabilities = more.capabilities;
+        m.expires_at = more.expires_at;
+        m.updated_at = more.updated_at;
+        m.examples = more.examples;
+        m.operations = more.operations;
+        m.inputs = more.inputs;
+        r.envelope.revision = 7;
+        let stored = serde_json::to_vec(&r).unwrap();
+        let summary = parse_summary(&stored).unwrap();
+        assert_eq!(summary.envelope, r.envelope);
+        assert!(summary.metadata.examples.is_empty() && summary.metadata.inputs.is_none());
+        let alice = Principal::new("alice", Role::Publisher);
+        for principal in [None, Some(&alice)] {
+            for detail in [Detail::Minimal, Detail::Summary] {
+                assert_eq!(
+                    visible_metadata(&summary, detail, principal),
+                    visible_metadata(&r, detail, principal),
+                    "{detail:?}, {principal:?}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -140,7 +140,13 @@ impl RegistryService {
         // The record may have changed since it was indexed; show what is
         // stored now (and skip it if it is gone).
         let ids: Vec<&str> = hits.iter().map(|h| h.id.as_str()).collect();
-        let records = self.reader().get_shared_many(&ids)?;
+        // Evidence and `full` detail show a record's example tasks and
+        // operations; anything less shows only its summary.
+        let records = if plan.detail == Detail::Full || plan.include_evidence {
+            self.reader().get_shared_many(&ids)?
+        } else {
+            self.reader().get_summaries(&ids)?
+        };
         for (mut hit, record) in hits.into_iter().zip(records) {
             let Some(record) = record else {
                 continue;

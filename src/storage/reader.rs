@@ -192,8 +192,33 @@ impl Reader {
         &self,
         ids: &[&str],
     ) -> Result<Vec<Option<Arc<AgentRecord>>>, StorageError> {
+        self.read_many(ids, true)
+    }
+
+    /// As [`Self::get_shared_many`], but a record may come as its summary
+    /// (`domain::discovery::parse_summary`): for answers below `full`
+    /// detail, which show no more, and parse and keep less.
+    pub fn get_summaries(
+        &self,
+        ids: &[&str],
+    ) -> Result<Vec<Option<Arc<AgentRecord>>>, StorageError> {
+        self.read_many(ids, false)
+    }
+
+    fn read_many(
+        &self,
+        ids: &[&str],
+        whole: bool,
+    ) -> Result<Vec<Option<Arc<AgentRecord>>>, StorageError> {
         let cache = &self.applied.records;
-        let mut out: Vec<Option<Arc<AgentRecord>>> = ids.iter().map(|id| cache.get(id)).collect();
+        let cached = |id: &str| {
+            if whole {
+                cache.get(id)
+            } else {
+                cache.get_summary(id)
+            }
+        };
+        let mut out: Vec<Option<Arc<AgentRecord>>> = ids.iter().map(|id| cached(id)).collect();
         let missed: Vec<usize> = (0..ids.len()).filter(|&i| out[i].is_none()).collect();
         if missed.is_empty() {
             return Ok(out);
@@ -206,8 +231,12 @@ impl Reader {
         );
         for (&i, bytes) in missed.iter().zip(read) {
             let Some(bytes) = bytes? else { continue };
-            let record: Arc<AgentRecord> = Arc::new(serde_json::from_slice(&bytes)?);
-            cache.fill(read_at, record.clone(), bytes.len());
+            let record: Arc<AgentRecord> = Arc::new(if whole {
+                serde_json::from_slice(&bytes)?
+            } else {
+                crate::domain::discovery::parse_summary(&bytes)?
+            });
+            cache.fill(read_at, record.clone(), bytes.len(), whole);
             out[i] = Some(record);
         }
         Ok(out)

@@ -5,6 +5,12 @@
 //! from their stored size, `[storage] record_cache_bytes`), so a directory
 //! of a million agents keeps only its hot records parsed.
 //!
+//! An entry is a whole record or a summary (what a discovery answer below
+//! `full` detail shows, `domain::discovery::parse_summary`): a summary
+//! takes about half the memory of a whole record, so the same bound holds
+//! about twice as many of the records discovery keeps returning. A whole
+//! record serves both kinds of read; a summary only summary reads.
+//!
 //! Coherence: an apply writes its batch, then [`RecordCache::invalidate`]s
 //! the records it wrote, before it publishes the new applied revision. A
 //! reader that parsed a record from disk inserts it only if no
@@ -35,20 +41,32 @@ const TYPICAL_BYTES: u64 = 2048;
 #[derive(Clone)]
 struct Cached {
     record: Arc<AgentRecord>,
-    stored_bytes: u32,
+    /// Estimated memory of the parsed record.
+    bytes: u32,
+    /// False for a summary.
+    whole: bool,
 }
 
 #[derive(Clone)]
-struct ByStoredSize;
+struct ByParsedSize;
 
-impl Weighter<String, Cached> for ByStoredSize {
+impl Weighter<String, Cached> for ByParsedSize {
     fn weight(&self, _id: &String, value: &Cached) -> u64 {
-        u64::from(value.stored_bytes.max(1)) * PARSED_PER_STORED
+        u64::from(value.bytes.max(1))
     }
 }
 
+/// A summary's memory, estimated from the record's stored size: its
+/// structs, and the strings it keeps (a subset of the stored text) with
+/// the allocations' overhead. Measured on `agentry bench discover`'s
+/// records: stored in 1,499 bytes, a record's allocations take 6,079 bytes
+/// whole and 2,980 as a summary (estimated 7,495 and 3,506).
+fn summary_bytes(stored_bytes: usize) -> u64 {
+    (std::mem::size_of::<AgentRecord>() + stored_bytes * 5 / 4) as u64
+}
+
 pub(crate) struct RecordCache {
-    cache: Cache<String, Cached, ByStoredSize>,
+    cache: Cache<String, Cached, ByParsedSize>,
     /// Bumped by every invalidation; held while filling, so a fill and an
     /// invalidation never interleave.
     generation: Mutex<u64>,
@@ -59,9 +77,9 @@ impl Default for RecordCache {
         let bytes = DEFAULT_RECORD_CACHE_BYTES;
         Self {
             cache: Cache::with_weighter(
-                (bytes / (TYPICAL_BYTES * PARSED_PER_STORED)) as usize,
+                (bytes / summary_bytes(TYPICAL_BYTES as usize)) as usize,
                 bytes,
-                ByStoredSize,
+                ByParsedSize,
             ),
             generation: Mutex::new(0),
         }
@@ -74,7 +92,13 @@ impl RecordCache {
         self.cache.set_capacity(bytes);
     }
 
+    /// The whole record with this id, if kept.
     pub fn get(&self, id: &str) -> Option<Arc<AgentRecord>> {
+        self.cache.get(id).filter(|c| c.whole).map(|c| c.record)
+    }
+
+    /// The record with this id, whole or as a summary, if kept.
+    pub fn get_summary(&self, id: &str) -> Option<Arc<AgentRecord>> {
         self.cache.get(id).map(|c| c.record)
     }
 
@@ -83,18 +107,24 @@ impl RecordCache {
         *self.generation.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Keeps `record`, read from disk after [`Self::generation`] returned
-    /// `read_at`, unless something was invalidated since.
-    pub fn fill(&self, read_at: u64, record: Arc<AgentRecord>, stored_bytes: usize) {
+    /// Keeps `record`, whole or (`whole` false) a summary, read from
+    /// `stored_bytes` on disk after [`Self::generation`] returned `read_at`,
+    /// unless something was invalidated since.
+    pub fn fill(&self, read_at: u64, record: Arc<AgentRecord>, stored_bytes: usize, whole: bool) {
+        let bytes = if whole {
+            stored_bytes as u64 * PARSED_PER_STORED
+        } else {
+            summary_bytes(stored_bytes)
+        };
         let generation = self.generation.lock().unwrap_or_else(|e| e.into_inner());
         if *generation == read_at {
-            let stored_bytes = u32::try_from(stored_bytes).unwrap_or(u32::MAX);
             let id = record.metadata.id.clone();
             self.cache.insert(
                 id,
                 Cached {
                     record,
-                    stored_bytes,
+                    bytes: u32::try_from(bytes).unwrap_or(u32::MAX),
+                    whole,
                 },
             );
         }
@@ -133,7 +163,7 @@ mod tests {
     fn a_fill_that_raced_an_invalidation_is_not_kept() {
         let cache = RecordCache::default();
         let at = cache.generation();
-        cache.fill(at, record("a", "first"), 100);
+        cache.fill(at, record("a", "first"), 100, true);
         assert_eq!(
             cache.get("a").map(|r| r.metadata.description.clone()),
             Some("first".to_string())
@@ -142,17 +172,58 @@ mod tests {
         let read_at = cache.generation();
         cache.invalidate([&"a".to_string()]);
         assert!(cache.get("a").is_none());
-        cache.fill(read_at, record("a", "first"), 100);
+        cache.fill(read_at, record("a", "first"), 100, true);
         assert!(cache.get("a").is_none(), "a stale read was cached");
         // A read that began after the write is kept.
         let at = cache.generation();
-        cache.fill(at, record("a", "second"), 100);
+        cache.fill(at, record("a", "second"), 100, true);
         assert_eq!(
             cache.get("a").map(|r| r.metadata.description.clone()),
             Some("second".to_string())
         );
         cache.clear();
         assert!(cache.get("a").is_none());
+    }
+
+    #[test]
+    fn a_summary_serves_summary_reads_only_and_a_whole_record_both() {
+        let cache = RecordCache::default();
+        let at = cache.generation();
+        cache.fill(at, record("a", "summary"), 100, false);
+        assert!(
+            cache.get("a").is_none(),
+            "a summary was served as a whole record"
+        );
+        assert!(cache.get_summary("a").is_some());
+        // Read whole later, the record replaces its summary.
+        cache.fill(at, record("a", "whole"), 100, true);
+        assert_eq!(
+            cache.get("a").map(|r| r.metadata.description.clone()),
+            Some("whole".to_string())
+        );
+        assert_eq!(
+            cache
+                .get_summary("a")
+                .map(|r| r.metadata.description.clone()),
+            Some("whole".to_string())
+        );
+        // Summaries weigh less: more of them fit the same bound.
+        let fill = |whole: bool| {
+            let cache = RecordCache::default();
+            cache.set_capacity(1 << 20);
+            for i in 0..1000 {
+                let at = cache.generation();
+                cache.fill(at, record(&format!("agent-{i}"), "x"), 2048, whole);
+            }
+            (0..1000)
+                .filter(|i| cache.get_summary(&format!("agent-{i}")).is_some())
+                .count()
+        };
+        let (whole, summaries) = (fill(true), fill(false));
+        assert!(
+            whole > 0 && summaries >= 2 * whole,
+            "{summaries} summaries against {whole} whole records"
+        );
     }
 
     #[test]
@@ -163,7 +234,7 @@ mod tests {
             let size = (DEFAULT_RECORD_CACHE_BYTES / PARSED_PER_STORED / share) as usize;
             for i in 0..n {
                 let at = cache.generation();
-                cache.fill(at, record(&format!("agent-{share}-{i}"), "x"), size);
+                cache.fill(at, record(&format!("agent-{share}-{i}"), "x"), size, true);
             }
             (0..n)
                 .filter(|i| cache.get(&format!("agent-{share}-{i}")).is_some())
