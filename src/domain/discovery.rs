@@ -576,7 +576,8 @@ pub(super) mod tests {
         let mut r = record("alice");
         // Every member set, so a member a summary answer comes to show
         // that the summary does not parse fails here.
-        let more: AgentMetadata = serde_json::from_value(json!({
+        let mut metadata = serde_json::to_value(&r.metadata).unwrap();
+        let more = json!({
             "version": "2.1", "publisher": "Acme", "capabilities": ["payroll"],
             "endpoint": "https://a.example/legacy", "supported_languages": ["en"],
             "authentication": {"type": "oauth2", "scopes": ["run"]},
@@ -585,22 +586,11 @@ pub(super) mod tests {
             "operations": [{"name": "run", "inputs": {"type": "object"}}],
             "inputs": {"type": "object"}, "outputs": {"type": "object"},
             "signature": {"alg": "Ed25519", "value": "c2ln"}
-        }))
-        .unwrap();
-        let m = &mut r.metadata;
-        m.version = more.version;
-        m.publisher = more.publisher;
-        m.capabilities = more.capabilities;
-        m.endpoint = more.endpoint;
-        m.supported_languages = more.supported_languages;
-        m.authentication = more.authentication;
-        m.expires_at = more.expires_at;
-        m.updated_at = more.updated_at;
-        m.examples = more.examples;
-        m.operations = more.operations;
-        m.inputs = more.inputs;
-        m.outputs = more.outputs;
-        m.signature = more.signature;
+        });
+        for (k, v) in more.as_object().unwrap() {
+            metadata[k] = v.clone();
+        }
+        r.metadata = serde_json::from_value(metadata).unwrap();
         r.envelope.revision = 7;
         let stored = serde_json::to_vec(&r).unwrap();
         let summary = parse_summary(&stored).unwrap();

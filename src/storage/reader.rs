@@ -211,14 +211,8 @@ impl Reader {
         whole: bool,
     ) -> Result<Vec<Option<Arc<AgentRecord>>>, StorageError> {
         let cache = &self.applied.records;
-        let cached = |id: &str| {
-            if whole {
-                cache.get(id)
-            } else {
-                cache.get_summary(id)
-            }
-        };
-        let mut out: Vec<Option<Arc<AgentRecord>>> = ids.iter().map(|id| cached(id)).collect();
+        let mut out: Vec<Option<Arc<AgentRecord>>> =
+            ids.iter().map(|id| cache.get(id, whole)).collect();
         let missed: Vec<usize> = (0..ids.len()).filter(|&i| out[i].is_none()).collect();
         if missed.is_empty() {
             return Ok(out);

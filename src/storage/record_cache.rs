@@ -92,14 +92,13 @@ impl RecordCache {
         self.cache.set_capacity(bytes);
     }
 
-    /// The whole record with this id, if kept.
-    pub fn get(&self, id: &str) -> Option<Arc<AgentRecord>> {
-        self.cache.get(id).filter(|c| c.whole).map(|c| c.record)
-    }
-
-    /// The record with this id, whole or as a summary, if kept.
-    pub fn get_summary(&self, id: &str) -> Option<Arc<AgentRecord>> {
-        self.cache.get(id).map(|c| c.record)
+    /// The record with this id, if kept: whole, or (`whole` false) whole
+    /// or as a summary.
+    pub fn get(&self, id: &str, whole: bool) -> Option<Arc<AgentRecord>> {
+        self.cache
+            .get(id)
+            .filter(|c| c.whole || !whole)
+            .map(|c| c.record)
     }
 
     /// The generation to pass to [`Self::fill`], taken before reading disk.
@@ -165,24 +164,24 @@ mod tests {
         let at = cache.generation();
         cache.fill(at, record("a", "first"), 100, true);
         assert_eq!(
-            cache.get("a").map(|r| r.metadata.description.clone()),
+            cache.get("a", true).map(|r| r.metadata.description.clone()),
             Some("first".to_string())
         );
         // A reader reads the old value from disk, then a write lands.
         let read_at = cache.generation();
         cache.invalidate([&"a".to_string()]);
-        assert!(cache.get("a").is_none());
+        assert!(cache.get("a", true).is_none());
         cache.fill(read_at, record("a", "first"), 100, true);
-        assert!(cache.get("a").is_none(), "a stale read was cached");
+        assert!(cache.get("a", true).is_none(), "a stale read was cached");
         // A read that began after the write is kept.
         let at = cache.generation();
         cache.fill(at, record("a", "second"), 100, true);
         assert_eq!(
-            cache.get("a").map(|r| r.metadata.description.clone()),
+            cache.get("a", true).map(|r| r.metadata.description.clone()),
             Some("second".to_string())
         );
         cache.clear();
-        assert!(cache.get("a").is_none());
+        assert!(cache.get("a", true).is_none());
     }
 
     #[test]
@@ -191,19 +190,19 @@ mod tests {
         let at = cache.generation();
         cache.fill(at, record("a", "summary"), 100, false);
         assert!(
-            cache.get("a").is_none(),
+            cache.get("a", true).is_none(),
             "a summary was served as a whole record"
         );
-        assert!(cache.get_summary("a").is_some());
+        assert!(cache.get("a", false).is_some());
         // Read whole later, the record replaces its summary.
         cache.fill(at, record("a", "whole"), 100, true);
         assert_eq!(
-            cache.get("a").map(|r| r.metadata.description.clone()),
+            cache.get("a", true).map(|r| r.metadata.description.clone()),
             Some("whole".to_string())
         );
         assert_eq!(
             cache
-                .get_summary("a")
+                .get("a", false)
                 .map(|r| r.metadata.description.clone()),
             Some("whole".to_string())
         );
@@ -216,7 +215,7 @@ mod tests {
                 cache.fill(at, record(&format!("agent-{i}"), "x"), 2048, whole);
             }
             (0..1000)
-                .filter(|i| cache.get_summary(&format!("agent-{i}")).is_some())
+                .filter(|i| cache.get(&format!("agent-{i}"), false).is_some())
                 .count()
         };
         let (whole, summaries) = (fill(true), fill(false));
@@ -237,7 +236,7 @@ mod tests {
                 cache.fill(at, record(&format!("agent-{share}-{i}"), "x"), size, true);
             }
             (0..n)
-                .filter(|i| cache.get(&format!("agent-{share}-{i}")).is_some())
+                .filter(|i| cache.get(&format!("agent-{share}-{i}"), true).is_some())
                 .count()
         };
         let kept = fill(&cache, 16, 64);
