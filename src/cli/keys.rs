@@ -68,8 +68,9 @@ pub struct VerifyArgs {
     /// or '-' for stdin.
     pub file: String,
     /// A trusted public key (base64url), repeatable: checks the signature
-    /// only.
-    #[arg(long = "key")]
+    /// only. A base64url key may begin with '-', so the value is taken as
+    /// given rather than read as a flag.
+    #[arg(long = "key", allow_hyphen_values = true)]
     pub keys: Vec<String>,
     /// A saved `/.well-known/agentry.json`: also checks the authority, the
     /// key's state and its validity window.
@@ -236,4 +237,25 @@ pub fn run_verify(args: VerifyArgs) -> Result<(), CliError> {
         sig.signed_at
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::super::{Cli, Command};
+
+    /// One public key in 64 begins with '-' in base64url; `agentry verify`
+    /// must take it as the key, not refuse it as an unknown flag.
+    #[test]
+    fn verify_takes_a_key_that_begins_with_a_hyphen() {
+        let key = "-PqW3Yx0nq7u2c8Jm1sV9bKfT4hL6eA5dR0zC2yX1wE";
+        let cli = Cli::try_parse_from(["agentry", "verify", "record.json", "--key", key])
+            .expect("a hyphen-led key parses");
+        let Command::Verify(args) = cli.command else {
+            panic!("parsed as another command");
+        };
+        assert_eq!(args.keys, vec![key.to_string()]);
+        assert_eq!(args.file, "record.json");
+    }
 }
