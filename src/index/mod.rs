@@ -35,7 +35,7 @@ pub use embed::{EmbedError, Embedder};
 pub use search::{Hit, Query, TagMatch, Unit, UnitKind, Weights};
 
 use crate::domain::{AgentRecord, Change};
-use crate::storage::{FollowEnd, Reader, StorageError};
+use crate::storage::{FollowEnd, HoldsChanged, Reader, StorageError};
 use search::{analyse, prepare, vector_texts, Index, Prepared, PreparedDoc};
 use text::Analyzer;
 
@@ -91,7 +91,22 @@ struct Shared {
     /// changes no record), and where agents' vectors are kept for the next
     /// restart.
     reader: std::sync::OnceLock<Reader>,
+    /// Holds changed while a rebuild runs (None when none runs): the
+    /// rebuild read the table before some of them, so it sets them again
+    /// when it swaps the new index in.
+    holds_pending: std::sync::Mutex<Option<PendingHolds>>,
 }
+
+/// See [`Shared::holds_pending`].
+#[derive(Default)]
+struct PendingHolds {
+    agents: Vec<String>,
+    /// Every agent's (the table was replaced, or too many to list).
+    all: bool,
+}
+
+/// Changed holds a rebuild lists before it sets every agent's instead.
+const PENDING_HOLDS_MAX: usize = 100_000;
 
 /// Pool documents kept (their words and units, a few KB each; as many as
 /// the vector cache holds texts for).
@@ -137,6 +152,7 @@ impl SearchIndex {
                 pool_vectors: Default::default(),
                 pool_docs: Default::default(),
                 reader: Default::default(),
+                holds_pending: Default::default(),
             }),
         }
     }
@@ -469,7 +485,13 @@ impl SearchIndex {
         self.store_vectors(&[(record.metadata.id.clone(), stored)]);
         {
             let mut index = self.write();
+            let id = prepared.id.clone();
             index.apply(prepared);
+            // Under the write lock: a hold applied since is set on the new
+            // document by its listener call, which waits for the lock.
+            if let Some(reader) = self.shared.reader.get() {
+                index.set_hold(&id, reader.leases().cell(&id));
+            }
         }
         self.retrain_vectors().await;
         self.save_live_partitions().await;
@@ -558,12 +580,22 @@ impl SearchIndex {
                 fresh.adopt_partitions(saved);
             }
         }
+        *self.pending_holds() = Some(PendingHolds::default());
         let (chunks, inserter) =
             std::sync::mpsc::sync_channel::<Vec<Prepared>>(REBUILD_CHUNKS_AHEAD);
         let (mut fresh, counts) = std::thread::scope(|scope| {
             let insert = scope.spawn(move || {
                 for chunk in inserter {
-                    chunk.into_iter().for_each(|p| fresh.apply(p));
+                    // Each agent's hold as the table has it now; what
+                    // changes later is pending and set at the swap.
+                    let leases = reader.leases();
+                    for p in chunk {
+                        let id = (!leases.is_empty()).then(|| p.id.clone());
+                        fresh.apply(p);
+                        if let Some(id) = id {
+                            fresh.set_hold(&id, leases.cell(&id));
+                        }
+                    }
                 }
                 fresh.maintain();
                 fresh.compact();
@@ -577,7 +609,7 @@ impl SearchIndex {
                 .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
             (fresh, counts)
         });
-        let (agents, reused) = counts?;
+        let (agents, reused) = counts.inspect_err(|_| *self.pending_holds() = None)?;
         fresh.revision = revision;
         // The build's figures are published before it starts serving, so a
         // reader that sees its agents counted sees them too (they used to
@@ -590,7 +622,21 @@ impl SearchIndex {
             .store(reused as u64, Ordering::Relaxed);
         // The index replaced is dropped after the lock is released: at a
         // million agents that takes long enough to hold up searches.
-        let replaced = std::mem::replace(&mut *self.write(), fresh);
+        let replaced = {
+            let mut index = self.write();
+            let replaced = std::mem::replace(&mut *index, fresh);
+            if let Some(pending) = self.pending_holds().take() {
+                let leases = reader.leases();
+                if pending.all {
+                    index.set_all_holds(&leases);
+                } else {
+                    for id in &pending.agents {
+                        index.set_hold(id, leases.cell(id));
+                    }
+                }
+            }
+            replaced
+        };
         drop(replaced);
         self.save_partitions(reader);
         simd::release_free_memory();
@@ -701,6 +747,48 @@ impl SearchIndex {
         Ok((agents, reused))
     }
 
+    fn pending_holds(&self) -> std::sync::MutexGuard<'_, Option<PendingHolds>> {
+        self.shared
+            .holds_pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Sets the hold cells of agents whose holds an apply changed (the
+    /// table's listener). The table changed before this call; a rebuild
+    /// running meanwhile is told too, as it may have read them before.
+    fn holds_changed(&self, changed: HoldsChanged<'_>) {
+        let Some(reader) = self.shared.reader.get() else {
+            return;
+        };
+        if let Some(pending) = self.pending_holds().as_mut() {
+            match changed {
+                HoldsChanged::Agents(agents) if !pending.all => {
+                    pending.agents.extend(agents.iter().cloned());
+                    if pending.agents.len() > PENDING_HOLDS_MAX {
+                        pending.agents = Vec::new();
+                        pending.all = true;
+                    }
+                }
+                HoldsChanged::Agents(_) => {}
+                HoldsChanged::All => {
+                    pending.agents = Vec::new();
+                    pending.all = true;
+                }
+            }
+        }
+        let index = self.read();
+        let leases = reader.leases();
+        match changed {
+            HoldsChanged::Agents(agents) => {
+                for id in agents {
+                    index.set_hold(id, leases.cell(id));
+                }
+            }
+            HoldsChanged::All => index.set_all_holds(&leases),
+        }
+    }
+
     /// Keeps the index in step with the applied state until shutdown.
     pub fn spawn(
         &self,
@@ -708,6 +796,13 @@ impl SearchIndex {
         shutdown: watch::Receiver<bool>,
     ) -> tokio::task::JoinHandle<()> {
         let _ = self.shared.reader.set(reader.clone());
+        // Weak: the state the listener lives in outlives no index.
+        let index = Arc::downgrade(&self.shared);
+        reader.on_holds_changed(Box::new(move |changed| {
+            if let Some(shared) = index.upgrade() {
+                SearchIndex { shared }.holds_changed(changed);
+            }
+        }));
         let this = self.clone();
         tokio::spawn(
             async move { this.follow(reader, shutdown).await }.instrument(info_span!("indexer")),

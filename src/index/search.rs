@@ -24,6 +24,7 @@
 //! it; on MetaTool this mix beats either alone and the concatenated text.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 // How a tag or a unit matched is part of a discovery result's vocabulary,
 // so it is defined with the results in `domain`.
@@ -473,6 +474,12 @@ struct Doc {
     /// False when the embedder failed for this record: it is found by
     /// words and tags only until it is indexed again.
     has_profile: bool,
+    /// The agent's lease hold as [`LeaseTable::cell`] encodes it, read
+    /// with the document instead of looked up by name. Written under the
+    /// read lock by the lease table's applies ([`Index::set_hold`]), after
+    /// the table changed: a search sees the hold an apply leaves at the
+    /// latest when the apply is acknowledged.
+    hold: AtomicU64,
 }
 
 /// A document's unit vectors as i8 codes in one block (one allocation and
@@ -652,16 +659,17 @@ pub struct Query<'a> {
 }
 
 impl Query<'_> {
-    /// The expiry a lease gives agent `id`, overriding its `expires_at`.
-    fn lease_expiry(&self, id: &str) -> Option<i64> {
-        self.leases
-            .filter(|l| !l.is_empty())
-            .and_then(|l| l.expiry_unix(id))
+    /// The expiry a lease gives the agent, overriding its `expires_at`.
+    fn lease_expiry(&self, d: &Doc) -> Option<i64> {
+        match d.hold.load(Ordering::Relaxed) {
+            0 => None,
+            cell => self.leases.and_then(|l| l.cell_expiry(cell)),
+        }
     }
 
     /// The agent's expiry as discovery goes by: its lease's, else its own.
     fn expires_unix(&self, d: &Doc) -> Option<i64> {
-        self.lease_expiry(&d.id).or(d.facts.expires_unix)
+        self.lease_expiry(d).or(d.facts.expires_unix)
     }
 }
 
@@ -841,9 +849,30 @@ impl Index {
             indexed_at: self.indexed_at.clone(),
             fingerprint: doc.fingerprint,
             has_profile,
+            hold: AtomicU64::new(0),
         });
         if !has_profile && self.vectors.dim() > 0 {
             self.without_vectors += 1;
+        }
+    }
+
+    /// Sets agent `id`'s hold cell ([`LeaseTable::cell`]); nothing when
+    /// it is not indexed (indexing it reads the table then).
+    pub fn set_hold(&self, id: &str, cell: u64) {
+        if let Some(d) = self
+            .by_id
+            .get(id)
+            .and_then(|&slot| self.docs.get(slot as usize))
+            .and_then(Option::as_ref)
+        {
+            d.hold.store(cell, Ordering::Relaxed);
+        }
+    }
+
+    /// Sets every agent's hold cell from `table`.
+    pub fn set_all_holds(&self, table: &LeaseTable) {
+        for d in self.docs.iter().flatten() {
+            d.hold.store(table.cell(&d.id), Ordering::Relaxed);
         }
     }
 
@@ -1340,7 +1369,7 @@ impl Index {
             indexed_at: d.indexed_at.to_string(),
             status: d.facts.status,
             expired: q.expires_unix(d).is_some_and(|t| t <= q.now_unix),
-            lease_expires_unix: q.lease_expiry(&d.id),
+            lease_expires_unix: q.lease_expiry(d),
             duplicate_of: None,
             notes,
         }

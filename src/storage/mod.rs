@@ -22,7 +22,7 @@ pub use backup::{
 };
 pub use format::DATA_FORMAT;
 pub use log_store::LogStore;
-pub use reader::{Applied, FollowEnd, Reader};
+pub use reader::{Applied, FollowEnd, HoldsChanged, HoldsListener, Reader};
 pub use record_cache::DEFAULT_RECORD_CACHE_BYTES;
 pub use space::{DiskSpace, NoSpace, DEFAULT_RESERVE_BYTES};
 pub use state_machine::{SnapshotStats, SnapshotWeight, StateMachine};

@@ -40,6 +40,20 @@ pub enum FollowEnd {
     Failed(StorageError),
 }
 
+/// Holds an apply changed, told to whoever keeps a copy of them beside the
+/// agents (the discovery index, which reads an agent's hold from its own
+/// document instead of looking it up by name for every candidate).
+#[derive(Debug, Clone, Copy)]
+pub enum HoldsChanged<'a> {
+    Agents(&'a [String]),
+    /// The table was replaced (a snapshot was installed).
+    All,
+}
+
+/// Called after the lease table has changed, with no lock held, on the
+/// applying task: it must be quick and must not wait for an apply.
+pub type HoldsListener = Box<dyn Fn(HoldsChanged<'_>) + Send + Sync>;
+
 /// Changes read from history per batch while a follower catches up.
 const CATCH_UP_BATCH: usize = 512;
 
@@ -58,6 +72,8 @@ pub(crate) struct AppliedState {
     /// Every hold and lease, as applied: only `apply` and `install` change
     /// it, after their batch is written.
     pub leases: std::sync::RwLock<LeaseTable>,
+    /// Told of every change to `leases`, after it is made.
+    pub holds_listener: std::sync::OnceLock<HoldsListener>,
     /// Parsed records for discovery's answers; the state machine
     /// invalidates what it writes.
     pub records: super::record_cache::RecordCache,
@@ -92,6 +108,13 @@ impl AppliedState {
 
     pub fn leases_mut(&self) -> std::sync::RwLockWriteGuard<'_, LeaseTable> {
         self.leases.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Tells the listener, if any, of holds just changed.
+    pub fn holds_changed(&self, changed: HoldsChanged<'_>) {
+        if let Some(listener) = self.holds_listener.get() {
+            listener(changed);
+        }
     }
 
     pub fn signer(&self) -> Option<Arc<Signer>> {
@@ -171,6 +194,12 @@ impl Reader {
 
     pub fn publisher_keys(&self) -> Arc<Vec<PublisherKey>> {
         self.applied.publisher_keys()
+    }
+
+    /// Sets who is told of changes to the lease table (once: false when a
+    /// listener was set already).
+    pub fn on_holds_changed(&self, listener: HoldsListener) -> bool {
+        self.applied.holds_listener.set(listener).is_ok()
     }
 
     /// Subscribes to changes applied from now on.

@@ -28,7 +28,7 @@ use tokio::sync::broadcast;
 
 use super::audit::{trim as trim_audit, AuditSink, Retention, TRIM_EVERY as AUDIT_TRIM_EVERY};
 use super::quota::RecordCounts;
-use super::reader::{Applied, AppliedState};
+use super::reader::{Applied, AppliedState, HoldsChanged};
 use super::{
     cf, get_json, u64_key, Reader, StorageError as LocalError, CF_AGENTS, CF_AUDIT, CF_CHANGES,
     CF_LEASES, CF_SM,
@@ -43,7 +43,7 @@ use crate::crypto::signature::{sign_record, still_valid};
 use crate::crypto::Identity;
 use crate::domain::audit::{AuditEntry, Outcome};
 use crate::domain::federation::decide_federated;
-use crate::domain::lease::{LeaseEntry, LeaseTable, RefreshTarget, Staged};
+use crate::domain::lease::{LeaseEntry, LeaseTable, LeaseWrite, RefreshTarget, Staged};
 use crate::domain::write::{
     decide_delete, decide_publisher_key, decide_put, decide_reverify, decide_status,
     settle_verdict, Rejection,
@@ -328,6 +328,7 @@ impl StateMachine {
             signer: std::sync::RwLock::new(signer),
             publisher_keys: std::sync::RwLock::new(Arc::new(publisher_keys)),
             leases: std::sync::RwLock::new(load_leases(&db)?),
+            holds_listener: Default::default(),
             records: Default::default(),
         });
         let this = Self {
@@ -892,6 +893,7 @@ impl StateMachine {
         self.applied.set_identity(data.identity);
         self.applied.set_publisher_keys(data.publisher_keys);
         *self.applied.leases_mut() = lease_table;
+        self.applied.holds_changed(HoldsChanged::All);
         file.seek(SeekFrom::Start(start))?;
         self.write_snapshot_file(meta, |out| Ok(std::io::copy(&mut file, out)?))?;
         self.applied
@@ -1269,6 +1271,17 @@ impl StateMachine {
             for w in &lease_writes {
                 table.apply(w);
             }
+            drop(table);
+            let agents: Vec<String> = lease_writes
+                .into_iter()
+                .filter_map(|w| match w {
+                    LeaseWrite::Hold(agent, _) => Some(agent),
+                    LeaseWrite::Lease(..) => None,
+                })
+                .collect();
+            if !agents.is_empty() {
+                self.applied.holds_changed(HoldsChanged::Agents(&agents));
+            }
         }
         // Before the revision is published: whoever sees it reads the
         // records as written.
@@ -1577,6 +1590,21 @@ mod tests {
     /// snapshot `sm` builds now, the way a follower is: the leader reads its
     /// current snapshot file, the follower writes the bytes into a file it
     /// is given and installs it.
+    /// A listener on `reader`'s holds that logs each call: the agents
+    /// told, or "*" for all of them.
+    fn holds_log(reader: &Reader) -> Arc<std::sync::Mutex<Vec<String>>> {
+        let log = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let into = log.clone();
+        assert!(reader.on_holds_changed(Box::new(move |c| {
+            let told = match c {
+                HoldsChanged::Agents(agents) => agents.join(","),
+                HoldsChanged::All => "*".into(),
+            };
+            into.lock().unwrap().push(told);
+        })));
+        log
+    }
+
     async fn restored_from_snapshot(
         sm: &mut StateMachine,
         dir: &std::path::Path,
@@ -1648,6 +1676,7 @@ mod tests {
         let mut follower = StateMachine::open(db, dir.path().join("b-snap"), 1000).unwrap();
         follower.apply([put(1)]).await.unwrap();
         assert_eq!(revision(&follower), Some(1));
+        let told = holds_log(&follower.reader());
         let mut received = follower.begin_receiving_snapshot().await.unwrap();
         received.write_all(&bytes).await.unwrap();
         received.rewind().await.unwrap();
@@ -1656,6 +1685,8 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(revision(&follower), Some(2));
+        // The lease table was replaced: every agent's hold may have changed.
+        assert_eq!(*told.lock().unwrap(), ["*"]);
     }
 
     #[tokio::test]
@@ -1858,6 +1889,7 @@ mod tests {
             name: "fleet".into(),
         };
         sm.apply([put(1, "a"), put(2, "b")]).await.unwrap();
+        let told = holds_log(&sm.reader());
         // One entry: the lease is made before "b" joins it, and "nobody"
         // is refused without failing the others.
         let results = sm
@@ -1890,6 +1922,9 @@ mod tests {
         // Registering "a" again ends its hold.
         sm.apply([put(4, "a")]).await.unwrap();
         assert_eq!(reader.leases().expiry_unix("a"), None);
+        // The index was told of each agent whose hold changed, once the
+        // table had changed (the lease itself changes no agent's cell).
+        assert_eq!(*told.lock().unwrap(), ["a,b", "a"]);
         // Stored, and carried by snapshots.
         drop((sm, reader));
         let mut sm = state_machine_in(dir.path());

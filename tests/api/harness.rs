@@ -76,6 +76,23 @@ impl TestServer {
         self._dir.path()
     }
 
+    /// Stops the server and starts it again on the same data directory,
+    /// with the default test configuration.
+    pub async fn restart(mut self) -> Self {
+        if let Some(s) = self.server.take() {
+            s.shutdown().await;
+        }
+        let server = start(test_config(self._dir.path()))
+            .await
+            .expect("server restarts");
+        Self {
+            http: format!("http://{}", server.http_addr),
+            grpc: format!("http://{}", server.grpc_addr),
+            server: Some(server),
+            _dir: self._dir,
+        }
+    }
+
     pub async fn stop(mut self) {
         if let Some(s) = self.server.take() {
             s.shutdown().await;

@@ -371,5 +371,31 @@ async fn a_shared_lease_keeps_many_agents_and_revoking_it_expires_them() {
     assert_eq!(r["agents"], 1, "{r}");
     cli(&["lease", "fleet-b", "--revoke"]).await;
     assert_eq!(discovered(&h).await, vec!["north"]);
+
+    // Restarted, discovery reads the holds from storage: north on its own
+    // expiry, south on a shared lease, east on its own (past) expires_at.
+    let (status, _) = post(&h, "/leases/fleet-c/refresh", ALICE, None).await;
+    assert_eq!(status, 200);
+    let (status, _) = post(
+        &h,
+        "/agents/south/refresh",
+        ALICE,
+        Some(json!({"lease": "fleet-c"})),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let server = server.restart().await;
+    let h = Http::new(&server.http);
+    eventually(
+        Duration::from_secs(10),
+        "the restarted node to find the agents its holds keep",
+        || async { discovered(&h).await == ["north", "south"] },
+    )
+    .await;
+    let (status, _, _) = h
+        .send(Method::DELETE, "/leases/fleet-c", Some(ALICE), None, &[])
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(discovered(&h).await, vec!["north"]);
     server.stop().await;
 }
