@@ -87,9 +87,10 @@ struct Shared {
     /// (`pool_doc_key`). Emptied when full.
     pool_docs: std::sync::Mutex<HashMap<String, PreparedDoc>>,
     /// The applied state this index follows (set when following starts):
-    /// for agents' lease expiry (not part of the index, as a refresh
-    /// changes no record), and where agents' vectors are kept for the next
-    /// restart.
+    /// its lease table, which agents' hold cells are set from and shared
+    /// leases' expiries are read from (a refresh changes no record, so
+    /// holds do not come through the change feed), and where agents'
+    /// vectors are kept for the next restart.
     reader: std::sync::OnceLock<Reader>,
     /// Holds changed while a rebuild runs (None when none runs): the
     /// rebuild read the table before some of them, so it sets them again
