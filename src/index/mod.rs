@@ -587,14 +587,15 @@ impl SearchIndex {
         let (mut fresh, counts) = std::thread::scope(|scope| {
             let insert = scope.spawn(move || {
                 for chunk in inserter {
-                    // Each agent's hold as the table has it now; what
-                    // changes later is pending and set at the swap.
+                    let ids: Vec<String> = chunk.iter().map(|p| p.id.clone()).collect();
+                    chunk.into_iter().for_each(|p| fresh.apply(p));
+                    // Each agent's hold as the table has it now (what
+                    // changes later is pending, set again at the swap),
+                    // read after the chunk so applies wait a lookup each.
                     let leases = reader.leases();
-                    for p in chunk {
-                        let id = (!leases.is_empty()).then(|| p.id.clone());
-                        fresh.apply(p);
-                        if let Some(id) = id {
-                            fresh.set_hold(&id, leases.cell(&id));
+                    if !leases.is_empty() {
+                        for id in &ids {
+                            fresh.set_hold(id, leases.cell(id));
                         }
                     }
                 }
@@ -797,7 +798,8 @@ impl SearchIndex {
         shutdown: watch::Receiver<bool>,
     ) -> tokio::task::JoinHandle<()> {
         let _ = self.shared.reader.set(reader.clone());
-        // Weak: the state the listener lives in outlives no index.
+        // Weak: the applied state keeps the listener and the index keeps
+        // the applied state (its reader); a strong one would keep both.
         let index = Arc::downgrade(&self.shared);
         reader.on_holds_changed(Box::new(move |changed| {
             if let Some(shared) = index.upgrade() {
