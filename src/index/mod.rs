@@ -34,6 +34,7 @@ use tracing::{error, info, info_span, warn, Instrument};
 pub use embed::{EmbedError, Embedder};
 pub use search::{Hit, Query, TagMatch, Unit, UnitKind, Weights};
 
+use crate::domain::lease::LeaseTable;
 use crate::domain::{AgentRecord, Change};
 use crate::storage::{FollowEnd, HoldsChanged, Reader, StorageError};
 use search::{analyse, prepare, vector_texts, Index, Prepared, PreparedDoc};
@@ -115,6 +116,18 @@ struct PendingHolds {
 
 /// Changed holds a rebuild lists before it sets every agent's instead.
 const PENDING_HOLDS_MAX: usize = 100_000;
+
+/// Sets the hold cells of the agents `changed` names from `leases`.
+fn set_holds(index: &Index, leases: &LeaseTable, changed: HoldsChanged<'_>) {
+    match changed {
+        HoldsChanged::Agents(agents) => {
+            for id in agents {
+                index.set_hold(id, leases.cell(id));
+            }
+        }
+        HoldsChanged::All => index.set_all_holds(leases),
+    }
+}
 
 /// Pool documents kept (their words and units, a few KB each; as many as
 /// the vector cache holds texts for).
@@ -502,7 +515,7 @@ impl SearchIndex {
             // Under the write lock: a hold applied since is set on the new
             // document by its listener call, which waits for the lock.
             if let Some(reader) = self.shared.reader.get() {
-                index.set_hold(&id, reader.leases().cell(&id));
+                set_holds(&index, &reader.leases(), HoldsChanged::Agents(&[id]));
             }
         }
         self.retrain_vectors().await;
@@ -605,9 +618,7 @@ impl SearchIndex {
                     // read after the chunk so applies wait a lookup each.
                     let leases = reader.leases();
                     if !leases.is_empty() {
-                        for id in &ids {
-                            fresh.set_hold(id, leases.cell(id));
-                        }
+                        set_holds(&fresh, &leases, HoldsChanged::Agents(&ids));
                     }
                 }
                 fresh.maintain();
@@ -639,14 +650,12 @@ impl SearchIndex {
             let mut index = self.write();
             let replaced = std::mem::replace(&mut *index, fresh);
             if let Some(pending) = self.pending_holds().take() {
-                let leases = reader.leases();
-                if pending.all {
-                    index.set_all_holds(&leases);
+                let changed = if pending.all {
+                    HoldsChanged::All
                 } else {
-                    for id in &pending.agents {
-                        index.set_hold(id, leases.cell(id));
-                    }
-                }
+                    HoldsChanged::Agents(&pending.agents)
+                };
+                set_holds(&index, &reader.leases(), changed);
             }
             replaced
         };
@@ -790,16 +799,7 @@ impl SearchIndex {
                 }
             }
         }
-        let index = self.read();
-        let leases = reader.leases();
-        match changed {
-            HoldsChanged::Agents(agents) => {
-                for id in agents {
-                    index.set_hold(id, leases.cell(id));
-                }
-            }
-            HoldsChanged::All => index.set_all_holds(&leases),
-        }
+        set_holds(&self.read(), &reader.leases(), changed);
     }
 
     /// Keeps the index in step with the applied state until shutdown.

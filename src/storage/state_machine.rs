@@ -1586,10 +1586,6 @@ mod tests {
         bytes
     }
 
-    /// A new state machine (database under `dir/b`) brought up by a
-    /// snapshot `sm` builds now, the way a follower is: the leader reads its
-    /// current snapshot file, the follower writes the bytes into a file it
-    /// is given and installs it.
     /// A listener on `reader`'s holds that logs each call: the agents
     /// told, or "*" for all of them.
     fn holds_log(reader: &Reader) -> Arc<std::sync::Mutex<Vec<String>>> {
@@ -1605,6 +1601,10 @@ mod tests {
         log
     }
 
+    /// A new state machine (database under `dir/b`) brought up by a
+    /// snapshot `sm` builds now, the way a follower is: the leader reads its
+    /// current snapshot file, the follower writes the bytes into a file it
+    /// is given and installs it.
     async fn restored_from_snapshot(
         sm: &mut StateMachine,
         dir: &std::path::Path,
