@@ -91,7 +91,6 @@ pub fn open(dir: &Path, max_wal_bytes: u64) -> Result<Arc<DB>, StorageError> {
     let mut opts = Options::default();
     opts.create_if_missing(true);
     opts.create_missing_column_families(true);
-    opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
     // A restart flushes what the WAL holds into new tables before the node
     // serves; bounding the WAL bounds the space that takes (the reserve of
     // `DiskSpace` keeps it free), so a node whose disk filled up can start.
@@ -127,6 +126,13 @@ pub fn open(dir: &Path, max_wal_bytes: u64) -> Result<Arc<DB>, StorageError> {
     .into_iter()
     .map(|name| {
         let mut o = Options::default();
+        // Compression is an option of each column family: the database's
+        // own options reach only the default one, which holds nothing.
+        // Vectors (i8 codes and floats) do not compress, so those tables
+        // are not made to try.
+        if name != CF_INDEX_VECTORS {
+            o.set_compression_type(rocksdb::DBCompressionType::Lz4);
+        }
         if name == CF_AGENTS {
             o.set_block_based_table_factory(&records);
             o.set_memtable_prefix_bloom_ratio(0.02);
@@ -182,3 +188,32 @@ fn get_json<T: serde::de::DeserializeOwned>(
 
 #[cfg(test)]
 mod conformance;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Stored JSON is compressed on disk (records, changes, the log, the
+    /// audit trail); vectors are left as they are.
+    #[test]
+    fn tables_of_json_are_compressed_and_vectors_are_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = open(dir.path(), DEFAULT_MAX_WAL_BYTES).unwrap();
+        let value = br#"{"description":"translates text between languages"}"#.repeat(40);
+        let size = |name: &'static str| {
+            let cf = cf(&db, name).unwrap();
+            for i in 0..2_000u64 {
+                db.put_cf(cf, u64_key(i), &value).unwrap();
+            }
+            db.flush_cf(cf).unwrap();
+            db.property_int_value_cf(cf, "rocksdb.total-sst-files-size")
+                .unwrap()
+                .unwrap()
+        };
+        let written = 2_000 * value.len() as u64;
+        for name in [CF_AGENTS, CF_CHANGES, CF_LOG, CF_AUDIT] {
+            assert!(size(name) < written / 4, "{name} is not compressed");
+        }
+        assert!(size(CF_INDEX_VECTORS) > written);
+    }
+}
