@@ -128,9 +128,12 @@ pub fn open(dir: &Path, max_wal_bytes: u64) -> Result<Arc<DB>, StorageError> {
         let mut o = Options::default();
         // Compression is an option of each column family: the database's
         // own options reach only the default one, which holds nothing.
-        // Vectors (i8 codes and floats) do not compress, so those tables
-        // are not made to try.
-        if name != CF_INDEX_VECTORS {
+        // The history (log, changes, audit) is written once and read in
+        // bulk, so it is compressed. Records stay as they are: discovery
+        // reads them one by one, and decompressing each block the cache
+        // misses cost a 100k directory's queries 11 % at p50. Vectors do
+        // not compress.
+        if [CF_LOG, CF_CHANGES, CF_AUDIT, CF_AUDIT_LOCAL].contains(&name) {
             o.set_compression_type(rocksdb::DBCompressionType::Lz4);
         }
         if name == CF_AGENTS {
@@ -193,10 +196,10 @@ mod conformance;
 mod tests {
     use super::*;
 
-    /// Stored JSON is compressed on disk (records, changes, the log, the
-    /// audit trail); vectors are left as they are.
+    /// The history (the log, changes, the audit trail) is compressed on
+    /// disk; records and vectors, read one by one, are not.
     #[test]
-    fn tables_of_json_are_compressed_and_vectors_are_not() {
+    fn the_history_is_compressed_and_records_and_vectors_are_not() {
         let dir = tempfile::tempdir().unwrap();
         let db = open(dir.path(), DEFAULT_MAX_WAL_BYTES).unwrap();
         let value = br#"{"description":"translates text between languages"}"#.repeat(40);
@@ -211,9 +214,11 @@ mod tests {
                 .unwrap()
         };
         let written = 2_000 * value.len() as u64;
-        for name in [CF_AGENTS, CF_CHANGES, CF_LOG, CF_AUDIT] {
+        for name in [CF_CHANGES, CF_LOG, CF_AUDIT, CF_AUDIT_LOCAL] {
             assert!(size(name) < written / 4, "{name} is not compressed");
         }
-        assert!(size(CF_INDEX_VECTORS) > written);
+        for name in [CF_AGENTS, CF_INDEX_VECTORS] {
+            assert!(size(name) > written, "{name} is compressed");
+        }
     }
 }
