@@ -108,6 +108,8 @@ pub struct NodeStages {
     /// round trip.
     pub replicate_us: f64,
     pub entries_per_replicate: f64,
+    /// Client writes gathered into one log entry by the batcher (leader).
+    pub writes_per_entry: f64,
     /// Applying, per entry.
     pub apply_us_per_entry: f64,
     /// CPU time per committed write.
@@ -155,6 +157,10 @@ pub fn stages(before: &Sample, after: &Sample, writes: usize) -> NodeStages {
         )),
         replicate_us: mean_us(before, after, "agentry_raft_replicate_duration_seconds", ""),
         entries_per_replicate: ratio(replicated, replications),
+        writes_per_entry: ratio(
+            delta(before, after, "agentry_batched_writes_total", ""),
+            delta(before, after, "agentry_write_entries_total", ""),
+        ),
         apply_us_per_entry: ratio(apply_s * 1e6, applied),
         cpu_us: per((after.cpu.saturating_sub(before.cpu)).as_secs_f64() * 1e6),
     }
@@ -217,6 +223,11 @@ pub fn render(clients: usize, leader: &NodeStages, follower: &NodeStages) -> Str
         follower.entries_per_replicate,
     ));
     out.push_str(&row(
+        "client writes per entry",
+        leader.writes_per_entry,
+        follower.writes_per_entry,
+    ));
+    out.push_str(&row(
         "apply, per entry (µs)",
         leader.apply_us_per_entry,
         follower.apply_us_per_entry,
@@ -246,6 +257,8 @@ mod tests {
              agentry_request_duration_seconds_count{transport=\"grpc\",route=\"agentry.v1.Registry/Register\",code=\"OK\"} 100\n\
              agentry_request_duration_seconds_sum{transport=\"http\",route=\"GET /healthz\",code=\"200\"} 9.0\n\
              agentry_raft_applied_entries_total 100\n\
+             agentry_write_entries_total 10\n\
+             agentry_batched_writes_total 10\n\
              agentry_raft_apply_duration_seconds_sum 0.1\n",
             1_000,
         );
@@ -256,6 +269,8 @@ mod tests {
              agentry_request_duration_seconds_count{transport=\"grpc\",route=\"agentry.v1.Registry/Register\",code=\"OK\"} 200\n\
              agentry_request_duration_seconds_sum{transport=\"http\",route=\"GET /healthz\",code=\"200\"} 99.0\n\
              agentry_raft_applied_entries_total 300\n\
+             agentry_write_entries_total 30\n\
+             agentry_batched_writes_total 90\n\
              agentry_raft_apply_duration_seconds_sum 0.2\n",
             1_500,
         );
@@ -264,6 +279,8 @@ mod tests {
         // Only the Register route counts.
         assert!((s.request_us - 8_000.0).abs() < 1e-6, "{s:?}");
         assert!((s.apply_us_per_entry - 500.0).abs() < 1e-6, "{s:?}");
+        // 80 writes in 20 entries.
+        assert!((s.writes_per_entry - 4.0).abs() < 1e-6, "{s:?}");
         assert!((s.cpu_us - 5_000.0).abs() < 1e-6, "{s:?}");
         // Nothing seen: zero, not a division by zero.
         assert_eq!(s.replicate_us, 0.0);
