@@ -23,11 +23,29 @@ pub fn cpu_time(pid: u32) -> Option<Duration> {
     Some(Duration::from_secs_f64(ticks / USER_HZ))
 }
 
-/// One process at one moment: its exposition's samples and its CPU time.
+/// Bytes a process has caused to be written to storage (`write_bytes` of
+/// `/proc/<pid>/io`: WAL, tables, snapshots; not the page cache's later
+/// rewrites of the same pages), or None off Linux or once it is gone.
+pub fn disk_written(pid: u32) -> Option<u64> {
+    write_bytes(&std::fs::read_to_string(format!("/proc/{pid}/io")).ok()?)
+}
+
+/// The `write_bytes` field of a `/proc/<pid>/io` text.
+fn write_bytes(io: &str) -> Option<u64> {
+    io.lines()
+        .find_map(|l| l.strip_prefix("write_bytes:"))?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// One process at one moment: its exposition's samples, its CPU time and
+/// the bytes it has written to storage.
 #[derive(Debug, Clone, Default)]
 pub struct Sample {
     metrics: HashMap<String, f64>,
     cpu: Duration,
+    disk: u64,
 }
 
 /// Reads a node's `/metrics` (Prometheus text) and its CPU time.
@@ -44,14 +62,17 @@ pub async fn sample(http: &str, key: &str, pid: u32) -> Sample {
     Sample {
         metrics: parse(&text),
         cpu: cpu_time(pid).unwrap_or_default(),
+        disk: disk_written(pid).unwrap_or_default(),
     }
 }
 
-/// A process that exposes no metrics (etcd here): CPU time only.
+/// A process that exposes no metrics (etcd here): CPU time and disk
+/// writes only.
 pub fn cpu_sample(pid: u32) -> Sample {
     Sample {
         metrics: HashMap::new(),
         cpu: cpu_time(pid).unwrap_or_default(),
+        disk: disk_written(pid).unwrap_or_default(),
     }
 }
 
@@ -114,6 +135,8 @@ pub struct NodeStages {
     pub apply_us_per_entry: f64,
     /// CPU time per committed write.
     pub cpu_us: f64,
+    /// Bytes written to storage per committed write.
+    pub disk_bytes: f64,
 }
 
 /// The stage figures of a node between two samples, `writes` committed.
@@ -163,6 +186,7 @@ pub fn stages(before: &Sample, after: &Sample, writes: usize) -> NodeStages {
         ),
         apply_us_per_entry: ratio(apply_s * 1e6, applied),
         cpu_us: per((after.cpu.saturating_sub(before.cpu)).as_secs_f64() * 1e6),
+        disk_bytes: per(after.disk.saturating_sub(before.disk) as f64),
     }
 }
 
@@ -233,6 +257,11 @@ pub fn render(clients: usize, leader: &NodeStages, follower: &NodeStages) -> Str
         follower.apply_us_per_entry,
     ));
     out.push_str(&row("CPU per write (µs)", leader.cpu_us, follower.cpu_us));
+    out.push_str(&row(
+        "disk written per write (KB)",
+        leader.disk_bytes / 1e3,
+        follower.disk_bytes / 1e3,
+    ));
     out
 }
 
@@ -244,6 +273,7 @@ mod tests {
         Sample {
             metrics: parse(text),
             cpu: Duration::from_millis(cpu_ms),
+            disk: cpu_ms * 1_000,
         }
     }
 
@@ -282,6 +312,8 @@ mod tests {
         // 80 writes in 20 entries.
         assert!((s.writes_per_entry - 4.0).abs() < 1e-6, "{s:?}");
         assert!((s.cpu_us - 5_000.0).abs() < 1e-6, "{s:?}");
+        // 500,000 bytes over 100 writes.
+        assert!((s.disk_bytes - 5_000.0).abs() < 1e-6, "{s:?}");
         // Nothing seen: zero, not a division by zero.
         assert_eq!(s.replicate_us, 0.0);
     }
@@ -291,5 +323,13 @@ mod tests {
         let spin: u64 = (0..2_000_000u64).fold(0, |a, x| a.wrapping_add(x * x));
         assert!(spin > 0);
         assert!(cpu_time(std::process::id()).is_some());
+    }
+
+    #[test]
+    fn storage_writes_are_read_from_the_io_accounting() {
+        let io = "rchar: 972865265\nwchar: 2243120497\nsyscr: 140243\nsyscw: 241312\n\
+                  read_bytes: 4096\nwrite_bytes: 1841201152\ncancelled_write_bytes: 176128\n";
+        assert_eq!(write_bytes(io), Some(1_841_201_152));
+        assert_eq!(write_bytes("rchar: 1\n"), None);
     }
 }

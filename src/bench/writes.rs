@@ -73,6 +73,8 @@ pub struct Row {
     pub p99_ms: f64,
     /// CPU per committed write on the leader and on one follower.
     pub cpu_us: (f64, f64),
+    /// Bytes written to storage per committed write, the same two.
+    pub disk_bytes: (f64, f64),
     /// Agentry's stages on the leader and on one follower.
     pub stages: Option<(NodeStages, NodeStages)>,
 }
@@ -212,6 +214,7 @@ fn row(system: &'static str, clients: usize, run: (Duration, Vec<Duration>, usiz
         p50_ms: percentile(&lat, 0.50),
         p99_ms: percentile(&lat, 0.99),
         cpu_us: (0.0, 0.0),
+        disk_bytes: (0.0, 0.0),
         stages: None,
     }
 }
@@ -312,6 +315,7 @@ impl WriteBench {
             let leader = write_stages::stages(&leader_before, &leader_after, r.writes);
             let follower = write_stages::stages(&follower_before, &follower_after, r.writes);
             r.cpu_us = (leader.cpu_us, follower.cpu_us);
+            r.disk_bytes = (leader.disk_bytes, follower.disk_bytes);
             if watched.leader.http.is_some() {
                 r.stages = Some((leader, follower));
             }
@@ -472,6 +476,7 @@ impl WriteBench {
         let leader = write_stages::stages(&leader_before, &leader_after, r.writes);
         let follower = write_stages::stages(&follower_before, &follower_after, r.writes);
         r.cpu_us = (leader.cpu_us, follower.cpu_us);
+        r.disk_bytes = (leader.disk_bytes, follower.disk_bytes);
         r.stages = Some((leader, follower));
         rows.push(r);
         drop(procs);
@@ -598,8 +603,18 @@ impl WriteBench {
 pub fn report(rows: &[Row], value_bytes: usize) -> String {
     let mut out = format!(
         "3-node clusters on loopback, {value_bytes}-byte records, fsync on, gRPC clients talking to the leader\n\
-         {:<8} {:>7} {:>7} {:>6} {:>10} {:>8} {:>8} {:>12} {:>12}\n",
-        "system", "clients", "writes", "errors", "writes/s", "p50 ms", "p99 ms", "leader CPU", "follower CPU"
+         {:<8} {:>7} {:>7} {:>6} {:>10} {:>8} {:>8} {:>12} {:>12} {:>12} {:>14}\n",
+        "system",
+        "clients",
+        "writes",
+        "errors",
+        "writes/s",
+        "p50 ms",
+        "p99 ms",
+        "leader CPU",
+        "follower CPU",
+        "leader disk",
+        "follower disk"
     );
     for r in rows {
         let clients = match r.system {
@@ -607,7 +622,7 @@ pub fn report(rows: &[Row], value_bytes: usize) -> String {
             _ => r.clients.to_string(),
         };
         out.push_str(&format!(
-            "{:<8} {:>7} {:>7} {:>6} {:>10.1} {:>8.2} {:>8.2} {:>9.0} µs {:>9.0} µs\n",
+            "{:<8} {:>7} {:>7} {:>6} {:>10.1} {:>8.2} {:>8.2} {:>9.0} µs {:>9.0} µs {:>9.1} KB {:>11.1} KB\n",
             r.system,
             clients,
             r.writes,
@@ -616,7 +631,9 @@ pub fn report(rows: &[Row], value_bytes: usize) -> String {
             r.p50_ms,
             r.p99_ms,
             r.cpu_us.0,
-            r.cpu_us.1
+            r.cpu_us.1,
+            r.disk_bytes.0 / 1e3,
+            r.disk_bytes.1 / 1e3
         ));
     }
     for a in rows.iter().filter(|r| r.system == "agentry") {
