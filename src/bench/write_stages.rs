@@ -24,8 +24,8 @@ pub fn cpu_time(pid: u32) -> Option<Duration> {
 }
 
 /// Bytes a process has caused to be written to storage (`write_bytes` of
-/// `/proc/<pid>/io`: WAL, tables, snapshots; not the page cache's later
-/// rewrites of the same pages), or None off Linux or once it is gone.
+/// `/proc/<pid>/io`: the file pages it dirtied for the disk — WAL, tables,
+/// snapshots), or None off Linux or once it is gone.
 pub fn disk_written(pid: u32) -> Option<u64> {
     write_bytes(&std::fs::read_to_string(format!("/proc/{pid}/io")).ok()?)
 }
