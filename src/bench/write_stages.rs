@@ -61,8 +61,7 @@ pub async fn sample(http: &str, key: &str, pid: u32) -> Sample {
     };
     Sample {
         metrics: parse(&text),
-        cpu: cpu_time(pid).unwrap_or_default(),
-        disk: disk_written(pid).unwrap_or_default(),
+        ..cpu_sample(pid)
     }
 }
 
