@@ -71,12 +71,11 @@ pub struct Row {
     pub per_sec: f64,
     pub p50_ms: f64,
     pub p99_ms: f64,
-    /// CPU per committed write on the leader and on one follower.
-    pub cpu_us: (f64, f64),
-    /// Bytes written to storage per committed write, the same two.
-    pub disk_bytes: (f64, f64),
-    /// Agentry's stages on the leader and on one follower.
-    pub stages: Option<(NodeStages, NodeStages)>,
+    /// The leader's and one follower's figures over the level. For a
+    /// system without metrics (etcd) only CPU and disk writes are known.
+    pub nodes: (NodeStages, NodeStages),
+    /// The nodes' figures include the stages read from their metrics.
+    pub staged: bool,
 }
 
 /// A cluster member the benchmark watches: its process and, for Agentry,
@@ -202,20 +201,32 @@ where
     (start.elapsed(), all, errors)
 }
 
-fn row(system: &'static str, clients: usize, run: (Duration, Vec<Duration>, usize)) -> Row {
+/// The row of a level: its run, and the watched nodes sampled before and
+/// after it (`staged`: their samples hold metrics).
+fn row(
+    system: &'static str,
+    clients: usize,
+    run: (Duration, Vec<Duration>, usize),
+    before: &(Sample, Sample),
+    after: &(Sample, Sample),
+    staged: bool,
+) -> Row {
     let (elapsed, mut lat, errors) = run;
     lat.sort();
+    let writes = lat.len();
     Row {
         system,
         clients,
-        writes: lat.len(),
+        writes,
         errors,
         per_sec: lat.len() as f64 / elapsed.as_secs_f64(),
         p50_ms: percentile(&lat, 0.50),
         p99_ms: percentile(&lat, 0.99),
-        cpu_us: (0.0, 0.0),
-        disk_bytes: (0.0, 0.0),
-        stages: None,
+        nodes: (
+            write_stages::stages(&before.0, &after.0, writes),
+            write_stages::stages(&before.1, &after.1, writes),
+        ),
+        staged,
     }
 }
 
@@ -308,18 +319,11 @@ impl WriteBench {
         let mut rows = Vec::new();
         for &clients in &self.concurrencies {
             let total = self.writes.max(clients * 20);
-            let (leader_before, follower_before) = watched.take().await;
+            let before = watched.take().await;
             let run = drive(clients, total, put(format!("c{clients}"))).await;
-            let (leader_after, follower_after) = watched.take().await;
-            let mut r = row(system, clients, run);
-            let leader = write_stages::stages(&leader_before, &leader_after, r.writes);
-            let follower = write_stages::stages(&follower_before, &follower_after, r.writes);
-            r.cpu_us = (leader.cpu_us, follower.cpu_us);
-            r.disk_bytes = (leader.disk_bytes, follower.disk_bytes);
-            if watched.leader.http.is_some() {
-                r.stages = Some((leader, follower));
-            }
-            rows.push(r);
+            let after = watched.take().await;
+            let staged = watched.leader.http.is_some();
+            rows.push(row(system, clients, run, &before, &after, staged));
         }
         rows
     }
@@ -469,16 +473,10 @@ impl WriteBench {
             }
         };
         let mut rows = self.measure("refresh", &refresh, &watched).await;
-        let (leader_before, follower_before) = watched.take().await;
+        let before = watched.take().await;
         let run = paced(load.rate, load.seconds, refresh("paced".into())).await;
-        let (leader_after, follower_after) = watched.take().await;
-        let mut r = row("paced", 0, run);
-        let leader = write_stages::stages(&leader_before, &leader_after, r.writes);
-        let follower = write_stages::stages(&follower_before, &follower_after, r.writes);
-        r.cpu_us = (leader.cpu_us, follower.cpu_us);
-        r.disk_bytes = (leader.disk_bytes, follower.disk_bytes);
-        r.stages = Some((leader, follower));
-        rows.push(r);
+        let after = watched.take().await;
+        rows.push(row("paced", 0, run, &before, &after, true));
         drop(procs);
         Ok(rows)
     }
@@ -630,10 +628,10 @@ pub fn report(rows: &[Row], value_bytes: usize) -> String {
             r.per_sec,
             r.p50_ms,
             r.p99_ms,
-            r.cpu_us.0,
-            r.cpu_us.1,
-            r.disk_bytes.0 / 1e3,
-            r.disk_bytes.1 / 1e3
+            r.nodes.0.cpu_us,
+            r.nodes.1.cpu_us,
+            r.nodes.0.disk_bytes / 1e3,
+            r.nodes.1.disk_bytes / 1e3
         ));
     }
     for a in rows.iter().filter(|r| r.system == "agentry") {
@@ -657,8 +655,8 @@ pub fn report(rows: &[Row], value_bytes: usize) -> String {
         );
     }
     for r in rows {
-        if let Some((leader, follower)) = &r.stages {
-            out.push_str(&write_stages::render(r.clients, leader, follower));
+        if r.staged {
+            out.push_str(&write_stages::render(r.clients, &r.nodes.0, &r.nodes.1));
         }
     }
     out
