@@ -10,6 +10,11 @@ the examples, the best cosine to a parameter; BM25 over everything and over
 each field alone, divided by the query's best. A linear model is fitted by
 the listwise softmax loss on one tuning set and scored on the other.
 
+It also measures how much of BFCL's loss is the choice between copies: most
+of its functions share their name with others (`uber.ride`, `uber.ride#2`:
+the same function as offered in different test cases, described a little
+differently), and a query is labelled with the copy of its own test case.
+
 Run with the anchors environment (scripts/anchors.sh creates it):
     ~/.cache/agentry/anchors-venv/bin/python scripts/learned-fusion.py
 """
@@ -147,6 +152,40 @@ def fit(F, Y, temperature=10.0, l2=1e-3):
     return minimize(loss, np.full(F.shape[2], 0.1), jac=True, method="L-BFGS-B").x
 
 
+def copies(names, F, Y):
+    """BFCL: nDCG@10 with the relevant function's same-name copies taken out
+    of the ranking, and how often the relevant copy ranks first among its
+    copies, against chance (one in the number of copies)."""
+    agents = [json.loads(l) for l in open(os.path.join(DATA, "bfcl-live", "agents.jsonl"))]
+    base = [re.sub(r"#\d+$", "", a["name"]) for a in agents]
+    group = {}
+    for i, b in enumerate(base):
+        group.setdefault(b, []).append(i)
+    rankings = {
+        "BM25 (everything)": F[:, :, names.index("bm25_all")],
+        "profile cosine": F[:, :, names.index("cos_profile")],
+        "profile + 0.25 * BM25": F[:, :, names.index("cos_profile")] + 0.25 * F[:, :, names.index("bm25_all")],
+    }
+    print("BFCL, the choice between copies:")
+    for label, scores in rankings.items():
+        without = scores.copy()
+        first = chance = with_copies = 0
+        for q in range(len(Y)):
+            relevant = np.nonzero(Y[q])[0]
+            for i in relevant:
+                others = [j for j in group[base[i]] if not Y[q, j]]
+                without[q, others] = -np.inf
+            if len(relevant) == 1 and len(group[base[relevant[0]]]) > 1:
+                copies_of = group[base[relevant[0]]]
+                with_copies += 1
+                chance += 1 / len(copies_of)
+                first += int(max(copies_of, key=lambda j: scores[q, j]) == relevant[0])
+        print(
+            f"  {label:22s} nDCG@10 {ndcg10(scores, Y):.3f}, copies removed {ndcg10(without, Y):.3f};"
+            f" first of its copies {first} of {with_copies} queries (chance {chance:.0f})"
+        )
+
+
 def main():
     model = StaticModel.from_pretrained(MODEL)
     names, F_tune, Y_tune, _ = signals(model, "metatool", "queries_2000.jsonl")
@@ -164,6 +203,7 @@ def main():
         w = fit(F, Y)
         print(f"fitted on {label:15s} MetaTool {ndcg10(F_meta @ w, Y_meta):.3f}  BFCL {ndcg10(F_bfcl @ w, Y_bfcl):.3f}")
         print("  weights: " + ", ".join(f"{n} {x:+.2f}" for n, x in zip(names, w)))
+    copies(names, F_bfcl, Y_bfcl)
     return 0
 
 
