@@ -219,7 +219,7 @@ fn row(
         clients,
         writes,
         errors,
-        per_sec: lat.len() as f64 / elapsed.as_secs_f64(),
+        per_sec: writes as f64 / elapsed.as_secs_f64(),
         p50_ms: percentile(&lat, 0.50),
         p99_ms: percentile(&lat, 0.99),
         nodes: (
