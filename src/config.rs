@@ -455,8 +455,7 @@ pub struct Config {
     pub allowed_schemes: Vec<String>,
     /// Revisions of change history kept for Watch.
     pub watch_history: u64,
-    /// Log entries between snapshots, at least: one is also never due before
-    /// the log since the last holds as many entries as that one held values.
+    /// Log entries between snapshots (a refresh counts an eighth; 0: never).
     pub snapshot_logs: u64,
     /// Seconds a unary request may take before it fails with a timeout.
     pub request_timeout_secs: u64,

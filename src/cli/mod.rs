@@ -629,8 +629,7 @@ pub struct ServeArgs {
     /// Static members of a new cluster: id=host:port, comma-separated.
     #[arg(long, env = "AGENTRY_INITIAL_MEMBERS", value_delimiter = ',')]
     pub initial_members: Vec<String>,
-    /// Log entries between snapshots, at least: one is also never due before
-    /// the log since the last holds as many entries as that one held values.
+    /// Log entries between snapshots (a refresh counts an eighth; 0: never).
     #[arg(long, env = "AGENTRY_SNAPSHOT_LOGS")]
     pub snapshot_logs: Option<u64>,
     /// Testing only: allow network fault injection through the admin API.

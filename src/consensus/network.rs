@@ -566,7 +566,25 @@ impl RaftNetwork<TypeConfig> for Connection {
             .map_err(|e| StreamingError::Network(NetworkError::new(&e)))?;
         use futures::StreamExt;
         use tokio::io::AsyncReadExt;
-        let file = snapshot.snapshot;
+        // A built snapshot names a checkpoint; the document is written from
+        // it here, in this replication's own task, so the state machine
+        // keeps applying meanwhile.
+        let mut cancel = std::pin::pin!(cancel);
+        let stored = snapshot.snapshot.into_std().await;
+        let written = tokio::task::spawn_blocking(move || {
+            let started = std::time::Instant::now();
+            let written = crate::storage::materialised_snapshot(stored);
+            crate::metrics::observe_snapshot("write", started.elapsed());
+            written
+        });
+        let file = tokio::select! {
+            closed = &mut cancel => return Err(StreamingError::Closed(closed)),
+            w = written => w
+                .map_err(std::io::Error::other)
+                .and_then(|w| w.map_err(std::io::Error::other))
+                .map_err(|e| StreamingError::Network(NetworkError::new(&e)))?,
+        };
+        let file = tokio::fs::File::from_std(file);
         let bytes = file.metadata().await.map_or(0, |m| m.len());
         let me = net.me;
         let header_proof = header.clone();
@@ -619,7 +637,7 @@ impl RaftNetwork<TypeConfig> for Connection {
         let send = async move { client.install_snapshot(req).await }
             .instrument(tracing::info_span!("snapshot_stream", bytes));
         let answer = tokio::select! {
-            closed = cancel => return Err(StreamingError::Closed(closed)),
+            closed = &mut cancel => return Err(StreamingError::Closed(closed)),
             a = send => a,
         };
         let answer = answer

@@ -7,6 +7,7 @@
 
 mod audit;
 mod backup;
+mod checkpoint;
 mod format;
 mod log_store;
 mod quota;
@@ -25,7 +26,7 @@ pub use log_store::LogStore;
 pub use reader::{Applied, FollowEnd, HoldsChanged, HoldsListener, Reader};
 pub use record_cache::DEFAULT_RECORD_CACHE_BYTES;
 pub use space::{DiskSpace, NoSpace, DEFAULT_RESERVE_BYTES};
-pub use state_machine::{SnapshotStats, SnapshotWeight, StateMachine};
+pub use state_machine::{materialised_snapshot, SnapshotStats, SnapshotWeight, StateMachine};
 
 use std::path::Path;
 use std::sync::Arc;

@@ -8,8 +8,8 @@
 //!   one `WriteBatch`, so a crash never leaves a record without its revision.
 //! - Refused writes are `CommandResult::Rejected` values, never storage errors
 //!   (openraft treats those as fatal).
-//! - Snapshots are taken from a RocksDB snapshot, so writes keep flowing while
-//!   one is built.
+//! - Snapshots are RocksDB checkpoints (`checkpoint`), so building one costs
+//!   a flush, not a copy of the state, and writes keep flowing meanwhile.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
@@ -27,6 +27,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
 
 use super::audit::{trim as trim_audit, AuditSink, Retention, TRIM_EVERY as AUDIT_TRIM_EVERY};
+use super::checkpoint;
 use super::quota::RecordCounts;
 use super::reader::{Applied, AppliedState, HoldsChanged};
 use super::{
@@ -105,25 +106,15 @@ struct SnapshotData {
 
 /// Log weight since the last snapshot, deciding when the next is due.
 ///
-/// A snapshot writes the whole state (every record, the change history, the
-/// audit trail), so taking one every N log entries would make cheap entries
-/// expensive: a refresh entry is a few hundred bytes, and 3,000 refreshes a
-/// second would rewrite a directory of 100k records every few seconds.
-/// Entries therefore weigh what they cost to keep and replay: a refresh
-/// entry `1`, any other `ENTRY_WEIGHT`. A snapshot is due when the weight
-/// reaches `snapshot_logs` whole entries, and at least as many entries as
-/// the last snapshot held values: the state machine is durable on its own
-/// (a restart replays nothing before its last applied entry), so snapshots
-/// only bound the log, and this keeps their cost at most one stored value
-/// rewritten per entry however large the directory grows, for a log of at
-/// most about the snapshot's size (as an append-only file is rewritten
-/// once it has doubled).
+/// Entries weigh what they cost to keep and replay: a refresh entry is a
+/// few hundred bytes and weighs `1`, any other entry `ENTRY_WEIGHT`. A
+/// snapshot is due when the weight reaches `snapshot_logs` whole entries.
+/// Building one is a checkpoint (a flush and hard links), whatever the
+/// directory's size, so the interval alone decides.
 #[derive(Debug, Default)]
 pub struct SnapshotWeight {
     since: AtomicU64,
     every: AtomicU64,
-    /// The weight of the values the last snapshot held.
-    held: AtomicU64,
     due: tokio::sync::Notify,
 }
 
@@ -146,16 +137,14 @@ impl SnapshotWeight {
     fn add(&self, weight: u64) {
         let since = self.since.fetch_add(weight, Ordering::Relaxed) + weight;
         let every = self.every.load(Ordering::Relaxed);
-        if every > 0 && since >= every.max(self.held.load(Ordering::Relaxed)) {
+        if every > 0 && since >= every {
             self.since.store(0, Ordering::Relaxed);
             self.due.notify_one();
         }
     }
 
-    /// A snapshot of `values` stored values was just built or installed.
-    fn taken(&self, values: u64) {
-        self.held
-            .store(values.saturating_mul(ENTRY_WEIGHT), Ordering::Relaxed);
+    /// A snapshot was just built or installed.
+    fn taken(&self) {
         self.since.store(0, Ordering::Relaxed);
     }
 
@@ -228,6 +217,31 @@ fn read_snapshot_header(mut file: File) -> Result<(SnapshotMetaOf, File), LocalE
     Ok((serde_json::from_slice(&header)?, file))
 }
 
+/// The last applied log id and the membership stored in `db` as of `snap`.
+fn stored_meta(
+    db: &DB,
+    snap: &rocksdb::Snapshot<'_>,
+) -> Result<(Option<LogId>, StoredMembership), LocalError> {
+    let stored = |key: &[u8]| -> Result<Option<Vec<u8>>, LocalError> {
+        Ok(snap.get_cf(cf(db, CF_SM)?, key)?)
+    };
+    let last_applied: Option<LogId> = stored(KEY_APPLIED)?
+        .map(|b| serde_json::from_slice(&b))
+        .transpose()?
+        .flatten();
+    let membership: StoredMembership = stored(KEY_MEMBERSHIP)?
+        .map(|b| serde_json::from_slice(&b))
+        .transpose()?
+        .unwrap_or_default();
+    Ok((last_applied, membership))
+}
+
+/// The snapshot document a snapshot file stands for, from its position on
+/// (`checkpoint::materialised`): what a leader sends to a follower.
+pub fn materialised_snapshot(file: File) -> Result<File, LocalError> {
+    checkpoint::materialised(file, StateMachine::write_snapshot_data)
+}
+
 /// The stored forms of an applied change: the record's JSON, and the change
 /// feed entry, which embeds the same bytes instead of encoding the record a
 /// second time (it decodes as a `Change`).
@@ -259,6 +273,8 @@ pub struct StateMachine {
     /// The applied cluster record, read by the Raft transport.
     cluster: SharedRecord,
     weight: Arc<SnapshotWeight>,
+    /// Held while a snapshot is built or installed (`build`).
+    snapshot_lock: Arc<std::sync::Mutex<()>>,
 }
 
 fn sm_read(e: impl Into<LocalError>) -> StorageError {
@@ -347,9 +363,41 @@ impl StateMachine {
                 get_json(&db_for_seq, CF_SM, KEY_CLUSTER)?.unwrap_or_default(),
             ),
             weight: Arc::default(),
+            snapshot_lock: Arc::default(),
         };
+        this.keep_current_checkpoint()?;
         this.recount()?;
         Ok(this)
+    }
+
+    /// At start: removes the checkpoints that the current snapshot does not
+    /// name, and points it at its own when the data directory has moved
+    /// since it was built. A snapshot naming a checkpoint that is gone is
+    /// removed: openraft builds a new one when the log needs it.
+    fn keep_current_checkpoint(&self) -> Result<(), LocalError> {
+        let Some((meta, mut file)) = self.open_snapshot_file()? else {
+            return checkpoint::remove_others(&self.snapshot_dir, None);
+        };
+        let Some(named) = checkpoint::named_by(&mut file)? else {
+            return checkpoint::remove_others(&self.snapshot_dir, None);
+        };
+        let here = named.file_name().map(|name| self.snapshot_dir.join(name));
+        match here {
+            Some(here) if here.is_dir() => {
+                if here != named {
+                    self.write_snapshot_file(&meta, |data| checkpoint::write_marker(data, &here))?;
+                }
+                checkpoint::remove_others(&self.snapshot_dir, Some(&here))
+            }
+            _ => {
+                tracing::warn!(
+                    checkpoint = %named.display(),
+                    "the current snapshot names a checkpoint that is gone; it is rebuilt when needed"
+                );
+                std::fs::remove_file(self.current_path())?;
+                checkpoint::remove_others(&self.snapshot_dir, None)
+            }
+        }
     }
 
     /// The envelope of the record stored under `id`: all a refresh checks.
@@ -706,21 +754,18 @@ impl StateMachine {
     }
 
     fn build(&self) -> Result<Snapshot<TypeConfig>, LocalError> {
-        // Everything is read from one RocksDB snapshot, so applies that run
-        // meanwhile are either wholly in it or wholly out of it.
-        let snap = self.db.snapshot();
-        let db = &*self.db;
-        let stored = |key: &[u8]| -> Result<Option<Vec<u8>>, LocalError> {
-            Ok(snap.get_cf(cf(db, CF_SM)?, key)?)
+        // Builds and installs do not overlap here: an install removes the
+        // checkpoints it replaces, which must not include one just made.
+        let _building = self.snapshot_lock.lock().unwrap_or_else(|e| e.into_inner());
+        // A checkpoint is a consistent copy: applies that run meanwhile are
+        // either wholly in it or wholly out of it, and the metadata is read
+        // from the copy itself.
+        let dir = checkpoint::create(&self.db, &self.snapshot_dir)?;
+        let (last_applied, membership) = {
+            let copy = checkpoint::open(&dir)?;
+            let snap = copy.snapshot();
+            stored_meta(&copy, &snap)?
         };
-        let last_applied: Option<LogId> = stored(KEY_APPLIED)?
-            .map(|b| serde_json::from_slice(&b))
-            .transpose()?
-            .flatten();
-        let membership: StoredMembership = stored(KEY_MEMBERSHIP)?
-            .map(|b| serde_json::from_slice(&b))
-            .transpose()?
-            .unwrap_or_default();
         let snapshot_id = format!(
             "{}-{}",
             last_applied
@@ -730,13 +775,13 @@ impl StateMachine {
         );
         let meta = SnapshotMeta {
             last_log_id: last_applied,
-            last_membership: membership.clone(),
+            last_membership: membership,
             snapshot_id,
         };
-        let (file, values) = self.write_snapshot_file(&meta, |data| {
-            Self::write_snapshot_data(db, &snap, data, last_applied, &membership)
-        })?;
-        self.weight.taken(values);
+        let (file, ()) =
+            self.write_snapshot_file(&meta, |data| checkpoint::write_marker(data, &dir))?;
+        checkpoint::remove_others(&self.snapshot_dir, Some(&dir))?;
+        self.weight.taken();
         self.stats.record(&self.stats.built);
         Ok(Snapshot {
             meta,
@@ -744,26 +789,21 @@ impl StateMachine {
         })
     }
 
-    /// Writes the document `SnapshotData` reads into `data`, from the stored
-    /// bytes of `snap`; returns how many stored values it holds.
-    fn write_snapshot_data(
-        db: &DB,
-        snap: &rocksdb::Snapshot<'_>,
-        data: &mut BufWriter<File>,
-        last_applied: Option<LogId>,
-        membership: &StoredMembership,
-    ) -> Result<u64, LocalError> {
+    /// Writes the document `SnapshotData` reads into `data`, from the bytes
+    /// `db` holds (a checkpoint's, which no write changes).
+    fn write_snapshot_data(db: &DB, data: &mut BufWriter<File>) -> Result<(), LocalError> {
+        let snap = db.snapshot();
+        let (last_applied, membership) = stored_meta(db, &snap)?;
         let stored = |key: &[u8]| -> Result<Option<Vec<u8>>, LocalError> {
             Ok(snap.get_cf(cf(db, CF_SM)?, key)?)
         };
         // Every stored value is already the JSON of its type, so records,
         // changes and audit entries are copied, never decoded and encoded
-        // again (a build would otherwise cost a full decode of the directory
-        // every `snapshot_logs` entries).
+        // again.
         data.write_all(b"{\"last_applied\":")?;
         data.write_all(&serde_json::to_vec(&last_applied)?)?;
         data.write_all(b",\"membership\":")?;
-        data.write_all(&serde_json::to_vec(membership)?)?;
+        data.write_all(&serde_json::to_vec(&membership)?)?;
         let mut member = |name: &str, key: &[u8], default: &[u8]| -> Result<(), LocalError> {
             data.write_all(format!(",\"{name}\":").as_bytes())?;
             match stored(key)? {
@@ -787,7 +827,6 @@ impl StateMachine {
             KEY_CLUSTER,
             &serde_json::to_vec(&ClusterRecord::default())?,
         )?;
-        let mut values = 0u64;
         for (name, cf_name) in [
             ("records", CF_AGENTS),
             ("changes", CF_CHANGES),
@@ -804,30 +843,24 @@ impl StateMachine {
                 }
                 first = false;
                 data.write_all(v)?;
-                values += 1;
                 it.next();
             }
             it.status()?;
             data.write_all(b"]")?;
         }
         data.write_all(b"}")?;
-        Ok(values)
+        Ok(())
     }
 
     /// Replaces the state with the snapshot whose bytes run from `file`'s
     /// position to its end (a received file holds only them; a built one
     /// has its header before them).
-    fn install(&self, meta: &SnapshotMetaOf, mut file: File) -> Result<(), LocalError> {
+    fn install(&self, meta: &SnapshotMetaOf, file: File) -> Result<(), LocalError> {
+        // Received bytes are the document; a snapshot handed over in this
+        // process (openraft's storage tests) may name a checkpoint.
+        let mut file = materialised_snapshot(file)?;
         let start = file.stream_position()?;
         let data: SnapshotData = serde_json::from_reader(BufReader::new(&file))?;
-        let values = [
-            data.records.len(),
-            data.changes.len(),
-            data.audit.len(),
-            data.leases.len(),
-        ]
-        .iter()
-        .sum::<usize>() as u64;
         let agents = cf(&self.db, CF_AGENTS)?;
         let changes = cf(&self.db, CF_CHANGES)?;
         let sm = cf(&self.db, CF_SM)?;
@@ -895,12 +928,17 @@ impl StateMachine {
         *self.applied.leases_mut() = lease_table;
         self.applied.holds_changed(HoldsChanged::All);
         file.seek(SeekFrom::Start(start))?;
-        self.write_snapshot_file(meta, |out| Ok(std::io::copy(&mut file, out)?))?;
+        {
+            let _installing = self.snapshot_lock.lock().unwrap_or_else(|e| e.into_inner());
+            self.write_snapshot_file(meta, |out| Ok(std::io::copy(&mut file, out)?))?;
+            // The checkpoints of the state this one replaced.
+            checkpoint::remove_others(&self.snapshot_dir, None)?;
+        }
         self.applied
             .oldest_revision
             .store(oldest, Ordering::Release);
         self.applied.revision.store(revision, Ordering::Release);
-        self.weight.taken(values);
+        self.weight.taken();
         self.stats.record(&self.stats.installed);
         // No subscriber is normal; the send result says nothing else.
         let _ = self.applied.changes.send(Applied::SnapshotInstalled);
@@ -1432,7 +1470,7 @@ mod tests {
     use futures::FutureExt;
 
     #[test]
-    fn snapshots_are_due_by_log_weight_and_no_sooner_than_the_last_one_held() {
+    fn snapshots_are_due_by_log_weight() {
         let weight = SnapshotWeight::default();
         weight.start(100, 0);
         weight.add(99 * ENTRY_WEIGHT);
@@ -1442,23 +1480,19 @@ mod tests {
         assert!(weight.due().now_or_never().is_none(), "due too early");
         weight.add(1);
         assert!(weight.due().now_or_never().is_some(), "due at the interval");
-        // A snapshot of 1,000 values: the next is due after 1,000 entries,
-        // not 100, so each entry pays for at most one value rewritten.
-        weight.taken(1_000);
-        weight.add(999 * ENTRY_WEIGHT);
+        // A snapshot taken (by a trigger or an install) starts the count
+        // again.
+        weight.add(60 * ENTRY_WEIGHT);
+        weight.taken();
+        weight.add(99 * ENTRY_WEIGHT);
         assert!(weight.due().now_or_never().is_none(), "due too early");
         weight.add(ENTRY_WEIGHT);
-        assert!(
-            weight.due().now_or_never().is_some(),
-            "due at the size held"
-        );
-        // A small snapshot leaves the interval in charge again.
-        weight.taken(10);
-        weight.add(100 * ENTRY_WEIGHT);
         assert!(weight.due().now_or_never().is_some(), "due at the interval");
+        // Entries already in the log at start count.
+        weight.start(100, 100);
+        assert!(weight.due().now_or_never().is_some(), "due at start");
         // An interval of 0 never takes one.
         weight.start(0, 0);
-        weight.taken(0);
         weight.add(u64::MAX / 2);
         assert!(weight.due().now_or_never().is_none(), "never");
     }
@@ -1560,29 +1594,96 @@ mod tests {
             .collect()
     }
 
-    #[tokio::test]
-    async fn a_start_removes_half_written_snapshots_and_keeps_the_current_one() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut sm = state_machine_in(dir.path());
-        let built = built_now(&mut sm).await;
-        drop(sm);
-        let snaps = dir.path().join("a-snap");
-        std::fs::write(snaps.join(format!("{WRITING}3")), b"half a snapshot").unwrap();
-        let mut sm = state_machine_in(dir.path());
-        assert_eq!(files_in(&snaps), ["current.snapshot"]);
-        let current = sm.get_current_snapshot().await.unwrap().unwrap();
-        assert_eq!(current.meta, built.meta);
-        assert_eq!(
-            snapshot_bytes(current.snapshot).await,
-            snapshot_bytes(built.snapshot).await
-        );
+    /// The names in a snapshot directory, checkpoints' as "checkpoint".
+    fn kinds_in(dir: &std::path::Path) -> Vec<String> {
+        let mut names: Vec<String> = files_in(dir)
+            .into_iter()
+            .map(|n| {
+                let n = n.to_string_lossy().into_owned();
+                if n.starts_with("checkpoint-") {
+                    "checkpoint".into()
+                } else {
+                    n
+                }
+            })
+            .collect();
+        names.sort();
+        names
     }
 
-    /// The bytes of a snapshot file handed to Raft, from its position on.
-    async fn snapshot_bytes(mut file: Box<tokio::fs::File>) -> Vec<u8> {
-        use tokio::io::AsyncReadExt;
+    #[tokio::test]
+    async fn a_start_removes_half_written_snapshots_and_stale_checkpoints_and_keeps_the_current_one(
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut sm = state_machine_in(dir.path());
+        sm.apply([blank(1)]).await.unwrap();
+        let built = built_now(&mut sm).await;
+        // Building again replaces the checkpoint.
+        sm.apply([blank(2)]).await.unwrap();
+        let built = {
+            let again = built_now(&mut sm).await;
+            assert_ne!(again.meta, built.meta);
+            again
+        };
+        drop(sm);
+        let snaps = dir.path().join("a-snap");
+        assert_eq!(kinds_in(&snaps), ["checkpoint", "current.snapshot"]);
+        std::fs::write(snaps.join(format!("{WRITING}3")), b"half a snapshot").unwrap();
+        std::fs::create_dir(snaps.join("checkpoint-1-7")).unwrap();
+        let mut sm = state_machine_in(dir.path());
+        assert_eq!(kinds_in(&snaps), ["checkpoint", "current.snapshot"]);
+        let current = sm.get_current_snapshot().await.unwrap().unwrap();
+        assert_eq!(current.meta, built.meta);
+        let bytes = snapshot_bytes(current.snapshot).await;
+        assert_eq!(bytes, snapshot_bytes(built.snapshot).await);
+        let document: SnapshotData = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(document.last_applied, built.meta.last_log_id);
+    }
+
+    #[tokio::test]
+    async fn a_moved_data_directory_keeps_its_snapshot_and_a_lost_checkpoint_drops_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut sm = state_machine_in(dir.path());
+        sm.apply([blank(1)]).await.unwrap();
+        let built = built_now(&mut sm).await;
+        let bytes = snapshot_bytes(built.snapshot).await;
+        drop(sm);
+        let moved = dir.path().join("moved");
+        std::fs::create_dir(&moved).unwrap();
+        std::fs::rename(dir.path().join("a"), moved.join("a")).unwrap();
+        std::fs::rename(dir.path().join("a-snap"), moved.join("a-snap")).unwrap();
+        let mut sm = state_machine_in(&moved);
+        let current = sm.get_current_snapshot().await.unwrap().unwrap();
+        assert_eq!(current.meta, built.meta);
+        assert_eq!(snapshot_bytes(current.snapshot).await, bytes);
+        drop(sm);
+
+        let snaps = moved.join("a-snap");
+        for name in files_in(&snaps) {
+            if name.to_string_lossy().starts_with("checkpoint-") {
+                std::fs::remove_dir_all(snaps.join(name)).unwrap();
+            }
+        }
+        let mut sm = state_machine_in(&moved);
+        assert!(sm.get_current_snapshot().await.unwrap().is_none());
+        assert!(files_in(&snaps).is_empty());
+    }
+
+    /// A blank log entry at `index`.
+    fn blank(index: u64) -> Entry<TypeConfig> {
+        Entry {
+            log_id: openraft::LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
+            payload: EntryPayload::Blank,
+        }
+    }
+
+    /// The snapshot document a snapshot handed to Raft stands for, as a
+    /// leader sends it.
+    async fn snapshot_bytes(file: Box<tokio::fs::File>) -> Vec<u8> {
+        let file = file.into_std().await;
+        let mut file = materialised_snapshot(file).unwrap();
         let mut bytes = Vec::new();
-        file.read_to_end(&mut bytes).await.unwrap();
+        file.read_to_end(&mut bytes).unwrap();
         bytes
     }
 
@@ -1627,7 +1728,7 @@ mod tests {
         let kept = fresh.get_current_snapshot().await.unwrap().unwrap();
         assert_eq!(kept.meta, built.meta);
         assert_eq!(snapshot_bytes(kept.snapshot).await, bytes);
-        assert_eq!(files_in(&dir.join("b-snap")), ["current.snapshot"]);
+        assert_eq!(kinds_in(&dir.join("b-snap")), ["current.snapshot"]);
         (fresh, db)
     }
 
