@@ -45,13 +45,16 @@ pub(super) fn create(db: &DB, snapshot_dir: &Path) -> Result<PathBuf, StorageErr
     Ok(dir)
 }
 
-/// Opens the checkpoint in `dir` to read.
-pub(super) fn open(dir: &Path) -> Result<DB, StorageError> {
+/// Opens the checkpoint in `dir` to read. `whole`: every table file is
+/// opened now, so the directory may be removed while the reader still uses
+/// it (otherwise tables are opened as reads reach them, which is cheaper
+/// for a few keys).
+pub(super) fn open(dir: &Path, whole: bool) -> Result<DB, StorageError> {
     let _opening = OPENING.read().unwrap_or_else(|e| e.into_inner());
     let mut opts = Options::default();
-    // Every table file is opened now, so the directory may be removed
-    // while this reader still uses it.
-    opts.set_max_open_files(-1);
+    if whole {
+        opts.set_max_open_files(-1);
+    }
     let names = DB::list_cf(&opts, dir)?;
     Ok(DB::open_cf_for_read_only(&opts, dir, names, false)?)
 }
@@ -112,7 +115,7 @@ pub(super) fn materialised(
     let Some(dir) = named_by(&mut file)? else {
         return Ok(file);
     };
-    let db = open(&dir)?;
+    let db = open(&dir, true)?;
     let parent = dir.parent().unwrap_or(Path::new("."));
     static WRITTEN: AtomicU64 = AtomicU64::new(0);
     let n = WRITTEN.fetch_add(1, Ordering::Relaxed);
@@ -177,13 +180,13 @@ mod tests {
         db.put_cf(agents, b"b", b"3").unwrap();
         let second = create(&db, &snaps).unwrap();
 
-        let read = open(&first).unwrap();
+        let read = open(&first, true).unwrap();
         remove_others(&snaps, Some(&second)).unwrap();
         assert!(!first.exists() && second.exists());
         let cf = super::super::cf(&read, super::super::CF_AGENTS).unwrap();
         assert_eq!(read.get_cf(cf, b"a").unwrap().as_deref(), Some(&b"1"[..]));
         assert_eq!(read.get_cf(cf, b"b").unwrap(), None);
-        let read = open(&second).unwrap();
+        let read = open(&second, false).unwrap();
         let cf = super::super::cf(&read, super::super::CF_AGENTS).unwrap();
         assert_eq!(read.get_cf(cf, b"a").unwrap().as_deref(), Some(&b"2"[..]));
     }

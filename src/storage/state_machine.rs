@@ -762,7 +762,9 @@ impl StateMachine {
         // from the copy itself.
         let dir = checkpoint::create(&self.db, &self.snapshot_dir)?;
         let (last_applied, membership) = {
-            let copy = checkpoint::open(&dir)?;
+            // Only an install removes this checkpoint, and not while the
+            // lock is held.
+            let copy = checkpoint::open(&dir, false)?;
             let snap = copy.snapshot();
             stored_meta(&copy, &snap)?
         };
