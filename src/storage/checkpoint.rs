@@ -52,9 +52,10 @@ pub(super) fn create(db: &DB, snapshot_dir: &Path) -> Result<PathBuf, StorageErr
 pub(super) fn open(dir: &Path, whole: bool) -> Result<DB, StorageError> {
     let _opening = OPENING.read().unwrap_or_else(|e| e.into_inner());
     let mut opts = Options::default();
-    if whole {
-        opts.set_max_open_files(-1);
-    }
+    // RocksDB's default already opens every table at once (-1); a reader
+    // of a few keys keeps a small table cache instead, or a checkpoint of
+    // a large directory would cost opening hundreds of tables each build.
+    opts.set_max_open_files(if whole { -1 } else { 16 });
     let names = DB::list_cf(&opts, dir)?;
     Ok(DB::open_cf_for_read_only(&opts, dir, names, false)?)
 }
