@@ -104,6 +104,23 @@ pub(super) fn named_by(file: &mut File) -> Result<Option<PathBuf>, StorageError>
     Ok(named)
 }
 
+/// A new file in `dir`, unlinked as soon as it is created: it lives only
+/// as long as its handle, so a transfer that fails or a stopped process
+/// leaves nothing behind.
+pub(super) fn unlinked_file(dir: &Path, kind: &str) -> std::io::Result<File> {
+    static MADE: AtomicU64 = AtomicU64::new(0);
+    let n = MADE.fetch_add(1, Ordering::Relaxed);
+    let path = dir.join(format!("{kind}-{n}.tmp"));
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)?;
+    std::fs::remove_file(&path)?;
+    Ok(file)
+}
+
 /// The snapshot document that the bytes from `file`'s position on stand
 /// for: those bytes when they are the document, or, when they name a
 /// checkpoint, the document written from it into a new unlinked file (its
@@ -117,19 +134,7 @@ pub(super) fn materialised(
         return Ok(file);
     };
     let db = open(&dir, true)?;
-    let parent = dir.parent().unwrap_or(Path::new("."));
-    static WRITTEN: AtomicU64 = AtomicU64::new(0);
-    let n = WRITTEN.fetch_add(1, Ordering::Relaxed);
-    let path = parent.join(format!("outgoing-{n}.tmp"));
-    let out = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&path)?;
-    // The file lives only as long as its handle: a send that fails or a
-    // stopped process leaves nothing behind.
-    std::fs::remove_file(&path)?;
+    let out = unlinked_file(dir.parent().unwrap_or(Path::new(".")), "outgoing")?;
     let mut writer = std::io::BufWriter::new(out);
     write_document(&db, &mut writer)?;
     let mut out = writer.into_inner().map_err(|e| e.into_error())?;

@@ -1413,23 +1413,11 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     /// snapshot file.
     async fn begin_receiving_snapshot(&mut self) -> Result<Box<tokio::fs::File>, StorageError> {
         let dir = self.snapshot_dir.clone();
-        let file = tokio::task::spawn_blocking(move || -> std::io::Result<File> {
-            static RECEIVING: AtomicU64 = AtomicU64::new(0);
-            let n = RECEIVING.fetch_add(1, Ordering::Relaxed);
-            let path = dir.join(format!("incoming-{n}.tmp"));
-            let file = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(&path)?;
-            std::fs::remove_file(&path)?;
-            Ok(file)
-        })
-        .await
-        .map_err(std::io::Error::other)
-        .and_then(|r| r)
-        .map_err(|e| StorageIOError::write_snapshot(None, &e))?;
+        let file = tokio::task::spawn_blocking(move || checkpoint::unlinked_file(&dir, "incoming"))
+            .await
+            .map_err(std::io::Error::other)
+            .and_then(|r| r)
+            .map_err(|e| StorageIOError::write_snapshot(None, &e))?;
         Ok(Box::new(tokio::fs::File::from_std(file)))
     }
 
