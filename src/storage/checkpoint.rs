@@ -60,14 +60,18 @@ pub(super) fn open(dir: &Path, whole: bool) -> Result<DB, StorageError> {
     Ok(DB::open_cf_for_read_only(&opts, dir, names, false)?)
 }
 
-/// Removes every checkpoint directory under `snapshot_dir` but `keep`.
+/// Removes every checkpoint directory under `snapshot_dir` but `keep`. One
+/// that cannot be removed is logged and left: it costs disk, and failing
+/// the snapshot for it would stop Raft.
 pub(super) fn remove_others(snapshot_dir: &Path, keep: Option<&Path>) -> Result<(), StorageError> {
     let _removing = OPENING.write().unwrap_or_else(|e| e.into_inner());
     for entry in std::fs::read_dir(snapshot_dir)? {
         let entry = entry?;
         let path = entry.path();
         if entry.file_name().to_string_lossy().starts_with(PREFIX) && Some(path.as_path()) != keep {
-            std::fs::remove_dir_all(&path)?;
+            if let Err(e) = std::fs::remove_dir_all(&path) {
+                tracing::warn!(checkpoint = %path.display(), error = %e, "an old snapshot checkpoint could not be removed");
+            }
         }
     }
     Ok(())
