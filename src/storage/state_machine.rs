@@ -217,22 +217,10 @@ fn read_snapshot_header(mut file: File) -> Result<(SnapshotMetaOf, File), LocalE
     Ok((serde_json::from_slice(&header)?, file))
 }
 
-/// The last applied log id and the membership stored in `db` as of `snap`.
-fn stored_meta(
-    db: &DB,
-    snap: &rocksdb::Snapshot<'_>,
-) -> Result<(Option<LogId>, StoredMembership), LocalError> {
-    let stored = |key: &[u8]| -> Result<Option<Vec<u8>>, LocalError> {
-        Ok(snap.get_cf(cf(db, CF_SM)?, key)?)
-    };
-    let last_applied: Option<LogId> = stored(KEY_APPLIED)?
-        .map(|b| serde_json::from_slice(&b))
-        .transpose()?
-        .flatten();
-    let membership: StoredMembership = stored(KEY_MEMBERSHIP)?
-        .map(|b| serde_json::from_slice(&b))
-        .transpose()?
-        .unwrap_or_default();
+/// The last applied log id and the membership stored in `db`.
+fn stored_meta(db: &DB) -> Result<(Option<LogId>, StoredMembership), LocalError> {
+    let last_applied = get_json::<Option<LogId>>(db, CF_SM, KEY_APPLIED)?.flatten();
+    let membership = get_json(db, CF_SM, KEY_MEMBERSHIP)?.unwrap_or_default();
     Ok((last_applied, membership))
 }
 
@@ -764,9 +752,7 @@ impl StateMachine {
         let (last_applied, membership) = {
             // Only an install removes this checkpoint, and not while the
             // lock is held.
-            let copy = checkpoint::open(&dir, false)?;
-            let snap = copy.snapshot();
-            stored_meta(&copy, &snap)?
+            stored_meta(&checkpoint::open(&dir, false)?)?
         };
         let snapshot_id = format!(
             "{}-{}",
@@ -794,10 +780,9 @@ impl StateMachine {
     /// Writes the document `SnapshotData` reads into `data`, from the bytes
     /// `db` holds (a checkpoint's, which no write changes).
     fn write_snapshot_data(db: &DB, data: &mut BufWriter<File>) -> Result<(), LocalError> {
-        let snap = db.snapshot();
-        let (last_applied, membership) = stored_meta(db, &snap)?;
+        let (last_applied, membership) = stored_meta(db)?;
         let stored = |key: &[u8]| -> Result<Option<Vec<u8>>, LocalError> {
-            Ok(snap.get_cf(cf(db, CF_SM)?, key)?)
+            Ok(db.get_cf(cf(db, CF_SM)?, key)?)
         };
         // Every stored value is already the JSON of its type, so records,
         // changes and audit entries are copied, never decoded and encoded
@@ -836,7 +821,7 @@ impl StateMachine {
             ("leases", CF_LEASES),
         ] {
             data.write_all(format!(",\"{name}\":[").as_bytes())?;
-            let mut it = snap.raw_iterator_cf_opt(cf(db, cf_name)?, super::bulk_read());
+            let mut it = db.raw_iterator_cf_opt(cf(db, cf_name)?, super::bulk_read());
             it.seek_to_first();
             let mut first = true;
             while let Some(v) = it.value() {
@@ -1383,11 +1368,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     type SnapshotBuilder = Self;
 
     async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), StorageError> {
-        let applied = get_json(&self.db, CF_SM, KEY_APPLIED).map_err(sm_read)?;
-        let membership = get_json(&self.db, CF_SM, KEY_MEMBERSHIP)
-            .map_err(sm_read)?
-            .unwrap_or_default();
-        Ok((applied, membership))
+        stored_meta(&self.db).map_err(sm_read)
     }
 
     #[tracing::instrument(level = "debug", skip_all)]
