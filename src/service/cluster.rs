@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::consensus::{Command, Faults, LinkFault, NodeId, NodeStatus, RaftNode};
 use crate::domain::{Principal, Role};
-use crate::storage::{BackupSummary, Reader};
+use crate::storage::{BackupError, BackupSummary, Reader, StorageError};
 
 use super::ServiceError;
 
@@ -157,6 +157,9 @@ impl ClusterService {
                     );
                     crate::metrics::observe_backup(started.elapsed(), summary.bytes);
                     BackupPart::Done(summary)
+                }
+                Err(BackupError::Storage(e @ StorageError::Installing)) => {
+                    BackupPart::Failed(e.into())
                 }
                 Err(e) => BackupPart::Failed(ServiceError::Internal(format!("backup failed: {e}"))),
             };

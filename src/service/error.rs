@@ -112,7 +112,13 @@ impl From<Rejection> for ServiceError {
 
 impl From<StorageError> for ServiceError {
     fn from(e: StorageError) -> Self {
-        Self::Internal(e.to_string())
+        match e {
+            StorageError::Installing => Self::Unavailable {
+                message: e.to_string(),
+                leader: None,
+            },
+            e => Self::Internal(e.to_string()),
+        }
     }
 }
 

@@ -9,6 +9,7 @@ mod audit;
 mod backup;
 mod checkpoint;
 mod format;
+mod install;
 mod log_store;
 mod quota;
 mod reader;
@@ -73,6 +74,10 @@ pub enum StorageError {
     Format(String),
     #[error("corrupt log entry: {0}")]
     LogEntry(#[from] crate::consensus::codec::CodecError),
+    /// This node is replacing its state with a snapshot from the leader;
+    /// until it has, what it holds is part old and part new.
+    #[error("this node is installing a snapshot from the leader; retry shortly or read from another node")]
+    Installing,
 }
 
 /// Upper bound of the shared block cache: the blocks of about 50k records

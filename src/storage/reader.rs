@@ -77,6 +77,10 @@ pub(crate) struct AppliedState {
     /// Parsed records for discovery's answers; the state machine
     /// invalidates what it writes.
     pub records: super::record_cache::RecordCache,
+    /// Counts snapshot installs' starts and ends: odd while one runs,
+    /// when the database holds part of the old state and part of the new
+    /// (`storage::install`). Reads check it before and after, as a seqlock.
+    pub installs: AtomicU64,
 }
 
 impl AppliedState {
@@ -146,13 +150,48 @@ pub struct Reader {
 }
 
 impl Reader {
+    /// The install count a read starts at, or `Installing` while a
+    /// snapshot install runs.
+    fn settled(&self) -> Result<u64, StorageError> {
+        let installs = self.applied.installs.load(Ordering::Acquire);
+        if installs % 2 == 1 {
+            return Err(StorageError::Installing);
+        }
+        Ok(installs)
+    }
+
+    /// Whether what was read since [`Self::settled`] returned `installs`
+    /// is one state: no install started meanwhile.
+    fn still(&self, installs: u64) -> Result<(), StorageError> {
+        std::sync::atomic::fence(Ordering::Acquire);
+        if self.applied.installs.load(Ordering::Acquire) != installs {
+            return Err(StorageError::Installing);
+        }
+        Ok(())
+    }
+
+    /// `read` over one state: refused while a snapshot install runs, or
+    /// when one started before it ended.
+    fn consistent<T>(
+        &self,
+        read: impl FnOnce() -> Result<T, StorageError>,
+    ) -> Result<T, StorageError> {
+        let installs = self.settled()?;
+        let value = read()?;
+        self.still(installs)?;
+        Ok(value)
+    }
+
     /// Writes a backup of everything applied so far (`storage::backup`).
     pub fn write_backup(
         &self,
         node_id: u64,
         out: &mut dyn std::io::Write,
     ) -> Result<super::BackupSummary, super::BackupError> {
-        super::backup::write_backup(&self.db, node_id, out)
+        let installs = self.settled()?;
+        let summary = super::backup::write_backup(&self.db, node_id, out)?;
+        self.still(installs)?;
+        Ok(summary)
     }
 
     /// Revision of the last applied log entry.
@@ -209,7 +248,7 @@ impl Reader {
 
     /// The record (or tombstone) with this id.
     pub fn get(&self, id: &str) -> Result<Option<AgentRecord>, StorageError> {
-        get_json(&self.db, CF_AGENTS, id.as_bytes())
+        self.consistent(|| get_json(&self.db, CF_AGENTS, id.as_bytes()))
     }
 
     /// The records (or tombstones) with these ids, in order, shared: parsed
@@ -235,6 +274,14 @@ impl Reader {
     }
 
     fn read_many(
+        &self,
+        ids: &[&str],
+        whole: bool,
+    ) -> Result<Vec<Option<Arc<AgentRecord>>>, StorageError> {
+        self.consistent(|| self.read_many_now(ids, whole))
+    }
+
+    fn read_many_now(
         &self,
         ids: &[&str],
         whole: bool,
@@ -281,9 +328,12 @@ impl Reader {
 
     /// Visits every record (tombstones included) in id order.
     pub fn scan(&self, mut visit: impl FnMut(AgentRecord)) -> Result<(), StorageError> {
+        let installs = self.settled()?;
         let mut it = self
             .db
             .raw_iterator_cf_opt(cf(&self.db, CF_AGENTS)?, super::bulk_read());
+        // An iterator reads the state as of its creation.
+        self.still(installs)?;
         it.seek_to_first();
         while let Some(v) = it.value() {
             visit(serde_json::from_slice(v)?);
@@ -302,9 +352,11 @@ impl Reader {
         mut visit: impl FnMut(AgentRecord, Option<&[u8]>),
     ) -> Result<(), StorageError> {
         let vectors_cf = cf(&self.db, CF_INDEX_VECTORS)?;
+        let installs = self.settled()?;
         let mut records = self
             .db
             .raw_iterator_cf_opt(cf(&self.db, CF_AGENTS)?, super::bulk_read());
+        self.still(installs)?;
         let mut vectors = self.db.raw_iterator_cf_opt(vectors_cf, super::bulk_read());
         records.seek_to_first();
         vectors.seek_to_first();
@@ -389,7 +441,9 @@ impl Reader {
         start: &str,
         mut visit: impl FnMut(AgentRecord) -> bool,
     ) -> Result<(), StorageError> {
+        let installs = self.settled()?;
         let mut it = self.db.raw_iterator_cf(cf(&self.db, CF_AGENTS)?);
+        self.still(installs)?;
         it.seek(start.as_bytes());
         while let Some(v) = it.value() {
             if !visit(serde_json::from_slice(v)?) {
@@ -403,7 +457,9 @@ impl Reader {
 
     /// Changes with revision >= `from`, at most `limit` of them, in order.
     pub fn changes_from(&self, from: u64, limit: usize) -> Result<Vec<Change>, StorageError> {
+        let installs = self.settled()?;
         let mut it = self.db.raw_iterator_cf(cf(&self.db, CF_CHANGES)?);
+        self.still(installs)?;
         it.seek(u64_key(from));
         let mut out = Vec::new();
         while let (Some(k), Some(v)) = (it.key(), it.value()) {
@@ -447,6 +503,8 @@ impl Reader {
             loop {
                 let batch = match self.changes_from(next, CATCH_UP_BATCH) {
                     Ok(b) => b,
+                    // Its end is announced on `live`: catch up then.
+                    Err(StorageError::Installing) => break,
                     Err(e) => return FollowEnd::Failed(e),
                 };
                 if batch.is_empty() {

@@ -13,8 +13,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
-use std::io::{BufReader, BufWriter, Read, Seek, SeekFrom, Write};
-use std::path::PathBuf;
+use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -23,11 +23,12 @@ use openraft::{
     Entry, EntryPayload, OptionalSend, RaftSnapshotBuilder, SnapshotMeta, StorageIOError,
 };
 use rocksdb::{WriteBatch, DB};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use tokio::sync::broadcast;
 
 use super::audit::{trim as trim_audit, AuditSink, Retention, TRIM_EVERY as AUDIT_TRIM_EVERY};
 use super::checkpoint;
+use super::install;
 use super::quota::RecordCounts;
 use super::reader::{Applied, AppliedState, HoldsChanged};
 use super::{
@@ -44,7 +45,7 @@ use crate::crypto::signature::{sign_record, still_valid};
 use crate::crypto::Identity;
 use crate::domain::audit::{AuditEntry, Outcome};
 use crate::domain::federation::decide_federated;
-use crate::domain::lease::{LeaseEntry, LeaseTable, LeaseWrite, RefreshTarget, Staged};
+use crate::domain::lease::{LeaseTable, LeaseWrite, RefreshTarget, Staged};
 use crate::domain::write::{
     decide_delete, decide_publisher_key, decide_put, decide_reverify, decide_status,
     settle_verdict, Rejection,
@@ -68,41 +69,6 @@ pub(crate) const KEY_CLUSTER: &[u8] = b"cluster";
 /// History is trimmed in steps of this many revisions, so trimming costs one
 /// range deletion per step rather than one per write.
 const TRIM_STEP: u64 = 1024;
-
-/// The serialised form of a snapshot. It carries the change history too, so
-/// a node brought up by a snapshot serves the same Watch history as the
-/// leader and no watcher ever misses a revision.
-#[derive(Serialize, Deserialize)]
-struct SnapshotData {
-    last_applied: Option<LogId>,
-    membership: StoredMembership,
-    records: Vec<AgentRecord>,
-    oldest_revision: u64,
-    changes: Vec<Change>,
-    /// Absent in snapshots from before records were signed.
-    #[serde(default)]
-    identity: Option<Identity>,
-    #[serde(default)]
-    publisher_keys: Vec<PublisherKey>,
-    /// Peer revision each federation follower has consumed.
-    #[serde(default)]
-    federation_cursors: BTreeMap<String, u64>,
-    /// The committed audit trail and its last sequence.
-    #[serde(default)]
-    audit: Vec<AuditEntry>,
-    #[serde(default)]
-    audit_seq: u64,
-    /// Absent in snapshots from before the cluster was recorded.
-    #[serde(default)]
-    cluster: ClusterRecord,
-    /// Holds and shared leases (absent in snapshots from before leases).
-    #[serde(default)]
-    leases: Vec<LeaseEntry>,
-    /// The last revision taken (absent in snapshots from before batch
-    /// entries: the last applied index).
-    #[serde(default)]
-    revision: Option<u64>,
-}
 
 /// Log weight since the last snapshot, deciding when the next is due.
 ///
@@ -193,8 +159,11 @@ impl SnapshotStats {
 /// wanted) would otherwise hold in memory on top of the node's 4 GB.
 type SnapshotMetaOf = SnapshotMeta<NodeId, openraft::BasicNode>;
 
+/// The current snapshot's file in the snapshot directory.
+const CURRENT: &str = "current.snapshot";
+
 /// The name prefix of a snapshot file being written, renamed to
-/// `current.snapshot` once complete.
+/// [`CURRENT`] once complete.
 const WRITING: &str = "current.snapshot.tmp";
 
 /// Reads a snapshot file's header, leaving `file` at the snapshot bytes.
@@ -313,6 +282,7 @@ impl StateMachine {
                 std::fs::remove_file(entry.path())?;
             }
         }
+        Self::finish_install(&db, &snapshot_dir)?;
         let db_for_seq = db.clone();
         let applied: Option<LogId> = get_json(&db, CF_SM, KEY_APPLIED)?;
         let oldest: Option<u64> = get_json(&db, CF_SM, KEY_OLDEST)?;
@@ -334,6 +304,7 @@ impl StateMachine {
             leases: std::sync::RwLock::new(load_leases(&db)?),
             holds_listener: Default::default(),
             records: Default::default(),
+            installs: Default::default(),
         });
         let this = Self {
             db,
@@ -454,7 +425,7 @@ impl StateMachine {
     }
 
     fn current_path(&self) -> PathBuf {
-        self.snapshot_dir.join("current.snapshot")
+        self.snapshot_dir.join(CURRENT)
     }
 
     fn decide(
@@ -777,7 +748,7 @@ impl StateMachine {
         })
     }
 
-    /// Writes the document `SnapshotData` reads into `data`, from the bytes
+    /// Writes the document `install` reads into `data`, from the bytes
     /// `db` holds (a checkpoint's, which no write changes).
     fn write_snapshot_data(db: &DB, data: &mut BufWriter<File>) -> Result<(), LocalError> {
         let (last_applied, membership) = stored_meta(db)?;
@@ -846,89 +817,61 @@ impl StateMachine {
         // Received bytes are the document; a snapshot handed over in this
         // process (openraft's storage tests) may name a checkpoint.
         let mut file = materialised_snapshot(file)?;
-        let start = file.stream_position()?;
-        let data: SnapshotData = serde_json::from_reader(BufReader::new(&file))?;
-        let agents = cf(&self.db, CF_AGENTS)?;
-        let changes = cf(&self.db, CF_CHANGES)?;
-        let sm = cf(&self.db, CF_SM)?;
-        let mut batch = WriteBatch::default();
-        // Replace the whole state: range deletions cover every possible key
-        // (agent ids are bounded in length, far below this upper key).
-        batch.delete_range_cf(agents, [0u8].as_slice(), [0xffu8; 1024].as_slice());
-        batch.delete_range_cf(changes, u64_key(0), u64_key(u64::MAX));
-        for r in &data.records {
-            batch.put_cf(agents, r.metadata.id.as_bytes(), serde_json::to_vec(r)?);
-        }
-        for c in &data.changes {
-            batch.put_cf(changes, u64_key(c.revision), serde_json::to_vec(c)?);
-        }
-        let audit = cf(&self.db, CF_AUDIT)?;
-        batch.delete_range_cf(audit, u64_key(0), u64_key(u64::MAX));
-        for e in &data.audit {
-            batch.put_cf(audit, u64_key(e.seq), serde_json::to_vec(e)?);
-        }
-        batch.put_cf(sm, KEY_AUDIT_SEQ, serde_json::to_vec(&data.audit_seq)?);
-        let leases = cf(&self.db, CF_LEASES)?;
-        batch.delete_range_cf(leases, [0u8].as_slice(), [0xffu8; 1024].as_slice());
-        let mut lease_table = LeaseTable::default();
-        for e in &data.leases {
-            batch.put_cf(leases, e.key(), serde_json::to_vec(e)?);
-            lease_table.load(e.clone());
-        }
-        let last = meta.last_log_id;
-        let revision = data.revision.unwrap_or_else(|| last.map_or(0, |l| l.index));
-        let oldest = if data.changes.is_empty() {
-            revision + 1
-        } else {
-            data.oldest_revision
-        };
-        batch.put_cf(sm, KEY_APPLIED, serde_json::to_vec(&last)?);
-        batch.put_cf(sm, KEY_REVISION, serde_json::to_vec(&revision)?);
-        batch.put_cf(
-            sm,
-            KEY_MEMBERSHIP,
-            serde_json::to_vec(&meta.last_membership)?,
-        );
-        batch.put_cf(sm, KEY_OLDEST, serde_json::to_vec(&oldest)?);
-        match &data.identity {
-            Some(identity) => batch.put_cf(sm, KEY_IDENTITY, serde_json::to_vec(identity)?),
-            None => batch.delete_cf(sm, KEY_IDENTITY),
-        }
-        batch.put_cf(
-            sm,
-            KEY_PUBLISHER_KEYS,
-            serde_json::to_vec(&data.publisher_keys)?,
-        );
-        batch.put_cf(
-            sm,
-            KEY_FEDERATION_CURSORS,
-            serde_json::to_vec(&data.federation_cursors)?,
-        );
-        batch.put_cf(sm, KEY_CLUSTER, serde_json::to_vec(&data.cluster)?);
-        self.db.write(batch)?;
+        // No build may take a checkpoint of a state half installed.
+        let _installing = self.snapshot_lock.lock().unwrap_or_else(|e| e.into_inner());
+        // The snapshot becomes the current one first, so that a node
+        // stopped part-way installs it again when it starts (`open`).
+        let (document, ()) =
+            self.write_snapshot_file(meta, |out| install::copy_checked(&mut file, out))?;
+        // The checkpoints of the state this one replaces.
+        checkpoint::remove_others(&self.snapshot_dir, None)?;
+        // Readers refuse until the count is even again; an install that
+        // fails leaves it odd, and the state is indeed neither.
+        self.applied.installs.fetch_add(1, Ordering::AcqRel);
+        let installed = install::install(&self.db, meta, document)?;
         self.applied.records.clear();
-        self.cluster.set(data.cluster);
-        self.audit_seq.store(data.audit_seq, Ordering::Release);
+        self.cluster.set(installed.cluster);
+        self.audit_seq.store(installed.audit_seq, Ordering::Release);
         self.recount()?;
-        self.applied.set_identity(data.identity);
-        self.applied.set_publisher_keys(data.publisher_keys);
-        *self.applied.leases_mut() = lease_table;
+        self.applied.set_identity(installed.identity);
+        self.applied.set_publisher_keys(installed.publisher_keys);
+        *self.applied.leases_mut() = installed.leases;
         self.applied.holds_changed(HoldsChanged::All);
-        file.seek(SeekFrom::Start(start))?;
-        {
-            let _installing = self.snapshot_lock.lock().unwrap_or_else(|e| e.into_inner());
-            self.write_snapshot_file(meta, |out| Ok(std::io::copy(&mut file, out)?))?;
-            // The checkpoints of the state this one replaced.
-            checkpoint::remove_others(&self.snapshot_dir, None)?;
-        }
         self.applied
             .oldest_revision
-            .store(oldest, Ordering::Release);
-        self.applied.revision.store(revision, Ordering::Release);
+            .store(installed.oldest_revision, Ordering::Release);
+        self.applied
+            .revision
+            .store(installed.revision, Ordering::Release);
+        self.applied.installs.fetch_add(1, Ordering::AcqRel);
         self.weight.taken();
         self.stats.record(&self.stats.installed);
         // No subscriber is normal; the send result says nothing else.
         let _ = self.applied.changes.send(Applied::SnapshotInstalled);
+        Ok(())
+    }
+
+    /// At start: installs the current snapshot again if it is ahead of the
+    /// applied state, which only an install stopped part-way leaves (it
+    /// makes the snapshot current before it changes the state, and writes
+    /// the applied log id last).
+    fn finish_install(db: &DB, snapshot_dir: &Path) -> Result<(), LocalError> {
+        let file = match File::open(snapshot_dir.join(CURRENT)) {
+            Ok(file) => file,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e.into()),
+        };
+        let (meta, file) = read_snapshot_header(file)?;
+        let (applied, _) = stored_meta(db)?;
+        if meta.last_log_id <= applied {
+            return Ok(());
+        }
+        tracing::warn!(
+            snapshot = ?meta.last_log_id,
+            applied = ?applied,
+            "a snapshot install was interrupted; installing it again"
+        );
+        install::install(db, &meta, materialised_snapshot(file)?)?;
         Ok(())
     }
 }
@@ -1410,8 +1353,12 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     ) -> Result<(), StorageError> {
         let started = std::time::Instant::now();
         let file = snapshot.into_std().await;
-        let installed = self
-            .install(meta, file)
+        // Minutes at a million agents: off the runtime's threads.
+        let (this, owned) = (self.clone(), meta.clone());
+        let installed = tokio::task::spawn_blocking(move || this.install(&owned, file))
+            .await
+            .map_err(|e| LocalError::Io(std::io::Error::other(e)))
+            .and_then(|r| r)
             .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e).into());
         crate::metrics::observe_snapshot("install", started.elapsed());
         installed
@@ -1607,8 +1554,11 @@ mod tests {
         assert_eq!(current.meta, built.meta);
         let bytes = snapshot_bytes(current.snapshot).await;
         assert_eq!(bytes, snapshot_bytes(built.snapshot).await);
-        let document: SnapshotData = serde_json::from_slice(&bytes).unwrap();
-        assert_eq!(document.last_applied, built.meta.last_log_id);
+        let document: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(
+            document["last_applied"],
+            serde_json::to_value(built.meta.last_log_id).unwrap()
+        );
     }
 
     #[tokio::test]
@@ -1933,6 +1883,173 @@ mod tests {
             )
             .unwrap();
         assert_eq!(entries.iter().map(|e| e.seq).collect::<Vec<_>>(), [1, 2]);
+    }
+
+    /// `sm` with `n` agents registered by alice, one entry each.
+    async fn with_agents(sm: &mut StateMachine, n: u64) {
+        let leader = openraft::CommittedLeaderId::new(1, 1);
+        for i in 1..=n {
+            sm.apply([Entry {
+                log_id: openraft::LogId::new(leader, i),
+                payload: normal(register_by_alice(&format!("agent-{i:03}"))),
+            }])
+            .await
+            .unwrap();
+        }
+    }
+
+    fn ids(reader: &Reader) -> Vec<String> {
+        let mut ids = Vec::new();
+        reader.scan(|r| ids.push(r.metadata.id)).unwrap();
+        ids
+    }
+
+    #[tokio::test]
+    async fn an_install_stopped_part_way_is_finished_when_the_node_opens() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut sm = state_machine_in(dir.path());
+        with_agents(&mut sm, 40).await;
+        let (mut fresh, db) = restored_from_snapshot(&mut sm, dir.path()).await;
+        assert_eq!(ids(&fresh.reader()), ids(&sm.reader()));
+        let applied = sm.applied_state().await.unwrap();
+        assert_eq!(fresh.applied_state().await.unwrap(), applied);
+        // What a stop part-way leaves: the snapshot already current, part
+        // of its elements written, the applied log id not yet.
+        db.delete_range_cf(cf(&db, CF_AGENTS).unwrap(), b"agent-010", b"agent-041")
+            .unwrap();
+        db.delete_cf(cf(&db, CF_SM).unwrap(), KEY_APPLIED).unwrap();
+        assert_eq!(ids(&fresh.reader()).len(), 9);
+        drop((fresh, db));
+        let db = crate::storage::open(&dir.path().join("b"), crate::storage::DEFAULT_MAX_WAL_BYTES)
+            .unwrap();
+        let mut reopened = StateMachine::open(db, dir.path().join("b-snap"), 1000).unwrap();
+        assert_eq!(ids(&reopened.reader()), ids(&sm.reader()));
+        assert_eq!(reopened.applied_state().await.unwrap(), applied);
+        assert_eq!(
+            reopened.reader().applied_revision(),
+            sm.reader().applied_revision()
+        );
+        assert_eq!(
+            reopened.reader().changes_from(1, 100).unwrap(),
+            sm.reader().changes_from(1, 100).unwrap()
+        );
+        // A node whose state is complete opens as it is.
+        drop(reopened);
+        let db = crate::storage::open(&dir.path().join("b"), crate::storage::DEFAULT_MAX_WAL_BYTES)
+            .unwrap();
+        let mut again = StateMachine::open(db, dir.path().join("b-snap"), 1000).unwrap();
+        assert_eq!(again.applied_state().await.unwrap(), applied);
+    }
+
+    #[tokio::test]
+    async fn a_document_installs_whatever_the_order_of_its_members_and_without_later_ones() {
+        use tokio::io::{AsyncSeekExt, AsyncWriteExt};
+        let dir = tempfile::tempdir().unwrap();
+        let mut sm = state_machine_in(dir.path());
+        with_agents(&mut sm, 12).await;
+        let built = built_now(&mut sm).await;
+        let bytes = snapshot_bytes(built.snapshot).await;
+        let today: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_slice(&bytes).unwrap();
+        // The order and members of the documents written before batch
+        // entries, leases and the cluster record, plus one from a later
+        // version.
+        let mut earlier = serde_json::Map::new();
+        for member in [
+            "last_applied",
+            "membership",
+            "records",
+            "oldest_revision",
+            "changes",
+            "identity",
+            "publisher_keys",
+            "federation_cursors",
+            "audit",
+            "audit_seq",
+        ] {
+            earlier.insert(member.into(), today[member].clone());
+        }
+        earlier.insert("from_a_later_version".into(), serde_json::json!({"x": [1]}));
+        let db = crate::storage::open(&dir.path().join("b"), crate::storage::DEFAULT_MAX_WAL_BYTES)
+            .unwrap();
+        let mut fresh = StateMachine::open(db, dir.path().join("b-snap"), 1000).unwrap();
+        let mut received = fresh.begin_receiving_snapshot().await.unwrap();
+        received
+            .write_all(&serde_json::to_vec(&earlier).unwrap())
+            .await
+            .unwrap();
+        received.rewind().await.unwrap();
+        fresh.install_snapshot(&built.meta, received).await.unwrap();
+        assert_eq!(ids(&fresh.reader()).len(), 12);
+        assert_eq!(ids(&fresh.reader()), ids(&sm.reader()));
+        assert_eq!(
+            fresh.reader().changes_from(1, 100).unwrap(),
+            sm.reader().changes_from(1, 100).unwrap()
+        );
+        // Without a revision member, the last revision is the log index.
+        assert_eq!(fresh.reader().applied_revision(), 12);
+        // A document cut short is refused before it changes anything: the
+        // node keeps its state and its current snapshot.
+        let dir = tempfile::tempdir().unwrap();
+        let mut cut = state_machine_in(dir.path());
+        with_agents(&mut cut, 2).await;
+        let kept = built_now(&mut cut).await.meta;
+        let applied = cut.applied_state().await.unwrap();
+        let mut received = cut.begin_receiving_snapshot().await.unwrap();
+        received.write_all(&bytes[..bytes.len() / 2]).await.unwrap();
+        received.rewind().await.unwrap();
+        assert!(cut.install_snapshot(&built.meta, received).await.is_err());
+        assert_eq!(cut.applied_state().await.unwrap(), applied);
+        assert_eq!(ids(&cut.reader()), ["agent-001", "agent-002"]);
+        let current = cut.get_current_snapshot().await.unwrap().unwrap();
+        assert_eq!(current.meta, kept);
+    }
+
+    #[tokio::test]
+    async fn reads_wait_out_an_install_and_a_follower_of_the_feed_carries_on_after_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut sm = state_machine_in(dir.path());
+        with_agents(&mut sm, 3).await;
+        let reader = sm.reader();
+        let live = reader.subscribe();
+        reader.applied.installs.fetch_add(1, Ordering::AcqRel);
+        assert!(matches!(
+            reader.get("agent-001"),
+            Err(LocalError::Installing)
+        ));
+        assert!(matches!(
+            reader.get_shared_many(&["agent-001"]),
+            Err(LocalError::Installing)
+        ));
+        assert!(matches!(reader.scan(|_| {}), Err(LocalError::Installing)));
+        assert!(matches!(
+            reader.changes_from(1, 10),
+            Err(LocalError::Installing)
+        ));
+        // A follower of the feed started meanwhile waits for the end.
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let follower = {
+            let (reader, seen) = (reader.clone(), seen.clone());
+            tokio::spawn(async move {
+                reader
+                    .follow(live, 1, std::future::pending(), |c: Change| {
+                        seen.lock().unwrap().push(c.revision);
+                        async move { c.revision < 3 }
+                    })
+                    .await
+            })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(seen.lock().unwrap().is_empty());
+        reader.applied.installs.fetch_add(1, Ordering::AcqRel);
+        let _ = reader.applied.changes.send(Applied::SnapshotInstalled);
+        let end = tokio::time::timeout(std::time::Duration::from_secs(5), follower)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(matches!(end, crate::storage::FollowEnd::Stopped));
+        assert_eq!(*seen.lock().unwrap(), [1, 2, 3]);
+        assert_eq!(ids(&reader).len(), 3);
     }
 
     #[tokio::test]
