@@ -213,6 +213,9 @@ fn save_offline(data_dir: &Path, file: &Path) -> Result<(), CliError> {
             data_dir.display()
         ))
     })?;
+    // Opening the state machine finishes a snapshot install the node was
+    // stopped in (`StateMachine::open`): a backup never holds half of one.
+    storage::StateMachine::open(db.clone(), data_dir.join("snapshots"), 0).map_err(local)?;
     let part = file.with_extension("part");
     let mut out = std::io::BufWriter::new(create_private(&part)?);
     let written = storage::write_backup(&db, 0, &mut out)
