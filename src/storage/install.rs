@@ -4,7 +4,7 @@
 //!
 //! The document holds every record, change and audit entry. Decoded whole,
 //! it took several times its size in memory: a node joining a directory of
-//! 100k agents peaked at 1.8 GB, and at a million agents it would need far
+//! 100k agents peaked at 1.7 GiB, and at a million agents it would need far
 //! more than the node itself. It is read as a stream instead: each element
 //! goes into the database as soon as it is parsed, in batches of bounded
 //! size, so an install holds one element and one batch, whatever the

@@ -701,11 +701,18 @@ impl StateMachine {
         let n = WRITERS.fetch_add(1, Ordering::Relaxed);
         let tmp = self.snapshot_dir.join(format!("{WRITING}{n}"));
         let header = serde_json::to_vec(meta)?;
-        let mut file = BufWriter::new(File::create(&tmp)?);
-        file.write_all(&(header.len() as u64).to_be_bytes())?;
-        file.write_all(&header)?;
-        let out = data(&mut file)?;
-        file.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+        let written = (|| -> Result<T, LocalError> {
+            let mut file = BufWriter::new(File::create(&tmp)?);
+            file.write_all(&(header.len() as u64).to_be_bytes())?;
+            file.write_all(&header)?;
+            let out = data(&mut file)?;
+            file.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+            Ok(out)
+        })();
+        // A document refused on the way (or a full disk) leaves no file.
+        let out = written.inspect_err(|_| {
+            let _ = std::fs::remove_file(&tmp);
+        })?;
         let mut reader = File::open(&tmp)?;
         reader.seek(SeekFrom::Start(8 + header.len() as u64))?;
         std::fs::rename(&tmp, self.current_path())?;
@@ -1999,6 +2006,10 @@ mod tests {
         received.write_all(&bytes[..bytes.len() / 2]).await.unwrap();
         received.rewind().await.unwrap();
         assert!(cut.install_snapshot(&built.meta, received).await.is_err());
+        assert_eq!(
+            kinds_in(&dir.path().join("a-snap")),
+            ["checkpoint", "current.snapshot"]
+        );
         assert_eq!(cut.applied_state().await.unwrap(), applied);
         assert_eq!(ids(&cut.reader()), ["agent-001", "agent-002"]);
         let current = cut.get_current_snapshot().await.unwrap().unwrap();
