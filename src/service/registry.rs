@@ -176,6 +176,10 @@ impl RegistryService {
         self.node
             .space()
             .map_err(|e| ServiceError::InsufficientStorage(e.to_string()))?;
+        // Its reads are refused until the install ends.
+        if self.reader.installing() {
+            return Err(crate::storage::StorageError::Installing.into());
+        }
         match self.node.status().leader {
             Some(_) => Ok(self.reader.applied_revision()),
             None => Err(ServiceError::Unavailable {

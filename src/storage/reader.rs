@@ -150,6 +150,12 @@ pub struct Reader {
 }
 
 impl Reader {
+    /// Whether a snapshot install is replacing the state now (reads are
+    /// refused meanwhile; readiness says so).
+    pub fn installing(&self) -> bool {
+        self.settled().is_err()
+    }
+
     /// The install count a read starts at, or `Installing` while a
     /// snapshot install runs.
     fn settled(&self) -> Result<u64, StorageError> {
