@@ -302,6 +302,7 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
     .with_audit(config.audit.retention(), audit_sink)
     .with_record_cache(config.storage.record_cache_bytes);
     let reader = state_machine.reader();
+    audit.watch_installs(reader.clone());
     let faults = Faults::default();
     let node = RaftNode::start(
         NodeSettings {

@@ -204,6 +204,11 @@ impl AuditLog {
         Self { store }
     }
 
+    /// See [`AuditStore::watch_installs`].
+    pub fn watch_installs(&self, reader: crate::storage::Reader) {
+        self.store.watch_installs(reader);
+    }
+
     /// Runs `fut` as the audited request `scope`; if it proposed nothing,
     /// records its outcome on this node.
     pub async fn run<F: Future>(&self, scope: Scope, fut: F) -> F::Output {

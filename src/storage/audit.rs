@@ -90,6 +90,10 @@ pub struct AuditStore {
     retention: Retention,
     sink: Option<AuditSink>,
     space: Option<DiskSpace>,
+    /// The applied state's reader, once the state machine is open: the
+    /// committed trail is replaced by a snapshot install, and a listing
+    /// refuses while one runs as every read does.
+    installs: std::sync::OnceLock<super::Reader>,
 }
 
 impl AuditStore {
@@ -112,7 +116,13 @@ impl AuditStore {
             retention,
             sink,
             space: None,
+            installs: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Lists consistently with `reader`'s snapshot installs (set once).
+    pub fn watch_installs(&self, reader: super::Reader) {
+        let _ = self.installs.set(reader);
     }
 
     /// Stops storing local refusals while the data directory is short of
@@ -173,7 +183,12 @@ impl AuditStore {
         cursor: AuditCursor,
         limit: usize,
     ) -> Result<(Vec<AuditEntry>, Option<AuditCursor>), StorageError> {
-        let committed = self.matching(CF_AUDIT, query, cursor.committed, limit + 1)?;
+        let committed = match self.installs.get() {
+            Some(reader) => {
+                reader.consistent(|| self.matching(CF_AUDIT, query, cursor.committed, limit + 1))?
+            }
+            None => self.matching(CF_AUDIT, query, cursor.committed, limit + 1)?,
+        };
         let local = self.matching(CF_AUDIT_LOCAL, query, cursor.local, limit + 1)?;
         let available = committed.len() + local.len();
         // A merge, not a sort: each trail stays in its own order, so what

@@ -178,7 +178,7 @@ impl Reader {
 
     /// `read` over one state: refused while a snapshot install runs, or
     /// when one started before it ended.
-    fn consistent<T>(
+    pub(crate) fn consistent<T>(
         &self,
         read: impl FnOnce() -> Result<T, StorageError>,
     ) -> Result<T, StorageError> {
