@@ -830,6 +830,11 @@ impl SearchIndex {
             let (this, r) = (self.clone(), reader.clone());
             match tokio::task::spawn_blocking(move || this.rebuild(&r, from)).await {
                 Ok(Ok(())) => {}
+                Ok(Err(StorageError::Installing)) => {
+                    info!("the index is built once the snapshot install ends");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    continue;
+                }
                 Ok(Err(e)) => {
                     error!(error = %e, "building the discovery index failed; retrying");
                     tokio::time::sleep(Duration::from_secs(1)).await;
