@@ -101,6 +101,11 @@ pub fn open(dir: &Path, max_wal_bytes: u64) -> Result<Arc<DB>, StorageError> {
     // serves; bounding the WAL bounds the space that takes (the reserve of
     // `DiskSpace` keeps it free), so a node whose disk filled up can start.
     opts.set_max_total_wal_size(max_wal_bytes);
+    // The state machine writes without the WAL (its WAL is the Raft log:
+    // `StateMachine::apply_batch`); flushing every column family together
+    // keeps what reaches disk one applied state, never records of one
+    // entry beside the applied log id of another.
+    opts.set_atomic_flush(true);
     // One LRU block cache for every column family. RocksDB's default (a
     // small cache per table) leaves discovery reading the returned records
     // through the OS page cache, decompressing their blocks on every

@@ -6,6 +6,9 @@
 //!   or the network, so every node reaches the same state.
 //! - Each entry's record write, change-feed entry and `last_applied` go into
 //!   one `WriteBatch`, so a crash never leaves a record without its revision.
+//!   Batches skip RocksDB's WAL (the Raft log is this state's log), and the
+//!   database flushes atomically, so a crash returns to the last flushed
+//!   state, from which the log is re-applied.
 //! - Refused writes are `CommandResult::Rejected` values, never storage errors
 //!   (openraft treats those as fatal).
 //! - Snapshots are RocksDB checkpoints (`checkpoint`), so building one costs
@@ -1238,11 +1241,22 @@ impl StateMachine {
         // Holds change with the records they belong to: readers that pair a
         // record with its lease (`Reader::get_leased`) hold the table's read
         // lock across both, so they see the batch and the table together.
+        //
+        // Applied state skips RocksDB's WAL: the Raft log, synced before an
+        // entry is committed, already holds every entry, and the state is a
+        // deterministic function of it. A node that stops without flushing
+        // reopens at its last flush (one consistent state: the database
+        // flushes all column families atomically) and re-applies the log
+        // after it; the log is purged only below a snapshot, which flushes
+        // first. Writing each record, change and audit entry to a WAL too
+        // cost more than half the disk written per write (docs/benchmarks.md).
+        let mut nowal = rocksdb::WriteOptions::default();
+        nowal.disable_wal(true);
         if lease_writes.is_empty() {
-            self.db.write(batch).map_err(sm_write)?;
+            self.db.write_opt(batch, &nowal).map_err(sm_write)?;
         } else {
             let mut table = self.applied.leases_mut();
-            self.db.write(batch).map_err(sm_write)?;
+            self.db.write_opt(batch, &nowal).map_err(sm_write)?;
             for w in &lease_writes {
                 table.apply(w);
             }
