@@ -584,6 +584,7 @@ impl Cluster {
     pub async fn contents(&self, id: u64) -> BTreeMap<String, String> {
         let mut out = BTreeMap::new();
         let mut token = String::new();
+        let mut waits = 0;
         loop {
             let url = format!(
                 "{}/agents?page_size=200{}",
@@ -594,17 +595,26 @@ impl Cluster {
                     format!("&page_token={token}")
                 }
             );
-            let page: Value = self
+            let response = self
                 .http
-                .get(url)
+                .get(&url)
                 .bearer_auth(ADMIN)
                 .send()
                 .await
-                .expect("list")
-                .json()
-                .await
-                .expect("list json");
-            for a in page["agents"].as_array().expect("agents") {
+                .expect("list");
+            let status = response.status();
+            let page: Value = response.json().await.expect("list json");
+            // A node installing a snapshot answers 503 until it is done, and
+            // says when to come back; the test does as a client would.
+            if status == 503 && installing(&page) && waits < 150 {
+                waits += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                continue;
+            }
+            let Some(agents) = page["agents"].as_array() else {
+                panic!("listing node {id}: {status} {page}");
+            };
+            for a in agents {
                 out.insert(
                     a["id"].as_str().unwrap_or_default().to_string(),
                     format!(
@@ -657,4 +667,11 @@ pub fn agent(id: &str, description: &str) -> Value {
         "tags": ["cluster-test"],
         "bindings": [{"protocol": "https", "endpoint": format!("https://agents.example/{id}")}],
     })
+}
+
+/// Whether a problem body says its node is installing a snapshot.
+fn installing(problem: &Value) -> bool {
+    problem["detail"]
+        .as_str()
+        .is_some_and(|d| d.contains("installing a snapshot"))
 }
