@@ -23,7 +23,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::io::{BufReader, Read, Write};
 
-use rocksdb::{WriteBatch, WriteOptions, DB};
+use rocksdb::{WriteBatch, DB};
 use serde::de::{self, DeserializeOwned, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess};
 use serde::{Deserialize, Deserializer, Serialize};
 
@@ -31,7 +31,9 @@ use super::state_machine::{
     KEY_APPLIED, KEY_AUDIT_SEQ, KEY_CLUSTER, KEY_FEDERATION_CURSORS, KEY_IDENTITY, KEY_MEMBERSHIP,
     KEY_OLDEST, KEY_PUBLISHER_KEYS, KEY_REVISION,
 };
-use super::{cf, u64_key, StorageError, CF_AGENTS, CF_AUDIT, CF_CHANGES, CF_LEASES, CF_SM};
+use super::{
+    cf, u64_key, unlogged, StorageError, CF_AGENTS, CF_AUDIT, CF_CHANGES, CF_LEASES, CF_SM,
+};
 use crate::consensus::{ClusterRecord, LogId, NodeId};
 use crate::crypto::Identity;
 use crate::domain::audit::AuditEntry;
@@ -92,11 +94,13 @@ pub(super) fn install(
         Err(e) => return Err(writer.failed.take().unwrap_or(e.into())),
     };
     writer.write_batch()?;
-    // The elements went in without the WAL: on disk before the applied log
-    // id says they are there.
-    for name in REPLACED {
-        db.flush_cf(cf(db, name)?)?;
-    }
+    // The elements went in without the WAL: on disk, in one atomic flush,
+    // before the applied log id says they are there.
+    let replaced = REPLACED
+        .iter()
+        .map(|name| cf(db, name))
+        .collect::<Result<Vec<_>, _>>()?;
+    db.flush_cfs_opt(&replaced, &rocksdb::FlushOptions::default())?;
 
     let last: Option<LogId> = meta.last_log_id;
     let revision = scalars
@@ -211,9 +215,8 @@ impl Writer<'_> {
     }
 
     fn write_batch(&mut self) -> Result<(), StorageError> {
-        let mut opts = WriteOptions::default();
-        opts.disable_wal(true);
-        self.db.write_opt(std::mem::take(&mut self.batch), &opts)?;
+        self.db
+            .write_opt(std::mem::take(&mut self.batch), &unlogged())?;
         Ok(())
     }
 }

@@ -181,6 +181,14 @@ pub(crate) fn bulk_read() -> rocksdb::ReadOptions {
     opts
 }
 
+/// Write options for the applied state, which RocksDB's WAL does not log:
+/// the Raft log is its log (`StateMachine::apply_batch`, `install`).
+pub(crate) fn unlogged() -> rocksdb::WriteOptions {
+    let mut opts = rocksdb::WriteOptions::default();
+    opts.disable_wal(true);
+    opts
+}
+
 pub(crate) fn u64_key(n: u64) -> [u8; 8] {
     n.to_be_bytes()
 }

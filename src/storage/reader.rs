@@ -334,12 +334,12 @@ impl Reader {
 
     /// Visits every record (tombstones included) in id order.
     pub fn scan(&self, mut visit: impl FnMut(AgentRecord)) -> Result<(), StorageError> {
-        let installs = self.settled()?;
-        let mut it = self
-            .db
-            .raw_iterator_cf_opt(cf(&self.db, CF_AGENTS)?, super::bulk_read());
         // An iterator reads the state as of its creation.
-        self.still(installs)?;
+        let mut it = self.consistent(|| {
+            Ok(self
+                .db
+                .raw_iterator_cf_opt(cf(&self.db, CF_AGENTS)?, super::bulk_read()))
+        })?;
         it.seek_to_first();
         while let Some(v) = it.value() {
             visit(serde_json::from_slice(v)?);
@@ -358,11 +358,11 @@ impl Reader {
         mut visit: impl FnMut(AgentRecord, Option<&[u8]>),
     ) -> Result<(), StorageError> {
         let vectors_cf = cf(&self.db, CF_INDEX_VECTORS)?;
-        let installs = self.settled()?;
-        let mut records = self
-            .db
-            .raw_iterator_cf_opt(cf(&self.db, CF_AGENTS)?, super::bulk_read());
-        self.still(installs)?;
+        let mut records = self.consistent(|| {
+            Ok(self
+                .db
+                .raw_iterator_cf_opt(cf(&self.db, CF_AGENTS)?, super::bulk_read()))
+        })?;
         let mut vectors = self.db.raw_iterator_cf_opt(vectors_cf, super::bulk_read());
         records.seek_to_first();
         vectors.seek_to_first();
@@ -447,9 +447,7 @@ impl Reader {
         start: &str,
         mut visit: impl FnMut(AgentRecord) -> bool,
     ) -> Result<(), StorageError> {
-        let installs = self.settled()?;
-        let mut it = self.db.raw_iterator_cf(cf(&self.db, CF_AGENTS)?);
-        self.still(installs)?;
+        let mut it = self.consistent(|| Ok(self.db.raw_iterator_cf(cf(&self.db, CF_AGENTS)?)))?;
         it.seek(start.as_bytes());
         while let Some(v) = it.value() {
             if !visit(serde_json::from_slice(v)?) {
@@ -463,9 +461,7 @@ impl Reader {
 
     /// Changes with revision >= `from`, at most `limit` of them, in order.
     pub fn changes_from(&self, from: u64, limit: usize) -> Result<Vec<Change>, StorageError> {
-        let installs = self.settled()?;
-        let mut it = self.db.raw_iterator_cf(cf(&self.db, CF_CHANGES)?);
-        self.still(installs)?;
+        let mut it = self.consistent(|| Ok(self.db.raw_iterator_cf(cf(&self.db, CF_CHANGES)?)))?;
         it.seek(u64_key(from));
         let mut out = Vec::new();
         while let (Some(k), Some(v)) = (it.key(), it.value()) {

@@ -35,8 +35,8 @@ use super::install;
 use super::quota::RecordCounts;
 use super::reader::{Applied, AppliedState, HoldsChanged};
 use super::{
-    cf, get_json, u64_key, Reader, StorageError as LocalError, CF_AGENTS, CF_AUDIT, CF_CHANGES,
-    CF_LEASES, CF_SM,
+    cf, get_json, u64_key, unlogged, Reader, StorageError as LocalError, CF_AGENTS, CF_AUDIT,
+    CF_CHANGES, CF_LEASES, CF_SM,
 };
 use crate::consensus::PublisherKeyChange;
 use crate::consensus::{
@@ -1250,13 +1250,11 @@ impl StateMachine {
         // after it; the log is purged only below a snapshot, which flushes
         // first. Writing each record, change and audit entry to a WAL too
         // cost more than half the disk written per write (docs/benchmarks.md).
-        let mut nowal = rocksdb::WriteOptions::default();
-        nowal.disable_wal(true);
         if lease_writes.is_empty() {
-            self.db.write_opt(batch, &nowal).map_err(sm_write)?;
+            self.db.write_opt(batch, &unlogged()).map_err(sm_write)?;
         } else {
             let mut table = self.applied.leases_mut();
-            self.db.write_opt(batch, &nowal).map_err(sm_write)?;
+            self.db.write_opt(batch, &unlogged()).map_err(sm_write)?;
             for w in &lease_writes {
                 table.apply(w);
             }
