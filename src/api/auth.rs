@@ -78,10 +78,11 @@ impl Authenticator {
         let value = value.to_str().map_err(|_| {
             ServiceError::Unauthorized("the authorization header is not valid text".into())
         })?;
+        // The scheme is case-insensitive (RFC 9110 11.1).
         let credential = value
-            .strip_prefix("Bearer ")
-            .or_else(|| value.strip_prefix("bearer "))
-            .map(str::trim)
+            .split_once(' ')
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, rest)| rest.trim())
             .filter(|k| !k.is_empty())
             .ok_or_else(|| {
                 ServiceError::Unauthorized("use 'Authorization: Bearer <api key or token>'".into())
@@ -144,5 +145,14 @@ mod tests {
         assert!(a.identify(&md(None), None).await.unwrap().0.is_none());
         assert!(a.identify(&md(Some("Bearer nope")), None).await.is_err());
         assert!(a.identify(&md(Some("Basic abc")), None).await.is_err());
+        // The scheme's case does not matter; a scheme alone is no credential.
+        for scheme in ["bearer", "BEARER", "BeaRer"] {
+            let who = a
+                .identify(&md(Some(&format!("{scheme} s3cret"))), None)
+                .await;
+            assert_eq!(who.unwrap().0.unwrap().name, "ci", "{scheme}");
+        }
+        assert!(a.identify(&md(Some("Bearer")), None).await.is_err());
+        assert!(a.identify(&md(Some("Bearer  ")), None).await.is_err());
     }
 }

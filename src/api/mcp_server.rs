@@ -56,7 +56,7 @@ use tonic::Status;
 use tracing::Instrument;
 
 use super::auth::Identity;
-use super::error::{detail_of, problem_body, transport_refusal};
+use super::error::{detail_of, problem_body};
 use super::gate::OpClass;
 use super::http::HttpState;
 use crate::convert::discovery::{discover_request_from_json, discover_response_to_json};
@@ -683,6 +683,31 @@ fn refusal(status: Status) -> Response {
         .into_response()
 }
 
+/// The JSON-RPC error (HTTP 400, no id) for a body that is not JSON
+/// (-32700) or not a JSON-RPC 2.0 message (-32600); rmcp would answer both
+/// with a plain-text 415.
+fn not_json_rpc(body: &[u8]) -> Option<Response> {
+    let (code, message) = match serde_json::from_slice::<Value>(body) {
+        Err(e) => (-32700, format!("Parse error: {e}")),
+        Ok(Value::Object(m)) if m.get("jsonrpc").and_then(Value::as_str) == Some("2.0") => {
+            return None
+        }
+        Ok(_) => (
+            -32600,
+            "Invalid Request: the body must be one JSON-RPC 2.0 message (an object with \"jsonrpc\": \"2.0\")".to_string(),
+        ),
+    };
+    let body = json!({"jsonrpc": "2.0", "id": null, "error": {"code": code, "message": message}});
+    Some(
+        (
+            StatusCode::BAD_REQUEST,
+            [(header::CONTENT_TYPE, "application/json")],
+            body.to_string(),
+        )
+            .into_response(),
+    )
+}
+
 /// `POST /mcp`. The gate has admitted the request (so a refusal here is
 /// counted, audited and rate limited like any other); its `Host` and
 /// `Origin` are checked against the names the registry answers to
@@ -694,18 +719,15 @@ pub async fn serve(State(state): State<HttpState>, req: Request) -> Response {
         return refusal(e.into());
     }
     let (parts, body) = req.into_parts();
-    let bytes = match axum::body::to_bytes(body, state.max_body).await {
+    let bytes = match super::http::read_body(body, state.max_body).await {
         Ok(b) => b,
-        Err(_) => {
-            return refusal(transport_refusal(
-                413,
-                format!(
-                    "request body is larger than the limit of {} bytes",
-                    state.max_body
-                ),
-            ))
-        }
+        Err(refused) => return refusal(refused),
     };
+    if parts.method == axum::http::Method::POST {
+        if let Some(refused) = not_json_rpc(&bytes) {
+            return refused;
+        }
+    }
     let req = Request::from_parts(parts, axum::body::Body::from(bytes));
     let service = StreamableHttpService::new(
         move || {
@@ -727,6 +749,25 @@ pub async fn serve(State(state): State<HttpState>, req: Request) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bodies_that_are_not_json_rpc_get_a_json_rpc_error() {
+        for (body, code) in [
+            (&b"{bad"[..], -32700),
+            (b"[1]", -32600),
+            (br#"{"method": "tools/list", "id": 1}"#, -32600),
+        ] {
+            let refused = not_json_rpc(body).expect("refused");
+            assert_eq!(refused.status(), StatusCode::BAD_REQUEST);
+            let bytes =
+                futures::executor::block_on(axum::body::to_bytes(refused.into_body(), 4096))
+                    .unwrap();
+            let v: Value = serde_json::from_slice(&bytes).unwrap();
+            assert_eq!(v["error"]["code"], code, "{v}");
+            assert_eq!(v["id"], Value::Null);
+        }
+        assert!(not_json_rpc(br#"{"jsonrpc": "2.0", "method": "ping", "id": 1}"#).is_none());
+    }
 
     #[test]
     fn the_tool_schemas_compile_and_name_every_tool() {

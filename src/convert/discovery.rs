@@ -118,6 +118,7 @@ pub fn discover_request_from_json(v: Value) -> Result<pb::DiscoverRequest, Field
             "the discovery request must be a JSON object",
         ));
     };
+    let obj_limit_is_zero = obj.get("limit").and_then(Value::as_u64) == Some(0);
     if let Some(k) = obj.keys().find(|k| !REQUEST_MEMBERS.contains(&k.as_str())) {
         return Err(FieldError::new(
             format!("/{k}"),
@@ -128,6 +129,14 @@ pub fn discover_request_from_json(v: Value) -> Result<pb::DiscoverRequest, Field
         ));
     }
     let r: DiscoverJson = from_json(v)?;
+    // Zero is how the gRPC message says "the default"; in JSON the member is
+    // left out for that, and an explicit 0 is out of range.
+    if obj_limit_is_zero {
+        return Err(FieldError::new(
+            "/limit",
+            format!("must be from 1 to {}", crate::domain::discovery::MAX_LIMIT),
+        ));
+    }
     Ok(pb::DiscoverRequest {
         query: r.query,
         required_tags: r.required_tags,

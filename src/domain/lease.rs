@@ -436,10 +436,7 @@ impl<'a> Staged<'a> {
                     .principal
                     .may_manage(&rec.owner, rec.owner_tenant.as_deref())
                 {
-                    return Err(Rejection::Forbidden {
-                        id: id.clone(),
-                        principal: r.principal.name.clone(),
-                    });
+                    return Err(super::write::not_theirs(rec, id.clone(), &r.principal));
                 }
                 match lease {
                     Some(name) => {

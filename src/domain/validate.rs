@@ -95,6 +95,11 @@ pub fn validate_id(id: &str, pointer: &str) -> Result {
             "must not contain whitespace or control characters",
         ));
     }
+    // A path of `.` or `..` is removed by every URL resolver (RFC 3986
+    // 5.2.4): `/agents/..` would never reach the record.
+    if id == "." || id == ".." {
+        return Err(FieldError::new(pointer, "must not be '.' or '..'"));
+    }
     if id.contains(':') {
         let uri = url::Url::parse(id).map_err(|e| {
             FieldError::new(
@@ -615,7 +620,15 @@ mod tests {
         ] {
             assert!(validate_id(ok, "/id").is_ok(), "{ok}");
         }
-        for bad in ["", "a b", "a/b", "x:", &"a".repeat(MAX_ID_LEN + 1)] {
+        for bad in [
+            "",
+            "a b",
+            "a/b",
+            "x:",
+            ".",
+            "..",
+            &"a".repeat(MAX_ID_LEN + 1),
+        ] {
             assert!(validate_id(bad, "/id").is_err(), "{bad}");
         }
     }

@@ -29,6 +29,7 @@ use serde_json::{json, Map, Value};
 use time::OffsetDateTime;
 use tracing::{debug, instrument};
 
+use super::woa_host::changed_at;
 use super::{RegistryService, ServiceError};
 use crate::crypto::canonical::canonical;
 use crate::crypto::keys::Signer;
@@ -337,23 +338,25 @@ impl ArdService {
         body.push_str(&Value::Object(self.registry_entry()).to_string());
         let mut c = write(&self.cache);
         let leases = self.registry.reader().leases();
-        let mut newest = 0i64;
         for (id, item) in c.items.iter() {
             if !listed(&item.facts, expiry(&leases, id, item), now) {
                 continue;
             }
-            newest = newest.max(item.facts.updated_unix);
             body.push(',');
             body.push_str(std::str::from_utf8(&item.json).unwrap_or("{}"));
         }
         body.push_str("]}");
         let etag = format!("\"{}\"", &digest(body.as_bytes())[7..39]);
+        let previous = c
+            .document
+            .as_ref()
+            .map(|d| (d.etag.as_str(), d.last_modified));
+        let last_modified = changed_at(previous, &etag, OffsetDateTime::now_utc());
         let doc = Arc::new(CatalogDocument {
             revision: c.revision,
             body: Bytes::from(body),
             etag,
-            last_modified: OffsetDateTime::from_unix_timestamp(newest)
-                .unwrap_or(OffsetDateTime::UNIX_EPOCH),
+            last_modified,
             built: Instant::now(),
         });
         c.document = Some(doc.clone());

@@ -90,6 +90,7 @@ impl WoaHost {
     ) -> Result<Arc<WoaDocument>, ServiceError> {
         let reader = registry.reader().clone();
         let base = self.base.clone();
+        let previous = self.cached();
         let doc = tokio::task::spawn_blocking(move || {
             let mut records = Vec::new();
             reader.scan(|r| {
@@ -97,7 +98,10 @@ impl WoaHost {
                     records.push(r);
                 }
             })?;
-            Ok::<_, ServiceError>(build(&base, revision, &records))
+            let previous = previous
+                .as_ref()
+                .map(|d| (d.etag.as_str(), d.last_modified));
+            Ok::<_, ServiceError>(build(&base, revision, &records, previous))
         })
         .await
         .map_err(|e| ServiceError::Internal(format!("building woa.json: {e}")))??;
@@ -201,18 +205,21 @@ fn agent_object(r: &AgentRecord, token: &str) -> Value {
     Value::Object(a)
 }
 
-fn build(base: &str, revision: u64, records: &[AgentRecord]) -> WoaDocument {
+/// The document of `records`; `previous` is the last build's ETag and
+/// Last-Modified (see [`changed_at`]).
+fn build(
+    base: &str,
+    revision: u64,
+    records: &[AgentRecord],
+    previous: Option<(&str, OffsetDateTime)>,
+) -> WoaDocument {
     let mut tokens = HashMap::new();
-    let mut last_modified = OffsetDateTime::UNIX_EPOCH;
     let agents: Vec<Value> = records
         .iter()
         .map(|r| {
             let token = woa_token(&r.metadata.id);
             if token != r.metadata.id {
                 tokens.insert(token.clone(), r.metadata.id.clone());
-            }
-            if let Some(t) = crate::domain::time::parse(&r.envelope.modified_at) {
-                last_modified = last_modified.max(t);
             }
             agent_object(r, &token)
         })
@@ -230,8 +237,8 @@ fn build(base: &str, revision: u64, records: &[AgentRecord]) -> WoaDocument {
     WoaDocument {
         revision,
         body,
+        last_modified: changed_at(previous, &etag, OffsetDateTime::now_utc()),
         etag,
-        last_modified: last_modified.replace_nanosecond(0).unwrap_or(last_modified),
         tokens,
         agents: records
             .iter()
@@ -259,6 +266,25 @@ pub fn parse_http_date(s: &str) -> Option<OffsetDateTime> {
     time::PrimitiveDateTime::parse(s.trim(), FORMAT)
         .ok()
         .map(|t| t.assume_utc())
+}
+
+/// When a rebuilt document last changed, for its Last-Modified: the
+/// previous build's time while the body is the same, otherwise now (whole
+/// seconds), always after the previous. Not the newest record's date: a
+/// deletion, an expiry or a record dated in the past would leave that date
+/// where it was or move it back, and a client's If-Modified-Since would then
+/// be answered 304 for a document that changed.
+pub fn changed_at(
+    previous: Option<(&str, OffsetDateTime)>,
+    etag: &str,
+    now: OffsetDateTime,
+) -> OffsetDateTime {
+    let now = now.replace_nanosecond(0).unwrap_or(now);
+    match previous {
+        Some((tag, at)) if tag == etag => at,
+        Some((_, at)) => now.max(at + time::Duration::SECOND),
+        None => now,
+    }
 }
 
 /// Whether a conditional GET may be answered 304 (RFC 9110 13.1):
@@ -319,7 +345,7 @@ mod tests {
             .into_iter()
             .filter(hosted)
             .collect();
-        let doc = build("https://registry.example", 7, &hosted_records);
+        let doc = build("https://registry.example", 7, &hosted_records, None);
         let v: Value = serde_json::from_slice(&doc.body).unwrap();
         assert_eq!(v["woa_version"], "1");
         assert_eq!(
@@ -338,15 +364,28 @@ mod tests {
             doc.tokens.get(token).map(String::as_str),
             Some("https://agents.example/echo")
         );
+    }
+
+    #[test]
+    fn last_modified_moves_forward_exactly_when_the_document_changes() {
+        let t0 = OffsetDateTime::from_unix_timestamp(1_800_000_000).unwrap();
+        let first = changed_at(None, "\"a\"", t0);
+        assert_eq!(first, t0);
+        let later = t0 + time::Duration::minutes(5);
+        // The same body keeps its date, however much later it is rebuilt.
+        assert_eq!(changed_at(Some(("\"a\"", first)), "\"a\"", later), t0);
+        // A changed body (a deletion, a record dated in the past) moves it
+        // to now, and within the same second still past the previous date.
+        assert_eq!(changed_at(Some(("\"a\"", first)), "\"b\"", later), later);
         assert_eq!(
-            http_date(doc.last_modified),
-            "Fri, 20 Nov 2026 10:00:00 GMT"
+            changed_at(Some(("\"a\"", first)), "\"b\"", t0),
+            t0 + time::Duration::SECOND
         );
     }
 
     #[test]
     fn conditional_requests_compare_validators() {
-        let doc = build("https://r.example", 1, &[record("echo", json!({}))]);
+        let doc = build("https://r.example", 1, &[record("echo", json!({}))], None);
         assert!(not_modified(
             &doc.etag,
             doc.last_modified,
@@ -365,17 +404,19 @@ mod tests {
             Some("\"other\""),
             Some(&http_date(doc.last_modified))
         ));
+        let after = http_date(doc.last_modified + time::Duration::DAY);
+        let before = http_date(doc.last_modified - time::Duration::DAY);
         assert!(not_modified(
             &doc.etag,
             doc.last_modified,
             None,
-            Some("Sat, 21 Nov 2026 00:00:00 GMT")
+            Some(&after)
         ));
         assert!(!not_modified(
             &doc.etag,
             doc.last_modified,
             None,
-            Some("Thu, 19 Nov 2026 00:00:00 GMT")
+            Some(&before)
         ));
         assert!(!not_modified(&doc.etag, doc.last_modified, None, None));
     }

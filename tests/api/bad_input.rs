@@ -812,6 +812,64 @@ async fn bad_input_is_refused_and_changes_nothing() {
         },
     ];
     cases.append(&mut special);
+    cases.extend([
+        case(
+            "id '..' (a dot segment no URL keeps)",
+            post.clone(),
+            "/agents",
+            Some(with(t.clone(), |m| m["id"] = json!(".."))),
+            400,
+            "invalid_request",
+            Some("/id"),
+        ),
+        case(
+            "register an MCP server's record directly",
+            post.clone(),
+            "/agents",
+            Some(with(t.clone(), |m| {
+                m["id"] = json!("mcp:io.example/weather")
+            })),
+            400,
+            "invalid_request",
+            Some("/id"),
+        ),
+        case(
+            "delete an MCP server's record directly",
+            Method::DELETE,
+            "/agents/mcp%3Aio.example%2Fweather",
+            None,
+            400,
+            "invalid_request",
+            Some("/id"),
+        ),
+        case(
+            "set an MCP server's status directly",
+            post.clone(),
+            "/agents/mcp%3Aio.example%2Fweather/status",
+            Some(json!({"status": "deleted"})),
+            400,
+            "invalid_request",
+            Some("/id"),
+        ),
+        case(
+            "a path parameter that is not UTF-8",
+            Method::GET,
+            "/agents/%FF",
+            None,
+            400,
+            "invalid_request",
+            None,
+        ),
+        case(
+            "discovery limit 0",
+            post.clone(),
+            "/discover",
+            Some(json!({"query": "translate", "limit": 0})),
+            400,
+            "invalid_request",
+            Some("/limit"),
+        ),
+    ]);
     // Cluster administration: validated, refused, and membership unchanged.
     let admin = |name, method: Method, path: &str, body, status, code, field| Case {
         key: Some(ADMIN),
@@ -968,4 +1026,155 @@ async fn bad_input_is_refused_and_changes_nothing() {
     let cluster_after = membership(&h).await;
     assert_eq!(cluster_after, cluster_before, "membership unchanged");
     s.stop().await;
+}
+
+/// HTTP's own edges: HEAD, a body that cannot be read, the scheme's case,
+/// a private record's existence, conditional GETs after a deletion, and a
+/// JSON-RPC body that is not JSON.
+#[tokio::test]
+async fn http_edges_answer_as_the_standards_say() {
+    let s = TestServer::start().await;
+    let h = Http::new(&s.http);
+    h.register(Some(ALICE), translator("agent-12345"))
+        .await
+        .unwrap();
+
+    // HEAD is GET without the body, through the same gate.
+    for path in [
+        "/healthz",
+        "/agents",
+        "/agents/agent-12345",
+        "/v0.1/servers",
+    ] {
+        let r = h
+            .client
+            .head(format!("{}{path}", s.http))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 200, "HEAD {path}");
+    }
+
+    // A chunked body cut short by a bad chunk size cannot be read: 400,
+    // not "too large".
+    let addr = s.http.trim_start_matches("http://").to_string();
+    let raw = format!(
+        "POST /agents HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {ALICE}\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\nZZ\r\n{{}}\r\n0\r\n\r\n"
+    );
+    let answer = raw_http(&addr, raw.as_bytes()).await;
+    assert!(
+        answer.starts_with("HTTP/1.1 400"),
+        "malformed chunked body: {answer}"
+    );
+    assert!(answer.contains("application/problem+json"), "{answer}");
+
+    // The authorization scheme is case-insensitive.
+    let (status, _, _) = h
+        .send(
+            Method::GET,
+            "/agents/agent-12345",
+            None,
+            None,
+            &[("authorization", &format!("BEARER {ALICE}"))],
+        )
+        .await;
+    assert_eq!(status, 200);
+
+    // A private record is not found for a principal who may not read it,
+    // on the write paths as on the reads; stored data stays as it was.
+    let (status, _, _) = h
+        .send(
+            Method::POST,
+            "/agents?visibility=private",
+            Some(ALICE),
+            Some(translator("secret-agent")),
+            &[],
+        )
+        .await;
+    assert_eq!(status, 201);
+    let before = snapshot(&h).await;
+    for (method, path, body) in [
+        (Method::GET, "/agents/secret-agent", None),
+        (
+            Method::PUT,
+            "/agents/secret-agent",
+            Some(translator("secret-agent")),
+        ),
+        (Method::DELETE, "/agents/secret-agent", None),
+        (
+            Method::POST,
+            "/agents/secret-agent/status",
+            Some(json!({"status": "inactive"})),
+        ),
+        (Method::POST, "/agents/secret-agent/refresh", None),
+    ] {
+        let (status, _, body) = h.send(method.clone(), path, Some(BOB), body, &[]).await;
+        assert_eq!(status, 404, "{method} {path}: {body}");
+        assert_eq!(body["code"], "not_found", "{method} {path}");
+    }
+    assert_eq!(snapshot(&h).await, before, "refused writes changed nothing");
+
+    // A conditional GET after a deletion sees the change, although the
+    // remaining records are all older than the catalog's last date.
+    h.register(Some(ALICE), translator("agent-2"))
+        .await
+        .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let catalog = "/.well-known/ai-catalog.json";
+    let (status, headers, _) = h.send(Method::GET, catalog, None, None, &[]).await;
+    assert_eq!(status, 200);
+    let last_modified = headers["last-modified"].to_str().unwrap().to_string();
+    h.delete(Some(ALICE), "agent-2").await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let (status, headers, body) = h
+        .send(
+            Method::GET,
+            catalog,
+            None,
+            None,
+            &[("if-modified-since", &last_modified)],
+        )
+        .await;
+    assert_eq!(status, 200, "the catalog changed since {last_modified}");
+    assert!(!body.to_string().contains("agent-2"));
+    let now_modified = headers["last-modified"].to_str().unwrap().to_string();
+    let (status, _, _) = h
+        .send(
+            Method::GET,
+            catalog,
+            None,
+            None,
+            &[("if-modified-since", &now_modified)],
+        )
+        .await;
+    assert_eq!(status, 304, "unchanged since {now_modified}");
+
+    // A body that is not JSON gets JSON-RPC's parse error.
+    let r = h
+        .client
+        .post(format!("{}/mcp", s.http))
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .body("{bad")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], -32700, "{v}");
+    s.stop().await;
+}
+
+/// Sends `request` as it is and reads the answer until the server closes.
+async fn raw_http(addr: &str, request: &[u8]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.write_all(request).await.unwrap();
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        stream.read_to_end(&mut answer),
+    )
+    .await;
+    String::from_utf8_lossy(&answer).into_owned()
 }

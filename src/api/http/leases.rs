@@ -34,9 +34,7 @@ async fn refresh_body(
     let bytes = if declared {
         json_bytes(s, headers, body).await?
     } else {
-        axum::body::to_bytes(body, s.max_body)
-            .await
-            .map_err(|_| invalid(None, "the request body could not be read"))?
+        super::read_body(body, s.max_body).await.map_err(ApiError)?
     };
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(RefreshBody::default());

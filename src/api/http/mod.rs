@@ -139,7 +139,10 @@ async fn set_problem_instance(
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    let resp = next.run(req).await;
+    let mut resp = next.run(req).await;
+    if resp.status().is_client_error() && is_plain_text(&resp) {
+        resp = plain_refusal(resp).await;
+    }
     let is_problem = resp
         .headers()
         .get(header::CONTENT_TYPE)
@@ -170,6 +173,30 @@ async fn set_problem_instance(
     }
     v["instance"] = json!(uri.path());
     Response::from_parts(parts, Body::from(v.to_string()))
+}
+
+fn is_plain_text(resp: &Response) -> bool {
+    resp.headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/plain"))
+}
+
+/// The error body for a refusal axum's own extractors wrote as plain text
+/// (a path parameter that is not UTF-8, say): the same status, its text as
+/// the message.
+async fn plain_refusal(resp: Response) -> Response {
+    let status = resp.status();
+    let text = axum::body::to_bytes(resp.into_body(), 64 << 10)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_string())
+        .unwrap_or_default();
+    let message = if text.is_empty() {
+        status.canonical_reason().unwrap_or("refused").to_string()
+    } else {
+        text
+    };
+    ApiError(transport_refusal(status.as_u16(), message)).into_response()
 }
 
 /// Builds a tonic request carrying the caller's identity, as the gRPC
@@ -229,17 +256,27 @@ async fn json_bytes(state: &HttpState, headers: &HeaderMap, body: Body) -> Resul
             format!("Content-Type must be application/json, not '{ctype}'"),
         )));
     }
-    axum::body::to_bytes(body, state.max_body)
-        .await
-        .map_err(|_| {
-            ApiError(transport_refusal(
-                413,
-                format!(
-                    "request body is larger than the limit of {} bytes",
-                    state.max_body
-                ),
-            ))
-        })
+    read_body(body, state.max_body).await.map_err(ApiError)
+}
+
+/// A request body read whole: 413 when it is longer than `limit`, 400 when
+/// it cannot be read at all (a malformed chunked encoding, say), each with
+/// the error body.
+pub(crate) async fn read_body(body: Body, limit: usize) -> Result<Bytes, tonic::Status> {
+    axum::body::to_bytes(body, limit).await.map_err(|e| {
+        // The limit's error sits under one or two of axum's own wrappers.
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&e);
+        while let Some(c) = cause {
+            if c.is::<http_body_util::LengthLimitError>() {
+                return transport_refusal(
+                    413,
+                    format!("request body is larger than the limit of {limit} bytes"),
+                );
+            }
+            cause = c.source();
+        }
+        transport_refusal(400, format!("the request body could not be read: {e}"))
+    })
 }
 
 /// Parses agent metadata JSON, naming the member with the wrong type.
@@ -1171,8 +1208,15 @@ async fn gate_http(
     next: axum::middleware::Next,
 ) -> Response {
     let method = req.method().as_str();
-    let operation = format!("{method} {}", matched.as_ref().map_or("", |m| m.as_str()));
-    let class = classes.get(&operation).copied();
+    let route = matched.as_ref().map_or("", |m| m.as_str());
+    let operation = format!("{method} {route}");
+    // axum answers HEAD through the GET route (the same answer without its
+    // body, RFC 9110 9.3.2), so it passes the gate as that GET.
+    let class = classes.get(&operation).copied().or_else(|| {
+        (req.method() == axum::http::Method::HEAD)
+            .then(|| classes.get(&format!("GET {route}")).copied())
+            .flatten()
+    });
     let Some(class) = class else {
         return ApiError::from(ServiceError::Internal(format!(
             "route {method} {} has no gate class",
