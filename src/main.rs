@@ -11,10 +11,20 @@ use agentry::cli::{
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    let filter =
-        EnvFilter::try_new(&cli.log).unwrap_or_else(|_| EnvFilter::new(agentry::cli::DEFAULT_LOG));
+    let filter = match EnvFilter::try_new(&cli.log) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!(
+                "error: --log / AGENTRY_LOG '{}' is not a log filter: {e}",
+                cli.log
+            );
+            return std::process::ExitCode::from(2);
+        }
+    };
+    // Colours only for a terminal: a log file or collector gets plain text.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     if cli.log_format == "json" {
         builder.json().init();

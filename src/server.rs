@@ -146,7 +146,8 @@ fn hostname() -> String {
 
 /// Builds the authenticator: configured keys plus the bootstrap admin key,
 /// which comes from `AGENTRY_ADMIN_KEY`, else from the digest stored on a
-/// previous start, else is generated now (and returned to be shown once).
+/// previous start, else is generated now (and returned to be shown once;
+/// its digest is stored by [`keep_admin_key`] once the node serves).
 fn authenticator(config: &Config) -> Result<(Authenticator, Option<String>), ServerError> {
     let mut auth = Authenticator::default();
     for k in &config.api_keys {
@@ -174,14 +175,23 @@ fn authenticator(config: &Config) -> Result<(Authenticator, Option<String>), Ser
     let mut bytes = [0u8; 24];
     getrandom::fill(&mut bytes).map_err(|e| std::io::Error::other(e.to_string()))?;
     let key = format!("agk_{}", crate::crypto::hex(&bytes));
-    std::fs::write(&path, key_digest(&key))?;
+    auth.add_digest(&key_digest(&key), admin);
+    Ok((auth, Some(key)))
+}
+
+/// Stores the digest of a generated admin key. Only a start that serves
+/// does this (and then prints the key): a start that fails earlier (a port
+/// taken, a TLS file missing) leaves no digest, so the next start makes and
+/// prints a key again instead of keeping one nobody saw.
+fn keep_admin_key(data_dir: &std::path::Path, key: &str) -> std::io::Result<()> {
+    let path = data_dir.join(ADMIN_DIGEST_FILE);
+    std::fs::write(&path, key_digest(key))?;
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
     }
-    auth.add_digest(&key_digest(&key), admin);
-    Ok((auth, Some(key)))
+    Ok(())
 }
 
 /// A listener's TLS, re-read from its files when they change.
@@ -612,6 +622,9 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
         shutdown_rx.clone(),
     ));
 
+    if let Some(key) = &generated_admin_key {
+        keep_admin_key(&config.data_dir, key)?;
+    }
     info!(%grpc_addr, %http_addr, %raft_addr, %peer_addr, data_dir = %config.data_dir.display(), node_id = config.node_id, "agentry is serving");
     Ok(RunningServer {
         node_id: config.node_id,

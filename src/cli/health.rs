@@ -11,7 +11,8 @@ use super::{local, CliError};
 pub struct HealthArgs {
     /// URL to probe. Default: this node's HTTP listener
     /// (`AGENTRY_HTTP_ADDR`, an unspecified address probed on loopback;
-    /// https when `AGENTRY_TLS_CERT` is set), path /healthz.
+    /// https when `AGENTRY_TLS_CERT` is set). A URL without a path gets
+    /// /healthz, or /readyz with --ready.
     #[arg(long)]
     pub url: Option<String>,
     /// Probe /readyz (a leader is known, the disk has room) instead of
@@ -38,7 +39,7 @@ pub async fn run_health(args: HealthArgs) -> Result<(), CliError> {
                 client = client
                     .add_root_certificate(reqwest::Certificate::from_pem(&pem).map_err(local)?);
             }
-            url.clone()
+            with_probe_path(url, path)
         }
         None => {
             let tls = std::env::var_os("AGENTRY_TLS_CERT").is_some_and(|v| !v.is_empty());
@@ -65,6 +66,18 @@ pub async fn run_health(args: HealthArgs) -> Result<(), CliError> {
 
 /// The URL of this node's own listener at `addr` (`host:port`; empty: the
 /// default), an unspecified host replaced by loopback.
+/// `url` with the probe's path when it names none (`http://host:8470` or
+/// `…/`); a URL with a path is probed as given.
+fn with_probe_path(url: &str, path: &str) -> String {
+    match reqwest::Url::parse(url) {
+        Ok(mut u) if u.path() == "/" || u.path().is_empty() => {
+            u.set_path(path);
+            u.to_string()
+        }
+        _ => url.to_string(),
+    }
+}
+
 fn self_url(addr: &str, tls: bool, path: &str) -> String {
     let addr: std::net::SocketAddr = addr
         .parse()
@@ -83,7 +96,23 @@ fn self_url(addr: &str, tls: bool, path: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::self_url;
+    use super::{self_url, with_probe_path};
+
+    #[test]
+    fn a_url_without_a_path_gets_the_probe_path() {
+        assert_eq!(
+            with_probe_path("http://10.0.0.5:8470", "/readyz"),
+            "http://10.0.0.5:8470/readyz"
+        );
+        assert_eq!(
+            with_probe_path("https://r.example/", "/healthz"),
+            "https://r.example/healthz"
+        );
+        assert_eq!(
+            with_probe_path("http://10.0.0.5:8470/healthz", "/readyz"),
+            "http://10.0.0.5:8470/healthz"
+        );
+    }
 
     #[test]
     fn probes_its_own_listener_on_loopback() {

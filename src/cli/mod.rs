@@ -61,6 +61,7 @@ pub struct Cli {
         long,
         env = "AGENTRY_LOG_FORMAT",
         default_value = "text",
+        value_parser = ["text", "json"],
         global = true
     )]
     pub log_format: String,

@@ -83,12 +83,21 @@ pub async fn run_snapshot(args: SnapshotArgs) -> Result<(), CliError> {
             data_dir: None,
         } => {
             if file.is_dir() {
+                // Milliseconds, so two saves in one second do not write the
+                // same file; the names still sort by time.
                 let name = time::OffsetDateTime::now_utc()
                     .format(time::macros::format_description!(
-                        "agentry-[year][month][day]T[hour][minute][second]Z.backup"
+                        "agentry-[year][month][day]T[hour][minute][second].[subsecond digits:3]Z.backup"
                     ))
                     .map_err(local)?;
-                save(&args.client, &file.join(name)).await?;
+                let target = file.join(name);
+                if target.exists() || target.with_extension("part").exists() {
+                    return Err(local(format!(
+                        "{} is being written by another save; try again",
+                        target.display()
+                    )));
+                }
+                save(&args.client, &target).await?;
                 if let Some(keep) = keep {
                     prune(file, keep.max(1))?;
                 }

@@ -195,6 +195,10 @@ pub struct RaftNode {
     /// Gathers client writes into batch entries when every member applies
     /// them.
     batcher: Batcher,
+    /// How long a leader may go without a quorum answering it before it
+    /// stops vouching for itself as the leader (the longest election
+    /// timeout: by then the others may have elected another).
+    quorum_lease: Duration,
 }
 
 /// Counts a proposal as in flight for as long as it lives.
@@ -280,6 +284,7 @@ impl RaftNode {
             committed,
             snapshots,
             request_timeout: settings.request_timeout,
+            quorum_lease: Duration::from_millis(settings.election_timeout_ms * 2),
             space: settings.space,
             handing_off: Arc::default(),
             writes_in_flight: Arc::default(),
@@ -470,6 +475,24 @@ impl RaftNode {
             .map(|n| n.addr.clone())
     }
 
+    /// A leader no quorum has answered for longer than the quorum lease:
+    /// cut off from the others, or removed from the voters. openraft keeps
+    /// it leader until it hears of a newer term, so its readiness and
+    /// `has_leader` would otherwise keep saying all is well while every
+    /// write to it times out. A lone voter is its own quorum.
+    fn isolated_leader(
+        &self,
+        m: &openraft::RaftMetrics<NodeId, BasicNode>,
+        voters: &[NodeId],
+    ) -> bool {
+        if m.state != ServerState::Leader || voters == [m.id] {
+            return false;
+        }
+        !voters.contains(&m.id)
+            || m.millis_since_quorum_ack
+                .is_none_or(|ms| Duration::from_millis(ms) > self.quorum_lease)
+    }
+
     /// This node's Raft state as openraft last reported it.
     pub fn status(&self) -> NodeStatus {
         let m = self.raft.metrics().borrow().clone();
@@ -490,7 +513,11 @@ impl RaftNode {
             role,
             initialized: m.last_log_index.is_some() || m.vote.leader_id.term > 0,
             term: m.current_term,
-            leader: m.current_leader,
+            leader: if self.isolated_leader(&m, &voters) {
+                None
+            } else {
+                m.current_leader
+            },
             is_leader: m.state == ServerState::Leader,
             last_log_index: m.last_log_index.unwrap_or(0),
             commit_index: self.committed.load(Ordering::Acquire),

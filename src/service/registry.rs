@@ -109,6 +109,22 @@ fn decode_token(token: &str) -> Result<String> {
     String::from_utf8(bytes).map_err(|_| bad())
 }
 
+/// Refuses the record writes that would bypass the MCP registry's rules on
+/// one of its servers (`mcp:<name>`): there, versions are only ever
+/// appended, statuses are set per version and a deletion stays visible to
+/// mirrors as a status, so those records change only through `/v0.1`.
+fn not_an_mcp_server(id: &str) -> Result<()> {
+    if id.starts_with(crate::domain::mcp::ID_PREFIX) {
+        return Err(ServiceError::InvalidRequest {
+            field: Some("/id".into()),
+            message: format!(
+                "/id: '{id}' is an MCP server's record; publish versions with POST /v0.1/publish and change statuses with PATCH /v0.1/servers/{{serverName}}/status"
+            ),
+        });
+    }
+    Ok(())
+}
+
 impl RegistryService {
     pub fn new(
         node: RaftNode,
@@ -180,7 +196,19 @@ impl RegistryService {
         if self.reader.installing() {
             return Err(crate::storage::StorageError::Installing.into());
         }
-        match self.node.status().leader {
+        let status = self.node.status();
+        let member =
+            status.voters.contains(&status.node_id) || status.learners.contains(&status.node_id);
+        if status.initialized && !member && !status.voters.is_empty() {
+            return Err(ServiceError::Unavailable {
+                message: format!(
+                    "node {} is not a member of the cluster its data directory belongs to (voters {:?}): it was removed, or the directory was restored for another node id",
+                    status.node_id, status.voters
+                ),
+                leader: None,
+            });
+        }
+        match status.leader {
             Some(_) => Ok(self.reader.applied_revision()),
             None => Err(ServiceError::Unavailable {
                 message: "no Raft leader is known yet".into(),
@@ -258,6 +286,7 @@ impl RegistryService {
             super::audit::begin("register", Some(&metadata.id));
         }
         self.tenancy.check_namespace(principal, &metadata.id)?;
+        not_an_mcp_server(&metadata.id)?;
         let (visibility, readers) = split_sharing(sharing);
         // Judged on the metadata as sent, before normalisation changes it.
         let verdict = self.judge_publisher(&metadata, principal)?;
@@ -332,6 +361,7 @@ impl RegistryService {
         let principal = require_writer(principal)?;
         validate_id(id, "/id")?;
         self.tenancy.check_namespace(principal, id)?;
+        not_an_mcp_server(id)?;
         let (visibility, readers) = split_sharing(sharing);
         if metadata.id.is_empty() {
             metadata.id = id.to_string();
@@ -368,6 +398,7 @@ impl RegistryService {
         super::audit::begin("delete", Some(id));
         let principal = require_writer(principal)?;
         validate_id(id, "/id")?;
+        not_an_mcp_server(id)?;
         let change = self
             .commit(Command::Delete {
                 id: id.to_string(),
@@ -390,6 +421,7 @@ impl RegistryService {
         super::audit::begin("set_status", Some(id));
         let principal = require_writer(principal)?;
         validate_id(id, "/id")?;
+        not_an_mcp_server(id)?;
         if let Some(r) = &reason {
             if r.chars().count() > 1024 || r.chars().any(|c| c.is_control()) {
                 return Err(ServiceError::InvalidRequest {

@@ -448,10 +448,9 @@ pub fn restore(
     max_wal_bytes: u64,
 ) -> Result<BackupSummary, BackupError> {
     let open = || -> Result<_, BackupError> {
-        Ok(std::io::BufReader::with_capacity(
-            256 << 10,
-            std::fs::File::open(path)?,
-        ))
+        let file = std::fs::File::open(path)
+            .map_err(|e| BackupError::Refused(format!("cannot open {}: {e}", path.display())))?;
+        Ok(std::io::BufReader::with_capacity(256 << 10, file))
     };
     verify_backup(open()?)?;
     // A fresh ext4 volume holds lost+found; nothing else may be there.

@@ -229,3 +229,44 @@ async fn a_restart_reuses_stored_vectors_unless_what_they_came_from_changed() {
     p.child.kill().unwrap();
     p.child.wait().unwrap();
 }
+
+/// A generated admin key is kept only by a start that serves: when the
+/// first start fails (a port taken), the next one makes and prints a key
+/// instead of keeping a digest whose key nobody saw.
+#[tokio::test]
+async fn a_failed_first_start_keeps_no_admin_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let serve = |http: String| {
+        Command::new(env!("CARGO_BIN_EXE_agentry"))
+            .args(["serve", "--grpc-addr", "127.0.0.1:0", "--http-addr"])
+            .arg(http)
+            .args(["--raft-addr", "127.0.0.1:0", "--peer-addr", "127.0.0.1:0"])
+            .arg("--data-dir")
+            .arg(dir.path())
+            .env_remove("AGENTRY_ADMIN_KEY")
+            .env("AGENTRY_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("agentry starts")
+    };
+    let failed = serve(taken.local_addr().unwrap().to_string())
+        .wait_with_output()
+        .unwrap();
+    assert!(!failed.status.success(), "the HTTP port is taken");
+    let digest = dir.path().join("admin-key.sha256");
+    assert!(!digest.exists(), "no digest of a key nobody saw");
+
+    let mut node = serve("127.0.0.1:0".into());
+    let stderr = BufReader::new(node.stderr.take().unwrap());
+    let key = stderr
+        .lines()
+        .map_while(Result::ok)
+        .find_map(|l| l.trim().strip_prefix("agk_").map(|k| format!("agk_{k}")))
+        .expect("the generated key is printed");
+    let stored = std::fs::read_to_string(&digest).unwrap();
+    assert_eq!(stored.trim(), agentry::api::auth::key_digest(&key));
+    let _ = node.kill();
+    let _ = node.wait();
+}

@@ -230,6 +230,44 @@ async fn a_minority_cannot_commit_and_the_cluster_converges_after_healing() {
         status == 503 || status == 504,
         "a write on the minority side must fail, got {status}: {body}"
     );
+    // Nor does it go on saying it is ready, or that it knows a leader:
+    // openraft keeps it in the leader role until it hears of a newer term.
+    let deadline = std::time::Instant::now() + LONG;
+    loop {
+        let ready = c
+            .http
+            .get(format!("{}/readyz", c.http_url(leader)))
+            .send()
+            .await
+            .map(|r| r.status().as_u16())
+            .unwrap_or(0);
+        if ready == 503 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the cut-off leader still answers /readyz {ready}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let metrics = c
+        .http
+        .get(format!("{}/metrics", c.http_url(leader)))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let gauge = |name: &str| {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+            .and_then(|l| l.rsplit(' ').next())
+            .map(str::to_string)
+    };
+    assert_eq!(gauge("agentry_raft_has_leader").as_deref(), Some("0"));
+    assert_eq!(gauge("agentry_raft_is_leader").as_deref(), Some("1"));
     // The majority elects a leader among itself and keeps committing.
     let deadline = std::time::Instant::now() + LONG;
     loop {
