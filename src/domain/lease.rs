@@ -436,7 +436,10 @@ impl<'a> Staged<'a> {
                     .principal
                     .may_manage(&rec.owner, rec.owner_tenant.as_deref())
                 {
-                    return Err(super::write::not_theirs(rec, id.clone(), &r.principal));
+                    return Err(Rejection::Forbidden {
+                        id: id.clone(),
+                        principal: r.principal.name.clone(),
+                    });
                 }
                 match lease {
                     Some(name) => {

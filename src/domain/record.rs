@@ -484,23 +484,17 @@ pub struct AgentRecord {
     pub envelope: Envelope,
 }
 
-impl Envelope {
-    /// Whether `principal` may read the record of this envelope.
-    pub fn readable_by(&self, principal: Option<&Principal>) -> bool {
-        may_read(
-            principal,
-            self.visibility == Visibility::Public,
-            &self.owner,
-            self.owner_tenant.as_deref(),
-            &self.readers,
-        )
-    }
-}
-
 impl AgentRecord {
     /// Whether `principal` may read this record.
     pub fn readable_by(&self, principal: Option<&Principal>) -> bool {
-        self.envelope.readable_by(principal)
+        let e = &self.envelope;
+        may_read(
+            principal,
+            e.visibility == Visibility::Public,
+            &e.owner,
+            e.owner_tenant.as_deref(),
+            &e.readers,
+        )
     }
 
     /// Whether `principal` may change this record.

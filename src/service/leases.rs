@@ -179,7 +179,10 @@ impl RegistryService {
             ttl_seconds: checked_ttl(ttl_seconds)?,
             principal: principal.clone(),
         };
-        self.refresher().refresh(refresh).await
+        self.refresher()
+            .refresh(refresh)
+            .await
+            .map_err(|e| self.unseen(principal, id, e))
     }
 
     /// Keeps the shared lease `name` alive (making it on first use); every

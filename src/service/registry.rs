@@ -260,6 +260,21 @@ impl RegistryService {
         }
     }
 
+    /// The answer to a change `principal` may not make to record `id`:
+    /// "not found" when they may not read it either, as every read answers
+    /// (a record one may not read is never said to exist); `e` otherwise.
+    /// Decided here, at the edge: `apply` records the refusal as it is.
+    pub(super) fn unseen(&self, principal: &Principal, id: &str, e: ServiceError) -> ServiceError {
+        if !matches!(e, ServiceError::Forbidden(_)) {
+            return e;
+        }
+        match self.reader.get(id) {
+            Ok(Some(r)) if r.readable_by(Some(principal)) => e,
+            Ok(_) => ServiceError::NotFound(format!("agent '{id}' not found")),
+            Err(_) => e,
+        }
+    }
+
     /// Becomes true when the server shuts down.
     pub(crate) fn shutdown_signal(&self) -> watch::Receiver<bool> {
         self.shutdown.clone()
@@ -388,7 +403,8 @@ impl RegistryService {
                 quota: None,
                 expected_revision: None,
             })
-            .await?;
+            .await
+            .map_err(|e| self.unseen(principal, id, e))?;
         Ok(change.record)
     }
 
@@ -405,7 +421,8 @@ impl RegistryService {
                 principal: principal.clone(),
                 now: crate::domain::time::now(),
             })
-            .await?;
+            .await
+            .map_err(|e| self.unseen(principal, id, e))?;
         Ok(change.revision)
     }
 
@@ -440,7 +457,8 @@ impl RegistryService {
                 principal: principal.clone(),
                 now,
             })
-            .await?;
+            .await
+            .map_err(|e| self.unseen(principal, id, e))?;
         Ok(change.record)
     }
 
