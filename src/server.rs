@@ -179,6 +179,23 @@ fn authenticator(config: &Config) -> Result<(Authenticator, Option<String>), Ser
     Ok((auth, Some(key)))
 }
 
+/// The other members reach this node at the address its cluster's
+/// membership records, not at the one it listens on: a directory restored
+/// with the default `--raft-addr`, or moved, would leave them calling the
+/// wrong place with nothing said. Said once at start.
+fn warn_of_another_address(status: &crate::consensus::NodeStatus, advertised: &str) {
+    if let Some(recorded) = status.addresses.get(&status.node_id) {
+        if recorded != advertised {
+            tracing::warn!(
+                node_id = status.node_id,
+                recorded = %recorded,
+                advertised,
+                "the cluster's membership records this node at {recorded}, but it advertises {advertised}: other members will call {recorded}. Serve it there (--raft-addr {recorded}), or restore its backup again with --raft-addr {advertised}"
+            );
+        }
+    }
+}
+
 /// Stores the digest of a generated admin key. Only a start that serves
 /// does this (and then prints the key): a start that fails earlier (a port
 /// taken, a TLS file missing) leaves no digest, so the next start makes and
@@ -317,7 +334,7 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
     let node = RaftNode::start(
         NodeSettings {
             id: config.node_id,
-            advertise_addr,
+            advertise_addr: advertise_addr.clone(),
             heartbeat_ms: config.heartbeat_ms,
             election_timeout_ms: config.election_timeout_ms,
             snapshot_logs: config.snapshot_logs,
@@ -372,6 +389,7 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
     // first request from racing the election. Members of a larger cluster
     // start serving right away and report readiness once a leader is known.
     let status = node.status();
+    warn_of_another_address(&status, &advertise_addr);
     if status.voters == [config.node_id] {
         node.wait_for_leader(Duration::from_secs(30)).await?;
     }
