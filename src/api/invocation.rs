@@ -74,12 +74,13 @@ fn result_to_pb(i: &Invoked) -> pb::InvokeResult {
     }
 }
 
-/// A failed batch element: its error in the one error body.
-fn failed_to_pb(e: &ServiceError) -> pb::InvokeResult {
+/// A failed batch element: its error in the one error body, naming the
+/// invocation it belongs to (`instance`).
+fn failed_to_pb(e: &ServiceError, instance: &str) -> pb::InvokeResult {
     let detail = detail_of(&super::error::to_status(e));
     pb::InvokeResult {
         status: detail.http_status,
-        body: problem_body(&detail, "").to_string().into_bytes(),
+        body: problem_body(&detail, instance).to_string().into_bytes(),
         content_type: "application/problem+json".into(),
         output_check: Some(check_to_pb(&OutputCheck::Unchecked)),
         protocol: String::new(),
@@ -136,6 +137,11 @@ impl Gateway for InvocationApi {
         req: Request<pb::InvokeRequest>,
     ) -> Result<Response<pb::InvokeResponse>, Status> {
         let who = principal(&req);
+        let instance = format!(
+            "/agents/{}/invoke",
+            url::form_urlencoded::byte_serialize(req.get_ref().agent_id.as_bytes())
+                .collect::<String>()
+        );
         let done = self
             .service
             .invoke(who.as_ref(), invoke_request(req.into_inner()))
@@ -155,7 +161,7 @@ impl Gateway for InvocationApi {
                     .iter()
                     .map(|r| match r {
                         Ok(i) => result_to_pb(i),
-                        Err(e) => failed_to_pb(e),
+                        Err(e) => failed_to_pb(e, &instance),
                     })
                     .collect();
             }

@@ -229,6 +229,10 @@ async fn invocation_validates_forwards_and_checks_the_output() {
     assert_eq!(items[0]["output"], json!({"echo": {"text": "one"}}));
     assert_eq!(items[1]["error"]["code"], "invalid_request");
     assert_eq!(items[1]["error"]["field"], "/1/text");
+    assert_eq!(
+        items[1]["error"]["instance"], "/agents/echo/invoke",
+        "{items}"
+    );
     assert_eq!(items[2]["output_check"]["state"], "valid");
 
     // gRPC says the same.
