@@ -698,14 +698,7 @@ fn not_json_rpc(body: &[u8]) -> Option<Response> {
         ),
     };
     let body = json!({"jsonrpc": "2.0", "id": null, "error": {"code": code, "message": message}});
-    Some(
-        (
-            StatusCode::BAD_REQUEST,
-            [(header::CONTENT_TYPE, "application/json")],
-            body.to_string(),
-        )
-            .into_response(),
-    )
+    Some(super::http::json_response(StatusCode::BAD_REQUEST, &body))
 }
 
 /// `POST /mcp`. The gate has admitted the request (so a refusal here is

@@ -207,7 +207,7 @@ fn grpc_request<T>(caller: &Caller, msg: T) -> tonic::Request<T> {
     req
 }
 
-fn json_response(status: StatusCode, body: &Value) -> Response {
+pub(crate) fn json_response(status: StatusCode, body: &Value) -> Response {
     (
         status,
         [(header::CONTENT_TYPE, "application/json")],
