@@ -26,6 +26,24 @@ pub mod server;
 pub mod service;
 pub mod storage;
 
+/// An error with every cause under it, "outer: inner: root", a cause that
+/// only repeats the text before it left out. Client libraries (hyper,
+/// reqwest, tonic) put the useful part ("Connection refused", "invalid
+/// peer certificate") in a source several levels down, so their top
+/// message alone ("transport error") tells a user nothing.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let part = s.to_string();
+        if !text.ends_with(&part) {
+            text = format!("{text}: {part}");
+        }
+        source = s.source();
+    }
+    text
+}
+
 /// Generated protobuf and gRPC code of `proto/agentry/v1`.
 pub mod pb {
     #![allow(clippy::all, missing_docs)]

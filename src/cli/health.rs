@@ -55,7 +55,7 @@ pub async fn run_health(args: HealthArgs) -> Result<(), CliError> {
         .get(&url)
         .send()
         .await
-        .map_err(|e| local(format!("{url}: {e}")))?;
+        .map_err(|e| local(format!("{url}: {}", crate::error_chain(&e))))?;
     let status = resp.status();
     if status == reqwest::StatusCode::OK {
         return Ok(());

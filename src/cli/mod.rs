@@ -874,7 +874,7 @@ impl ClientArgs {
             }
             match endpoint.connect().await {
                 Ok(c) => return Ok((k, c)),
-                Err(e) => last = format!("cannot reach {addr}: {e}"),
+                Err(e) => last = format!("cannot reach {addr}: {}", crate::error_chain(&e)),
             }
         }
         Err(local(last))
@@ -1010,11 +1010,33 @@ pub enum CliError {
 impl From<tonic::Status> for CliError {
     fn from(s: tonic::Status) -> Self {
         let d = detail_of(&s);
+        let mut message = d.message;
+        // A call that failed in transport carries why underneath.
+        if let Some(cause) = std::error::Error::source(&s) {
+            let cause = crate::error_chain(cause);
+            if !message.ends_with(&cause) {
+                message = format!("{message}: {cause}");
+            }
+        }
+        if not_grpc(&s) {
+            message.push_str(
+                " (the server answered in plain HTTP, not gRPC: --server takes a node's \
+                 gRPC address, port 8471 by default, not its HTTP port 8470)",
+            );
+        }
         Self::Server {
             code: d.code,
-            message: d.message,
+            message,
         }
     }
+}
+
+/// Whether tonic's error says the answer was no gRPC answer at all, as
+/// when `--server` names the HTTP facade: its JSON body read as a gRPC
+/// frame, or an HTTP status without a gRPC status.
+fn not_grpc(s: &tonic::Status) -> bool {
+    let m = s.message();
+    m.contains("invalid compression flag") || m.contains("mapped from HTTP status code")
 }
 
 fn local(e: impl std::fmt::Display) -> CliError {

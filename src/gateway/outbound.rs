@@ -379,13 +379,10 @@ pub fn classify(e: &reqwest::Error, target: &Url, timeout: Duration) -> Outbound
             ms: timeout.as_millis(),
         };
     }
-    let mut reason = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        reason = format!("{reason}: {s}");
-        source = s.source();
+    OutboundError::Unreachable {
+        target,
+        reason: crate::error_chain(e),
     }
-    OutboundError::Unreachable { target, reason }
 }
 
 /// Reads a whole answer body, refusing it once it passes `limit` bytes.
