@@ -683,21 +683,43 @@ fn refusal(status: Status) -> Response {
         .into_response()
 }
 
-/// The JSON-RPC error (HTTP 400, no id) for a body that is not JSON
-/// (-32700) or not a JSON-RPC 2.0 message (-32600); rmcp would answer both
-/// with a plain-text 415.
+/// The JSON-RPC error (HTTP 400) for a body that rmcp would misanswer: not
+/// JSON (-32700) or not a JSON-RPC 2.0 message (-32600), which rmcp answers
+/// with a plain-text 415; a request whose id is null (-32600: MCP requires a
+/// string or a number), which rmcp takes for a notification and leaves
+/// unanswered; and a `tools/call` whose `arguments` is not an object
+/// (-32602, with the request's id), which rmcp reports as an unknown method.
 fn not_json_rpc(body: &[u8]) -> Option<Response> {
+    let mut id = Value::Null;
     let (code, message) = match serde_json::from_slice::<Value>(body) {
         Err(e) => (-32700, format!("Parse error: {e}")),
         Ok(Value::Object(m)) if m.get("jsonrpc").and_then(Value::as_str) == Some("2.0") => {
-            return None
+            let method = m.get("method").and_then(Value::as_str);
+            let arguments = m.get("params").and_then(|p| p.get("arguments"));
+            if method.is_some() && m.get("id") == Some(&Value::Null) {
+                (
+                    -32600,
+                    "Invalid Request: a request's id must be a string or a number, not null (leave it out for a notification)".to_string(),
+                )
+            } else if method == Some("tools/call")
+                && arguments.is_some_and(|a| !a.is_object() && !a.is_null())
+            {
+                id = m.get("id").cloned().unwrap_or(Value::Null);
+                (
+                    -32602,
+                    "Invalid params: params.arguments must be an object of the tool's arguments"
+                        .to_string(),
+                )
+            } else {
+                return None;
+            }
         }
         Ok(_) => (
             -32600,
             "Invalid Request: the body must be one JSON-RPC 2.0 message (an object with \"jsonrpc\": \"2.0\")".to_string(),
         ),
     };
-    let body = json!({"jsonrpc": "2.0", "id": null, "error": {"code": code, "message": message}});
+    let body = json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}});
     Some(super::http::json_response(StatusCode::BAD_REQUEST, &body))
 }
 
@@ -749,6 +771,10 @@ mod tests {
             (&b"{bad"[..], -32700),
             (b"[1]", -32600),
             (br#"{"method": "tools/list", "id": 1}"#, -32600),
+            (
+                br#"{"jsonrpc": "2.0", "method": "tools/list", "id": null}"#,
+                -32600,
+            ),
         ] {
             let refused = not_json_rpc(body).expect("refused");
             assert_eq!(refused.status(), StatusCode::BAD_REQUEST);
@@ -760,6 +786,23 @@ mod tests {
             assert_eq!(v["id"], Value::Null);
         }
         assert!(not_json_rpc(br#"{"jsonrpc": "2.0", "method": "ping", "id": 1}"#).is_none());
+        assert!(
+            not_json_rpc(br#"{"jsonrpc": "2.0", "method": "notifications/initialized"}"#).is_none()
+        );
+        let call = |arguments: &str| {
+            format!(
+                r#"{{"jsonrpc": "2.0", "method": "tools/call", "id": 7, "params": {{"name": "get_agent", "arguments": {arguments}}}}}"#
+            )
+        };
+        for ok in [r#"{"id": "x"}"#, "null"] {
+            assert!(not_json_rpc(call(ok).as_bytes()).is_none(), "{ok}");
+        }
+        let refused = not_json_rpc(call(r#""id=x""#).as_bytes()).expect("refused");
+        let bytes =
+            futures::executor::block_on(axum::body::to_bytes(refused.into_body(), 4096)).unwrap();
+        let v: Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(v["error"]["code"], -32602, "{v}");
+        assert_eq!(v["id"], 7, "the request's id is echoed");
     }
 
     #[test]

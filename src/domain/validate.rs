@@ -72,6 +72,12 @@ pub const MAX_OPERATIONS: usize = 128;
 pub const MAX_BINDINGS: usize = 32;
 pub const MAX_URL_LEN: usize = 2048;
 pub const MAX_SHORT_TEXT_LEN: usize = 1024;
+/// How far a publisher's `updated_at` may run ahead of the registry's clock.
+/// A later one is refused: stored, it would make every honest refresh until
+/// that date "older than what is stored" (`stale_metadata`), locking the
+/// owner out of their own record. Five minutes covers clocks that are merely
+/// unsynchronised.
+pub const MAX_CLOCK_SKEW_SECS: i64 = 300;
 
 fn has_control(s: &str) -> bool {
     s.chars().any(char::is_control)
@@ -224,6 +230,26 @@ fn validate_time(value: &Option<String>, pointer: &str) -> Result {
     Ok(())
 }
 
+/// Refuses a timestamp later than the registry's clock allows for skew.
+fn not_ahead_of_now(value: &Option<String>, pointer: &str) -> Result {
+    let Some(t) = value.as_deref().and_then(super::time::parse) else {
+        return Ok(());
+    };
+    let latest = time::OffsetDateTime::now_utc() + time::Duration::seconds(MAX_CLOCK_SKEW_SECS);
+    if t > latest {
+        return Err(FieldError::new(
+            pointer,
+            format!(
+                "is later than the registry's clock ({}) by more than the {MAX_CLOCK_SKEW_SECS} s \
+                 of skew allowed; a record dated in the future would refuse its own refreshes \
+                 as stale until then",
+                super::time::now()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Compiles a JSON Schema as a 2020-12 document. External references are not
 /// fetched, so a schema that needs one is rejected rather than resolved.
 pub fn compile_schema(schema: &Value, pointer: &str) -> Result<jsonschema::Validator> {
@@ -333,6 +359,7 @@ pub fn normalise_and_validate(meta: &mut AgentMetadata, limits: &Limits) -> Resu
     normalise_tags(&mut meta.supported_languages, "/supported_languages")?;
     validate_time(&meta.updated_at, "/updated_at")?;
     validate_time(&meta.expires_at, "/expires_at")?;
+    not_ahead_of_now(&meta.updated_at, "/updated_at")?;
 
     // ADP auth and AIDIP authentication are one concept: keep both in step.
     match (&meta.auth, &meta.authentication) {
@@ -553,6 +580,10 @@ mod tests {
             ),
             (
                 json!({"id": "x", "name": "n", "description": "d", "endpoint": "https://a.b/", "updated_at": "yesterday"}),
+                "/updated_at",
+            ),
+            (
+                json!({"id": "x", "name": "n", "description": "d", "endpoint": "https://a.b/", "updated_at": "9999-12-31T23:59:59Z"}),
                 "/updated_at",
             ),
             (

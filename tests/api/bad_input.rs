@@ -396,6 +396,19 @@ async fn bad_input_is_refused_and_changes_nothing() {
             "invalid_request",
             Some("/id"),
         ),
+        // Stored, a date in the future would make the owner's honest
+        // refreshes stale until then.
+        case(
+            "updated_at far in the future",
+            Method::PUT,
+            "/agents/agent-12345",
+            Some(with(translator("agent-12345"), |m| {
+                m["updated_at"] = json!("2999-01-01T00:00:00Z");
+            })),
+            400,
+            "invalid_request",
+            Some("/updated_at"),
+        ),
         case(
             "update of an unknown agent",
             Method::PUT,
@@ -420,7 +433,7 @@ async fn bad_input_is_refused_and_changes_nothing() {
             "/agents",
             Some(with(translator("agent-12345"), |m| {
                 m["endpoint"] = json!("https://elsewhere.example/x");
-                m["updated_at"] = json!("2027-01-01T00:00:00Z");
+                m["updated_at"] = json!("2026-06-01T00:00:00Z");
             })),
             409,
             "conflict",
@@ -765,7 +778,7 @@ async fn bad_input_is_refused_and_changes_nothing() {
                 Method::PUT,
                 "/agents/agent-12345",
                 Some(with(translator("agent-12345"), |m| {
-                    m["updated_at"] = json!("2027-01-01T00:00:00Z")
+                    m["updated_at"] = json!("2026-06-01T00:00:00Z")
                 })),
                 403,
                 "forbidden",
@@ -779,7 +792,7 @@ async fn bad_input_is_refused_and_changes_nothing() {
                 post.clone(),
                 "/agents",
                 Some(with(translator("agent-12345"), |m| {
-                    m["updated_at"] = json!("2027-01-01T00:00:00Z")
+                    m["updated_at"] = json!("2026-06-01T00:00:00Z")
                 })),
                 409,
                 "conflict",
@@ -1177,4 +1190,24 @@ async fn raw_http(addr: &str, request: &[u8]) -> String {
     )
     .await;
     String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// A client that stops sending its body is answered 408 with the error body
+/// once the request deadline passes, not told the server timed out (504).
+#[tokio::test]
+async fn a_stalled_body_gets_408() {
+    let s = TestServer::start_with(|c| c.request_timeout_secs = 1).await;
+    let addr = s.http.trim_start_matches("http://").to_string();
+    let raw = format!(
+        "POST /agents HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {ALICE}\r\nContent-Type: application/json\r\nContent-Length: 500\r\nConnection: close\r\n\r\n{{\"id\": \"half"
+    );
+    let answer = raw_http(&addr, raw.as_bytes()).await;
+    assert!(answer.starts_with("HTTP/1.1 408"), "stalled body: {answer}");
+    assert!(answer.contains("application/problem+json"), "{answer}");
+    assert!(answer.contains("did not arrive"), "{answer}");
+    let h = Http::new(&s.http);
+    let (status, _, _) = h
+        .send(Method::GET, "/agents/half", Some(ALICE), None, &[])
+        .await;
+    assert_eq!(status, 404, "nothing stored from the half body");
 }

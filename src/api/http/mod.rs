@@ -6,13 +6,14 @@
 use crate::domain::filter::{self, Surface};
 use std::sync::Arc;
 
-use axum::body::{Body, Bytes};
+use axum::body::{Body, Bytes, HttpBody};
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{self, MethodRouter};
 use axum::Router;
 use serde_json::{json, Value};
+use std::sync::atomic::{AtomicBool, Ordering};
 use tonic::Status;
 
 use super::auth::Identity;
@@ -1183,18 +1184,65 @@ pub fn routes() -> Routes {
     )
 }
 
-/// Fails a request that runs past the deadline with a problem body.
+/// Fails a request that runs past the deadline with a problem body: 408
+/// when its body had not all arrived by then (the client stalled), else 504.
 async fn enforce_timeout(
     State(limit): State<std::time::Duration>,
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
+    let received = Arc::new(AtomicBool::new(false));
+    let req = req.map(|inner| {
+        received.store(HttpBody::is_end_stream(&inner), Ordering::Relaxed);
+        Body::new(Received {
+            inner,
+            received: received.clone(),
+        })
+    });
     match tokio::time::timeout(limit, next.run(req)).await {
         Ok(resp) => resp,
+        Err(_) if !received.load(Ordering::Relaxed) => ApiError(transport_refusal(
+            408,
+            format!(
+                "the request body did not arrive within {} s",
+                limit.as_secs()
+            ),
+        ))
+        .into_response(),
         Err(_) => {
             let message = format!("the request did not finish within {} s", limit.as_secs());
             ApiError::from(ServiceError::Timeout(message)).into_response()
         }
+    }
+}
+
+/// A request body that notes when its last byte has been read.
+struct Received {
+    inner: Body,
+    received: Arc<AtomicBool>,
+}
+
+impl HttpBody for Received {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, axum::Error>>> {
+        let polled = std::pin::Pin::new(&mut self.inner).poll_frame(cx);
+        if matches!(polled, std::task::Poll::Ready(None)) || self.inner.is_end_stream() {
+            self.received.store(true, Ordering::Relaxed);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
     }
 }
 
