@@ -404,6 +404,37 @@ impl FederationConfig {
     }
 }
 
+/// A list given either as an array of strings or as one string of
+/// comma-separated items, so a value copied from the command line works.
+fn list_or_commas<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    struct Items;
+    impl<'de> serde::de::Visitor<'de> for Items {
+        type Value = Vec<String>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("an array of strings or one comma-separated string")
+        }
+        fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<Self::Value, E> {
+            Ok(text
+                .split(',')
+                .map(str::trim)
+                .filter(|item| !item.is_empty())
+                .map(str::to_string)
+                .collect())
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(
+            self,
+            mut seq: A,
+        ) -> Result<Self::Value, A::Error> {
+            let mut items = Vec::new();
+            while let Some(item) = seq.next_element::<String>()? {
+                items.push(item);
+            }
+            Ok(items)
+        }
+    }
+    d.deserialize_any(Items)
+}
+
 /// Everything `agentry serve` needs.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -428,7 +459,9 @@ pub struct Config {
     /// lowest id of `initial_members` initialises) or "manual" (wait for
     /// `agentry cluster init` or to be added).
     pub bootstrap: String,
-    /// Static member list of a new cluster, "id=host:port" each.
+    /// Static member list of a new cluster, "id=host:port" each: a TOML
+    /// array, or one comma-separated string as `--initial-members` takes it.
+    #[serde(deserialize_with = "list_or_commas")]
     pub initial_members: Vec<String>,
     /// Take the node id from the hostname's trailing ordinal ("agentry-2" is
     /// node 3), as in a Kubernetes StatefulSet.
@@ -555,7 +588,7 @@ impl Default for Config {
             initial_members: Vec::new(),
             node_id_from_hostname: false,
             heartbeat_ms: 100,
-            election_timeout_ms: 1000,
+            election_timeout_ms: 500,
             snapshot_keep_logs: 10_000,
             raft_max_message_bytes: 64 * 1024 * 1024,
             raft_encoding: Default::default(),
@@ -796,5 +829,22 @@ mod tests {
         }
         c.initial_members = vec!["1=a:1".into(), "1=b:2".into()];
         assert!(c.members().is_err());
+    }
+
+    #[test]
+    fn members_in_a_file_as_array_or_commas() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("agentry.toml");
+        for text in [
+            "initial_members = [\"1=a:1\", \"2=b:2\"]\n",
+            "initial_members = \"1=a:1, 2=b:2\"\n",
+        ] {
+            std::fs::write(&p, text).unwrap();
+            let c = Config::from_file(&p).unwrap();
+            assert_eq!(c.initial_members, ["1=a:1", "2=b:2"], "{text}");
+            c.validate().unwrap();
+        }
+        std::fs::write(&p, "initial_members = 3\n").unwrap();
+        assert!(Config::from_file(&p).is_err());
     }
 }
