@@ -325,7 +325,10 @@ async fn a2a_declared_auth_is_applied_and_input_required_is_asked_and_resumed() 
     let id = import(&http, &asking).await;
     let (status, body) = invoke(&s, &id, json!({"text": "book a table"}), &[]).await;
     assert_eq!(status, 200, "{body}");
-    assert_eq!(body["task"]["status"]["state"], "TASK_STATE_INPUT_REQUIRED");
+    assert_eq!(
+        body["task"]["status"]["state"], "TASK_STATE_INPUT_REQUIRED",
+        "{body}"
+    );
     assert_eq!(
         body["task"]["status"]["message"]["parts"][0]["text"],
         "Which date?"

@@ -29,22 +29,34 @@ pub fn mcp_python() -> std::path::PathBuf {
 /// Python on a free port and waits until it listens; it stops when the
 /// child is dropped.
 pub async fn python_fixture(script: &str, args: &[&str]) -> (tokio::process::Child, u16) {
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    use tokio::io::AsyncBufReadExt;
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures")
         .join(script);
-    let child = tokio::process::Command::new(mcp_python())
+    // Port 0: the fixture binds a free port itself and prints it. A port
+    // picked here and released could be taken by a parallel test's server
+    // before the fixture binds it, and the test would talk to that one.
+    let mut child = tokio::process::Command::new(mcp_python())
         .arg(path)
-        .arg(port.to_string())
+        .arg("0")
         .args(args)
-        .stdout(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .kill_on_drop(true)
         .spawn()
         .unwrap_or_else(|e| panic!("{script} starts: {e}"));
+    let stdout = child.stdout.take().expect("piped stdout");
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let first = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .unwrap_or_else(|_| panic!("{script} {args:?} printed no port within 30 s"));
+    let port: u16 = first
+        .ok()
+        .flatten()
+        .and_then(|l| l.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{script} {args:?} did not print its port"));
+    // Whatever else it prints is drained, so it never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
