@@ -171,6 +171,23 @@ impl Command {
     }
 }
 
+impl Command {
+    /// The first unknown member named like a defined one in the record
+    /// this command would store (`AgentMetadata::clashing_member`).
+    fn clashing_member(&self) -> Option<String> {
+        match self {
+            Self::Put { metadata, .. } => metadata.clashing_member(),
+            Self::Federate {
+                change: FederatedChange::Copy { metadata, .. },
+                ..
+            } => metadata.clashing_member(),
+            Self::Audited { command, .. } => command.clashing_member(),
+            Self::Batch(commands) => commands.iter().find_map(Command::clashing_member),
+            _ => None,
+        }
+    }
+}
+
 /// A command as the log stores it and followers receive it: its JSON,
 /// encoded once by the node that proposes it and carried as bytes from
 /// then on (`consensus::codec`), so a record is never encoded again per
@@ -182,7 +199,16 @@ impl Command {
 pub struct Proposal(Bytes);
 
 impl Proposal {
+    /// Refuses a command whose record has an unknown member named like a
+    /// defined one: its JSON would hold that member twice, and no node
+    /// could decode the entry to apply it. (The API refuses such records
+    /// by field first; this holds for every path that proposes.)
     pub fn new(command: &Command) -> Result<Self, serde_json::Error> {
+        if let Some(pointer) = command.clashing_member() {
+            return Err(serde::ser::Error::custom(format!(
+                "{pointer}: an unknown member may not reuse the name of a member the record defines"
+            )));
+        }
         serde_json::to_vec(command).map(|json| Self(json.into()))
     }
 
@@ -216,8 +242,16 @@ impl Proposal {
         &self.0
     }
 
+    /// The command. An entry written before `new` refused clashing
+    /// members holds such a member twice and fails the strict decode; it is
+    /// decoded through a JSON value instead (the later copy wins), the same
+    /// way on every node, so the log replays instead of stopping the node.
     pub fn command(&self) -> Result<Command, serde_json::Error> {
-        serde_json::from_slice(&self.0)
+        serde_json::from_slice(&self.0).or_else(|strict| {
+            serde_json::from_slice::<serde_json::Value>(&self.0)
+                .and_then(serde_json::from_value)
+                .map_err(|_| strict)
+        })
     }
 }
 

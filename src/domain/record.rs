@@ -306,7 +306,103 @@ pub struct AgentMetadata {
     pub extra: Map<String, Value>,
 }
 
+/// The members each part of a record defines itself. An unknown member
+/// (`extra`, gRPC's `extensions`) with one of these names would be written
+/// twice into the stored JSON, which then no longer reads back.
+const METADATA_MEMBERS: &[&str] = &[
+    "id",
+    "name",
+    "description",
+    "version",
+    "publisher",
+    "capabilities",
+    "tags",
+    "endpoint",
+    "supported_languages",
+    "authentication",
+    "auth",
+    "status",
+    "operations",
+    "inputs",
+    "outputs",
+    "examples",
+    "bindings",
+    "constraints",
+    "expires_at",
+    "updated_at",
+    "signature",
+];
+const AUTH_MEMBERS: &[&str] = &["type", "instructions", "scopes"];
+const BINDING_MEMBERS: &[&str] = &[
+    "protocol",
+    "endpoint",
+    "media_types",
+    "interaction_model",
+    "priority",
+];
+const OPERATION_MEMBERS: &[&str] = &["name", "description", "inputs", "outputs", "examples"];
+const OPERATION_EXAMPLE_MEMBERS: &[&str] = &["input", "output"];
+const TASK_EXAMPLE_MEMBERS: &[&str] = &[
+    "id",
+    "text",
+    "tags",
+    "input_schema",
+    "output_schema",
+    "language",
+];
+
+/// The pointer of the first unknown member of `extra` named like one of
+/// `members`, under `at`.
+fn clash(extra: &Map<String, Value>, members: &[&str], at: &str) -> Option<String> {
+    extra
+        .keys()
+        .find(|k| members.contains(&k.as_str()))
+        .map(|k| format!("{at}/extensions/{k}"))
+}
+
 impl AgentMetadata {
+    /// The first unknown member, at any depth, that reuses the name of a
+    /// member the record defines (only gRPC's `extensions` can carry one;
+    /// JSON puts such a member in its field), as a pointer into the gRPC
+    /// message's shape: `/extensions/description`,
+    /// `/bindings/0/extensions/endpoint`.
+    pub fn clashing_member(&self) -> Option<String> {
+        let auth = [
+            ("/authentication", &self.authentication),
+            ("/auth", &self.auth),
+        ];
+        clash(&self.extra, METADATA_MEMBERS, "")
+            .or_else(|| {
+                auth.iter()
+                    .find_map(|(at, a)| a.as_ref().and_then(|a| clash(&a.extra, AUTH_MEMBERS, at)))
+            })
+            .or_else(|| {
+                self.bindings
+                    .iter()
+                    .enumerate()
+                    .find_map(|(i, b)| clash(&b.extra, BINDING_MEMBERS, &format!("/bindings/{i}")))
+            })
+            .or_else(|| {
+                self.examples.iter().enumerate().find_map(|(i, e)| {
+                    clash(&e.extra, TASK_EXAMPLE_MEMBERS, &format!("/examples/{i}"))
+                })
+            })
+            .or_else(|| {
+                self.operations.iter().enumerate().find_map(|(i, o)| {
+                    let at = format!("/operations/{i}");
+                    clash(&o.extra, OPERATION_MEMBERS, &at).or_else(|| {
+                        o.examples.iter().enumerate().find_map(|(j, e)| {
+                            clash(
+                                &e.extra,
+                                OPERATION_EXAMPLE_MEMBERS,
+                                &format!("{at}/examples/{j}"),
+                            )
+                        })
+                    })
+                })
+            })
+    }
+
     /// The status filters and lists go by: an unset status counts as active.
     pub fn effective_status(&self) -> AgentStatus {
         self.status.unwrap_or(AgentStatus::Active)
@@ -592,4 +688,110 @@ pub struct Change {
     pub revision: u64,
     pub kind: ChangeKind,
     pub record: AgentRecord,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// Every member each part defines, set once.
+    fn full() -> Value {
+        let auth = json!({"type": "api_key", "instructions": "i", "scopes": ["s"]});
+        json!({
+            "id": "a", "name": "n", "description": "d", "version": "1", "publisher": "p",
+            "capabilities": ["c"], "tags": ["t"], "endpoint": "https://e.example",
+            "supported_languages": ["en"], "authentication": auth, "auth": auth,
+            "status": "active",
+            "operations": [{"name": "o", "description": "d", "inputs": {}, "outputs": {},
+                            "examples": [{"input": 1, "output": 2}]}],
+            "inputs": {}, "outputs": {},
+            "examples": [{"id": "e", "text": "t", "tags": ["x"], "input_schema": {},
+                          "output_schema": {}, "language": "en"}],
+            "bindings": [{"protocol": "https", "endpoint": "https://e.example",
+                          "media_types": ["m"], "interaction_model": "i", "priority": 1}],
+            "constraints": {}, "expires_at": "2026-01-01T00:00:00Z",
+            "updated_at": "2026-01-01T00:00:00Z", "signature": {}
+        })
+    }
+
+    fn keys(v: &Value) -> Vec<&str> {
+        let mut k: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+        k.sort_unstable();
+        k
+    }
+
+    fn sorted(list: &[&'static str]) -> Vec<&'static str> {
+        let mut l = list.to_vec();
+        l.sort_unstable();
+        l
+    }
+
+    #[test]
+    fn the_member_lists_are_exactly_the_structs_members() {
+        let meta: AgentMetadata = serde_json::from_value(full()).unwrap();
+        // Nothing fell into an unknown-member bag: every listed name is real.
+        assert_eq!(meta, {
+            let mut m = meta.clone();
+            m.extra.clear();
+            m
+        });
+        assert!(meta.auth.as_ref().unwrap().extra.is_empty());
+        assert!(meta.bindings[0].extra.is_empty());
+        assert!(meta.examples[0].extra.is_empty());
+        assert!(meta.operations[0].extra.is_empty());
+        assert!(meta.operations[0].examples[0].extra.is_empty());
+        // And every real member is listed.
+        let v = serde_json::to_value(&meta).unwrap();
+        assert_eq!(keys(&v), sorted(METADATA_MEMBERS));
+        assert_eq!(keys(&v["auth"]), sorted(AUTH_MEMBERS));
+        assert_eq!(keys(&v["bindings"][0]), sorted(BINDING_MEMBERS));
+        assert_eq!(keys(&v["examples"][0]), sorted(TASK_EXAMPLE_MEMBERS));
+        assert_eq!(keys(&v["operations"][0]), sorted(OPERATION_MEMBERS));
+        assert_eq!(
+            keys(&v["operations"][0]["examples"][0]),
+            sorted(OPERATION_EXAMPLE_MEMBERS)
+        );
+    }
+
+    #[test]
+    fn an_unknown_member_named_like_a_real_one_is_found_at_any_depth() {
+        let meta: AgentMetadata = serde_json::from_value(full()).unwrap();
+        assert_eq!(meta.clashing_member(), None);
+        let mut m = meta.clone();
+        m.extra.insert("x-kept".into(), json!(1));
+        assert_eq!(m.clashing_member(), None);
+        m.extra.insert("description".into(), json!("twice"));
+        assert_eq!(
+            m.clashing_member().as_deref(),
+            Some("/extensions/description")
+        );
+        let mut m = meta.clone();
+        m.bindings[0].extra.insert("endpoint".into(), json!("x"));
+        assert_eq!(
+            m.clashing_member().as_deref(),
+            Some("/bindings/0/extensions/endpoint")
+        );
+        let mut m = meta.clone();
+        m.operations[0].examples[0]
+            .extra
+            .insert("output".into(), json!(3));
+        assert_eq!(
+            m.clashing_member().as_deref(),
+            Some("/operations/0/examples/0/extensions/output")
+        );
+        let mut m = meta;
+        m.auth
+            .as_mut()
+            .unwrap()
+            .extra
+            .insert("type".into(), json!("x"));
+        assert_eq!(
+            m.clashing_member().as_deref(),
+            Some("/auth/extensions/type")
+        );
+        // Written twice, the JSON would not read back: what the check prevents.
+        let bytes = serde_json::to_vec(&m).unwrap();
+        assert!(serde_json::from_slice::<AgentMetadata>(&bytes).is_err());
+    }
 }

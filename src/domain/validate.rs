@@ -344,6 +344,12 @@ pub fn normalise_and_validate(meta: &mut AgentMetadata, limits: &Limits) -> Resu
     // The envelope member is the registry's and read-only; a client that PUTs
     // back what it got from GET must not be refused for it.
     meta.extra.shift_remove(ENVELOPE_MEMBER);
+    if let Some(pointer) = meta.clashing_member() {
+        return Err(FieldError::new(
+            &pointer,
+            "an unknown member may not reuse the name of a member the record defines; set that field instead",
+        ));
+    }
 
     validate_id(&meta.id, "/id")?;
     validate_text(&meta.name, "/name", MAX_NAME_LEN, true)?;

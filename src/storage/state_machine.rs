@@ -1402,6 +1402,7 @@ mod tests {
     fn normal(command: Command) -> EntryPayload<TypeConfig> {
         EntryPayload::Normal(crate::consensus::Proposal::new(&command).unwrap())
     }
+    use crate::consensus::Proposal;
     use crate::domain::write::{decide_put, WriteMode};
     use crate::domain::{Principal, Role};
     use futures::FutureExt;
@@ -1464,6 +1465,33 @@ mod tests {
             serde_json::to_value(&decoded).unwrap(),
             serde_json::to_value(&change).unwrap()
         );
+    }
+
+    /// A record with an unknown member named like a defined one is never
+    /// proposed (its JSON would hold the member twice); an entry written
+    /// with one before this was refused still decodes, the later copy
+    /// winning, so the log replays instead of stopping the node.
+    #[test]
+    fn a_clashing_member_is_never_proposed_and_an_old_entry_still_decodes() {
+        let alice = Principal::new("alice", Role::Publisher);
+        let mut cmd = register("clash", &alice, "2026-11-25T00:00:00Z");
+        let plain = Proposal::new(&cmd).unwrap();
+        if let Command::Put { metadata, .. } = &mut cmd {
+            metadata
+                .extra
+                .insert("name".into(), serde_json::json!("second"));
+        }
+        let refused = Proposal::new(&cmd).unwrap_err().to_string();
+        assert!(refused.contains("/extensions/name"), "{refused}");
+        // As an older binary wrote it: the member twice.
+        let twice = serde_json::to_vec(&cmd).unwrap();
+        assert!(serde_json::from_slice::<Command>(&twice).is_err());
+        let Command::Put { metadata, .. } = Proposal::from_bytes(twice.into()).command().unwrap()
+        else {
+            panic!("a Put")
+        };
+        assert_eq!(metadata.name, "second");
+        assert!(plain.command().is_ok());
     }
 
     /// A registration of a small record `id` by `principal`.

@@ -1211,3 +1211,72 @@ async fn a_stalled_body_gets_408() {
         .await;
     assert_eq!(status, 404, "nothing stored from the half body");
 }
+
+/// gRPC can carry an unknown member (`extensions`) named like a member the
+/// record defines, which JSON cannot. Written, the record's JSON held that
+/// member twice and no node could decode the log entry again: the node
+/// stopped and did not restart. It is refused by field, at any depth, and
+/// the node goes on serving.
+#[tokio::test]
+async fn grpc_extensions_named_like_defined_members_are_refused() {
+    use agentry::pb;
+    use prost_types::value::Kind;
+    let s = TestServer::start().await;
+    let g = Grpc::connect(&s.grpc).await;
+    let text = |t: &str| prost_types::Value {
+        kind: Some(Kind::StringValue(t.into())),
+    };
+    let base = || {
+        agentry::convert::metadata_from_json(with(translator("clash"), |m| {
+            m["bindings"] = json!([{"protocol": "https", "endpoint": "https://api.example.com/agents/translate"}]);
+        }))
+        .unwrap()
+    };
+    let mut top = base();
+    top.extensions
+        .get_or_insert_with(Default::default)
+        .fields
+        .insert("description".into(), text("twice"));
+    let mut nested = base();
+    nested.bindings[0]
+        .extensions
+        .get_or_insert_with(Default::default)
+        .fields
+        .insert("endpoint".into(), text("https://other.example/"));
+    for (meta, field) in [
+        (top, "/extensions/description"),
+        (nested, "/bindings/0/extensions/endpoint"),
+    ] {
+        let mut req = tonic::Request::new(pb::RegisterRequest {
+            metadata: Some(meta),
+            visibility: 0,
+            readers: Vec::new(),
+        });
+        req.metadata_mut()
+            .insert("authorization", format!("Bearer {ALICE}").parse().unwrap());
+        let e = g.client.clone().register(req).await.expect_err(field);
+        let d = agentry::api::error::detail_of(&e);
+        assert_eq!(d.code, "invalid_request", "{e:?}");
+        assert_eq!(d.field.as_deref(), Some(field), "{e:?}");
+    }
+    // The node still serves, and an ordinary unknown member is kept.
+    let mut fine = base();
+    fine.extensions
+        .get_or_insert_with(Default::default)
+        .fields
+        .insert("x-vendor".into(), text("kept"));
+    let mut req = tonic::Request::new(pb::RegisterRequest {
+        metadata: Some(fine),
+        visibility: 0,
+        readers: Vec::new(),
+    });
+    req.metadata_mut()
+        .insert("authorization", format!("Bearer {ALICE}").parse().unwrap());
+    g.client.clone().register(req).await.expect("registers");
+    let h = Http::new(&s.http);
+    let (status, _, body) = h
+        .send(Method::GET, "/agents/clash", Some(ALICE), None, &[])
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(body["x-vendor"], "kept", "{body}");
+}
