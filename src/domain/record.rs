@@ -581,6 +581,12 @@ pub struct AgentRecord {
 }
 
 impl AgentRecord {
+    /// Whether this registry offers the record to its peers: public, and
+    /// its own (a copy of a peer's record is never passed on).
+    pub fn shared_with_peers(&self) -> bool {
+        self.envelope.provenance.is_none() && self.envelope.visibility == Visibility::Public
+    }
+
     /// Whether `principal` may read this record.
     pub fn readable_by(&self, principal: Option<&Principal>) -> bool {
         let e = &self.envelope;
@@ -688,6 +694,13 @@ pub struct Change {
     pub revision: u64,
     pub kind: ChangeKind,
     pub record: AgentRecord,
+    /// Whether the version before this change was shared with peers and
+    /// this one is not: what the peer feed withdraws (any other change to a
+    /// record peers never saw is left out, so the feed reveals nothing of
+    /// private records). `None` in changes recorded before this was kept:
+    /// those are withdrawn, as they were then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unshared: Option<bool>,
 }
 
 #[cfg(test)]

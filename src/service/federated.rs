@@ -51,9 +51,6 @@ pub type FeedStream = Pin<Box<dyn Stream<Item = Result<FeedEvent>> + Send>>;
 
 /// A record this registry shares with peers: its own and public. Copies of
 /// other registries' records are theirs to share.
-fn shared(r: &AgentRecord) -> bool {
-    r.envelope.provenance.is_none() && r.envelope.visibility == Visibility::Public
-}
 
 /// A pool member of a federated discovery.
 struct Pooled {
@@ -333,7 +330,7 @@ impl RegistryService {
         let mut own = Vec::with_capacity(hits.len());
         for hit in hits {
             if let Some(r) = self.reader().get(&hit.id)? {
-                if shared(&r) && !r.envelope.deleted {
+                if r.shared_with_peers() && !r.envelope.deleted {
                     own.push(r);
                 }
             }
@@ -381,7 +378,7 @@ impl RegistryService {
                 let scan_tx = tx.clone();
                 let scanned = tokio::task::spawn_blocking(move || {
                     scan_reader.scan(|r| {
-                        if shared(&r) {
+                        if r.shared_with_peers() {
                             // A closed channel ends the listing with the
                             // next send failing too; nothing to report.
                             let _ = scan_tx.blocking_send(Ok(FeedEvent::Record {
@@ -423,11 +420,14 @@ impl RegistryService {
                             record: Box::new(c.record),
                             listing: false,
                         }
-                    } else {
+                    } else if c.unshared != Some(false) {
                         FeedEvent::Withdrawn {
                             id: c.record.metadata.id,
                             revision: c.revision,
                         }
+                    } else {
+                        // Private before and after: peers never saw it.
+                        return true;
                     };
                     tx.send(Ok(event)).await.is_ok()
                 }

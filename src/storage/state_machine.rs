@@ -210,6 +210,9 @@ fn encode_change(change: &Change) -> Result<(Vec<u8>, Vec<u8>), LocalError> {
     let mut entry = Vec::with_capacity(record.len() + 64);
     entry.extend_from_slice(format!("{{\"revision\":{},\"kind\":", change.revision).as_bytes());
     serde_json::to_writer(&mut entry, &change.kind)?;
+    if let Some(unshared) = change.unshared {
+        entry.extend_from_slice(format!(",\"unshared\":{unshared}").as_bytes());
+    }
     entry.extend_from_slice(b",\"record\":");
     entry.extend_from_slice(&record);
     entry.push(b'}');
@@ -515,10 +518,15 @@ impl StateMachine {
                 if let Some(signer) = signer {
                     sign_record(signer, &mut record, now);
                 }
+                let unshared = Some(
+                    current.is_some_and(AgentRecord::shared_with_peers)
+                        && !record.shared_with_peers(),
+                );
                 CommandResult::Applied(Box::new(Change {
                     revision,
                     kind,
                     record,
+                    unshared,
                 }))
             }
             Err(rejection) => CommandResult::Rejected(rejection),
@@ -1457,6 +1465,7 @@ mod tests {
             revision: 42,
             kind,
             record,
+            unshared: Some(true),
         };
         let (record_json, entry) = encode_change(&change).unwrap();
         assert_eq!(record_json, serde_json::to_vec(&change.record).unwrap());

@@ -276,6 +276,68 @@ async fn every_read_path_shows_another_tenant_only_what_is_shared_with_it() {
         }
     }
     assert_eq!(shared, set(&[OPEN]), "peer feed");
+
+    // Live, the feed leaves out changes to records peers never saw (it
+    // once withdrew each of them, naming the private id to anyone), and
+    // withdraws a record that stops being public.
+    let h = Http::new(&s.http);
+    let mut changed = invoice_agent(SECRET);
+    changed["description"] = json!("Translates invoices, now into yen as well.");
+    let path = |id: &str| format!("/agents/{}", Http::url_id(id));
+    let (status, _, _) = h
+        .send(
+            Method::PUT,
+            &path(SECRET),
+            Some(ACME_PUB),
+            Some(changed),
+            &[],
+        )
+        .await;
+    assert_eq!(status, 200);
+    let (status, _, _) = h
+        .send(Method::DELETE, &path(FOR_GLOBEX), Some(ACME_PUB), None, &[])
+        .await;
+    assert_eq!(status, 200);
+    let (status, _, _) = h
+        .send(
+            Method::PUT,
+            &format!("{}?visibility=private", path(OPEN)),
+            Some(ACME_PUB),
+            Some(invoice_agent(OPEN)),
+            &[],
+        )
+        .await;
+    assert_eq!(status, 200);
+    const MARKER: &str = "urn:acme:marker";
+    let (status, _, _) = h
+        .send(
+            Method::POST,
+            "/agents",
+            Some(ACME_PUB),
+            Some(invoice_agent(MARKER)),
+            &[],
+        )
+        .await;
+    assert_eq!(status, 201);
+    let mut withdrawn = BTreeSet::new();
+    loop {
+        let e = tokio::time::timeout(Duration::from_secs(10), feed.message())
+            .await
+            .expect("the marker arrives")
+            .unwrap()
+            .expect("live feed");
+        if !e.withdrawn_id.is_empty() {
+            withdrawn.insert(e.withdrawn_id.clone());
+        }
+        if e.record_json.contains(MARKER) {
+            break;
+        }
+    }
+    assert_eq!(
+        withdrawn,
+        [OPEN.to_string()].into_iter().collect::<BTreeSet<_>>(),
+        "withdrawals"
+    );
     s.stop().await;
 }
 
