@@ -582,7 +582,7 @@ pub struct AgentRecord {
 
 impl AgentRecord {
     /// Whether this registry offers the record to its peers: public, and
-    /// its own (a copy of a peer's record is never passed on).
+    /// its own (copies of other registries' records are theirs to share).
     pub fn shared_with_peers(&self) -> bool {
         self.envelope.provenance.is_none() && self.envelope.visibility == Visibility::Public
     }

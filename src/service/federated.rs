@@ -49,9 +49,6 @@ pub enum FeedEvent {
 
 pub type FeedStream = Pin<Box<dyn Stream<Item = Result<FeedEvent>> + Send>>;
 
-/// A record this registry shares with peers: its own and public. Copies of
-/// other registries' records are theirs to share.
-
 /// A pool member of a federated discovery.
 struct Pooled {
     record: AgentRecord,
