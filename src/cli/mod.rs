@@ -883,7 +883,9 @@ impl ClientArgs {
     /// Wraps a message with the API key.
     pub fn request<T>(&self, msg: T) -> Result<tonic::Request<T>, CliError> {
         let mut req = tonic::Request::new(msg);
-        if let Some(key) = &self.api_key {
+        // An empty key (AGENTRY_API_KEY= in a shell) means none: sent as
+        // "Bearer " it would turn an anonymous read into a 401.
+        if let Some(key) = self.api_key.as_deref().filter(|k| !k.is_empty()) {
             let value = format!("Bearer {key}")
                 .parse()
                 .map_err(|_| local("the API key is not valid header text"))?;
