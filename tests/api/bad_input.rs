@@ -1243,18 +1243,26 @@ async fn grpc_extensions_named_like_defined_members_are_refused() {
         .get_or_insert_with(Default::default)
         .fields
         .insert("endpoint".into(), text("https://other.example/"));
+    let register = |meta: pb::AgentMetadata| {
+        Grpc::req(
+            Some(ALICE),
+            pb::RegisterRequest {
+                metadata: Some(meta),
+                visibility: 0,
+                readers: Vec::new(),
+            },
+        )
+    };
     for (meta, field) in [
         (top, "/extensions/description"),
         (nested, "/bindings/0/extensions/endpoint"),
     ] {
-        let mut req = tonic::Request::new(pb::RegisterRequest {
-            metadata: Some(meta),
-            visibility: 0,
-            readers: Vec::new(),
-        });
-        req.metadata_mut()
-            .insert("authorization", format!("Bearer {ALICE}").parse().unwrap());
-        let e = g.client.clone().register(req).await.expect_err(field);
+        let e = g
+            .client
+            .clone()
+            .register(register(meta))
+            .await
+            .expect_err(field);
         let d = agentry::api::error::detail_of(&e);
         assert_eq!(d.code, "invalid_request", "{e:?}");
         assert_eq!(d.field.as_deref(), Some(field), "{e:?}");
@@ -1265,14 +1273,11 @@ async fn grpc_extensions_named_like_defined_members_are_refused() {
         .get_or_insert_with(Default::default)
         .fields
         .insert("x-vendor".into(), text("kept"));
-    let mut req = tonic::Request::new(pb::RegisterRequest {
-        metadata: Some(fine),
-        visibility: 0,
-        readers: Vec::new(),
-    });
-    req.metadata_mut()
-        .insert("authorization", format!("Bearer {ALICE}").parse().unwrap());
-    g.client.clone().register(req).await.expect("registers");
+    g.client
+        .clone()
+        .register(register(fine))
+        .await
+        .expect("registers");
     let h = Http::new(&s.http);
     let (status, _, body) = h
         .send(Method::GET, "/agents/clash", Some(ALICE), None, &[])

@@ -356,7 +356,8 @@ impl Grpc {
         }
     }
 
-    fn req<T>(key: Option<&str>, msg: T) -> tonic::Request<T> {
+    /// A request carrying `key` as its Bearer credential, if any.
+    pub fn req<T>(key: Option<&str>, msg: T) -> tonic::Request<T> {
         let mut r = tonic::Request::new(msg);
         if let Some(k) = key {
             r.metadata_mut()
