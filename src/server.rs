@@ -426,9 +426,15 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
         tokio::spawn(crate::federation::sync::follow(
             service.clone(),
             peer.clone(),
+            config.data_dir.clone(),
             shutdown_rx.clone(),
         ));
     }
+    tokio::spawn(crate::federation::sync::forget_unsynced(
+        service.clone(),
+        peers.clone(),
+        shutdown_rx.clone(),
+    ));
     tokio::spawn(
         service.clone().establish_identity(IdentitySettings {
             authority: config.identity.authority.clone(),

@@ -46,6 +46,15 @@ impl Encoding {
     pub fn applies_batches(self) -> bool {
         self == Encoding::Binary
     }
+
+    /// The apply rules a node in this mode says it follows: a node
+    /// imitating an older version follows the oldest.
+    pub fn apply_rules(self) -> u32 {
+        match self {
+            Encoding::Binary => super::command::APPLY_RULES,
+            Encoding::Json => 0,
+        }
+    }
 }
 
 /// `RaftMessage.encoding` values.

@@ -19,6 +19,23 @@ use crate::domain::{
     Visibility,
 };
 
+/// The rules by which this binary applies commands. A change to what
+/// applying an existing command does would make nodes of two versions
+/// disagree during a rolling upgrade, so the new behaviour is asked for in
+/// the command (`rules`), and a leader asks for it only once every member
+/// says it follows it (`RaftMessage.rules`); entries of older versions,
+/// and those proposed while any member is older, keep the old behaviour.
+///
+/// 1. A registration that leaves out `status` keeps the stored one; a copy
+///    a federation sync withdrew may come back at the revision it was
+///    copied at; a federation skip sets the peer's cursor (which may go
+///    back, after the peer was restored) instead of only moving it on.
+pub const APPLY_RULES: u32 = 1;
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
 /// One replicated write.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum Command {
@@ -47,6 +64,9 @@ pub enum Command {
         /// MCP publish merging a version into the record.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         expected_revision: Option<u64>,
+        /// The apply rules the leader asked for ([`APPLY_RULES`]).
+        #[serde(default, skip_serializing_if = "is_zero")]
+        rules: u32,
     },
     /// Delete, leaving a tombstone.
     Delete {
@@ -82,6 +102,9 @@ pub enum Command {
         change: FederatedChange,
         cursor: Option<u64>,
         now: String,
+        /// The apply rules the leader asked for ([`APPLY_RULES`]).
+        #[serde(default, skip_serializing_if = "is_zero")]
+        rules: u32,
     },
     /// A client's command with who asked: applying it also appends the
     /// audit entry of its outcome to the replicated trail.
@@ -130,6 +153,16 @@ pub enum Command {
 }
 
 impl Command {
+    /// Asks for the apply rules `rules` (the newest every member follows).
+    pub fn set_rules(&mut self, rules: u32) {
+        match self {
+            Self::Put { rules: r, .. } | Self::Federate { rules: r, .. } => *r = rules,
+            Self::Audited { command, .. } => command.set_rules(rules),
+            Self::Batch(commands) => commands.iter_mut().for_each(|c| c.set_rules(rules)),
+            _ => {}
+        }
+    }
+
     /// The agent id the command writes, if it writes one record.
     pub fn id(&self) -> Option<&str> {
         match self {

@@ -15,7 +15,7 @@ mod node;
 mod transport;
 
 pub use cluster_auth::{ClusterAuth, ClusterAuthConfig};
-pub use command::{Command, CommandResult, Proposal, PublisherKeyChange};
+pub use command::{Command, CommandResult, Proposal, PublisherKeyChange, APPLY_RULES};
 pub use faults::{Faults, LinkFault};
 pub use forward::Forwarded;
 pub use membership_check::{ClusterRecord, MembershipCheck, SharedRecord};

@@ -105,6 +105,9 @@ pub struct Network {
     /// keeps its say (an older binary refuses the data directory a batching
     /// one wrote, data format 4), so a lost follower does not stop batching.
     batching: Arc<Mutex<HashSet<NodeId>>>,
+    /// The apply rules each peer's last answer said it follows; kept
+    /// through failures like `batching`.
+    rules: Arc<Mutex<HashMap<NodeId, u32>>>,
 }
 
 /// Per peer: its address, the cluster-TLS generation the channel was made
@@ -158,7 +161,26 @@ impl Network {
             encoding,
             accepts: Arc::default(),
             batching: Arc::default(),
+            rules: Arc::default(),
         }
+    }
+
+    /// The newest apply rules every node of `members` follows, this one
+    /// included (0 while any has not answered yet).
+    pub fn rules_of_all(&self, members: impl IntoIterator<Item = NodeId>) -> u32 {
+        let rules = self.rules.lock().unwrap_or_else(|e| e.into_inner());
+        members
+            .into_iter()
+            .map(|m| {
+                if m == self.me {
+                    self.encoding.apply_rules()
+                } else {
+                    rules.get(&m).copied().unwrap_or(0)
+                }
+            })
+            .min()
+            .unwrap_or(0)
+            .min(self.encoding.apply_rules())
     }
 
     /// Whether every node of `members` (this one aside) last answered that
@@ -276,6 +298,7 @@ impl Network {
             stamp: Some(self.check.stamp(addressed)),
             encoding,
             batches: false,
+            rules: 0,
         });
         self.auth
             .prove(req.metadata_mut(), rpc.name(), self.me, &payload);
@@ -311,6 +334,10 @@ impl Network {
             batching.remove(&target);
         }
         drop(batching);
+        self.rules
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(target, answer.rules);
         serde_json::from_slice(&answer.payload).map_err(|e| TransportError::BadAnswer {
             target,
             reason: e.to_string(),

@@ -687,16 +687,18 @@ impl RaftNode {
     /// gathered into them (a member of an older version could not apply
     /// one).
     fn batches_applied(&self) -> bool {
-        let members: Vec<NodeId> = self
-            .raft
+        self.network.all_apply_batches(self.members())
+    }
+
+    fn members(&self) -> Vec<NodeId> {
+        self.raft
             .metrics()
             .borrow()
             .membership_config
             .membership()
             .nodes()
             .map(|(id, _)| *id)
-            .collect();
-        self.network.all_apply_batches(members)
+            .collect()
     }
 
     /// Executes a request on this node; `NotLeader` when it does not lead.
@@ -711,7 +713,7 @@ impl RaftNode {
                     leader: next.and_then(|l| self.member_addr(l)),
                 })
             }
-            Forwarded::Write(command) => {
+            Forwarded::Write(mut command) => {
                 // Refused before it reaches the log: a write RocksDB cannot
                 // store would stop the Raft core. Only the leader's disk
                 // counts; a follower short of space passes the write on.
@@ -720,6 +722,9 @@ impl RaftNode {
                         .check()
                         .map_err(|e| WriteError::NoSpace(e.to_string()))?;
                 }
+                // The rules it is applied by: the newest every member
+                // follows.
+                command.set_rules(self.network.rules_of_all(self.members()));
                 // Encoded here, once: the log and every follower carry
                 // these bytes.
                 let proposal = Proposal::new(&command)

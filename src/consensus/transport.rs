@@ -124,6 +124,7 @@ impl RaftService {
             stamp: Some(self.node.membership_check().stamp(None)),
             encoding: self.encoding.accepts(),
             batches: self.encoding.applies_batches(),
+            rules: self.encoding.apply_rules(),
         }))
     }
 }

@@ -4,6 +4,7 @@
 //! node applies identically.
 
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use super::record::{AgentMetadata, AgentRecord, ChangeKind, Envelope, Provenance, Visibility};
 use super::write::Rejection;
@@ -17,6 +18,11 @@ pub enum FederatedChange {
         /// The origin's envelope, parsed (its raw form is in `provenance`).
         origin: Box<Envelope>,
         provenance: Box<Provenance>,
+        /// Part of the peer's full listing: the peer's state now rather
+        /// than a change (older than the copy after the peer was restored
+        /// from a backup). Absent in entries of older versions.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        listed: bool,
     },
     /// The peer no longer shares the record (it became private there).
     Withdraw { id: String, origin_revision: u64 },
@@ -49,6 +55,7 @@ pub fn decide_federated(
     change: FederatedChange,
     revision: u64,
     now: &str,
+    rules: u32,
 ) -> Result<(AgentRecord, ChangeKind), Rejection> {
     let id = change.id().unwrap_or_default().to_string();
     if let FederatedChange::Copy { provenance, .. } = &change {
@@ -79,7 +86,18 @@ pub fn decide_federated(
         FederatedChange::Skip => return Err(Rejection::Unchanged { id }),
     };
     if let Some(stored) = ours {
-        if incoming_revision <= stored.origin_revision {
+        let listed = rules >= 1 && matches!(&change, FederatedChange::Copy { listed: true, .. });
+        let stale = if listed {
+            // A listing replaces the copy unless it is that very version;
+            // a copy withdrawn here (the peer stopped sharing it, or this
+            // registry stopped trusting it) comes back.
+            let withdrawn = current.is_some_and(|r| r.envelope.deleted)
+                && stored.origin_envelope.get("deleted") != Some(&Value::Bool(true));
+            !withdrawn && incoming_revision == stored.origin_revision
+        } else {
+            incoming_revision <= stored.origin_revision
+        };
+        if stale {
             return Err(Rejection::Stale {
                 id,
                 detail: format!(
@@ -94,6 +112,7 @@ pub fn decide_federated(
             metadata,
             origin,
             provenance,
+            ..
         } => {
             let kept = current.filter(|_| ours.is_some());
             let kind = if origin.deleted {
@@ -177,7 +196,17 @@ mod tests {
                 origin_envelope: serde_json::json!({}),
                 via: Vec::new(),
             }),
+            listed: false,
         }
+    }
+
+    /// `copy` as a full listing brings it.
+    fn listed(id: &str, origin_revision: u64, deleted: bool) -> FederatedChange {
+        let mut c = copy(id, origin_revision, deleted);
+        if let FederatedChange::Copy { listed, .. } = &mut c {
+            *listed = true;
+        }
+        c
     }
 
     fn apply(
@@ -185,7 +214,7 @@ mod tests {
         c: FederatedChange,
         rev: u64,
     ) -> Result<AgentRecord, Rejection> {
-        decide_federated(current, "b.example", c, rev, "now").map(|(r, _)| r)
+        decide_federated(current, "b.example", c, rev, "now", 1).map(|(r, _)| r)
     }
 
     #[test]
@@ -226,7 +255,7 @@ mod tests {
         ));
         // c.example cannot pass off a record as b.example's.
         assert!(matches!(
-            decide_federated(None, "c.example", copy("x", 1, false), 2, "now"),
+            decide_federated(None, "c.example", copy("x", 1, false), 2, "now", 1),
             Err(Rejection::Forbidden { .. })
         ));
         // Nor take over b.example's copy.
@@ -240,7 +269,8 @@ mod tests {
                     origin_revision: 9
                 },
                 3,
-                "now"
+                "now",
+                1
             ),
             Err(Rejection::OwnedByOther { .. })
         ));
@@ -258,6 +288,69 @@ mod tests {
         assert!(matches!(
             apply(None, w, 11),
             Err(Rejection::NotFound { .. })
+        ));
+    }
+
+    /// A copy as the sync keeps it: the origin's envelope beside it.
+    fn kept(origin_revision: u64, origin_deleted: bool) -> AgentRecord {
+        let mut c = copy("x", origin_revision, origin_deleted);
+        if let FederatedChange::Copy { provenance, .. } = &mut c {
+            provenance.origin_envelope =
+                serde_json::json!({"revision": origin_revision, "deleted": origin_deleted});
+        }
+        apply(None, c, 10).unwrap()
+    }
+
+    #[test]
+    fn a_listing_is_the_peers_state_now_a_change_must_be_newer() {
+        let withdraw = |origin_revision| FederatedChange::Withdraw {
+            id: "x".into(),
+            origin_revision,
+        };
+        // Withdrawn at the peer's listing revision 9 (not listed, or no
+        // longer trusted here): only a listing brings revision 5 back.
+        let gone = apply(Some(&kept(5, false)), withdraw(9), 11).unwrap();
+        assert!(matches!(
+            apply(Some(&gone), copy("x", 5, false), 12),
+            Err(Rejection::Stale { .. })
+        ));
+        let back = apply(Some(&gone), listed("x", 5, false), 12).unwrap();
+        assert!(!back.envelope.deleted);
+        assert_eq!(back.envelope.created_revision, 10);
+        // The very version kept is no change, listed or not.
+        for c in [copy("x", 5, false), listed("x", 5, false)] {
+            assert!(matches!(
+                apply(Some(&kept(5, false)), c, 12),
+                Err(Rejection::Stale { .. })
+            ));
+        }
+        // A peer restored from a backup lists an older version: it
+        // replaces the copy; the same as a change is refused.
+        assert!(matches!(
+            apply(Some(&kept(8, false)), copy("x", 6, false), 12),
+            Err(Rejection::Stale { .. })
+        ));
+        let restored = apply(Some(&kept(8, false)), listed("x", 6, false), 12).unwrap();
+        assert_eq!(
+            restored.envelope.provenance.map(|p| p.origin_revision),
+            Some(6)
+        );
+        // The origin's deletion is kept until a listing says otherwise.
+        assert!(matches!(
+            apply(Some(&kept(6, true)), listed("x", 6, true), 12),
+            Err(Rejection::Stale { .. })
+        ));
+        // Entries of older versions (rules 0) know no listings.
+        assert!(matches!(
+            decide_federated(
+                Some(&gone),
+                "b.example",
+                listed("x", 5, false),
+                12,
+                "now",
+                0
+            ),
+            Err(Rejection::Stale { .. })
         ));
     }
 }

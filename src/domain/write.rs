@@ -212,6 +212,23 @@ pub fn decide_put(
     Ok((AgentRecord { metadata, envelope }, ChangeKind::Updated))
 }
 
+/// Keeps the lifecycle status of the live record `record` replaces when
+/// its metadata leaves `status` out: a status set with `SetStatus`
+/// (retired, say) is not undone by the owner's next re-registration. A
+/// status the metadata changes drops the reason given for the old one.
+pub fn carry_status(current: Option<&AgentRecord>, record: &mut AgentRecord) {
+    let Some(old) = current.filter(|r| !r.envelope.deleted) else {
+        return;
+    };
+    match &record.metadata.status {
+        None => record.metadata.status = old.metadata.status,
+        Some(s) if old.metadata.status.as_ref() != Some(s) => {
+            record.envelope.status_reason = None;
+        }
+        Some(_) => {}
+    }
+}
+
 fn live_managed<'a>(
     current: Option<&'a AgentRecord>,
     id: &str,
@@ -605,6 +622,56 @@ mod tests {
         .unwrap();
         assert_eq!(rec.metadata.status, Some(AgentStatus::Deprecated));
         assert_eq!(rec.envelope.status_reason.as_deref(), Some("moved"));
+    }
+
+    #[test]
+    fn a_re_registration_without_status_keeps_the_stored_one() {
+        let alice = p("alice", Role::Publisher);
+        let old = create(meta("https://x/", None, None));
+        let retired = decide_status(
+            Some(&old),
+            "a",
+            AgentStatus::Inactive,
+            Some("replaced by b".into()),
+            &alice,
+            2,
+            "t",
+        )
+        .unwrap();
+        let put = |m: AgentMetadata| {
+            let (mut r, _) =
+                decide_put(Some(&retired), m, None, &alice, WriteMode::Register, 3, "t").unwrap();
+            carry_status(Some(&retired), &mut r);
+            r
+        };
+        let again = put(meta("https://x/", None, None));
+        assert_eq!(again.metadata.status, Some(AgentStatus::Inactive));
+        assert_eq!(
+            again.envelope.status_reason.as_deref(),
+            Some("replaced by b")
+        );
+        // Setting it in the metadata still works, and drops the old reason.
+        let mut active = meta("https://x/", None, None);
+        active.status = Some(AgentStatus::Active);
+        let back = put(active);
+        assert_eq!(back.metadata.status, Some(AgentStatus::Active));
+        assert_eq!(back.envelope.status_reason, None);
+        // A deleted record's status is not carried into a new one.
+        let mut tomb = retired.clone();
+        tomb.envelope.deleted = true;
+        let mut fresh = decide_put(
+            Some(&tomb),
+            meta("https://x/", None, None),
+            None,
+            &alice,
+            WriteMode::Register,
+            4,
+            "t",
+        )
+        .unwrap()
+        .0;
+        carry_status(Some(&tomb), &mut fresh);
+        assert_eq!(fresh.metadata.status, None);
     }
 
     #[test]

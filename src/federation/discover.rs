@@ -2,6 +2,7 @@
 //! in parallel under one deadline, and only records whose signatures check
 //! out against pinned keys come back.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use futures::future::join_all;
@@ -77,6 +78,7 @@ pub async fn fan_out(peers: &Peers, out: Outbound<'_>) -> Asked {
     });
     let answers = join_all(asks).await;
     let mut asked = Asked::default();
+    let mut answered = HashSet::new();
     for (peer, answer) in targets.iter().zip(answers) {
         match answer {
             Err(_) => {
@@ -96,15 +98,49 @@ pub async fn fan_out(peers: &Peers, out: Outbound<'_>) -> Asked {
                     status.message()
                 ));
             }
-            Ok(Ok(resp)) => accept(peers, peer, resp.into_inner(), &mut asked),
+            Ok(Ok(resp)) => {
+                answered.insert(peer.authority.clone());
+                let hops = out.hops_left.min(peer.hops);
+                accept(peers, peer, hops, resp.into_inner(), &mut asked);
+            }
         }
     }
+    prefer_origins(&mut asked.remotes, &answered);
     asked
 }
 
+/// An origin that answered for itself is the authority on its records: a
+/// copy relayed by another peer that the origin did not return (an older
+/// revision kept after the origin deleted it, say) is dropped.
+fn prefer_origins(remotes: &mut Vec<Remote>, answered: &HashSet<String>) {
+    let direct: HashSet<(String, String)> = remotes
+        .iter()
+        .filter(|r| r.provenance.via.is_empty())
+        .map(|r| {
+            (
+                r.provenance.origin_authority.clone(),
+                r.record.metadata.id.clone(),
+            )
+        })
+        .collect();
+    remotes.retain(|r| {
+        let origin = &r.provenance.origin_authority;
+        r.provenance.via.is_empty()
+            || !answered.contains(origin)
+            || direct.contains(&(origin.clone(), r.record.metadata.id.clone()))
+    });
+}
+
 /// Checks one peer's answer: each record against the keys pinned for the
-/// authority that signed it.
-fn accept(peers: &Peers, peer: &Peer, answer: pb::PeerDiscoverResponse, asked: &mut Asked) {
+/// authority that signed it, relayed ones over no more than the `hops` the
+/// peer was allowed.
+fn accept(
+    peers: &Peers,
+    peer: &Peer,
+    hops: u32,
+    answer: pb::PeerDiscoverResponse,
+    asked: &mut Asked,
+) {
     if let Some(info) = &answer.registry {
         peer.learn(info);
     }
@@ -120,14 +156,24 @@ fn accept(peers: &Peers, peer: &Peer, answer: pb::PeerDiscoverResponse, asked: &
         } else {
             Some(peer)
         };
+        // The relays a relayed record passed, the answering peer first.
+        let mut via = Vec::new();
+        if relayed {
+            via.push(peer.authority.clone());
+            via.extend(c.via);
+        }
         let checked = match verifier {
             None => Err(Refusal::NoPinnedKeys(c.origin_authority.clone())),
+            Some(_) if via.len() > hops as usize => Err(Refusal::Relayed(format!(
+                "relayed over {} peer(s) where {hops} hop(s) were allowed",
+                via.len()
+            ))),
             Some(v) => serde_json::from_str::<Value>(&c.record_json)
                 .map_err(|e| Refusal::Malformed(e.to_string()))
-                .and_then(|served| v.verify(&served).map(|r| (r, served))),
+                .and_then(|served| v.verify(&served).map(|r| (r, served, v))),
         };
-        let (record, served) = match checked {
-            Ok((r, served)) if !r.envelope.deleted => (r, served),
+        let (record, served, origin) = match checked {
+            Ok((r, served, origin)) if !r.envelope.deleted => (r, served, origin),
             Ok(_) => continue,
             Err(why) => {
                 debug!(peer = %peer.authority, origin = %c.origin_authority, %why, "refused a peer's candidate");
@@ -135,21 +181,14 @@ fn accept(peers: &Peers, peer: &Peer, answer: pb::PeerDiscoverResponse, asked: &
                 continue;
             }
         };
-        let mut via = Vec::new();
-        if relayed {
-            via.push(peer.authority.clone());
-            via.extend(c.via);
-        }
         let Some(signature) = record.envelope.signature.clone() else {
             continue;
         };
         asked.remotes.push(Remote {
             provenance: Provenance {
-                origin_service: if relayed {
-                    c.origin_service
-                } else {
-                    peer.endpoint.clone()
-                },
+                // Where this registry reaches the origin, whatever a relay
+                // says.
+                origin_service: origin.endpoint.clone(),
                 origin_authority: c.origin_authority,
                 origin_signature: signature,
                 received_at: now.clone(),
@@ -168,5 +207,52 @@ fn accept(peers: &Peers, peer: &Peer, answer: pb::PeerDiscoverResponse, asked: &
             peer.authority,
             refused.len()
         ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{AgentMetadata, RegistrySignature};
+
+    fn remote(origin: &str, id: &str, via: &[&str]) -> Remote {
+        Remote {
+            record: AgentRecord {
+                metadata: AgentMetadata {
+                    id: id.into(),
+                    ..Default::default()
+                },
+                envelope: Default::default(),
+            },
+            served: Value::Null,
+            provenance: Provenance {
+                origin_service: String::new(),
+                origin_authority: origin.into(),
+                origin_signature: RegistrySignature::default(),
+                received_at: String::new(),
+                origin_revision: 1,
+                origin_envelope: Value::Null,
+                via: via.iter().map(|v| v.to_string()).collect(),
+            },
+        }
+    }
+
+    #[test]
+    fn an_origin_that_answered_overrules_relays_of_its_records() {
+        let mut remotes = vec![
+            remote("b.example", "urn:b:kept", &[]),
+            remote("b.example", "urn:b:kept", &["c.example"]),
+            // b answered without it (deleted there, say): c's copy goes.
+            remote("b.example", "urn:b:deleted", &["c.example"]),
+            // d did not answer here: what c relays of d stays.
+            remote("d.example", "urn:d:1", &["c.example"]),
+        ];
+        let answered = HashSet::from(["b.example".to_string(), "c.example".to_string()]);
+        prefer_origins(&mut remotes, &answered);
+        let left: Vec<(&str, usize)> = remotes
+            .iter()
+            .map(|r| (r.record.metadata.id.as_str(), r.provenance.via.len()))
+            .collect();
+        assert_eq!(left, [("urn:b:kept", 0), ("urn:b:kept", 1), ("urn:d:1", 1)]);
     }
 }

@@ -43,6 +43,8 @@ pub enum Refusal {
     Malformed(String),
     #[error("a private record")]
     Private,
+    #[error("{0}")]
+    Relayed(String),
     #[error("outside the trust policy for {authority}: {why}")]
     Policy { authority: String, why: String },
 }
@@ -172,6 +174,32 @@ impl Peer {
         }
     }
 
+    /// Everything this registry's acceptance of the peer's records
+    /// depends on: pinned and revoked key ids and the trust policy. When it
+    /// differs from the one the copies were last listed under, the sync
+    /// lists the peer again, so records signed by a newly pinned key
+    /// arrive and copies no longer accepted are withdrawn.
+    pub fn trust_fingerprint(&self) -> String {
+        let sorted = |mut v: Vec<String>| {
+            v.sort();
+            v.dedup();
+            v.join(",")
+        };
+        let keys = sorted(read_lock(&self.keys).keys().cloned().collect());
+        let revoked = sorted(read_lock(&self.revoked).iter().cloned().collect());
+        let tags = sorted(
+            self.policy
+                .accept_tags
+                .iter()
+                .map(|t| t.to_ascii_lowercase())
+                .collect(),
+        );
+        let namespaces = sorted(self.policy.accept_namespaces.clone());
+        format!(
+            "keys={keys}\nrevoked={revoked}\naccept_tags={tags}\naccept_namespaces={namespaces}\n"
+        )
+    }
+
     /// Takes note of the keys the peer says it revoked. Only revocations
     /// are learned this way: a peer can lower the trust in its keys, never
     /// raise it.
@@ -238,9 +266,15 @@ impl Peer {
 /// endpoints (the peer's CA, else the web PKI roots; a client certificate
 /// when the peer requires mutual TLS).
 fn channel(config: &PeerConfig) -> Result<Channel, String> {
+    // HTTP/2 pings find a connection that died without a word (a NAT
+    // entry dropped, a peer's host gone): the feed reconnects instead of
+    // waiting on it for ever.
     let mut endpoint = Endpoint::from_shared(config.endpoint.clone())
         .map_err(|e| format!("endpoint '{}': {e}", config.endpoint))?
         .connect_timeout(Duration::from_secs(3))
+        .http2_keep_alive_interval(Duration::from_secs(30))
+        .keep_alive_timeout(Duration::from_secs(10))
+        .keep_alive_while_idle(true)
         .tcp_nodelay(true);
     if config.endpoint.starts_with("https://") {
         let mut tls = ClientTlsConfig::new().with_webpki_roots();

@@ -18,6 +18,16 @@ use crate::crypto::keys::decode_public;
 const RETRY: Duration = Duration::from_secs(10);
 
 fn pin_file(data_dir: &Path, authority: &str) -> PathBuf {
+    peer_file(data_dir, authority, "json")
+}
+
+/// Where a node notes the peer's trust fingerprint its copies were last
+/// listed under (`Peer::trust_fingerprint`).
+pub(super) fn listed_file(data_dir: &Path, authority: &str) -> PathBuf {
+    peer_file(data_dir, authority, "listed")
+}
+
+fn peer_file(data_dir: &Path, authority: &str, extension: &str) -> PathBuf {
     // Authorities are DNS names; anything else is escaped out of the path.
     let safe: String = authority
         .chars()
@@ -29,7 +39,7 @@ fn pin_file(data_dir: &Path, authority: &str) -> PathBuf {
             }
         })
         .collect();
-    data_dir.join("peers").join(format!("{safe}.json"))
+    data_dir.join("peers").join(format!("{safe}.{extension}"))
 }
 
 /// The valid keys of a registry-info document, if it names `authority`.
@@ -55,6 +65,18 @@ fn keys_of(doc: &Value, authority: &str) -> Result<Vec<VerifyingKey>, String> {
     Ok(keys)
 }
 
+/// Replaces `path` whole: a crash leaves the old file or the new one.
+pub(super) fn write_file(path: &Path, contents: &str) -> Result<(), String> {
+    let failed = |e: std::io::Error| format!("{}: {e}", path.display());
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(failed)?;
+    }
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    std::fs::write(&tmp, contents).map_err(failed)?;
+    std::fs::rename(&tmp, path).map_err(failed)
+}
+
 async fn fetch(url: &str) -> Result<Value, String> {
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(10))
@@ -75,12 +97,7 @@ async fn pin_one(peer: &Peer, url: &str, data_dir: &Path) -> Result<(), String> 
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let doc = fetch(url).await?;
             keys_of(&doc, &peer.authority)?;
-            if let Some(dir) = path.parent() {
-                std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
-            }
-            let tmp = path.with_extension("tmp");
-            std::fs::write(&tmp, doc.to_string()).map_err(|e| e.to_string())?;
-            std::fs::rename(&tmp, &path).map_err(|e| e.to_string())?;
+            write_file(&path, &doc.to_string())?;
             info!(peer = %peer.authority, %url, file = %path.display(), "pinned the peer's keys");
             doc
         }

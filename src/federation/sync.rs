@@ -5,6 +5,7 @@
 //! feed was left.
 
 use std::collections::HashSet;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,7 +13,8 @@ use serde_json::Value;
 use tokio::sync::watch;
 use tracing::{debug, info, info_span, warn, Instrument};
 
-use super::{Peer, Refusal};
+use super::pin::{listed_file, write_file};
+use super::{Peer, Peers, Refusal};
 use crate::domain::federation::FederatedChange;
 use crate::domain::write::Rejection;
 use crate::domain::Provenance;
@@ -42,14 +44,23 @@ enum FeedError {
 pub async fn follow(
     service: RegistryService,
     peer: Arc<Peer>,
+    data_dir: PathBuf,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let span = info_span!("federation_sync", peer = %peer.authority);
     async move {
+        let listed = Listed {
+            path: listed_file(&data_dir, &peer.authority),
+        };
+        let mut noted = false;
         let mut backoff = MIN_BACKOFF;
         loop {
             if *shutdown.borrow() {
                 return;
+            }
+            if peer.pinned() && !noted {
+                listed.note_first(&peer);
+                noted = true;
             }
             if !service.is_leader() || !peer.pinned() {
                 tokio::select! {
@@ -58,7 +69,7 @@ pub async fn follow(
                 }
                 continue;
             }
-            match follow_once(&service, &peer, &mut shutdown).await {
+            match follow_once(&service, &peer, &listed, &mut shutdown).await {
                 Err(FeedError::Shutdown) => return,
                 Err(FeedError::NotLeader) => continue,
                 Err(e) => warn!(error = %e, retry_ms = backoff.as_millis() as u64, "federation feed interrupted"),
@@ -75,24 +86,45 @@ pub async fn follow(
     .await
 }
 
-/// One connection: from the replicated cursor on, until the stream ends.
+/// This node's note of the trust (`Peer::trust_fingerprint`) under which
+/// the peer's records were last listed here. Local, like the trust
+/// settings themselves: each node checks the copies against its own
+/// configuration when it leads.
+struct Listed {
+    path: PathBuf,
+}
+
+impl Listed {
+    fn read(&self) -> Option<String> {
+        std::fs::read_to_string(&self.path).ok()
+    }
+
+    fn write(&self, fingerprint: &str) {
+        if let Err(e) = write_file(&self.path, fingerprint) {
+            warn!(error = %e, "cannot note the trust the peer was listed under; it is listed again at the next connection");
+        }
+    }
+
+    /// At a node's first start with this note (a new peer, or an upgrade
+    /// from a release without it): the copies are taken to match the
+    /// trust as configured now, and later changes are measured from here.
+    fn note_first(&self, peer: &Peer) {
+        if self.read().is_none() {
+            self.write(&peer.trust_fingerprint());
+        }
+    }
+}
+
+/// One connection: from the replicated cursor on, until the stream ends;
+/// from the start, with a full listing, when the trust in the peer changed
+/// since its records were last listed.
 async fn follow_once(
     service: &RegistryService,
     peer: &Peer,
+    listed: &Listed,
     shutdown: &mut watch::Receiver<bool>,
 ) -> Result<(), FeedError> {
-    let cursor = service
-        .reader()
-        .federation_cursor(&peer.authority)
-        .map_err(ServiceError::from)?;
-    let from = if cursor == 0 { 0 } else { cursor + 1 };
-    let mut stream = peer
-        .client()
-        .follow(pb::FollowRequest {
-            from_revision: from,
-        })
-        .await?
-        .into_inner();
+    // Revocations first: they are part of the trust compared below.
     if let Ok(info) = peer
         .client()
         .get_registry_info(pb::GetRegistryInfoRequest {})
@@ -100,9 +132,27 @@ async fn follow_once(
     {
         peer.learn(info.get_ref());
     }
+    let trust = peer.trust_fingerprint();
+    let cursor = service
+        .reader()
+        .federation_cursor(&peer.authority)
+        .map_err(ServiceError::from)?;
+    let relist = cursor > 0 && listed.read().as_deref() != Some(trust.as_str());
+    let from = if cursor == 0 || relist { 0 } else { cursor + 1 };
+    let mut stream = peer
+        .client()
+        .follow(pb::FollowRequest {
+            from_revision: from,
+        })
+        .await?
+        .into_inner();
+    if relist {
+        info!("the trust in the peer changed since its records were listed; listing them again");
+    }
     info!(from, "following the peer's feed");
-    // Ids seen during a full listing; what the listing lacks is gone.
-    let mut listed: Option<HashSet<String>> = None;
+    // Ids accepted during a full listing; copies of any other are
+    // withdrawn.
+    let mut accepted: Option<HashSet<String>> = None;
     loop {
         let event = tokio::select! {
             e = stream.message() => e?,
@@ -115,25 +165,106 @@ async fn follow_once(
             return Err(FeedError::NotLeader);
         }
         if event.listing_done {
-            let seen = listed.take().unwrap_or_default();
-            for id in service.federated_ids(&peer.authority)? {
-                if !seen.contains(&id) {
-                    let change = FederatedChange::Withdraw {
-                        id,
-                        origin_revision: event.revision,
-                    };
-                    keep(service, peer, change, None).await?;
+            let seen = accepted.take().unwrap_or_default();
+            for (authority, id, copied) in service.federated_copies()? {
+                if authority == peer.authority && !seen.contains(&id) {
+                    keep(
+                        service,
+                        &peer.authority,
+                        withdrawal(id, copied, event.revision),
+                        None,
+                    )
+                    .await?;
                 }
             }
-            keep(service, peer, FederatedChange::Skip, Some(event.revision)).await?;
+            keep(
+                service,
+                &peer.authority,
+                FederatedChange::Skip,
+                Some(event.revision),
+            )
+            .await?;
+            listed.write(&trust);
             continue;
         }
         let (change, id) = to_change(peer, &event);
         if event.listing {
-            listed.get_or_insert_with(HashSet::new).extend(id);
+            accepted.get_or_insert_with(HashSet::new).extend(id);
+            // A listing repeats mostly what is kept already; only what
+            // would change anything goes through Raft.
+            if !service.federated_change_applies(&peer.authority, &change)? {
+                continue;
+            }
         }
         let cursor = (!event.listing).then_some(event.revision);
-        keep(service, peer, change, cursor).await?;
+        keep(service, &peer.authority, change, cursor).await?;
+    }
+}
+
+/// Withdraws, once this node leads, the copies of every authority it does
+/// not sync from (a peer removed from the configuration, or its `sync`
+/// turned off): nothing would keep them current, and the operator who
+/// removed the peer no longer vouches for them.
+pub async fn forget_unsynced(
+    service: RegistryService,
+    peers: Peers,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let span = info_span!("federation_forget");
+    async move {
+        loop {
+            if service.is_leader() {
+                match forget_once(&service, &peers).await {
+                    Ok(0) => return,
+                    Ok(n) => {
+                        info!(copies = n, "withdrew the copies of peers no longer synced from");
+                        return;
+                    }
+                    Err(FeedError::NotLeader) => {}
+                    Err(e) => warn!(error = %e, "cannot withdraw the copies of peers no longer synced from yet"),
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(LEADER_POLL) => {}
+                _ = shutdown.changed() => {}
+            }
+            if *shutdown.borrow() {
+                return;
+            }
+        }
+    }
+    .instrument(span)
+    .await
+}
+
+async fn forget_once(service: &RegistryService, peers: &Peers) -> Result<usize, FeedError> {
+    let synced: HashSet<&str> = peers
+        .all()
+        .iter()
+        .filter(|p| p.sync)
+        .map(|p| p.authority.as_str())
+        .collect();
+    let mut withdrawn = 0;
+    for (authority, id, copied) in service.federated_copies()? {
+        if synced.contains(authority.as_str()) {
+            continue;
+        }
+        if !service.is_leader() {
+            return Err(FeedError::NotLeader);
+        }
+        keep(service, &authority, withdrawal(id, copied, 0), None).await?;
+        withdrawn += 1;
+    }
+    Ok(withdrawn)
+}
+
+/// Withdraws a copy the peer's listing no longer brings (the peer stopped
+/// sharing it, or this registry stopped accepting it). Ordered after the
+/// listing and after the copy itself, whichever is later.
+fn withdrawal(id: String, copied_revision: u64, listed_at: u64) -> FederatedChange {
+    FederatedChange::Withdraw {
+        id,
+        origin_revision: listed_at.max(copied_revision.saturating_add(1)),
     }
 }
 
@@ -177,20 +308,18 @@ fn to_change(peer: &Peer, event: &pb::FollowEvent) -> (FederatedChange, Option<S
         }),
         metadata: Box::new(record.metadata),
         origin: Box::new(record.envelope),
+        listed: event.listing,
     };
     (change, Some(id))
 }
 
 async fn keep(
     service: &RegistryService,
-    peer: &Peer,
+    authority: &str,
     change: FederatedChange,
     cursor: Option<u64>,
 ) -> Result<(), FeedError> {
-    match service
-        .keep_federated(&peer.authority, change, cursor)
-        .await?
-    {
+    match service.keep_federated(authority, change, cursor).await? {
         Ok(c) => {
             debug!(agent_id = %c.record.metadata.id, revision = c.revision, "kept a peer's change")
         }

@@ -16,7 +16,7 @@ use super::registry::{hung_up_or_shut_down, Consistency, RegistryService};
 use super::ServiceError;
 use crate::consensus::{Command, CommandResult, Role};
 use crate::domain::discovery::{DiscoveryRequest, DiscoveryResult, Scope};
-use crate::domain::federation::FederatedChange;
+use crate::domain::federation::{decide_federated, FederatedChange};
 use crate::domain::write::Rejection;
 use crate::domain::{AgentRecord, Change, Principal, Provenance, Visibility};
 use crate::federation::discover::{fan_out, Outbound, Remote};
@@ -112,6 +112,7 @@ impl RegistryService {
             change,
             cursor,
             now: crate::domain::time::now(),
+            rules: 0,
         };
         match self.node().write(command).await? {
             CommandResult::Applied(c) => Ok(Ok(*c)),
@@ -122,15 +123,39 @@ impl RegistryService {
         }
     }
 
-    /// Ids of the live records kept from `peer`.
-    pub fn federated_ids(&self, peer: &str) -> Result<Vec<String>> {
-        let mut ids = Vec::new();
+    /// The live copies kept from peers: (origin authority, id, the
+    /// origin's revision of the copy).
+    pub fn federated_copies(&self) -> Result<Vec<(String, String, u64)>> {
+        let mut copies = Vec::new();
         self.reader().scan(|r| {
-            if r.federated_from() == Some(peer) {
-                ids.push(r.metadata.id);
+            if let (Some(authority), Some(p)) = (r.federated_from(), &r.envelope.provenance) {
+                copies.push((
+                    authority.to_string(),
+                    r.metadata.id.clone(),
+                    p.origin_revision,
+                ));
             }
         })?;
-        Ok(ids)
+        Ok(copies)
+    }
+
+    /// Whether `change` from `peer` would change what is stored, by the
+    /// rules every node applies (the stored state may move on before it
+    /// is applied; then the rules decide again).
+    pub fn federated_change_applies(&self, peer: &str, change: &FederatedChange) -> Result<bool> {
+        let Some(id) = change.id() else {
+            return Ok(false);
+        };
+        let current = self.reader().get(id)?;
+        Ok(decide_federated(
+            current.as_ref(),
+            peer,
+            change.clone(),
+            0,
+            "",
+            crate::consensus::APPLY_RULES,
+        )
+        .is_ok())
     }
 
     /// ADP discovery over this registry and its peers: local candidates
@@ -230,6 +255,9 @@ impl RegistryService {
             }
         }
         for remote in asked.remotes {
+            if self.withdrawn_here(&remote)? {
+                continue;
+            }
             add(Pooled {
                 record: remote.record,
                 provenance: Some(remote.provenance),
@@ -299,6 +327,20 @@ impl RegistryService {
         Ok(self.discovery_result(plan, now, candidates, warnings, Scope::Federated))
     }
 
+    /// Whether the sync holds a withdrawal or the origin's deletion of
+    /// `remote`, as new as it or newer: a peer answering with an older
+    /// copy does not bring it back.
+    fn withdrawn_here(&self, remote: &Remote) -> Result<bool> {
+        let Some(stored) = self.reader().get(&remote.record.metadata.id)? else {
+            return Ok(false);
+        };
+        Ok(stored.envelope.deleted
+            && stored.envelope.provenance.as_ref().is_some_and(|p| {
+                p.origin_authority == remote.provenance.origin_authority
+                    && p.origin_revision >= remote.provenance.origin_revision
+            }))
+    }
+
     /// Discovery on behalf of a peer: public records only, this registry's
     /// own, plus (while hops are left) what its peers return, verified.
     #[instrument(skip_all, fields(hops_left, visited = visited.len()))]
@@ -348,7 +390,11 @@ impl RegistryService {
                 },
             )
             .await;
-            relayed = asked.remotes;
+            for remote in asked.remotes {
+                if !self.withdrawn_here(&remote)? {
+                    relayed.push(remote);
+                }
+            }
             warnings.extend(asked.warnings);
         }
         Ok(PeerAnswer {
@@ -359,12 +405,17 @@ impl RegistryService {
     }
 
     /// The public change feed for peers, from `from` on. When history no
-    /// longer reaches back that far (or `from` is 0) it starts with a full
-    /// listing of the shared records.
+    /// longer reaches back that far, or forward (or `from` is 0), it
+    /// starts with a full listing of the shared records.
     pub fn public_feed(&self, from: u64) -> Result<FeedStream> {
         let reader = self.reader().clone();
         let live = reader.subscribe();
-        let listing = from == 0 || from < reader.oldest_revision();
+        // A follower asking from beyond this registry's revision saw a
+        // history that is gone (this registry was restored from a
+        // backup): it gets a full listing too, and what it kept that the
+        // listing lacks is withdrawn.
+        let listing =
+            from == 0 || from < reader.oldest_revision() || from > reader.applied_revision() + 1;
         let (tx, rx) = mpsc::channel::<Result<FeedEvent>>(256);
         let shutdown = self.shutdown_signal();
         tokio::spawn(async move {

@@ -317,6 +317,7 @@ impl RegistryService {
                 publisher: Some(verdict),
                 quota: self.tenancy.quota_for(principal),
                 expected_revision: None,
+                rules: 0,
             })
             .await?;
         let created = change.kind == crate::domain::ChangeKind::Created;
@@ -353,6 +354,7 @@ impl RegistryService {
             publisher: Some(verdict),
             quota,
             expected_revision: Some(expected),
+            rules: 0,
         };
         match super::audit::propose(&self.node, command).await? {
             CommandResult::Applied(change) => Ok(Ok(change.record)),
@@ -402,6 +404,7 @@ impl RegistryService {
                 publisher: Some(verdict),
                 quota: None,
                 expected_revision: None,
+                rules: 0,
             })
             .await
             .map_err(|e| self.unseen(principal, id, e))?;

@@ -47,10 +47,10 @@ use crate::crypto::keys::Signer;
 use crate::crypto::signature::{sign_record, still_valid};
 use crate::crypto::Identity;
 use crate::domain::audit::{AuditEntry, Outcome};
-use crate::domain::federation::decide_federated;
+use crate::domain::federation::{decide_federated, FederatedChange};
 use crate::domain::lease::{LeaseTable, LeaseWrite, RefreshTarget, Staged};
 use crate::domain::write::{
-    decide_delete, decide_publisher_key, decide_put, decide_reverify, decide_status,
+    carry_status, decide_delete, decide_publisher_key, decide_put, decide_reverify, decide_status,
     settle_verdict, Rejection,
 };
 use crate::domain::{AgentRecord, Change, ChangeKind, PublisherKey, Sharing};
@@ -464,6 +464,7 @@ impl StateMachine {
                 mode,
                 now,
                 publisher,
+                rules,
                 ..
             } => decide_put(
                 current,
@@ -478,6 +479,9 @@ impl StateMachine {
                 &now,
             )
             .map(|(mut record, kind)| {
+                if rules >= 1 {
+                    carry_status(current, &mut record);
+                }
                 if let Some(verdict) = publisher {
                     record.envelope.publisher = Some(settle_verdict(verdict, &record, keys));
                 }
@@ -498,8 +502,12 @@ impl StateMachine {
             } => decide_status(current, &id, status, reason, &principal, revision, &now)
                 .map(|r| (r, ChangeKind::StatusChanged)),
             Command::Federate {
-                peer, change, now, ..
-            } => decide_federated(current, &peer, change, revision, &now),
+                peer,
+                change,
+                now,
+                rules,
+                ..
+            } => decide_federated(current, &peer, change, revision, &now, rules),
             Command::Identity { .. }
             | Command::PublisherKey { .. }
             | Command::Audited { .. }
@@ -1091,6 +1099,8 @@ impl StateMachine {
                         if let Command::Federate {
                             peer,
                             cursor: Some(at),
+                            change,
+                            rules,
                             ..
                         } = &cmd
                         {
@@ -1103,7 +1113,17 @@ impl StateMachine {
                                 ),
                             };
                             let slot = cursors.entry(peer.clone()).or_insert(0);
-                            *slot = (*slot).max(*at);
+                            // A skip (the end of a listing, or a refused
+                            // change) sets the cursor where the peer's
+                            // feed stands, lower after the peer was
+                            // restored from a backup; a kept change only
+                            // moves it on.
+                            let listed = matches!(change, FederatedChange::Skip);
+                            *slot = if *rules >= 1 && listed {
+                                *at
+                            } else {
+                                (*slot).max(*at)
+                            };
                         }
                         let id = cmd.id().unwrap_or_default();
                         let current = match written.get(id) {
@@ -1521,6 +1541,7 @@ mod tests {
             publisher: None,
             quota: None,
             expected_revision: None,
+            rules: 0,
         }
     }
 
@@ -1542,6 +1563,7 @@ mod tests {
             publisher: None,
             quota: None,
             expected_revision: None,
+            rules: 0,
         }
     }
 

@@ -125,7 +125,7 @@ async fn registry_lifecycle(t: &impl Transport) {
     assert_eq!(err.code, "conflict", "{n}");
     moved["updated_at"] = json!("2026-08-01T00:00:00Z");
     let rec4 = t
-        .update(Some(ADMIN), &id, moved)
+        .update(Some(ADMIN), &id, moved.clone())
         .await
         .expect("admin update");
     assert_eq!(
@@ -140,6 +140,16 @@ async fn registry_lifecycle(t: &impl Transport) {
         .expect("status");
     assert_eq!(rec5["status"], "deprecated");
     assert_eq!(rec5["registry"]["status_reason"], "use v2");
+    // The owner's next update, which leaves `status` out, keeps it.
+    moved["updated_at"] = json!("2026-09-01T00:00:00Z");
+    moved["description"] = json!("Translates text, now with glossaries.");
+    moved.as_object_mut().expect("object").remove("status");
+    let rec6 = t
+        .update(Some(ALICE), &id, moved)
+        .await
+        .expect("update without status");
+    assert_eq!(rec6["status"], "deprecated", "{n}: {rec6:#}");
+    assert_eq!(rec6["registry"]["status_reason"], "use v2", "{n}");
 
     // Filters: AND semantics over tags, capabilities and languages.
     let other = format!("{n}-summarizer");

@@ -39,6 +39,7 @@ fn raft_message(
         stamp: None,
         encoding: 0,
         batches: false,
+        rules: 0,
     });
     if let Some(a) = auth {
         a.prove(req.metadata_mut(), method, from, &json);
@@ -113,6 +114,7 @@ async fn raft_rpcs_without_cluster_proof_are_refused_and_change_nothing() {
         now: "2026-11-24T00:00:00Z".into(),
         publisher: None,
         expected_revision: None,
+        rules: 0,
     });
     let learner = Forwarded::AddLearner {
         id: 99,

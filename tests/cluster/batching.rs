@@ -111,15 +111,22 @@ async fn concurrent_writes_share_entries_and_each_keeps_its_revision() {
     }
 }
 
+/// A node's settings to speak as an older binary would.
+const AS_OLDER: &str = "raft_encoding = \"json\"\n";
+
+/// Restarts node 3 with `toml`; the leader after.
+async fn restart_third(c: &mut Cluster, toml: &str) -> u64 {
+    c.configure_node(3, toml);
+    c.kill(3);
+    c.restart(3);
+    c.wait_for_leader(Duration::from_secs(30)).await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_that_cannot_apply_batches_turns_batching_off() {
     let _serial = SERIAL.lock().await;
     let mut c = Cluster::start(3, Options::default()).await;
-    // Node 3 restarts as an older binary would speak.
-    c.configure_node(3, "raft_encoding = \"json\"\n");
-    c.kill(3);
-    c.restart(3);
-    let leader = c.wait_for_leader(Duration::from_secs(30)).await;
+    let leader = restart_third(&mut c, AS_OLDER).await;
     let c = Arc::new(c);
     // Wait until the leader has heard node 3's answer.
     c.wait_applied_as(leader, Duration::from_secs(30)).await;
@@ -135,4 +142,62 @@ async fn a_member_that_cannot_apply_batches_turns_batching_off() {
     let on_leader = c.contents(leader).await;
     assert_eq!(on_leader.len(), 100);
     assert_eq!(c.contents(3).await, on_leader);
+}
+
+/// Sets agent `id`'s status through node `via`.
+async fn set_status(c: &Cluster, via: u64, id: &str, status: &str) {
+    let resp = c
+        .http
+        .post(format!("{}/agents/{id}/status", c.http_url(via)))
+        .bearer_auth(ADMIN)
+        .json(&serde_json::json!({"status": status, "reason": "replaced"}))
+        .send()
+        .await
+        .expect("status");
+    assert_eq!(
+        resp.status(),
+        200,
+        "{}",
+        resp.text().await.unwrap_or_default()
+    );
+}
+
+/// The status each running node holds for `id`, after all applied what
+/// the leader has.
+async fn statuses(c: &Cluster, leader: u64, id: &str) -> Vec<Value> {
+    c.wait_applied_as(leader, Duration::from_secs(30)).await;
+    let mut seen = Vec::new();
+    for node in c.running() {
+        seen.push(c.get(node, id).await["status"].clone());
+    }
+    seen
+}
+
+/// Registers `id`, deprecates it, and registers it again without a
+/// status, all through `leader`: the status each node then holds.
+async fn status_round(c: &Cluster, leader: u64, id: &str) -> Vec<Value> {
+    assert_eq!(c.register(leader, id, "rules").await.0, 201);
+    set_status(c, leader, id, "deprecated").await;
+    assert_eq!(c.register(leader, id, "rules, again").await.0, 200);
+    statuses(c, leader, id).await
+}
+
+/// A change to what applying a command does (here: a re-registration that
+/// leaves `status` out keeps the stored one) takes effect only once every
+/// member follows it: with a member as an older binary every node applies
+/// the old rule, and all agree either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_apply_rules_wait_for_every_member() {
+    let _serial = SERIAL.lock().await;
+    let mut c = Cluster::start(3, Options::default()).await;
+    let leader = restart_third(&mut c, AS_OLDER).await;
+    c.wait_applied_as(leader, Duration::from_secs(30)).await;
+    let old = status_round(&c, leader, "urn:rules:mixed").await;
+    assert!(old.iter().all(|s| *s == old[0]), "{old:?}");
+    assert_ne!(old[0], "deprecated", "the old rule wipes it: {old:?}");
+
+    let leader = restart_third(&mut c, "").await;
+    c.wait_applied_as(leader, Duration::from_secs(30)).await;
+    let new = status_round(&c, leader, "urn:rules:upgraded").await;
+    assert_eq!(new, vec![Value::from("deprecated"); 3], "{new:?}");
 }

@@ -628,3 +628,131 @@ async fn three_organisations_federate_discovery_and_sync() {
     )
     .await;
 }
+
+/// The ids of b.example's records live on a.example's node 1.
+async fn copies_of_b(a: &Cluster) -> Vec<String> {
+    a.contents(1)
+        .await
+        .into_keys()
+        .filter(|id| id.starts_with("urn:b:"))
+        .collect()
+}
+
+/// How many times node `node`'s log says it refused a record of the feed.
+fn refusals(c: &Cluster, node: u64) -> usize {
+    c.log(node)
+        .matches("refused a record from the peer's feed")
+        .count()
+}
+
+/// What a.example keeps of b.example follows a.example's trust settings
+/// as they change between restarts: records signed by a key pinned only
+/// later arrive (the feed had moved past them), copies outside a tightened
+/// policy are withdrawn and come back when it is loosened, and a peer
+/// removed from the configuration leaves nothing behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn copies_follow_the_trust_in_the_peer_across_restarts() {
+    let (a_org, b_org, stranger) = (
+        Org::new("a.example"),
+        Org::new("b.example"),
+        Org::new("b.example"),
+    );
+    let mut a = Cluster::new(Options::default());
+    let mut b = Cluster::new(Options::default());
+    a.reserve(1);
+    b.reserve(1);
+    let b_peer = b.nodes[&1].peer;
+    launch(&mut b, &b_org, "");
+    b.registry_info(1).await;
+    let weather = json!({
+        "id": "urn:b:weather", "name": "Weather", "tags": ["cluster-test", "weather"],
+        "description": "find an agent for this task: weather",
+        "bindings": [{"protocol": "https", "endpoint": "https://agents.example/w"}],
+    });
+    let put = b
+        .http
+        .post(format!("{}/agents", b.http_url(1)))
+        .bearer_auth(ADMIN)
+        .json(&weather)
+        .send()
+        .await
+        .expect("register");
+    assert_eq!(put.status(), 201);
+    assert_eq!(
+        b.register(1, "urn:b:plain", "find an agent for this task: plain")
+            .await
+            .0,
+        201
+    );
+
+    // a.example pins a key b.example does not sign with: the listing and
+    // a later live change are refused, and the feed moves past them.
+    launch(
+        &mut a,
+        &a_org,
+        &peer_toml("b.example", b_peer, &stranger.public, true),
+    );
+    a.registry_info(1).await;
+    eventually("the listing refused", Duration::from_secs(30), || async {
+        refusals(&a, 1) >= 2
+    })
+    .await;
+    assert_eq!(
+        b.register(1, "urn:b:live", "find an agent for this task: live")
+            .await
+            .0,
+        201
+    );
+    eventually(
+        "the live change refused",
+        Duration::from_secs(30),
+        || async { refusals(&a, 1) >= 3 },
+    )
+    .await;
+    assert!(a
+        .contents(1)
+        .await
+        .keys()
+        .all(|id| !id.starts_with("urn:b:")));
+
+    let restart_with = |a: &mut Cluster, toml: &str| {
+        a.kill(1);
+        a.configure(&format!("[federation]\ndeadline_ms = 3000\n{toml}"));
+        a.restart(1);
+    };
+    // The right key pinned: everything arrives.
+    let right = peer_toml("b.example", b_peer, &b_org.public, true);
+    restart_with(&mut a, &right);
+    eventually(
+        "copies after pinning the key",
+        Duration::from_secs(30),
+        || async { copies_of_b(&a).await == ["urn:b:live", "urn:b:plain", "urn:b:weather"] },
+    )
+    .await;
+
+    // Only weather agents accepted: the others are withdrawn...
+    restart_with(&mut a, &format!("{right}accept_tags = [\"weather\"]\n"));
+    eventually(
+        "copies outside the policy withdrawn",
+        Duration::from_secs(30),
+        || async { copies_of_b(&a).await == ["urn:b:weather"] },
+    )
+    .await;
+    // ...and come back, unchanged at b.example, when the policy is lifted.
+    restart_with(&mut a, &right);
+    eventually(
+        "copies back with the policy lifted",
+        Duration::from_secs(30),
+        || async { copies_of_b(&a).await == ["urn:b:live", "urn:b:plain", "urn:b:weather"] },
+    )
+    .await;
+
+    // b.example removed from the configuration: nothing of it stays.
+    restart_with(&mut a, "");
+    eventually(
+        "copies of a removed peer withdrawn",
+        Duration::from_secs(30),
+        || async { copies_of_b(&a).await.is_empty() },
+    )
+    .await;
+}
