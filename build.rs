@@ -15,6 +15,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/agentry/v1/ard.proto",
         "proto/agentry/v1/federation.proto",
         "proto/agentry/v1/invocation.proto",
+        "proto/google/rpc/status.proto",
     ];
     tonic_prost_build::configure()
         // A log entry's command is handed from the log to every follower's

@@ -54,6 +54,13 @@ pub mod pb {
         tonic::include_file_descriptor_set!("agentry_descriptor");
 }
 
+/// gRPC's rich error model (`google.rpc.Status`), which carries Agentry's
+/// `ErrorDetail` in error statuses.
+pub mod rpc_pb {
+    #![allow(clippy::all, missing_docs)]
+    tonic::include_proto!("google.rpc");
+}
+
 /// etcd's KV Put (client only), for the write benchmark.
 pub mod etcd_pb {
     #![allow(clippy::all, missing_docs)]

@@ -403,8 +403,11 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
         config.discovery.weights.clone(),
     );
     let indexer = index.spawn(reader.clone(), shutdown_rx.clone());
-    let peers = crate::federation::Peers::new(&config.federation)
-        .map_err(crate::config::ConfigError::Invalid)?;
+    // A served record is the metadata and its envelope (signatures,
+    // provenance): the same room the HTTP facade gives a request body.
+    let peers =
+        crate::federation::Peers::new(&config.federation, config.max_record_bytes + 64 * 1024)
+            .map_err(crate::config::ConfigError::Invalid)?;
     let service = RegistryService::new(
         node.clone(),
         reader.clone(),

@@ -1,6 +1,7 @@
 //! The one mapping from service errors to the wire. Every error carries an
 //! `ErrorDetail` (ADP code, message, field, HTTP status, correlation id) in
-//! the gRPC status details; the HTTP facade turns that same detail into the
+//! the gRPC status details, wrapped in gRPC's `google.rpc.Status`; the HTTP
+//! facade turns that same detail into the
 //! problem+json body of SPECS.md, so gRPC and JSON clients can never disagree.
 
 use prost::Message;
@@ -85,8 +86,38 @@ pub fn to_status(e: &ServiceError) -> Status {
     status
 }
 
+/// The type URL of `ErrorDetail` inside a `google.rpc.Status`.
+pub const ERROR_DETAIL_TYPE: &str = "type.googleapis.com/agentry.v1.ErrorDetail";
+
+/// A status whose details are gRPC's rich error model, a `google.rpc.Status`
+/// holding the `ErrorDetail`, so stock clients (grpc-status, grpc-go's
+/// status package, grpcurl) can read it.
 fn detail_status(grpc: Code, detail: pb::ErrorDetail) -> Status {
-    Status::with_details(grpc, detail.message.clone(), detail.encode_to_vec().into())
+    let rich = crate::rpc_pb::Status {
+        code: grpc as i32,
+        message: detail.message.clone(),
+        details: vec![prost_types::Any {
+            type_url: ERROR_DETAIL_TYPE.into(),
+            value: detail.encode_to_vec(),
+        }],
+    };
+    Status::with_details(grpc, detail.message, rich.encode_to_vec().into())
+}
+
+/// The `ErrorDetail` in a status's details: inside a `google.rpc.Status`,
+/// or bare, as servers before the rich error model sent it.
+fn carried_detail(details: &[u8]) -> Option<pb::ErrorDetail> {
+    let from_rich = crate::rpc_pb::Status::decode(details)
+        .ok()
+        .and_then(|rich| {
+            rich.details
+                .into_iter()
+                .find(|any| any.type_url == ERROR_DETAIL_TYPE)
+        })
+        .and_then(|any| pb::ErrorDetail::decode(any.value.as_slice()).ok());
+    from_rich
+        .or_else(|| pb::ErrorDetail::decode(details).ok())
+        .filter(|d| !d.code.is_empty())
 }
 
 /// A request the HTTP facade refuses before any handler sees it (wrong
@@ -132,10 +163,8 @@ fn gateway_mapping(code: Code) -> (&'static str, u16) {
 
 /// Decodes the `ErrorDetail` of a status, synthesising one when absent.
 pub fn detail_of(status: &Status) -> pb::ErrorDetail {
-    if let Ok(d) = pb::ErrorDetail::decode(status.details()) {
-        if !d.code.is_empty() {
-            return d;
-        }
+    if let Some(d) = carried_detail(status.details()) {
+        return d;
     }
     let (code, http) = gateway_mapping(status.code());
     pb::ErrorDetail {
@@ -195,6 +224,22 @@ mod tests {
         let body = problem_body(&d, "/agents");
         assert_eq!(body["error"]["code"], "invalid_request");
         assert_eq!(body["status"], 400);
+    }
+
+    #[test]
+    fn the_detail_travels_in_grpcs_rich_error_model() {
+        let s = to_status(&ServiceError::NotFound("agent 'x'".into()));
+        let rich = crate::rpc_pb::Status::decode(s.details()).unwrap();
+        assert_eq!(rich.code, Code::NotFound as i32);
+        assert_eq!(rich.message, s.message());
+        assert_eq!(rich.details.len(), 1);
+        assert_eq!(rich.details[0].type_url, ERROR_DETAIL_TYPE);
+        let inner = pb::ErrorDetail::decode(rich.details[0].value.as_slice()).unwrap();
+        assert_eq!(inner, detail_of(&s));
+        assert_eq!(inner.code, "not_found");
+        // A bare detail, as older servers sent it, still reads.
+        let bare = Status::with_details(Code::NotFound, "gone", inner.encode_to_vec().into());
+        assert_eq!(detail_of(&bare), inner);
     }
 
     #[test]

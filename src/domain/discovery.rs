@@ -214,6 +214,15 @@ fn check_text(s: &str, pointer: &str, max: usize) -> Result<(), FieldError> {
 }
 
 impl DiscoveryRequest {
+    /// How many candidates the request asks for (0: the default; above the
+    /// maximum, the maximum, though `plan` refuses that).
+    pub fn effective_limit(&self) -> u32 {
+        match self.limit {
+            0 => DEFAULT_LIMIT,
+            n => n.min(MAX_LIMIT),
+        }
+    }
+
     /// Validates and normalises the request (ADP "validate the request,
     /// normalise tags and constraints").
     pub fn plan(mut self) -> Result<DiscoveryPlan, FieldError> {
@@ -258,16 +267,13 @@ impl DiscoveryRequest {
                 protocols.push(p);
             }
         }
-        let limit = match self.limit {
-            0 => DEFAULT_LIMIT,
-            n if n > MAX_LIMIT => {
-                return Err(FieldError::new(
-                    "/limit",
-                    format!("must be from 1 to {MAX_LIMIT}"),
-                ))
-            }
-            n => n,
-        };
+        if self.limit > MAX_LIMIT {
+            return Err(FieldError::new(
+                "/limit",
+                format!("must be from 1 to {MAX_LIMIT}"),
+            ));
+        }
+        let limit = self.effective_limit();
         let mut filters = HardFilters {
             required_tags: self.required_tags,
             excluded_tags: self.excluded_tags,

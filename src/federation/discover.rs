@@ -2,7 +2,7 @@
 //! in parallel under one deadline, and only records whose signatures check
 //! out against pinned keys come back.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use futures::future::join_all;
@@ -13,6 +13,11 @@ use super::{Peer, Peers, Refusal};
 use crate::domain::discovery::DiscoveryRequest;
 use crate::domain::{AgentRecord, Provenance};
 use crate::pb;
+
+/// Warnings of one peer's answer passed on to the caller, and the length
+/// of each: a peer's say in the answer stays a few lines.
+const MAX_WARNINGS: usize = 16;
+const MAX_WARNING_CHARS: usize = 500;
 
 /// A peer's candidate that passed every check.
 pub struct Remote {
@@ -100,8 +105,12 @@ pub async fn fan_out(peers: &Peers, out: Outbound<'_>) -> Asked {
             }
             Ok(Ok(resp)) => {
                 answered.insert(peer.authority.clone());
-                let hops = out.hops_left.min(peer.hops);
-                accept(peers, peer, hops, resp.into_inner(), &mut asked);
+                let bounds = Bounds {
+                    hops: out.hops_left.min(peer.hops),
+                    per_origin: out.request.effective_limit() as usize,
+                    record_bytes: peers.max_record_bytes,
+                };
+                accept(peers, peer, bounds, resp.into_inner(), &mut asked);
             }
         }
     }
@@ -131,25 +140,47 @@ fn prefer_origins(remotes: &mut Vec<Remote>, answered: &HashSet<String>) {
     });
 }
 
+/// What one peer's answer may hold.
+struct Bounds {
+    /// Relays a relayed record may have passed.
+    hops: u32,
+    /// Records of one origin (each registry was asked for its best this
+    /// many).
+    per_origin: usize,
+    /// Size of one served record.
+    record_bytes: usize,
+}
+
 /// Checks one peer's answer: each record against the keys pinned for the
-/// authority that signed it, relayed ones over no more than the `hops` the
-/// peer was allowed.
+/// authority that signed it, within `bounds`.
 fn accept(
     peers: &Peers,
     peer: &Peer,
-    hops: u32,
+    bounds: Bounds,
     answer: pb::PeerDiscoverResponse,
     asked: &mut Asked,
 ) {
     if let Some(info) = &answer.registry {
         peer.learn(info);
     }
-    for w in answer.warnings {
+    let passed_on = answer.warnings.len().min(MAX_WARNINGS);
+    for w in answer.warnings.iter().take(MAX_WARNINGS) {
+        let w: String = w.chars().take(MAX_WARNING_CHARS).collect();
         asked.warnings.push(format!("peer {}: {w}", peer.authority));
+    }
+    if answer.warnings.len() > passed_on {
+        asked.warnings.push(format!(
+            "peer {}: {} more warning(s) not passed on",
+            peer.authority,
+            answer.warnings.len() - passed_on
+        ));
     }
     let now = crate::domain::time::now();
     let mut refused: Vec<String> = Vec::new();
+    let mut per_origin: HashMap<String, usize> = HashMap::new();
     for c in answer.candidates {
+        let seen = per_origin.entry(c.origin_authority.clone()).or_default();
+        *seen += 1;
         let relayed = c.origin_authority != peer.authority;
         let verifier = if relayed {
             peers.get(&c.origin_authority).map(|p| p.as_ref())
@@ -164,10 +195,18 @@ fn accept(
         }
         let checked = match verifier {
             None => Err(Refusal::NoPinnedKeys(c.origin_authority.clone())),
-            Some(_) if via.len() > hops as usize => Err(Refusal::Relayed(format!(
-                "relayed over {} peer(s) where {hops} hop(s) were allowed",
-                via.len()
+            Some(_) if via.len() > bounds.hops as usize => Err(Refusal::Relayed(format!(
+                "relayed over {} peer(s) where {} hop(s) were allowed",
+                via.len(),
+                bounds.hops
             ))),
+            Some(_) if *seen > bounds.per_origin => Err(Refusal::Relayed(format!(
+                "more than the {} record(s) asked for from {}",
+                bounds.per_origin, c.origin_authority
+            ))),
+            Some(_) if c.record_json.len() > bounds.record_bytes => {
+                Err(Refusal::TooLarge(c.record_json.len(), bounds.record_bytes))
+            }
             Some(v) => serde_json::from_str::<Value>(&c.record_json)
                 .map_err(|e| Refusal::Malformed(e.to_string()))
                 .and_then(|served| v.verify(&served).map(|r| (r, served, v))),
@@ -254,5 +293,67 @@ mod tests {
             .map(|r| (r.record.metadata.id.as_str(), r.provenance.via.len()))
             .collect();
         assert_eq!(left, [("urn:b:kept", 0), ("urn:b:kept", 1), ("urn:d:1", 1)]);
+    }
+}
+
+#[cfg(test)]
+mod bounds_tests {
+    use super::*;
+    use crate::federation::tests::{identity, peer, signed};
+    use crate::federation::TrustPolicy;
+
+    #[tokio::test]
+    async fn an_answer_holds_no_more_than_was_asked_of_each_origin_nor_oversized_records() {
+        let b = identity("b.example");
+        let p = peer("b.example", &b, TrustPolicy::default());
+        let peers = Peers::default();
+        let candidate = |id: &str, padding: usize| {
+            let mut served = signed(&b, id, &["weather"]);
+            if padding > 0 {
+                // Unsigned bulk: refused for its size before its signature.
+                served["padding"] = "x".repeat(padding).into();
+            }
+            pb::PeerCandidate {
+                record_json: served.to_string(),
+                origin_authority: "b.example".into(),
+                ..Default::default()
+            }
+        };
+        let answer = pb::PeerDiscoverResponse {
+            candidates: vec![
+                candidate("urn:b:1", 0),
+                candidate("urn:b:big", 20_000),
+                candidate("urn:b:2", 0),
+                candidate("urn:b:3", 0),
+            ],
+            ..Default::default()
+        };
+        let bounds = || Bounds {
+            hops: 0,
+            per_origin: 3,
+            record_bytes: 10_000,
+        };
+        let mut asked = Asked::default();
+        accept(&peers, &p, bounds(), answer, &mut asked);
+        let kept: Vec<&str> = asked
+            .remotes
+            .iter()
+            .map(|r| r.record.metadata.id.as_str())
+            .collect();
+        assert_eq!(kept, ["urn:b:1", "urn:b:2"]);
+        let warning = asked.warnings.join("\n");
+        assert!(
+            warning.contains("2 record(s) refused") && warning.contains("20"),
+            "{warning}"
+        );
+        let noisy = pb::PeerDiscoverResponse {
+            warnings: vec!["w".repeat(10_000); 100],
+            ..Default::default()
+        };
+        let mut asked = Asked::default();
+        accept(&peers, &p, bounds(), noisy, &mut asked);
+        assert_eq!(asked.warnings.len(), MAX_WARNINGS + 1);
+        assert!(asked.warnings.iter().all(|w| w.len() < 600));
+        assert!(asked.warnings[MAX_WARNINGS].contains("84 more"));
     }
 }

@@ -45,6 +45,8 @@ pub enum Refusal {
     Private,
     #[error("{0}")]
     Relayed(String),
+    #[error("a record of {0} bytes, over this registry's limit of {1}")]
+    TooLarge(usize, usize),
     #[error("outside the trust policy for {authority}: {why}")]
     Policy { authority: String, why: String },
 }
@@ -301,12 +303,16 @@ pub struct Peers {
     list: Arc<Vec<Arc<Peer>>>,
     pub deadline: Duration,
     pub max_hops: u32,
+    /// Largest served record accepted from a peer: what this registry
+    /// takes from its own clients, with room for the envelope.
+    pub max_record_bytes: usize,
 }
 
 impl Peers {
     /// Builds the peers of `config`; keys from well-known URLs are pinned
-    /// by [`pin_keys`] once the server runs.
-    pub fn new(config: &FederationConfig) -> Result<Self, String> {
+    /// by [`pin_keys`] once the server runs. Records over
+    /// `max_record_bytes` (as served) are refused from peers.
+    pub fn new(config: &FederationConfig, max_record_bytes: usize) -> Result<Self, String> {
         let list = config
             .peers
             .iter()
@@ -320,6 +326,7 @@ impl Peers {
             list: Arc::new(list),
             deadline: Duration::from_millis(config.deadline_ms),
             max_hops: config.max_hops,
+            max_record_bytes,
         })
     }
 
@@ -337,13 +344,13 @@ impl Peers {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::crypto::keys::{Identity, NewKey};
     use crate::crypto::signature::{served_form, sign_record};
     use crate::crypto::IdentityChange;
 
-    fn identity(authority: &str) -> Identity {
+    pub(crate) fn identity(authority: &str) -> Identity {
         let key = NewKey::generate().unwrap();
         Identity::apply(
             None,
@@ -359,7 +366,7 @@ mod tests {
         .unwrap()
     }
 
-    fn peer(authority: &str, keys: &Identity, policy: TrustPolicy) -> Peer {
+    pub(crate) fn peer(authority: &str, keys: &Identity, policy: TrustPolicy) -> Peer {
         let config = PeerConfig {
             keys: keys.keys.iter().map(|k| k.public_key.clone()).collect(),
             accept_tags: policy.accept_tags,
@@ -369,7 +376,7 @@ mod tests {
         Peer::new(&config, 2).unwrap()
     }
 
-    fn signed(by: &Identity, id: &str, tags: &[&str]) -> Value {
+    pub(crate) fn signed(by: &Identity, id: &str, tags: &[&str]) -> Value {
         let mut r = AgentRecord {
             metadata: AgentMetadata {
                 id: id.into(),

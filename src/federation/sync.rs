@@ -187,7 +187,7 @@ async fn follow_once(
             listed.write(&trust);
             continue;
         }
-        let (change, id) = to_change(peer, &event);
+        let (change, id) = to_change(peer, &event, service.peers().max_record_bytes);
         if event.listing {
             accepted.get_or_insert_with(HashSet::new).extend(id);
             // A listing repeats mostly what is kept already; only what
@@ -270,7 +270,11 @@ fn withdrawal(id: String, copied_revision: u64, listed_at: u64) -> FederatedChan
 
 /// The change an event asks for, checked: a record the peer did not sign
 /// with a pinned key, or that claims another authority, becomes a skip.
-fn to_change(peer: &Peer, event: &pb::FollowEvent) -> (FederatedChange, Option<String>) {
+fn to_change(
+    peer: &Peer,
+    event: &pb::FollowEvent,
+    max_record_bytes: usize,
+) -> (FederatedChange, Option<String>) {
     if !event.withdrawn_id.is_empty() {
         let id = event.withdrawn_id.clone();
         let change = FederatedChange::Withdraw {
@@ -279,8 +283,14 @@ fn to_change(peer: &Peer, event: &pb::FollowEvent) -> (FederatedChange, Option<S
         };
         return (change, Some(id));
     }
-    let checked = serde_json::from_str::<Value>(&event.record_json)
-        .map_err(|e| Refusal::Malformed(e.to_string()))
+    let size = event.record_json.len();
+    let checked = (size <= max_record_bytes)
+        .then_some(())
+        .ok_or(Refusal::TooLarge(size, max_record_bytes))
+        .and_then(|()| {
+            serde_json::from_str::<Value>(&event.record_json)
+                .map_err(|e| Refusal::Malformed(e.to_string()))
+        })
         .and_then(|served| peer.verify(&served).map(|r| (r, served)));
     let (record, served) = match checked {
         Ok(ok) => ok,

@@ -82,6 +82,12 @@ async fn attempts_are_listed_and_copied_to_the_audit_file() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 401);
+    // RFC 6750's challenge: how to authenticate, and that the token sent
+    // was not good.
+    assert_eq!(
+        resp.headers()["www-authenticate"],
+        "Bearer realm=\"agentry\", error=\"invalid_token\""
+    );
     let body: Value = resp.json().await.unwrap();
     assert_eq!(body["correlation_id"], "trace-7");
     let (_, page) = h
@@ -97,6 +103,17 @@ async fn attempts_are_listed_and_copied_to_the_audit_file() {
     assert_eq!(
         (e["correlation_id"].as_str(), e["operation"].as_str()),
         (Some("trace-7"), Some("POST /agents"))
+    );
+    let anonymous = reqwest::Client::new()
+        .post(format!("{}/agents", s.http))
+        .json(&minimal("audit-d"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(anonymous.status(), 401);
+    assert_eq!(
+        anonymous.headers()["www-authenticate"],
+        "Bearer realm=\"agentry\""
     );
 
     // gRPC lists the same entries.

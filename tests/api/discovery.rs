@@ -768,5 +768,21 @@ async fn a_python_client_finds_and_calls_the_services_through_reflection() {
     let records = v["list"]["records"].as_array().expect("records");
     assert_eq!(records.len(), 1, "{v}");
     assert_eq!(records[0]["metadata"]["id"], "reflected", "{v}");
+    // Errors are in gRPC's rich error model: grpcio-status reads them, and
+    // the detail inside is Agentry's ErrorDetail, typed by reflection.
+    let error = &v["error"];
+    assert_eq!(error["rich_status"], true, "{v}");
+    assert_eq!(error["code"], "NOT_FOUND", "{v}");
+    assert_eq!(error["status_code"], 5, "{v}");
+    assert_eq!(error["details"][0]["type"], "agentry.v1.ErrorDetail", "{v}");
+    let detail = &error["details"][0]["value"];
+    assert_eq!(detail["code"], "not_found", "{v}");
+    assert_eq!(detail["http_status"], 404, "{v}");
+    assert!(
+        detail["correlation_id"]
+            .as_str()
+            .is_some_and(|c| !c.is_empty()),
+        "{v}"
+    );
     server.stop().await;
 }

@@ -140,7 +140,23 @@ async fn set_problem_instance(
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
+    let presented = req.headers().contains_key(header::AUTHORIZATION);
     let mut resp = next.run(req).await;
+    if resp.status() == StatusCode::UNAUTHORIZED
+        && !resp.headers().contains_key(header::WWW_AUTHENTICATE)
+    {
+        // RFC 6750: how to authenticate, and whether the token sent was
+        // the problem.
+        let challenge = if presented {
+            "Bearer realm=\"agentry\", error=\"invalid_token\""
+        } else {
+            "Bearer realm=\"agentry\""
+        };
+        resp.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            header::HeaderValue::from_static(challenge),
+        );
+    }
     if resp.status().is_client_error() && is_plain_text(&resp) {
         resp = plain_refusal(resp).await;
     }
