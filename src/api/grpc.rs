@@ -204,6 +204,17 @@ impl Registry for RegistryApi {
                 }
                 .into());
             }
+            // The search's own check names `/top`, its JSON member.
+            if req.page_size > crate::service::MAX_PAGE_SIZE {
+                return Err(ServiceError::InvalidRequest {
+                    field: Some("/page_size".into()),
+                    message: format!(
+                        "/page_size: must be at most {}",
+                        crate::service::MAX_PAGE_SIZE
+                    ),
+                }
+                .into());
+            }
             let top = match req.page_size {
                 0 => 10,
                 n => n as usize,

@@ -80,7 +80,10 @@ impl Peering for FederationApi {
         &self,
         req: Request<pb::FollowRequest>,
     ) -> Result<Response<Self::FollowStream>, Status> {
-        let feed = self.service.public_feed(req.get_ref().from_revision)?;
+        let feed = self
+            .service
+            .public_feed(req.get_ref().from_revision)
+            .await?;
         let stream = feed.map(|e| {
             e.map(|e| match e {
                 FeedEvent::Record { record, listing } => pb::FollowEvent {

@@ -75,7 +75,7 @@ pub async fn run_snapshot(args: SnapshotArgs) -> Result<(), CliError> {
             if keep.is_some() {
                 return Err(local("--keep is for scheduled online backups"));
             }
-            save_offline(data_dir, file)
+            save_offline(data_dir, file).await
         }
         SnapshotCommand::Save {
             ref file,
@@ -206,8 +206,33 @@ fn place(
     }
 }
 
+/// Applies the log of the copy in `scratch` and writes its backup to `file`.
+async fn save_copy(
+    scratch: &Path,
+    file: &Path,
+) -> Result<(usize, storage::BackupHeader, storage::BackupEnd), CliError> {
+    let db = storage::open(scratch, storage::DEFAULT_MAX_WAL_BYTES).map_err(local)?;
+    let mut state =
+        storage::StateMachine::open(db.clone(), scratch.join("snapshots"), 0).map_err(local)?;
+    let replayed = storage::apply_log(db.clone(), &mut state)
+        .await
+        .map_err(local)?;
+    let part = file.with_extension("part");
+    let mut out = std::io::BufWriter::new(create_private(&part)?);
+    let written = storage::write_backup(&db, 0, &mut out)
+        .map_err(local)
+        .and_then(|_| {
+            out.into_inner()
+                .map_err(|e| local(e.into_error()))?
+                .sync_all()
+                .map_err(local)
+        });
+    let (header, end) = place(&part, file, written)?;
+    Ok((replayed, header, end))
+}
+
 /// Writes a backup from a stopped node's data directory.
-fn save_offline(data_dir: &Path, file: &Path) -> Result<(), CliError> {
+async fn save_offline(data_dir: &Path, file: &Path) -> Result<(), CliError> {
     if !data_dir.join("db").is_dir() {
         return Err(local(format!(
             "{} holds no Agentry database",
@@ -225,19 +250,18 @@ fn save_offline(data_dir: &Path, file: &Path) -> Result<(), CliError> {
     // Opening the state machine finishes a snapshot install the node was
     // stopped in (`StateMachine::open`): a backup never holds half of one.
     storage::StateMachine::open(db.clone(), data_dir.join("snapshots"), 0).map_err(local)?;
-    let part = file.with_extension("part");
-    let mut out = std::io::BufWriter::new(create_private(&part)?);
-    let written = storage::write_backup(&db, 0, &mut out)
-        .map_err(local)
-        .and_then(|_| {
-            out.into_inner()
-                .map_err(|e| local(e.into_error()))?
-                .sync_all()
-                .map_err(local)
-        });
-    let (header, end) = place(&part, file, written)?;
+    // What the node's log holds beyond its applied state (killed, say, or
+    // the last survivor of its cluster) is applied first, to a copy.
+    let scratch = data_dir.join("offline-save.tmp");
+    storage::scratch_copy(&db, data_dir, &scratch).map_err(local)?;
+    drop(db);
+    let saved = save_copy(&scratch, file).await;
+    if let Err(e) = std::fs::remove_dir_all(&scratch) {
+        eprintln!("could not remove {}: {e}", scratch.display());
+    }
+    let (replayed, header, end) = saved?;
     println!(
-        "saved {} offline from {} at index {}: {} records, {} changes, {} audit entries in {:.1} s",
+        "saved {} offline from {} at index {} ({replayed} log entries applied first): {} records, {} changes, {} audit entries in {:.1} s",
         file.display(),
         data_dir.display(),
         header.last_applied.map(|l| l.index).unwrap_or(0),

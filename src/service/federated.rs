@@ -407,13 +407,18 @@ impl RegistryService {
     /// The public change feed for peers, from `from` on. When history no
     /// longer reaches back that far, or forward (or `from` is 0), it
     /// starts with a full listing of the shared records.
-    pub fn public_feed(&self, from: u64) -> Result<FeedStream> {
+    pub async fn public_feed(&self, from: u64) -> Result<FeedStream> {
         let reader = self.reader().clone();
+        // A follower asking from beyond this node's revision has seen a
+        // history this node has not: either this node lags its cluster
+        // (caught up here, with a quorum-confirmed read), or the history
+        // is gone, the registry restored from a backup. Then the follower
+        // gets a full listing, and what it kept that the listing lacks is
+        // withdrawn.
+        if from > reader.applied_revision() + 1 {
+            self.read_barrier(Consistency::Linearizable).await?;
+        }
         let live = reader.subscribe();
-        // A follower asking from beyond this registry's revision saw a
-        // history that is gone (this registry was restored from a
-        // backup): it gets a full listing too, and what it kept that the
-        // listing lacks is withdrawn.
         let listing =
             from == 0 || from < reader.oldest_revision() || from > reader.applied_revision() + 1;
         let (tx, rx) = mpsc::channel::<Result<FeedEvent>>(256);

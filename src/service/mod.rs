@@ -36,6 +36,6 @@ pub use import::{document_url, ImportFormat, ImportReport};
 pub use invocation::{Invocation, InvocationService, InvokeRequest, Invoked, Outcome, OutputCheck};
 pub use mcp::{McpService, ServerPage};
 pub use mcp_mirror::{mirror as mcp_mirror, McpRegistryConfig, McpUpstreamConfig};
-pub use registry::{Consistency, ListPage, ListQuery, RegistryService};
+pub use registry::{Consistency, ListPage, ListQuery, RegistryService, MAX_PAGE_SIZE};
 pub use tenancy::{QuotaConfig, Tenancy, TenantConfig};
 pub use woa_host::{http_date, not_modified, WoaDocument, WoaHost};

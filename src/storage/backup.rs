@@ -24,6 +24,7 @@
 use std::collections::BTreeMap;
 use std::io::{BufRead, Write};
 use std::path::Path;
+use std::sync::Arc;
 
 use openraft::{BasicNode, Membership, Vote};
 use rocksdb::{WriteBatch, DB};
@@ -437,6 +438,63 @@ pub fn load_backup(
 
 fn json<T: Serialize>(value: &T) -> Result<Vec<u8>, StorageError> {
     Ok(serde_json::to_vec(value)?)
+}
+
+/// Makes `scratch` (inside the node's data directory, so RocksDB can hard
+/// link its tables) a copy of the stopped node's data directory, whose
+/// database `db` is: an offline backup applies the log to the copy, never
+/// to the node's own applied state, which must not hold an entry the
+/// cluster may yet replace.
+pub fn scratch_copy(db: &DB, data_dir: &Path, scratch: &Path) -> Result<(), StorageError> {
+    if scratch.exists() {
+        std::fs::remove_dir_all(scratch)?;
+    }
+    std::fs::create_dir_all(scratch)?;
+    std::fs::copy(
+        data_dir.join(super::format::FORMAT_FILE),
+        scratch.join(super::format::FORMAT_FILE),
+    )?;
+    rocksdb::checkpoint::Checkpoint::new(db)?.create_checkpoint(scratch.join("db"))?;
+    Ok(())
+}
+
+/// Applies every entry of a stopped node's log that its applied state
+/// lacks: those it committed but had not written yet (the applied state
+/// is not in RocksDB's WAL; a node replays them when it starts), and those
+/// it held without knowing they were committed. For an offline backup of
+/// the last survivor of a cluster, as etcd's `--force-new-cluster` does:
+/// a write acknowledged to a client is in a quorum's logs, perhaps only in
+/// the survivor's, and the survivor may not have heard that it committed.
+/// (An entry that never committed comes along too: its client was told
+/// the outcome is unknown.) Returns the number of entries applied.
+pub async fn apply_log(
+    db: Arc<DB>,
+    state: &mut super::StateMachine,
+) -> Result<usize, StorageError> {
+    use openraft::storage::{RaftLogStorage, RaftStateMachine};
+    use openraft::RaftLogReader;
+    let failed = |e: crate::consensus::StorageError| StorageError::Format(e.to_string());
+    let mut log = super::LogStore::new(db)?;
+    let Some(last) = log.get_log_state().await.map_err(failed)?.last_log_id else {
+        return Ok(0);
+    };
+    let (applied, _) = state.applied_state().await.map_err(failed)?;
+    let from = applied.map_or(0, |l| l.index + 1);
+    if last.index < from {
+        return Ok(0);
+    }
+    let entries = log
+        .try_get_log_entries(from..=last.index)
+        .await
+        .map_err(failed)?;
+    if entries.first().map(|e| e.log_id.index) != Some(from) {
+        return Err(StorageError::Format(format!(
+            "the log no longer holds entry {from}, which the applied state needs next"
+        )));
+    }
+    let count = entries.len();
+    state.apply(entries).await.map_err(failed)?;
+    Ok(count)
 }
 
 /// Seeds `data_dir` (which must not exist or be empty) from the backup at

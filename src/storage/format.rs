@@ -28,7 +28,7 @@ use super::StorageError;
 /// The format this binary writes.
 pub const DATA_FORMAT: u32 = 5;
 
-const FORMAT_FILE: &str = "FORMAT";
+pub(super) const FORMAT_FILE: &str = "FORMAT";
 const PREFIX: &str = "agentry-data-format ";
 
 /// Reads the directory's format (a new directory takes this binary's),

@@ -19,8 +19,8 @@ mod state_machine;
 
 pub use audit::{AuditCursor, AuditSink, AuditStore, Retention};
 pub use backup::{
-    restore, verify_backup, write_backup, BackupEnd, BackupError, BackupHeader, BackupSummary,
-    RestoreTarget, BACKUP_FORMAT,
+    apply_log, restore, scratch_copy, verify_backup, write_backup, BackupEnd, BackupError,
+    BackupHeader, BackupSummary, RestoreTarget, BACKUP_FORMAT,
 };
 pub use format::DATA_FORMAT;
 pub use log_store::LogStore;

@@ -1284,4 +1284,20 @@ async fn grpc_extensions_named_like_defined_members_are_refused() {
         .await;
     assert_eq!(status, 200);
     assert_eq!(body["x-vendor"], "kept", "{body}");
+    // A ranked List names its own field, not the JSON search's `/top`.
+    let e = g
+        .client
+        .clone()
+        .list(Grpc::req(
+            Some(ALICE),
+            pb::ListRequest {
+                query: "translate".into(),
+                page_size: 5000,
+                ..Default::default()
+            },
+        ))
+        .await
+        .expect_err("too large a page");
+    let d = agentry::api::error::detail_of(&e);
+    assert_eq!(d.field.as_deref(), Some("/page_size"), "{e:?}");
 }

@@ -14,7 +14,7 @@ use serde_json::Value;
 use crate::harness::*;
 use crate::scenarios::SERIAL;
 
-fn agentry(args: &[&str]) -> (bool, String) {
+pub(crate) fn agentry(args: &[&str]) -> (bool, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_agentry"))
         .args(args)
         .env("AGENTRY_API_KEY", ADMIN)
@@ -31,7 +31,7 @@ fn agentry(args: &[&str]) -> (bool, String) {
     )
 }
 
-fn restore(file: &Path, dir: &Path, id: u64, members: &str) -> (bool, String) {
+pub(crate) fn restore(file: &Path, dir: &Path, id: u64, members: &str) -> (bool, String) {
     agentry(&[
         "snapshot",
         "restore",

@@ -756,3 +756,59 @@ async fn copies_follow_the_trust_in_the_peer_across_restarts() {
     )
     .await;
 }
+
+/// b.example is restored from a backup taken before some of its changes,
+/// so its revisions go back below what a.example has followed: a.example
+/// gets a full listing, drops what b.example lost, and keeps following.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_peer_restored_from_a_backup_is_listed_again() {
+    let (a_org, b_org) = (Org::new("a.example"), Org::new("b.example"));
+    let mut a = Cluster::new(Options::default());
+    let mut b = Cluster::new(Options::default());
+    a.reserve(1);
+    b.reserve(1);
+    launch(&mut b, &b_org, "");
+    b.registry_info(1).await;
+    assert_eq!(b.register(1, "urn:b:kept", "kept").await.0, 201);
+    b.kill(1);
+    let backup = b.dir().join("b.backup");
+    let data = b.data_dir(1);
+    let (ok, out) = crate::backup::agentry(&[
+        "snapshot",
+        "save",
+        backup.to_str().expect("path"),
+        "--data-dir",
+        data.to_str().expect("path"),
+    ]);
+    assert!(ok, "{out}");
+    b.restart(1);
+    for lost in ["urn:b:lost-1", "urn:b:lost-2", "urn:b:lost-3"] {
+        assert_eq!(b.register(1, lost, "lost in the restore").await.0, 201);
+    }
+    launch(
+        &mut a,
+        &a_org,
+        &peer_toml("b.example", b.nodes[&1].peer, &b_org.public, true),
+    );
+    eventually("a follows b", Duration::from_secs(30), || async {
+        copies_of_b(&a).await.len() == 4
+    })
+    .await;
+
+    b.kill(1);
+    std::fs::remove_dir_all(&data).expect("old data removed");
+    let (ok, out) = crate::backup::restore(&backup, &data, 1, &b.member_list());
+    assert!(ok, "{out}");
+    b.restart(1);
+    b.registry_info(1).await;
+    assert_eq!(
+        b.register(1, "urn:b:after", "after the restore").await.0,
+        201
+    );
+    eventually(
+        "a matches the restored b",
+        Duration::from_secs(30),
+        || async { copies_of_b(&a).await == ["urn:b:after", "urn:b:kept"] },
+    )
+    .await;
+}
