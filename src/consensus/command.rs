@@ -27,9 +27,10 @@ use crate::domain::{
 /// and those proposed while any member is older, keep the old behaviour.
 ///
 /// 1. A registration that leaves out `status` keeps the stored one; a copy
-///    a federation sync withdrew may come back at the revision it was
-///    copied at; a federation skip sets the peer's cursor (which may go
-///    back, after the peer was restored) instead of only moving it on.
+///    from a peer's full listing replaces the kept copy unless it is that
+///    very version (older after the peer was restored from a backup; a
+///    copy withdrawn here comes back); a federation skip sets the peer's
+///    cursor (back, after a restore) instead of only moving it on.
 pub const APPLY_RULES: u32 = 1;
 
 fn is_zero(n: &u32) -> bool {
