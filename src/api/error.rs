@@ -25,6 +25,7 @@ fn classify(e: &ServiceError) -> (&'static str, Code, u16) {
         ServiceError::NotFound(_) => ("not_found", Code::NotFound, 404),
         ServiceError::Gone(_) => ("not_found", Code::NotFound, 410),
         ServiceError::Conflict(_) => ("conflict", Code::AlreadyExists, 409),
+        ServiceError::PreconditionFailed(_) => ("conflict", Code::FailedPrecondition, 412),
         ServiceError::Stale(_) => ("stale_metadata", Code::FailedPrecondition, 409),
         ServiceError::RevisionCompacted { .. } => ("not_found", Code::OutOfRange, 410),
         ServiceError::Unavailable { .. } => ("unavailable", Code::Unavailable, 503),

@@ -115,7 +115,13 @@ impl Registry for RegistryApi {
         let sharing = sharing_from_pb(req.visibility, &req.readers).map_err(ServiceError::from)?;
         let record = self
             .service
-            .update(who.as_ref(), &req.id, metadata, sharing)
+            .update(
+                who.as_ref(),
+                &req.id,
+                metadata,
+                sharing,
+                req.expected_revision,
+            )
             .await?;
         Ok(Response::new(pb::UpdateResponse {
             record: Some(self.record_pb(&record, now())),

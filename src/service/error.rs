@@ -32,6 +32,9 @@ pub enum ServiceError {
     Gone(String),
     #[error("{0}")]
     Conflict(String),
+    /// A write's precondition (the revision it expected) no longer holds.
+    #[error("{0}")]
+    PreconditionFailed(String),
     #[error("{0}")]
     Stale(String),
     /// A watch asked for history that has been compacted away.
@@ -102,8 +105,8 @@ impl From<Rejection> for ServiceError {
                 field: None,
                 message,
             },
+            Rejection::RevisionChanged { .. } => Self::PreconditionFailed(message),
             Rejection::KeyConflict { .. }
-            | Rejection::RevisionChanged { .. }
             | Rejection::Unchanged { .. }
             | Rejection::Federated { .. } => Self::Conflict(message),
         }

@@ -329,7 +329,9 @@ impl InvocationService {
             return Ok("unchanged");
         }
         let id = meta.id.clone();
-        registry.update(Some(principal), &id, meta, None).await?;
+        registry
+            .update(Some(principal), &id, meta, None, None)
+            .await?;
         Ok("updated")
     }
 

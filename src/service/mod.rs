@@ -38,4 +38,4 @@ pub use mcp::{McpService, ServerPage};
 pub use mcp_mirror::{mirror as mcp_mirror, McpRegistryConfig, McpUpstreamConfig};
 pub use registry::{Consistency, ListPage, ListQuery, RegistryService, MAX_PAGE_SIZE};
 pub use tenancy::{QuotaConfig, Tenancy, TenantConfig};
-pub use woa_host::{http_date, not_modified, WoaDocument, WoaHost};
+pub use woa_host::{http_date, none_match_fails, not_modified, WoaDocument, WoaHost};

@@ -367,12 +367,15 @@ impl RegistryService {
 
     /// Replaces an existing agent's metadata.
     #[instrument(skip_all, fields(agent_id = %id, principal = principal.map(|p| p.name.as_str())))]
+    /// Replaces an agent's metadata; with `expected_revision`, only while
+    /// the record still has that revision (HTTP `If-Match`).
     pub async fn update(
         &self,
         principal: Option<&Principal>,
         id: &str,
         mut metadata: AgentMetadata,
         sharing: Option<Sharing>,
+        expected_revision: Option<u64>,
     ) -> Result<AgentRecord> {
         super::audit::begin("update", Some(id));
         let principal = require_writer(principal)?;
@@ -403,7 +406,7 @@ impl RegistryService {
                 now: crate::domain::time::now(),
                 publisher: Some(verdict),
                 quota: None,
-                expected_revision: None,
+                expected_revision,
                 rules: 0,
             })
             .await

@@ -290,6 +290,15 @@ pub fn changed_at(
 /// Whether a conditional GET may be answered 304 (RFC 9110 13.1):
 /// If-None-Match rules when present (weak comparison), else
 /// If-Modified-Since.
+/// Whether an `If-None-Match` list names `etag` (weak comparison, RFC 9110
+/// 13.1.2), so a GET answers 304.
+pub fn none_match_fails(if_none_match: &str, etag: &str) -> bool {
+    if_none_match
+        .split(',')
+        .map(str::trim)
+        .any(|tag| tag == "*" || tag.trim_start_matches("W/") == etag)
+}
+
 pub fn not_modified(
     etag: &str,
     last_modified: OffsetDateTime,
@@ -297,10 +306,7 @@ pub fn not_modified(
     if_modified_since: Option<&str>,
 ) -> bool {
     if let Some(inm) = if_none_match {
-        return inm
-            .split(',')
-            .map(str::trim)
-            .any(|tag| tag == "*" || tag.trim_start_matches("W/") == etag);
+        return none_match_fails(inm, etag);
     }
     if_modified_since
         .and_then(parse_http_date)

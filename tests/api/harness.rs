@@ -449,6 +449,7 @@ impl Transport for Grpc {
                     metadata: Some(metadata),
                     visibility: 0,
                     readers: Vec::new(),
+                    expected_revision: None,
                 },
             ))
             .await

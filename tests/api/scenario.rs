@@ -1,7 +1,8 @@
 //! One scenario, run once through a tonic client and once through HTTP; both
 //! must give the same answers.
 
-use serde_json::json;
+use reqwest::Method;
+use serde_json::{json, Value};
 
 use crate::harness::*;
 
@@ -492,4 +493,102 @@ async fn search_health_readiness_and_openapi() {
         "{names:?}"
     );
     s.stop().await;
+}
+
+/// HTTP conditional requests on a record: its ETag is its revision; a GET
+/// with a matching `If-None-Match` gets 304, and a PUT with `If-Match`
+/// applies only while the record still has that revision (412 otherwise,
+/// nothing changed). gRPC's `expected_revision` is the same precondition.
+#[tokio::test]
+async fn conditional_requests_on_a_record() {
+    let s = TestServer::start().await;
+    let h = Http::new(&s.http);
+    let path = "/agents/conditional";
+    let (status, _, _) = h
+        .send(
+            Method::POST,
+            "/agents",
+            Some(ALICE),
+            Some(minimal("conditional")),
+            &[],
+        )
+        .await;
+    assert_eq!(status, 201);
+    let (status, headers, first) = h.send(Method::GET, path, Some(ALICE), None, &[]).await;
+    assert_eq!(status, 200);
+    let tag = headers["etag"].to_str().expect("etag").to_string();
+    assert_eq!(tag, format!("\"{}\"", first["registry"]["revision"]));
+
+    let (status, headers, body) = h
+        .send(
+            Method::GET,
+            path,
+            Some(ALICE),
+            None,
+            &[("if-none-match", &tag)],
+        )
+        .await;
+    assert_eq!((status, body), (304, Value::Null));
+    assert_eq!(headers["etag"].to_str().expect("etag"), tag);
+    let (status, _, _) = h
+        .send(
+            Method::GET,
+            path,
+            Some(ALICE),
+            None,
+            &[("if-none-match", "\"1\"")],
+        )
+        .await;
+    assert_eq!(status, 200);
+
+    let mut changed = minimal("conditional");
+    changed["description"] = json!("Changed once, by the one who saw the latest revision.");
+    let (status, _, updated) = h
+        .send(
+            Method::PUT,
+            path,
+            Some(ALICE),
+            Some(changed.clone()),
+            &[("if-match", &tag)],
+        )
+        .await;
+    assert_eq!(status, 200, "{updated}");
+    // The same precondition again: the record has moved on.
+    changed["description"] = json!("A lost update.");
+    for stale in [tag.as_str(), "W/\"1\"", "not-an-etag"] {
+        let (status, _, problem) = h
+            .send(
+                Method::PUT,
+                path,
+                Some(ALICE),
+                Some(changed.clone()),
+                &[("if-match", stale)],
+            )
+            .await;
+        assert_eq!(
+            (status, problem["code"].as_str()),
+            (412, Some("conflict")),
+            "{stale}: {problem}"
+        );
+    }
+    let (_, _, now) = h.send(Method::GET, path, Some(ALICE), None, &[]).await;
+    assert_eq!(now["description"], updated["description"]);
+
+    let g = Grpc::connect(&s.grpc).await;
+    let e = g
+        .client
+        .clone()
+        .update(Grpc::req(
+            Some(ALICE),
+            agentry::pb::UpdateRequest {
+                id: "conditional".into(),
+                metadata: Some(agentry::convert::metadata_from_json(changed).expect("metadata")),
+                expected_revision: Some(1),
+                ..Default::default()
+            },
+        ))
+        .await
+        .expect_err("stale revision");
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+    assert_eq!(agentry::api::error::detail_of(&e).http_status, 412);
 }

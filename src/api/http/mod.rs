@@ -238,6 +238,29 @@ fn record_json(r: Option<&pb::AgentRecord>) -> Result<Value, ApiError> {
     record_pb_to_json(r).map_err(|e| ServiceError::Internal(e.to_string()).into())
 }
 
+/// The revision an `If-Match` header names (the record's ETag, strong
+/// comparison, RFC 9110 13.1.1): the update applies only while the record
+/// still has it. `*` asks only that the record exists, as any update does.
+fn if_match(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
+    let Some(value) = headers.get(header::IF_MATCH) else {
+        return Ok(None);
+    };
+    let text = value.to_str().unwrap_or_default().trim();
+    if text == "*" {
+        return Ok(None);
+    }
+    text.strip_prefix('"')
+        .and_then(|t| t.strip_suffix('"'))
+        .and_then(|t| t.parse::<u64>().ok())
+        .map(Some)
+        .ok_or_else(|| {
+            ServiceError::PreconditionFailed(format!(
+                "If-Match {text:?} names no revision of this record (its ETag is the revision in quotes, e.g. \"12\")"
+            ))
+            .into()
+        })
+}
+
 fn etag(r: &pb::AgentRecord) -> String {
     format!(
         "\"{}\"",
@@ -517,6 +540,7 @@ async fn get_agent(
     caller: Caller,
     Path(id): Path<String>,
     RawQuery(q): RawQuery,
+    headers: HeaderMap,
 ) -> ApiResult {
     let pairs = query_params(q.as_deref(), &["consistency"])?;
     let req = grpc_request(
@@ -527,11 +551,20 @@ async fn get_agent(
         },
     );
     let resp = s.api.get(req).await?.into_inner();
-    let mut out = json_response(StatusCode::OK, &record_json(resp.record.as_ref())?);
-    if let Some(r) = &resp.record {
-        if let Ok(v) = etag(r).parse() {
-            out.headers_mut().insert(header::ETAG, v);
-        }
+    let tag = resp.record.as_ref().map(etag);
+    let unchanged = match (tag.as_deref(), headers.get(header::IF_NONE_MATCH)) {
+        (Some(tag), Some(inm)) => inm
+            .to_str()
+            .is_ok_and(|inm| crate::service::none_match_fails(inm, tag)),
+        _ => false,
+    };
+    let mut out = if unchanged {
+        StatusCode::NOT_MODIFIED.into_response()
+    } else {
+        json_response(StatusCode::OK, &record_json(resp.record.as_ref())?)
+    };
+    if let Some(v) = tag.and_then(|t| t.parse().ok()) {
+        out.headers_mut().insert(header::ETAG, v);
     }
     out.headers_mut()
         .insert("x-agentry-applied-revision", resp.applied_revision.into());
@@ -547,6 +580,7 @@ async fn update_agent(
     body: Body,
 ) -> ApiResult {
     let pairs = query_params(q.as_deref(), &["visibility", "reader"])?;
+    let expected_revision = if_match(&headers)?;
     let metadata = parse_metadata(json_body(&s, &headers, body).await?)?;
     let req = grpc_request(
         &caller,
@@ -555,6 +589,7 @@ async fn update_agent(
             metadata: Some(metadata),
             visibility: visibility_param(&pairs)?,
             readers: all(&pairs, "reader"),
+            expected_revision,
         },
     );
     let resp = s.api.update(req).await?.into_inner();
