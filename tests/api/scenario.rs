@@ -573,6 +573,32 @@ async fn conditional_requests_on_a_record() {
     }
     let (_, _, now) = h.send(Method::GET, path, Some(ALICE), None, &[]).await;
     assert_eq!(now["description"], updated["description"]);
+    // Where a precondition cannot be held to yet, it is refused, not
+    // ignored: the record stays.
+    let current = format!("\"{}\"", now["registry"]["revision"]);
+    let (status, _, _) = h
+        .send(
+            Method::DELETE,
+            path,
+            Some(ALICE),
+            None,
+            &[("if-match", &current)],
+        )
+        .await;
+    assert_eq!(status, 412);
+    let deprecate = json!({"status": "deprecated"});
+    let (status, _, _) = h
+        .send(
+            Method::POST,
+            &format!("{path}/status"),
+            Some(ALICE),
+            Some(deprecate),
+            &[("if-match", &current)],
+        )
+        .await;
+    assert_eq!(status, 412);
+    let (_, _, still) = h.send(Method::GET, path, Some(ALICE), None, &[]).await;
+    assert_eq!(still["registry"]["revision"], now["registry"]["revision"]);
 
     let g = Grpc::connect(&s.grpc).await;
     let e = g

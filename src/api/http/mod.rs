@@ -261,6 +261,18 @@ fn if_match(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
         })
 }
 
+/// Refuses `If-Match` where the write cannot hold to it yet: ignoring it
+/// would let a client believe its write was conditional.
+fn no_if_match(headers: &HeaderMap, what: &str) -> Result<(), ApiError> {
+    match headers.get(header::IF_MATCH) {
+        Some(_) => Err(ServiceError::PreconditionFailed(format!(
+            "If-Match is not supported on {what} (only on PUT /agents/{{id}}); send the request without it"
+        ))
+        .into()),
+        None => Ok(()),
+    }
+}
+
 fn etag(r: &pb::AgentRecord) -> String {
     format!(
         "\"{}\"",
@@ -604,8 +616,10 @@ async fn delete_agent(
     caller: Caller,
     Path(id): Path<String>,
     RawQuery(q): RawQuery,
+    headers: HeaderMap,
 ) -> ApiResult {
     query_params(q.as_deref(), &[])?;
+    no_if_match(&headers, "DELETE")?;
     let req = grpc_request(&caller, pb::DeleteRequest { id });
     let resp = s.api.delete(req).await?.into_inner();
     Ok(json_response(
@@ -621,6 +635,7 @@ async fn set_status(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult {
+    no_if_match(&headers, "a status change")?;
     let v = json_body(&s, &headers, body).await?;
     let status = match v.get("status") {
         Some(Value::String(st)) => status_list(std::slice::from_ref(st), "/status")?[0],
