@@ -600,6 +600,35 @@ async fn conditional_requests_on_a_record() {
     let (_, _, still) = h.send(Method::GET, path, Some(ALICE), None, &[]).await;
     assert_eq!(still["registry"]["revision"], now["registry"]["revision"]);
 
+    // Served as expired, the same revision has another ETag: a client
+    // that cached it fresh is not told it is unchanged.
+    let mut lapsed = minimal("conditional-lapsed");
+    lapsed["expires_at"] = json!("2020-01-01T00:00:00Z");
+    let (status, _, _) = h
+        .send(Method::POST, "/agents", Some(ALICE), Some(lapsed), &[])
+        .await;
+    assert_eq!(status, 201);
+    let lapsed_path = "/agents/conditional-lapsed";
+    let (_, headers, body) = h
+        .send(Method::GET, lapsed_path, Some(ALICE), None, &[])
+        .await;
+    let revision = &body["registry"]["revision"];
+    assert_eq!(
+        headers["etag"].to_str().expect("etag"),
+        format!("\"{revision}.expired\"")
+    );
+    let fresh_tag = format!("\"{revision}\"");
+    let (status, _, _) = h
+        .send(
+            Method::GET,
+            lapsed_path,
+            Some(ALICE),
+            None,
+            &[("if-none-match", &fresh_tag)],
+        )
+        .await;
+    assert_eq!(status, 200);
+
     let g = Grpc::connect(&s.grpc).await;
     let e = g
         .client

@@ -240,7 +240,8 @@ fn record_json(r: Option<&pb::AgentRecord>) -> Result<Value, ApiError> {
 
 /// The revision an `If-Match` header names (the record's ETag, strong
 /// comparison, RFC 9110 13.1.1): the update applies only while the record
-/// still has it. `*` asks only that the record exists, as any update does.
+/// still has it (whether it is served as expired does not matter to a
+/// write). `*` asks only that the record exists, as any update does.
 fn if_match(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
     let Some(value) = headers.get(header::IF_MATCH) else {
         return Ok(None);
@@ -251,6 +252,7 @@ fn if_match(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
     }
     text.strip_prefix('"')
         .and_then(|t| t.strip_suffix('"'))
+        .and_then(|t| t.split('.').next())
         .and_then(|t| t.parse::<u64>().ok())
         .map(Some)
         .ok_or_else(|| {
@@ -273,11 +275,19 @@ fn no_if_match(headers: &HeaderMap, what: &str) -> Result<(), ApiError> {
     }
 }
 
+/// A record's ETag: its revision, and whether it is served as expired,
+/// which changes with time (or a lease's refresh) at the same revision,
+/// so a 304 never keeps a client on a stale `expired`.
 fn etag(r: &pb::AgentRecord) -> String {
-    format!(
-        "\"{}\"",
-        r.envelope.as_ref().map(|e| e.revision).unwrap_or(0)
-    )
+    let (revision, expired) = r
+        .envelope
+        .as_ref()
+        .map_or((0, false), |e| (e.revision, e.expired));
+    if expired {
+        format!("\"{revision}.expired\"")
+    } else {
+        format!("\"{revision}\"")
+    }
 }
 
 /// Reads a JSON body: the media type must be JSON, the size within the
