@@ -195,12 +195,12 @@ fn accept(
         }
         let checked = match verifier {
             None => Err(Refusal::NoPinnedKeys(c.origin_authority.clone())),
-            Some(_) if via.len() > bounds.hops as usize => Err(Refusal::Relayed(format!(
+            Some(_) if via.len() > bounds.hops as usize => Err(Refusal::OutOfBounds(format!(
                 "relayed over {} peer(s) where {} hop(s) were allowed",
                 via.len(),
                 bounds.hops
             ))),
-            Some(_) if *seen > bounds.per_origin => Err(Refusal::Relayed(format!(
+            Some(_) if *seen > bounds.per_origin => Err(Refusal::OutOfBounds(format!(
                 "more than the {} record(s) asked for from {}",
                 bounds.per_origin, c.origin_authority
             ))),

@@ -43,8 +43,10 @@ pub enum Refusal {
     Malformed(String),
     #[error("a private record")]
     Private,
+    /// More relays, or more records of one origin, than the request
+    /// allowed.
     #[error("{0}")]
-    Relayed(String),
+    OutOfBounds(String),
     #[error("a record of {0} bytes, over this registry's limit of {1}")]
     TooLarge(usize, usize),
     #[error("outside the trust policy for {authority}: {why}")]

@@ -284,14 +284,13 @@ fn to_change(
         return (change, Some(id));
     }
     let size = event.record_json.len();
-    let checked = (size <= max_record_bytes)
-        .then_some(())
-        .ok_or(Refusal::TooLarge(size, max_record_bytes))
-        .and_then(|()| {
-            serde_json::from_str::<Value>(&event.record_json)
-                .map_err(|e| Refusal::Malformed(e.to_string()))
-        })
-        .and_then(|served| peer.verify(&served).map(|r| (r, served)));
+    let checked = if size > max_record_bytes {
+        Err(Refusal::TooLarge(size, max_record_bytes))
+    } else {
+        serde_json::from_str::<Value>(&event.record_json)
+            .map_err(|e| Refusal::Malformed(e.to_string()))
+            .and_then(|served| peer.verify(&served).map(|r| (r, served)))
+    };
     let (record, served) = match checked {
         Ok(ok) => ok,
         Err(why) => {
