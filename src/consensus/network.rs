@@ -507,15 +507,22 @@ impl RaftNetwork<TypeConfig> for Connection {
             .acknowledged
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        let mut seen = table
-            .get(&self.target)
-            .copied()
-            .filter(|a| a.vote == rpc.vote)
-            .unwrap_or(Acknowledged {
+        // What was acknowledged under an earlier vote may since have been
+        // replaced by another leader, so it is not carried over. A refusal
+        // is: it was decided under one vote, where a lost entry can only
+        // mean lost data, and a re-election must not start feeding the
+        // node (it still gets messages, so it does not campaign).
+        let mut seen = match table.get(&self.target) {
+            Some(a) if a.vote == rpc.vote || a.refused => Acknowledged {
+                vote: rpc.vote,
+                ..*a
+            },
+            _ => Acknowledged {
                 vote: rpc.vote,
                 upto: None,
                 refused: false,
-            });
+            },
+        };
         match &answer {
             AppendEntriesResponse::Success => seen.upto = seen.upto.max(sent_up_to),
             AppendEntriesResponse::PartialSuccess(upto) => seen.upto = seen.upto.max(*upto),
@@ -525,7 +532,7 @@ impl RaftNetwork<TypeConfig> for Connection {
             // follower log), so it is refused until an operator removes it
             // and adds it back (`forget_acknowledged`).
             AppendEntriesResponse::Conflict
-                if rpc.prev_log_id.is_some() && rpc.prev_log_id <= seen.upto =>
+                if seen.refused || (rpc.prev_log_id.is_some() && rpc.prev_log_id <= seen.upto) =>
             {
                 if !seen.refused {
                     seen.refused = true;
