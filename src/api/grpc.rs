@@ -135,7 +135,10 @@ impl Registry for RegistryApi {
     ) -> Result<Response<pb::DeleteResponse>, Status> {
         let who = principal(&req);
         let req = req.into_inner();
-        let revision = self.service.delete(who.as_ref(), &req.id).await?;
+        let revision = self
+            .service
+            .delete(who.as_ref(), &req.id, req.expected_revision)
+            .await?;
         Ok(Response::new(pb::DeleteResponse {
             id: req.id,
             revision,
@@ -157,7 +160,13 @@ impl Registry for RegistryApi {
             })?;
         let record = self
             .service
-            .set_status(who.as_ref(), &req.id, status, req.reason)
+            .set_status(
+                who.as_ref(),
+                &req.id,
+                status,
+                req.reason,
+                req.expected_revision,
+            )
             .await?;
         Ok(Response::new(pb::SetStatusResponse {
             record: Some(self.record_pb(&record, now())),

@@ -1275,7 +1275,10 @@ pub async fn run_agents(all: AgentsArgs) -> Result<(), CliError> {
         }
         AgentsCommand::Delete { id } => {
             let resp = client
-                .delete(args.request(pb::DeleteRequest { id: id.clone() })?)
+                .delete(args.request(pb::DeleteRequest {
+                    id: id.clone(),
+                    expected_revision: None,
+                })?)
                 .await?
                 .into_inner();
             if args.json {
@@ -1292,6 +1295,7 @@ pub async fn run_agents(all: AgentsArgs) -> Result<(), CliError> {
                 id: id.clone(),
                 status: parse_status(status)?,
                 reason: reason.clone(),
+                expected_revision: None,
             };
             let resp = client.set_status(args.request(req)?).await?.into_inner();
             if let Some(r) = &resp.record {

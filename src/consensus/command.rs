@@ -31,7 +31,17 @@ use crate::domain::{
 ///    very version (older after the peer was restored from a backup; a
 ///    copy withdrawn here comes back); a federation skip sets the peer's
 ///    cursor (back, after a restore) instead of only moving it on.
-pub const APPLY_RULES: u32 = 1;
+/// 2. A deletion or status change may carry a precondition
+///    (`expected_revision`, HTTP `If-Match`); an older node would ignore it
+///    and apply what the others refuse, so such a command is proposed only
+///    once every member follows rules 2 ([`Command::rules_needed`]).
+///
+/// The newest rules an applied entry asked for are kept in the replicated
+/// state (`ClusterRecord::apply_rules`), as etcd keeps its cluster
+/// version: a new leader assumes them of members it has not heard from
+/// yet, and a node whose binary follows older rules than an entry asks for
+/// stops rather than apply it differently from the others.
+pub const APPLY_RULES: u32 = 2;
 
 fn is_zero(n: &u32) -> bool {
     *n == 0
@@ -74,6 +84,10 @@ pub enum Command {
         id: String,
         principal: Principal,
         now: String,
+        /// Applied only if the stored record still has this revision
+        /// (apply rules 2).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        expected_revision: Option<u64>,
     },
     /// Set the lifecycle status.
     SetStatus {
@@ -82,6 +96,10 @@ pub enum Command {
         reason: Option<String>,
         principal: Principal,
         now: String,
+        /// Applied only if the stored record still has this revision
+        /// (apply rules 2).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        expected_revision: Option<u64>,
     },
     /// Register or remove a publisher's key.
     PublisherKey {
@@ -144,6 +162,10 @@ pub enum Command {
         cluster_id: Option<String>,
         incarnations: BTreeMap<NodeId, String>,
         now: String,
+        /// Apply rules every member has said it follows, to record
+        /// (`ClusterRecord::apply_rules`); proposed only once all have.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        rules: u32,
     },
     /// Commands of many clients that reached the leader together, in one
     /// log entry (`consensus::batcher`): applied one after another exactly
@@ -161,6 +183,45 @@ impl Command {
             Self::Audited { command, .. } => command.set_rules(rules),
             Self::Batch(commands) => commands.iter_mut().for_each(|c| c.set_rules(rules)),
             _ => {}
+        }
+    }
+
+    /// The apply rules applying this command takes: those its leader asked
+    /// for, or what a field only newer nodes read requires.
+    pub fn rules_needed(&self) -> u32 {
+        match self {
+            Self::Put { rules, .. }
+            | Self::Federate { rules, .. }
+            | Self::Cluster { rules, .. } => *rules,
+            Self::Delete {
+                expected_revision: Some(_),
+                ..
+            }
+            | Self::SetStatus {
+                expected_revision: Some(_),
+                ..
+            } => 2,
+            Self::Audited { command, .. } => command.rules_needed(),
+            Self::Batch(commands) => commands.iter().map(Self::rules_needed).max().unwrap_or(0),
+            _ => 0,
+        }
+    }
+
+    /// The revision the stored record must still have for the command to
+    /// apply (a client's precondition).
+    pub fn expected_revision(&self) -> Option<u64> {
+        match self {
+            Self::Put {
+                expected_revision, ..
+            }
+            | Self::Delete {
+                expected_revision, ..
+            }
+            | Self::SetStatus {
+                expected_revision, ..
+            } => *expected_revision,
+            Self::Audited { command, .. } => command.expected_revision(),
+            _ => None,
         }
     }
 

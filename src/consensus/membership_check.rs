@@ -39,6 +39,14 @@ const LOG_EVERY: Duration = Duration::from_secs(30);
 pub struct ClusterRecord {
     pub cluster_id: Option<String>,
     pub incarnations: BTreeMap<NodeId, String>,
+    /// The newest apply rules an applied entry asked for: every member
+    /// followed them then (`consensus::APPLY_RULES`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub apply_rules: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl ClusterRecord {
@@ -151,6 +159,12 @@ impl MembershipCheck {
             stamped: Arc::default(),
             logged: Arc::default(),
         }
+    }
+
+    /// The apply rules the cluster has moved to: what a member not heard
+    /// from since this node leads is taken to follow.
+    pub fn cluster_rules(&self) -> u32 {
+        self.record.get().apply_rules
     }
 
     /// The stamp of a message to `to` (`None`: an answer, or a request that
@@ -309,6 +323,7 @@ mod tests {
         let record = SharedRecord::new(ClusterRecord {
             cluster_id: Some("c1".into()),
             incarnations: BTreeMap::from([(1, "i1".into()), (2, "i2".into())]),
+            ..Default::default()
         });
         let check = MembershipCheck::new(2, "i2", record.clone());
         // Unstamped (an older node) and unclaimed (a new member) pass.

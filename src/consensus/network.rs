@@ -166,21 +166,16 @@ impl Network {
     }
 
     /// The newest apply rules every node of `members` follows, this one
-    /// included (0 while any has not answered yet).
+    /// included.
     pub fn rules_of_all(&self, members: impl IntoIterator<Item = NodeId>) -> u32 {
-        let rules = self.rules.lock().unwrap_or_else(|e| e.into_inner());
-        members
-            .into_iter()
-            .map(|m| {
-                if m == self.me {
-                    self.encoding.apply_rules()
-                } else {
-                    rules.get(&m).copied().unwrap_or(0)
-                }
-            })
-            .min()
-            .unwrap_or(0)
-            .min(self.encoding.apply_rules())
+        let answered = self.rules.lock().unwrap_or_else(|e| e.into_inner());
+        rules_of_all(
+            members,
+            self.me,
+            self.encoding.apply_rules(),
+            &answered,
+            self.check.cluster_rules(),
+        )
     }
 
     /// Whether every node of `members` (this one aside) last answered that
@@ -419,6 +414,24 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             addr: node.addr.clone(),
         }
     }
+}
+
+/// The newest apply rules every one of `members` follows: `mine` for this
+/// node, what each other member last answered, and for one not heard from
+/// yet (right after an election) the rules the cluster had moved to, which
+/// it followed then. Never newer than this node's own.
+fn rules_of_all(
+    members: impl IntoIterator<Item = NodeId>,
+    me: NodeId,
+    mine: u32,
+    answered: &HashMap<NodeId, u32>,
+    cluster: u32,
+) -> u32 {
+    members
+        .into_iter()
+        .filter(|m| *m != me)
+        .map(|m| answered.get(&m).copied().unwrap_or(cluster))
+        .fold(mine, u32::min)
 }
 
 /// The connection to one peer that openraft replicates through.
@@ -698,5 +711,33 @@ impl RaftNetwork<TypeConfig> for Connection {
             Some(Duration::from_millis(100)),
             |d| Some((*d * 2).min(Duration::from_secs(2))),
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rules_are_the_oldest_any_member_follows() {
+        let answered = HashMap::from([(2, 2), (3, 1)]);
+        assert_eq!(rules_of_all([1, 2, 3], 1, 2, &answered, 2), 1);
+        assert_eq!(rules_of_all([1, 2], 1, 2, &answered, 0), 2);
+        // Never newer than this node's own, whatever the others say.
+        assert_eq!(rules_of_all([1, 2], 1, 1, &answered, 2), 1);
+        assert_eq!(rules_of_all([1], 1, 2, &answered, 0), 2);
+    }
+
+    #[test]
+    fn members_not_heard_from_are_taken_at_the_clusters_rules() {
+        // Right after an election nobody has answered yet: the rules the
+        // cluster moved to hold, not the oldest.
+        let none = HashMap::new();
+        assert_eq!(rules_of_all([1, 2, 3], 1, 2, &none, 2), 2);
+        assert_eq!(rules_of_all([1, 2, 3], 1, 2, &none, 0), 0);
+        // An answer counts over the cluster's record: a member that came
+        // back as an older binary is followed at its own level.
+        let older = HashMap::from([(3, 0)]);
+        assert_eq!(rules_of_all([1, 2, 3], 1, 2, &older, 2), 0);
     }
 }

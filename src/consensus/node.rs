@@ -48,6 +48,20 @@ pub enum WriteError {
     /// The leader's disk is short of space; nothing was done.
     #[error("{0}")]
     NoSpace(String),
+    /// A member runs an older release that could not apply the write as
+    /// asked (`consensus::APPLY_RULES`); nothing was done.
+    #[error("{0}")]
+    Upgrading(String),
+}
+
+/// Why a write needing newer apply rules than the cluster follows is
+/// refused rather than applied by rules a member would read differently.
+fn upgrading(needed: u32, follows: u32) -> WriteError {
+    WriteError::Upgrading(format!(
+        "this write needs apply rules {needed}, and a member of the cluster follows only \
+         {follows} (it runs an older release): nothing was done; retry once every member \
+         runs this release"
+    ))
 }
 
 /// A new cluster id: 16 random bytes, hex. None (and founding waits for
@@ -354,9 +368,15 @@ impl RaftNode {
                     .map(|(id, _)| *id)
                     .collect()
             };
-            let Some((cluster_id, incarnations)) = self.check.missing(&members, new_cluster_id)
-            else {
-                continue;
+            // Once every member has said it follows newer apply rules than
+            // the cluster has on record, they are recorded, so a leader
+            // elected later assumes them before it hears from everyone.
+            let rules = self.network.rules_of_all(members.iter().copied());
+            let raise = rules > self.check.cluster_rules();
+            let (cluster_id, incarnations) = match self.check.missing(&members, new_cluster_id) {
+                Some(missing) => missing,
+                None if raise => (None, BTreeMap::new()),
+                None => continue,
             };
             if let Some(id) = &cluster_id {
                 info!(node_id = self.id, cluster_id = %id, "founding the cluster id");
@@ -366,6 +386,7 @@ impl RaftNode {
                 cluster_id,
                 incarnations,
                 now: crate::domain::time::now(),
+                rules: if raise { rules } else { 0 },
             };
             // Bounded: a leader cut off from its quorum would otherwise wait
             // for this commit for as long as the partition lasts.
@@ -379,6 +400,12 @@ impl RaftNode {
             let written =
                 tokio::time::timeout(self.request_timeout, self.raft.client_write(proposal)).await;
             match written {
+                Ok(Ok(_)) if nodes.is_empty() => {
+                    info!(
+                        node_id = self.id,
+                        rules, "the cluster follows apply rules {rules}"
+                    )
+                }
                 Ok(Ok(_)) => {
                     info!(node_id = self.id, members = ?nodes, "recorded members' data directories")
                 }
@@ -567,6 +594,14 @@ impl RaftNode {
     /// whichever node leads.
     #[instrument(level = "debug", skip_all, fields(agent_id = command.id()))]
     pub async fn write(&self, command: Command) -> Result<CommandResult, WriteError> {
+        // Checked here too, not only by the leader: a leader of an older
+        // release would drop what it cannot read (a precondition) and
+        // apply the rest. The cluster's recorded rules say every member,
+        // the leader included, followed them when they were recorded.
+        let cluster = self.check.cluster_rules();
+        if command.rules_needed() > cluster {
+            return Err(upgrading(command.rules_needed(), cluster));
+        }
         match self
             .route(Forwarded::Write(command), self.request_timeout)
             .await?
@@ -724,7 +759,11 @@ impl RaftNode {
                 }
                 // The rules it is applied by: the newest every member
                 // follows.
-                command.set_rules(self.network.rules_of_all(self.members()));
+                let rules = self.network.rules_of_all(self.members());
+                command.set_rules(rules);
+                if command.rules_needed() > rules {
+                    return Err(upgrading(command.rules_needed(), rules));
+                }
                 // Encoded here, once: the log and every follower carry
                 // these bytes.
                 let proposal = Proposal::new(&command)

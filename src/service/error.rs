@@ -143,6 +143,10 @@ impl From<WriteError> for ServiceError {
                 leader: None,
             },
             WriteError::NoSpace(m) => Self::InsufficientStorage(m),
+            WriteError::Upgrading(_) => Self::Unavailable {
+                message,
+                leader: None,
+            },
         }
     }
 }

@@ -204,7 +204,7 @@ impl InvocationService {
                 .previously_imported(principal, url.as_str(), &kept)
                 .await?
             {
-                match self.registry().delete(Some(principal), &id).await {
+                match self.registry().delete(Some(principal), &id, None).await {
                     Ok(_) => report.agents.push((id, "removed".into())),
                     Err(e) => report.skipped.push((id, String::new(), e.to_string())),
                 }

@@ -416,7 +416,12 @@ impl RegistryService {
 
     /// Deletes an agent, leaving a tombstone; returns its revision.
     #[instrument(skip_all, fields(agent_id = %id, principal = principal.map(|p| p.name.as_str())))]
-    pub async fn delete(&self, principal: Option<&Principal>, id: &str) -> Result<u64> {
+    pub async fn delete(
+        &self,
+        principal: Option<&Principal>,
+        id: &str,
+        expected_revision: Option<u64>,
+    ) -> Result<u64> {
         super::audit::begin("delete", Some(id));
         let principal = require_writer(principal)?;
         validate_id(id, "/id")?;
@@ -426,6 +431,7 @@ impl RegistryService {
                 id: id.to_string(),
                 principal: principal.clone(),
                 now: crate::domain::time::now(),
+                expected_revision,
             })
             .await
             .map_err(|e| self.unseen(principal, id, e))?;
@@ -440,6 +446,7 @@ impl RegistryService {
         id: &str,
         status: AgentStatus,
         reason: Option<String>,
+        expected_revision: Option<u64>,
     ) -> Result<AgentRecord> {
         super::audit::begin("set_status", Some(id));
         let principal = require_writer(principal)?;
@@ -462,6 +469,7 @@ impl RegistryService {
                 reason,
                 principal: principal.clone(),
                 now,
+                expected_revision,
             })
             .await
             .map_err(|e| self.unseen(principal, id, e))?;

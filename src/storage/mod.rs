@@ -78,6 +78,14 @@ pub enum StorageError {
     /// until it has, what it holds is part old and part new.
     #[error("this node is installing a snapshot from the leader; retry shortly or read from another node")]
     Installing,
+    /// A log entry asks for apply rules this binary does not follow: it is
+    /// older than the release the cluster has moved to.
+    #[error("log entry {entry} needs apply rules {asked}; this binary follows {follows}: run the release the rest of the cluster runs")]
+    NewerRules {
+        entry: String,
+        asked: u32,
+        follows: u32,
+    },
 }
 
 /// Upper bound of the shared block cache: the blocks of about 50k records

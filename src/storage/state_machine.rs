@@ -41,7 +41,7 @@ use super::{
 use crate::consensus::PublisherKeyChange;
 use crate::consensus::{
     ClusterRecord, Command, CommandResult, LogId, NodeId, SharedRecord, StorageError,
-    StoredMembership, TypeConfig,
+    StoredMembership, TypeConfig, APPLY_RULES,
 };
 use crate::crypto::keys::Signer;
 use crate::crypto::signature::{sign_record, still_valid};
@@ -444,18 +444,17 @@ impl StateMachine {
     ) -> CommandResult {
         let now = cmd.now().to_string();
         let now = now.as_str();
+        // A client's precondition: the stored record (or its tombstone)
+        // still has the revision it read, 0 meaning none.
+        let actual = current.map_or(0, |r| r.envelope.revision);
+        if let Some(expected) = cmd.expected_revision().filter(|e| *e != actual) {
+            return CommandResult::Rejected(Rejection::RevisionChanged {
+                id: cmd.id().unwrap_or_default().to_string(),
+                expected,
+                actual,
+            });
+        }
         let decided = match cmd {
-            Command::Put {
-                metadata,
-                expected_revision: Some(expected),
-                ..
-            } if current.map_or(0, |r| r.envelope.revision) != expected => {
-                Err(Rejection::RevisionChanged {
-                    id: metadata.id,
-                    expected,
-                    actual: current.map_or(0, |r| r.envelope.revision),
-                })
-            }
             Command::Put {
                 metadata,
                 visibility,
@@ -489,16 +488,17 @@ impl StateMachine {
             }),
             Command::Reverify { id, now } => decide_reverify(current, &id, keys, revision, &now)
                 .map(|r| (r, ChangeKind::Updated)),
-            Command::Delete { id, principal, now } => {
-                decide_delete(current, &id, &principal, revision, &now)
-                    .map(|r| (r, ChangeKind::Deleted))
-            }
+            Command::Delete {
+                id, principal, now, ..
+            } => decide_delete(current, &id, &principal, revision, &now)
+                .map(|r| (r, ChangeKind::Deleted)),
             Command::SetStatus {
                 id,
                 status,
                 reason,
                 principal,
                 now,
+                ..
             } => decide_status(current, &id, status, reason, &principal, revision, &now)
                 .map(|r| (r, ChangeKind::StatusChanged)),
             Command::Federate {
@@ -989,6 +989,25 @@ impl StateMachine {
                     (Applying::Normal(c), Some(_)) => Some(c.now().to_string()),
                     _ => None,
                 };
+                if let Applying::Normal(c) = &payload {
+                    let asked = c.rules_needed();
+                    if asked > APPLY_RULES {
+                        // Applied by older rules, it would leave this node
+                        // holding what no other does: the node stops.
+                        let e = LocalError::NewerRules {
+                            entry: entry.log_id.to_string(),
+                            asked,
+                            follows: APPLY_RULES,
+                        };
+                        tracing::error!(error = %e, "cannot apply a log entry");
+                        return Err(sm_write(e));
+                    }
+                    let record = cluster.get_or_insert_with(|| (*self.cluster.get()).clone());
+                    if asked > record.apply_rules {
+                        record.apply_rules = asked;
+                        cluster_changed = true;
+                    }
+                }
                 let result = match payload {
                     Applying::Blank => CommandResult::Internal,
                     Applying::Membership(m) => {
@@ -1809,6 +1828,13 @@ mod tests {
             cluster_id: Some(id.into()),
             incarnations: incs.iter().map(|(n, i)| (*n, i.to_string())).collect(),
             now: "2026-11-25T00:00:00Z".into(),
+            rules: 0,
+        };
+        let rules = |rules: u32| Command::Cluster {
+            cluster_id: None,
+            incarnations: BTreeMap::new(),
+            now: "2026-11-25T00:00:00Z".into(),
+            rules,
         };
         sm.apply([
             Entry {
@@ -1834,16 +1860,28 @@ mod tests {
             got.incarnations,
             BTreeMap::from([(1, "a".to_string()), (2, "b".to_string())])
         );
-        // Node 2 leaves: its record goes with it.
-        sm.apply([Entry {
-            log_id: openraft::LogId::new(leader, 4),
-            payload: EntryPayload::Membership(members(&[1])),
-        }])
+        // Node 2 leaves: its record goes with it. The apply rules the
+        // members follow are recorded, and never lowered.
+        sm.apply([
+            Entry {
+                log_id: openraft::LogId::new(leader, 4),
+                payload: EntryPayload::Membership(members(&[1])),
+            },
+            Entry {
+                log_id: openraft::LogId::new(leader, 5),
+                payload: normal(rules(APPLY_RULES)),
+            },
+            Entry {
+                log_id: openraft::LogId::new(leader, 6),
+                payload: normal(rules(1)),
+            },
+        ])
         .await
         .unwrap();
         let expected = ClusterRecord {
             cluster_id: Some("c1".into()),
             incarnations: BTreeMap::from([(1, "a".to_string())]),
+            apply_rules: APPLY_RULES,
         };
         assert_eq!(*sm.cluster_record().get(), expected);
         // Kept on disk, and carried by a snapshot.
@@ -1852,6 +1890,16 @@ mod tests {
         assert_eq!(*sm.cluster_record().get(), expected);
         let (fresh, _) = restored_from_snapshot(&mut sm, dir.path()).await;
         assert_eq!(*fresh.cluster_record().get(), expected);
+        // An entry asking for rules this binary does not follow stops
+        // the node rather than be applied differently from the others.
+        let newer = sm
+            .apply([Entry {
+                log_id: openraft::LogId::new(leader, 7),
+                payload: normal(rules(APPLY_RULES + 1)),
+            }])
+            .await;
+        assert!(newer.is_err());
+        assert_eq!(*sm.cluster_record().get(), expected);
     }
 
     #[tokio::test]
@@ -2271,11 +2319,13 @@ mod tests {
             id: "c".into(),
             principal: alice.clone(),
             now: now.into(),
+            expected_revision: None,
         };
         let missing = Command::Delete {
             id: "nobody".into(),
             principal: alice.clone(),
             now: now.into(),
+            expected_revision: None,
         };
         let mut live = sm.reader().subscribe();
         let results = sm

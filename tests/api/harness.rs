@@ -461,7 +461,13 @@ impl Transport for Grpc {
         let r = self
             .client
             .clone()
-            .delete(Self::req(key, pb::DeleteRequest { id: id.into() }))
+            .delete(Self::req(
+                key,
+                pb::DeleteRequest {
+                    id: id.into(),
+                    expected_revision: None,
+                },
+            ))
             .await
             .map_err(Self::fail)?
             .into_inner();
@@ -478,6 +484,7 @@ impl Transport for Grpc {
             id: id.into(),
             status: status_of(status),
             reason: Some(reason.into()),
+            expected_revision: None,
         };
         let r = self
             .client

@@ -573,9 +573,38 @@ async fn conditional_requests_on_a_record() {
     }
     let (_, _, now) = h.send(Method::GET, path, Some(ALICE), None, &[]).await;
     assert_eq!(now["description"], updated["description"]);
-    // Where a precondition cannot be held to yet, it is refused, not
-    // ignored: the record stays.
+    // Deletions and status changes hold to it too: a stale tag changes
+    // nothing, the current one applies.
     let current = format!("\"{}\"", now["registry"]["revision"]);
+    let deprecate = json!({"status": "deprecated", "reason": "replaced"});
+    let status_path = format!("{path}/status");
+    for (method, route, body) in [
+        (Method::DELETE, path, None),
+        (Method::POST, status_path.as_str(), Some(deprecate.clone())),
+    ] {
+        let (status, _, problem) = h
+            .send(method, route, Some(ALICE), body, &[("if-match", &tag)])
+            .await;
+        assert_eq!(
+            (status, problem["code"].as_str()),
+            (412, Some("conflict")),
+            "{route}: {problem}"
+        );
+    }
+    let (_, _, still) = h.send(Method::GET, path, Some(ALICE), None, &[]).await;
+    assert_eq!(still["registry"]["revision"], now["registry"]["revision"]);
+    assert_ne!(still["status"], "deprecated", "nothing changed: {still}");
+    let (status, _, deprecated) = h
+        .send(
+            Method::POST,
+            &status_path,
+            Some(ALICE),
+            Some(deprecate),
+            &[("if-match", &current)],
+        )
+        .await;
+    assert_eq!(status, 200, "{deprecated}");
+    assert_eq!(deprecated["status"], "deprecated");
     let (status, _, _) = h
         .send(
             Method::DELETE,
@@ -585,20 +614,22 @@ async fn conditional_requests_on_a_record() {
             &[("if-match", &current)],
         )
         .await;
-    assert_eq!(status, 412);
-    let deprecate = json!({"status": "deprecated"});
-    let (status, _, _) = h
+    assert_eq!(status, 412, "the status change moved the revision on");
+    let latest = format!("\"{}\"", deprecated["registry"]["revision"]);
+    let (status, _, deleted) = h
         .send(
-            Method::POST,
-            &format!("{path}/status"),
+            Method::DELETE,
+            path,
             Some(ALICE),
-            Some(deprecate),
-            &[("if-match", &current)],
+            None,
+            &[("if-match", &latest)],
         )
         .await;
-    assert_eq!(status, 412);
-    let (_, _, still) = h.send(Method::GET, path, Some(ALICE), None, &[]).await;
-    assert_eq!(still["registry"]["revision"], now["registry"]["revision"]);
+    assert_eq!(
+        (status, &deleted["deleted"]),
+        (200, &json!(true)),
+        "{deleted}"
+    );
 
     // Served as expired, the same revision has another ETag: a client
     // that cached it fresh is not told it is unchanged.
@@ -646,4 +677,60 @@ async fn conditional_requests_on_a_record() {
         .expect_err("stale revision");
     assert_eq!(e.code(), tonic::Code::FailedPrecondition);
     assert_eq!(agentry::api::error::detail_of(&e).http_status, 412);
+    let mut client = g.client.clone();
+    let (status, _, _) = h
+        .send(
+            Method::POST,
+            "/agents",
+            Some(ALICE),
+            Some(minimal("conditional-grpc")),
+            &[],
+        )
+        .await;
+    assert_eq!(status, 201);
+    let e = client
+        .set_status(Grpc::req(
+            Some(ALICE),
+            agentry::pb::SetStatusRequest {
+                id: "conditional-grpc".into(),
+                status: agentry::pb::AgentStatus::Inactive as i32,
+                expected_revision: Some(1),
+                ..Default::default()
+            },
+        ))
+        .await
+        .expect_err("stale revision");
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+    let e = client
+        .delete(Grpc::req(
+            Some(ALICE),
+            agentry::pb::DeleteRequest {
+                id: "conditional-grpc".into(),
+                expected_revision: Some(1),
+            },
+        ))
+        .await
+        .expect_err("stale revision");
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+    let (_, _, kept) = h
+        .send(
+            Method::GET,
+            "/agents/conditional-grpc",
+            Some(ALICE),
+            None,
+            &[],
+        )
+        .await;
+    assert_ne!(kept["status"], "inactive", "{kept}");
+    let revision = kept["registry"]["revision"].as_u64().expect("revision");
+    client
+        .delete(Grpc::req(
+            Some(ALICE),
+            agentry::pb::DeleteRequest {
+                id: "conditional-grpc".into(),
+                expected_revision: Some(revision),
+            },
+        ))
+        .await
+        .expect("deleted at the revision read");
 }

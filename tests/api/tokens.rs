@@ -193,6 +193,7 @@ async fn tokens_of_the_issuer_are_principals_and_bad_tokens_get_401() {
         .unwrap();
     let mut req = tonic::Request::new(agentry::pb::DeleteRequest {
         id: "by-rita".into(),
+        expected_revision: None,
     });
     req.metadata_mut()
         .insert("authorization", format!("Bearer {token}").parse().unwrap());

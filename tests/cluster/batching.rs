@@ -182,10 +182,27 @@ async fn status_round(c: &Cluster, leader: u64, id: &str) -> Vec<Value> {
     statuses(c, leader, id).await
 }
 
+/// A `DELETE` of `id` through `via` that holds to the revision `leader`
+/// serves: its HTTP status.
+async fn conditional_delete(c: &Cluster, via: u64, leader: u64, id: &str) -> u16 {
+    let revision = c.get(leader, id).await["registry"]["revision"].clone();
+    c.http
+        .delete(format!("{}/agents/{id}", c.http_url(via)))
+        .bearer_auth(ADMIN)
+        .header("if-match", format!("\"{revision}\""))
+        .send()
+        .await
+        .expect("delete")
+        .status()
+        .as_u16()
+}
+
 /// A change to what applying a command does (here: a re-registration that
 /// leaves `status` out keeps the stored one) takes effect only once every
 /// member follows it: with a member as an older binary every node applies
-/// the old rule, and all agree either way.
+/// the old rule, and all agree either way. A write only newer members can
+/// hold to (a deletion with `If-Match`) is refused meanwhile, whichever
+/// node takes it, and works once all are upgraded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn new_apply_rules_wait_for_every_member() {
     let _serial = SERIAL.lock().await;
@@ -195,9 +212,20 @@ async fn new_apply_rules_wait_for_every_member() {
     let old = status_round(&c, leader, "urn:rules:mixed").await;
     assert!(old.iter().all(|s| *s == old[0]), "{old:?}");
     assert_ne!(old[0], "deprecated", "the old rule wipes it: {old:?}");
+    let before = c.get(leader, "urn:rules:mixed").await;
+    let follower = c.running().into_iter().find(|n| *n != leader).unwrap();
+    for via in [leader, follower] {
+        let status = conditional_delete(&c, via, leader, "urn:rules:mixed").await;
+        assert_eq!(status, 503, "via node {via}");
+    }
+    let after = c.get(leader, "urn:rules:mixed").await;
+    assert_eq!(after["registry"], before["registry"], "nothing changed");
 
     let leader = restart_third(&mut c, "").await;
     c.wait_applied_as(leader, Duration::from_secs(30)).await;
     let new = status_round(&c, leader, "urn:rules:upgraded").await;
     assert_eq!(new, vec![Value::from("deprecated"); 3], "{new:?}");
+    let follower = c.running().into_iter().find(|n| *n != leader).unwrap();
+    let status = conditional_delete(&c, follower, leader, "urn:rules:upgraded").await;
+    assert_eq!(status, 200);
 }

@@ -239,9 +239,10 @@ fn record_json(r: Option<&pb::AgentRecord>) -> Result<Value, ApiError> {
 }
 
 /// The revision an `If-Match` header names (the record's ETag, strong
-/// comparison, RFC 9110 13.1.1): the update applies only while the record
-/// still has it (whether it is served as expired does not matter to a
-/// write). `*` asks only that the record exists, as any update does.
+/// comparison, RFC 9110 13.1.1): the write (update, deletion, status
+/// change) applies only while the record still has it (whether it is
+/// served as expired does not matter to a write). `*` asks only that the
+/// record exists, as each of these writes does anyway.
 fn if_match(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
     let Some(value) = headers.get(header::IF_MATCH) else {
         return Ok(None);
@@ -261,18 +262,6 @@ fn if_match(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
             ))
             .into()
         })
-}
-
-/// Refuses `If-Match` where the write cannot hold to it yet: ignoring it
-/// would let a client believe its write was conditional.
-fn no_if_match(headers: &HeaderMap, what: &str) -> Result<(), ApiError> {
-    match headers.get(header::IF_MATCH) {
-        Some(_) => Err(ServiceError::PreconditionFailed(format!(
-            "If-Match is not supported on {what} (only on PUT /agents/{{id}}); send the request without it"
-        ))
-        .into()),
-        None => Ok(()),
-    }
 }
 
 /// A record's ETag: its revision, and whether it is served as expired,
@@ -629,8 +618,14 @@ async fn delete_agent(
     headers: HeaderMap,
 ) -> ApiResult {
     query_params(q.as_deref(), &[])?;
-    no_if_match(&headers, "DELETE")?;
-    let req = grpc_request(&caller, pb::DeleteRequest { id });
+    let expected_revision = if_match(&headers)?;
+    let req = grpc_request(
+        &caller,
+        pb::DeleteRequest {
+            id,
+            expected_revision,
+        },
+    );
     let resp = s.api.delete(req).await?.into_inner();
     Ok(json_response(
         StatusCode::OK,
@@ -645,7 +640,7 @@ async fn set_status(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult {
-    no_if_match(&headers, "a status change")?;
+    let expected_revision = if_match(&headers)?;
     let v = json_body(&s, &headers, body).await?;
     let status = match v.get("status") {
         Some(Value::String(st)) => status_list(std::slice::from_ref(st), "/status")?[0],
@@ -662,7 +657,15 @@ async fn set_status(
         Some(Value::String(r)) => Some(r.clone()),
         Some(_) => return Err(invalid(Some("/reason"), "/reason: must be a string")),
     };
-    let req = grpc_request(&caller, pb::SetStatusRequest { id, status, reason });
+    let req = grpc_request(
+        &caller,
+        pb::SetStatusRequest {
+            id,
+            status,
+            reason,
+            expected_revision,
+        },
+    );
     let resp = s.api.set_status(req).await?.into_inner();
     Ok(json_response(
         StatusCode::OK,
