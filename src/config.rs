@@ -339,6 +339,20 @@ impl PeerConfig {
     }
 }
 
+/// A host name as DNS writes it, in lowercase (RFC 1123): labels of 1–63
+/// letters, digits and inner hyphens, at most 253 characters in all.
+fn is_dns_name(name: &str) -> bool {
+    name.len() <= 253
+        && name.split('.').all(|label| {
+            (1..=63).contains(&label.len())
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        })
+}
+
 impl FederationConfig {
     fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
@@ -351,9 +365,11 @@ impl FederationConfig {
         let mut seen = std::collections::BTreeSet::new();
         for p in &self.peers {
             let name = &p.authority;
-            if name.trim().is_empty() || name.chars().any(char::is_whitespace) {
+            if !is_dns_name(name) {
                 return bad(format!(
-                    "federation peer authority '{name}' must be a DNS name"
+                    "federation peer authority '{name}' must be a DNS name in lowercase \
+                     (labels of a-z, 0-9 and '-', joined by dots): it names the peer's files in \
+                     the data directory, and every record the peer signs must name it exactly"
                 ));
             }
             if !seen.insert(name.clone()) {
@@ -806,6 +822,33 @@ mod tests {
         )
         .unwrap();
         assert!(Config::from_file(&p).unwrap().validate().is_err());
+    }
+
+    #[test]
+    fn peer_authorities_are_lowercase_dns_names() {
+        for good in ["b.example", "registry-2.corp.example", "localhost", "x1"] {
+            assert!(is_dns_name(good), "{good}");
+        }
+        for bad in [
+            "",
+            "B.example",
+            "../../etc",
+            "b.example/",
+            "b..example",
+            "-b.example",
+            "b-.example",
+            "b example",
+            "b_example",
+            "b.example:8443",
+        ] {
+            assert!(!is_dns_name(bad), "{bad}");
+        }
+        assert!(!is_dns_name(&format!("{}.example", "a".repeat(64))));
+        let mut c = Config::default();
+        c.federation.peers = vec![PeerConfig::new("B.example", "http://127.0.0.1:1")];
+        c.federation.peers[0].keys = vec!["key".into()];
+        let e = c.validate().expect_err("an uppercase authority");
+        assert!(e.to_string().contains("lowercase"), "{e}");
     }
 
     #[test]

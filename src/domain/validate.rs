@@ -371,6 +371,15 @@ pub fn normalise_and_validate(meta: &mut AgentMetadata, limits: &Limits) -> Resu
     match (&meta.auth, &meta.authentication) {
         (Some(a), None) => meta.authentication = Some(a.clone()),
         (None, Some(a)) => meta.auth = Some(a.clone()),
+        // Storing both would leave ADP and AIDIP readers told different
+        // things about the same agent.
+        (Some(a), Some(b)) if a != b => {
+            return Err(FieldError::new(
+                "/auth",
+                "differs from /authentication: they are one requirement under ADP's and AIDIP's \
+                 names; send one of them, or both the same",
+            ))
+        }
         _ => {}
     }
     if let Some(a) = &meta.authentication {
@@ -536,6 +545,17 @@ mod tests {
             m.auth.as_ref().and_then(|a| a.kind.as_deref()),
             Some("api_key")
         );
+    }
+
+    #[test]
+    fn conflicting_auth_and_authentication_are_refused() {
+        let mut v = minimal();
+        v["auth"] = json!({"type": "api_key"});
+        v["authentication"] = json!({"type": "api_key"});
+        assert!(check(v.clone()).is_ok(), "the same requirement twice");
+        v["authentication"] = json!({"type": "oauth2"});
+        let e = check(v).expect_err("two requirements");
+        assert_eq!(e.pointer, "/auth");
     }
 
     #[test]

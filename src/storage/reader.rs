@@ -334,6 +334,15 @@ impl Reader {
 
     /// Visits every record (tombstones included) in id order.
     pub fn scan(&self, mut visit: impl FnMut(AgentRecord)) -> Result<(), StorageError> {
+        self.scan_sized(|r, _| visit(r))
+    }
+
+    /// Visits every record (tombstones included) in id order, with the
+    /// size of its stored form.
+    pub fn scan_sized(
+        &self,
+        mut visit: impl FnMut(AgentRecord, usize),
+    ) -> Result<(), StorageError> {
         // An iterator reads the state as of its creation.
         let mut it = self.consistent(|| {
             Ok(self
@@ -342,7 +351,7 @@ impl Reader {
         })?;
         it.seek_to_first();
         while let Some(v) = it.value() {
-            visit(serde_json::from_slice(v)?);
+            visit(serde_json::from_slice(v)?, v.len());
             it.next();
         }
         it.status()?;
