@@ -90,6 +90,9 @@ pub struct Peer {
     keys: RwLock<HashMap<String, VerifyingKey>>,
     /// Key ids the peer has told us it revoked; never trusted again.
     revoked: RwLock<HashSet<String>>,
+    /// Counts the revocations learned, so the sync can withdraw at once
+    /// the copies a newly revoked key signed (`sync::follow_once`).
+    revocations: tokio::sync::watch::Sender<u64>,
     policy: TrustPolicy,
     pub fan_out: bool,
     pub sync: bool,
@@ -137,6 +140,7 @@ impl Peer {
             endpoint: config.endpoint.clone(),
             keys: RwLock::new(keys),
             revoked: RwLock::default(),
+            revocations: tokio::sync::watch::Sender::new(0),
             policy: TrustPolicy {
                 accept_tags: config.accept_tags.clone(),
                 accept_namespaces: config.accept_namespaces.clone(),
@@ -215,8 +219,15 @@ impl Peer {
         for k in info.keys.iter().filter(|k| k.state == "revoked") {
             if revoked.insert(k.key_id.clone()) {
                 tracing::warn!(peer = %self.authority, key_id = %k.key_id, "peer revoked a key; its signatures are no longer accepted");
+                self.revocations.send_modify(|n| *n += 1);
             }
         }
+    }
+
+    /// Changes whenever a revocation is learned (from any answer of the
+    /// peer, a discovery one included).
+    pub fn revocations(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.revocations.subscribe()
     }
 
     /// Checks a record the peer signed: its authority, a pinned key that

@@ -124,7 +124,10 @@ async fn follow_once(
     listed: &Listed,
     shutdown: &mut watch::Receiver<bool>,
 ) -> Result<(), FeedError> {
-    // Revocations first: they are part of the trust compared below.
+    // Revocations first: they are part of the trust compared below. One
+    // learned later, while the feed is followed, ends this connection, so
+    // the next lists the peer again and withdraws what that key signed.
+    let mut revocations = peer.revocations();
     if let Ok(info) = peer
         .client()
         .get_registry_info(pb::GetRegistryInfoRequest {})
@@ -132,6 +135,7 @@ async fn follow_once(
     {
         peer.learn(info.get_ref());
     }
+    revocations.borrow_and_update();
     let trust = peer.trust_fingerprint();
     let cursor = service
         .reader()
@@ -157,6 +161,10 @@ async fn follow_once(
         let event = tokio::select! {
             e = stream.message() => e?,
             _ = shutdown.changed() => return Err(FeedError::Shutdown),
+            Ok(()) = revocations.changed() => {
+                info!("the peer revoked a key; reconnecting to list its records again");
+                return Ok(());
+            }
         };
         let Some(event) = event else {
             return Ok(());

@@ -380,7 +380,10 @@ pub fn analyse(
     indexed_at: &str,
 ) -> Prepared {
     let m = &record.metadata;
-    if record.envelope.deleted || m.effective_status() == AgentStatus::Deleted {
+    // An agent whose status is `deleted` is indexed like any other: the
+    // default filters leave it out, and a search that asks for that status
+    // ranks it. A tombstone is no agent.
+    if record.envelope.deleted {
         return Prepared {
             id: m.id.clone(),
             revision,

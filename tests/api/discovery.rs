@@ -703,6 +703,35 @@ async fn one_filter_selects_the_same_agents_on_every_route() {
     assert_eq!(set(&found), capable);
     assert_eq!(ard(json!({"capabilities": "summarise"})).await, capable);
 
+    // A status filter, ranked or not: an agent whose status is `deleted`
+    // is found only when that status is asked for.
+    let (status, _) = h
+        .call(
+            Method::POST,
+            "/agents/neither/status",
+            Some(ALICE),
+            Some(json!({"status": "deleted", "reason": "retired"})),
+        )
+        .await
+        .expect("status");
+    assert_eq!(status, 200);
+    let spelling = "check the spelling of a letter";
+    let deleted = ["neither"];
+    assert_eq!(
+        set(&search(json!({"filters": {"status": ["deleted"]}})).await),
+        deleted
+    );
+    assert_eq!(
+        set(&search(json!({"query": spelling, "filters": {"status": ["deleted"]}})).await),
+        deleted
+    );
+    assert!(!set(&search(json!({"query": spelling})).await).contains(&"neither".to_string()));
+    let (_, listed) = h
+        .call(Method::GET, "/agents?status=deleted", None, None)
+        .await
+        .expect("list");
+    assert_eq!(set(&listed["agents"]), deleted, "{listed}");
+
     // An unknown filter name is refused, naming the supported ones.
     let refused = h
         .call(

@@ -812,3 +812,138 @@ async fn a_peer_restored_from_a_backup_is_listed_again() {
     )
     .await;
 }
+
+/// e.example, served by the test: its one key can be revoked mid-run (its
+/// registry info says so from then on), and its feed lists one record
+/// signed by that key, then stays open.
+#[derive(Clone)]
+struct Revoking {
+    record: Value,
+    key_id: String,
+    revoked: tokio::sync::watch::Receiver<bool>,
+}
+
+impl Revoking {
+    fn info(&self) -> pb::RegistryInfo {
+        let state = if *self.revoked.borrow() {
+            "revoked"
+        } else {
+            "active"
+        };
+        pb::RegistryInfo {
+            authority: "e.example".into(),
+            keys: vec![pb::AuthorityKey {
+                key_id: self.key_id.clone(),
+                state: state.into(),
+                ..Default::default()
+            }],
+            established: true,
+            ..Default::default()
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl pb::peering_server::Peering for Revoking {
+    async fn get_registry_info(
+        &self,
+        _: tonic::Request<pb::GetRegistryInfoRequest>,
+    ) -> Result<tonic::Response<pb::RegistryInfo>, tonic::Status> {
+        Ok(tonic::Response::new(self.info()))
+    }
+
+    async fn discover(
+        &self,
+        _: tonic::Request<pb::PeerDiscoverRequest>,
+    ) -> Result<tonic::Response<pb::PeerDiscoverResponse>, tonic::Status> {
+        Ok(tonic::Response::new(pb::PeerDiscoverResponse {
+            authority: "e.example".into(),
+            candidates: Vec::new(),
+            warnings: Vec::new(),
+            registry: Some(self.info()),
+        }))
+    }
+
+    type FollowStream = std::pin::Pin<
+        Box<dyn futures::Stream<Item = Result<pb::FollowEvent, tonic::Status>> + Send>,
+    >;
+
+    async fn follow(
+        &self,
+        req: tonic::Request<pb::FollowRequest>,
+    ) -> Result<tonic::Response<Self::FollowStream>, tonic::Status> {
+        // From the start, a full listing; from later on, nothing new.
+        let events = if req.get_ref().from_revision == 0 {
+            vec![
+                pb::FollowEvent {
+                    revision: 1,
+                    record_json: self.record.to_string(),
+                    listing: true,
+                    ..Default::default()
+                },
+                pb::FollowEvent {
+                    revision: 1,
+                    listing_done: true,
+                    ..Default::default()
+                },
+            ]
+        } else {
+            Vec::new()
+        };
+        Ok(tonic::Response::new(Box::pin(
+            futures::stream::iter(events.into_iter().map(Ok)).chain(futures::stream::pending()),
+        )))
+    }
+}
+
+/// A key the peer revokes while this registry follows its feed: the
+/// revocation, learned from a discovery answer, withdraws the copies that
+/// key signed at once, not at the feed's next connection (which here never
+/// comes: the peer keeps the stream open).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn copies_signed_by_a_key_revoked_while_following_are_withdrawn_at_once() {
+    let key = NewKey::generate().expect("key");
+    let signer = identity("e.example", vec![key.clone()])
+        .signer()
+        .expect("signer");
+    let (revoke, revoked) = tokio::sync::watch::channel(false);
+    let peer = Revoking {
+        record: record(&signer, "urn:e:kept", "an agent of e", 1),
+        key_id: signer.key_id.clone(),
+        revoked,
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(pb::peering_server::PeeringServer::new(peer))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    let a_org = Org::new("a.example");
+    let mut a = Cluster::new(Options {
+        election_timeout_ms: Some(1000),
+        ..Default::default()
+    });
+    a.reserve(1);
+    let public = public_key_of(&key.secret).expect("public");
+    launch(&mut a, &a_org, &peer_toml("e.example", port, &public, true));
+    let leader = a.wait_for_leader(Duration::from_secs(30)).await;
+    eventually("the copy arrives", Duration::from_secs(30), || async {
+        description(&a, leader, "urn:e:kept").await.is_some()
+    })
+    .await;
+
+    revoke.send_replace(true);
+    discover(&a, leader, "federated").await;
+    eventually("the copy is withdrawn", Duration::from_secs(15), || async {
+        description(&a, leader, "urn:e:kept").await.is_none()
+    })
+    .await;
+    assert!(
+        a.log(leader).contains("which e.example has revoked"),
+        "listed again under the new trust:\n{}",
+        a.log(leader)
+    );
+}
