@@ -400,14 +400,16 @@ impl RaftNode {
             let written =
                 tokio::time::timeout(self.request_timeout, self.raft.client_write(proposal)).await;
             match written {
-                Ok(Ok(_)) if nodes.is_empty() => {
-                    info!(
-                        node_id = self.id,
-                        rules, "the cluster follows apply rules {rules}"
-                    )
-                }
                 Ok(Ok(_)) => {
-                    info!(node_id = self.id, members = ?nodes, "recorded members' data directories")
+                    if raise {
+                        info!(
+                            node_id = self.id,
+                            rules, "the cluster follows apply rules {rules}"
+                        );
+                    }
+                    if !nodes.is_empty() {
+                        info!(node_id = self.id, members = ?nodes, "recorded members' data directories");
+                    }
                 }
                 // Seen again on the next answer; whoever leads then records.
                 Ok(Err(e)) => {

@@ -270,7 +270,12 @@ impl RegistryService {
     /// (a record one may not read is never said to exist); `e` otherwise.
     /// Decided here, at the edge: `apply` records the refusal as it is.
     pub(super) fn unseen(&self, principal: &Principal, id: &str, e: ServiceError) -> ServiceError {
-        if !matches!(e, ServiceError::Forbidden(_)) {
+        // A failed precondition names the record's revision: of a record
+        // the caller may not read, it would tell that it exists.
+        if !matches!(
+            e,
+            ServiceError::Forbidden(_) | ServiceError::PreconditionFailed(_)
+        ) {
             return e;
         }
         match self.reader.get(id) {

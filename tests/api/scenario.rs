@@ -593,6 +593,40 @@ async fn conditional_requests_on_a_record() {
     }
     let (_, _, still) = h.send(Method::GET, path, Some(ALICE), None, &[]).await;
     assert_eq!(still["registry"]["revision"], now["registry"]["revision"]);
+    // Of a record the caller may not read, a failed precondition says no
+    // more than a GET would: not found.
+    let (status, _, _) = h
+        .send(
+            Method::POST,
+            "/agents?visibility=private",
+            Some(ALICE),
+            Some(minimal("conditional-private")),
+            &[],
+        )
+        .await;
+    assert_eq!(status, 201);
+    for (method, route, body) in [
+        (
+            Method::DELETE,
+            "/agents/conditional-private".to_string(),
+            None,
+        ),
+        (
+            Method::POST,
+            "/agents/conditional-private/status".to_string(),
+            Some(json!({"status": "inactive"})),
+        ),
+        (
+            Method::PUT,
+            "/agents/conditional-private".to_string(),
+            Some(minimal("conditional-private")),
+        ),
+    ] {
+        let (status, _, problem) = h
+            .send(method, &route, Some(BOB), body, &[("if-match", "\"1\"")])
+            .await;
+        assert_eq!(status, 404, "{route}: {problem}");
+    }
     assert_ne!(still["status"], "deprecated", "nothing changed: {still}");
     let (status, _, deprecated) = h
         .send(
