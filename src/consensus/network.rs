@@ -178,6 +178,17 @@ impl Network {
         )
     }
 
+    /// The apply rules `node` last answered that it follows (0 if it never
+    /// answered, or runs a release from before apply rules).
+    pub fn answered_rules(&self, node: NodeId) -> u32 {
+        self.rules
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&node)
+            .copied()
+            .unwrap_or(0)
+    }
+
     /// Whether every node of `members` (this one aside) last answered that
     /// it applies batch entries, and this node does too.
     pub fn all_apply_batches(&self, members: impl IntoIterator<Item = NodeId>) -> bool {

@@ -738,6 +738,34 @@ impl RaftNode {
             .collect()
     }
 
+    /// Refuses to add a node that runs an older release than the cluster
+    /// has moved to (as etcd refuses such a join): it would apply entries
+    /// by rules the others do not follow. A node that cannot be asked yet
+    /// is added; once it answers, the leader asks only for rules it follows.
+    async fn refuse_older_release(&self, id: NodeId, addr: &str) -> Result<(), WriteError> {
+        let cluster = self.check.cluster_rules();
+        if cluster == 0 || id == self.id {
+            return Ok(());
+        }
+        let probe = Forwarded::Probe;
+        if let Err(e) = self
+            .network
+            .forward(id, addr, &probe, Duration::from_secs(2))
+            .await
+        {
+            warn!(node_id = id, error = %e, "cannot ask the node which release it runs; adding it");
+            return Ok(());
+        }
+        let theirs = self.network.answered_rules(id);
+        if theirs < cluster {
+            return Err(WriteError::Membership(format!(
+                "node {id} runs an older release than the cluster: it follows apply rules \
+                 {theirs}, the cluster {cluster}; run this release on it, then add it"
+            )));
+        }
+        Ok(())
+    }
+
     /// Executes a request on this node; `NotLeader` when it does not lead.
     pub async fn execute(&self, request: Forwarded) -> Result<ForwardReply, WriteError> {
         match request {
@@ -796,6 +824,7 @@ impl RaftNode {
                 Err(e) => Err(fatal(e)),
             },
             Forwarded::AddLearner { id, addr, wait } => {
+                self.refuse_older_release(id, &addr).await?;
                 self.network.forget_acknowledged(id);
                 self.raft
                     .add_learner(id, BasicNode { addr }, wait)

@@ -229,3 +229,37 @@ async fn new_apply_rules_wait_for_every_member() {
     let status = conditional_delete(&c, follower, leader, "urn:rules:upgraded").await;
     assert_eq!(status, 200);
 }
+
+/// A node of an older release is not added to a cluster that has moved to
+/// newer apply rules, as etcd refuses such a join: it would apply entries
+/// by rules the others do not follow. The same node as this release joins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_of_an_older_release_is_not_added() {
+    let _serial = SERIAL.lock().await;
+    let mut c = Cluster::start(3, Options::default()).await;
+    let leader = c.wait_for_leader(Duration::from_secs(30)).await;
+    assert_eq!(c.register(leader, "urn:join:first", "rules").await.0, 201);
+    c.reserve(4);
+    c.configure_node(4, AS_OLDER);
+    c.spawn(4, &["--bootstrap", "manual"]);
+    let raft4 = format!("127.0.0.1:{}", c.nodes[&4].raft);
+    let add = |server: String| {
+        let raft4 = raft4.clone();
+        move || {
+            crate::backup::agentry(&["cluster", "add", "4", &raft4, "--wait", "--server", &server])
+        }
+    };
+    let (ok, out) = add(c.grpc_url(leader))();
+    assert!(!ok, "{out}");
+    assert!(out.contains("older release"), "{out}");
+    let members = c.status(leader).await.expect("status").members;
+    assert!(members.iter().all(|m| m.id != 4), "{members:?}");
+
+    c.kill(4);
+    c.configure_node(4, "");
+    c.restart(4);
+    let (ok, out) = add(c.grpc_url(leader))();
+    assert!(ok, "{out}");
+    let members = c.status(leader).await.expect("status").members;
+    assert!(members.iter().any(|m| m.id == 4), "{members:?}");
+}
