@@ -140,6 +140,24 @@ async fn description(c: &Cluster, node: u64, id: &str) -> Option<String> {
         .map(|v| v.split(" | ").next().unwrap_or_default().to_string())
 }
 
+/// The feed a peer served by the test answers with.
+type Feed =
+    std::pin::Pin<Box<dyn futures::Stream<Item = Result<pb::FollowEvent, tonic::Status>> + Send>>;
+
+/// Serves `peer` on a loopback port of its own; returns the port.
+async fn serve_peer<P: pb::peering_server::Peering>(peer: P) -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(pb::peering_server::PeeringServer::new(peer))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    port
+}
+
 /// The hostile peer: a real Peering server with crafted answers.
 #[derive(Clone)]
 struct Hostile {
@@ -172,9 +190,7 @@ impl pb::peering_server::Peering for Hostile {
         }))
     }
 
-    type FollowStream = std::pin::Pin<
-        Box<dyn futures::Stream<Item = Result<pb::FollowEvent, tonic::Status>> + Send>,
-    >;
+    type FollowStream = Feed;
 
     async fn follow(
         &self,
@@ -285,22 +301,14 @@ async fn hostile_peer() -> (u16, Vec<String>, tokio::sync::watch::Sender<bool>) 
         established: true,
         ..Default::default()
     };
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let port = listener.local_addr().expect("addr").port();
     let (open, gate) = tokio::sync::watch::channel(false);
-    let service = pb::peering_server::PeeringServer::new(Hostile {
+    let port = serve_peer(Hostile {
         candidates,
         feed,
         info,
         gate,
-    });
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(service)
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
-    );
+    })
+    .await;
     let pinned = [&good, &revoked]
         .iter()
         .map(|k| public_key_of(&k.secret).expect("public"))
@@ -864,9 +872,7 @@ impl pb::peering_server::Peering for Revoking {
         }))
     }
 
-    type FollowStream = std::pin::Pin<
-        Box<dyn futures::Stream<Item = Result<pb::FollowEvent, tonic::Status>> + Send>,
-    >;
+    type FollowStream = Feed;
 
     async fn follow(
         &self,
@@ -912,15 +918,7 @@ async fn copies_signed_by_a_key_revoked_while_following_are_withdrawn_at_once() 
         key_id: signer.key_id.clone(),
         revoked,
     };
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let port = listener.local_addr().expect("addr").port();
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(pb::peering_server::PeeringServer::new(peer))
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
-    );
+    let port = serve_peer(peer).await;
     let a_org = Org::new("a.example");
     let mut a = Cluster::new(Options {
         election_timeout_ms: Some(1000),
