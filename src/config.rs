@@ -724,6 +724,14 @@ impl Config {
                 "max_record_bytes must be at least 1024".into(),
             ));
         }
+        // History is trimmed in steps of 1,024 revisions (`storage`), so a
+        // smaller bound would not be what is kept.
+        if self.watch_history < 1024 {
+            return Err(ConfigError::Invalid(
+                "watch_history must be at least 1024 (history is trimmed in steps of 1,024 revisions)"
+                    .into(),
+            ));
+        }
         if self.node_id == 0 {
             return Err(ConfigError::Invalid("node_id must be at least 1".into()));
         }
@@ -849,6 +857,18 @@ mod tests {
         c.federation.peers[0].keys = vec!["key".into()];
         let e = c.validate().expect_err("an uppercase authority");
         assert!(e.to_string().contains("lowercase"), "{e}");
+    }
+
+    #[test]
+    fn watch_history_below_the_trim_step_is_refused() {
+        let mut c = Config {
+            watch_history: 100,
+            ..Default::default()
+        };
+        let e = c.validate().expect_err("below 1024");
+        assert!(e.to_string().contains("watch_history"), "{e}");
+        c.watch_history = 1024;
+        c.validate().unwrap();
     }
 
     #[test]
