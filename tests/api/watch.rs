@@ -118,3 +118,115 @@ async fn compacted_history_names_the_oldest_revision() {
     assert!(next_change(&mut stream).await.revision >= oldest);
     s.stop().await;
 }
+
+/// The next `n` events of a server-sent event stream: (event, id, data).
+async fn sse_events<B: AsRef<[u8]>>(
+    body: &mut (impl futures::Stream<Item = reqwest::Result<B>> + Unpin),
+    buffer: &mut String,
+    n: usize,
+) -> Vec<(String, String, serde_json::Value)> {
+    let mut events = Vec::new();
+    while events.len() < n {
+        if let Some(end) = buffer.find("\n\n") {
+            let block: String = buffer.drain(..end + 2).collect();
+            let field = |name: &str| {
+                block
+                    .lines()
+                    .filter_map(|l| l.strip_prefix(name))
+                    .map(|v| v.trim_start().to_string())
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            };
+            let data = field("data:");
+            if data.is_empty() {
+                continue; // a keep-alive comment
+            }
+            events.push((
+                field("event:"),
+                field("id:"),
+                serde_json::from_str(&data).expect("JSON data"),
+            ));
+            continue;
+        }
+        let chunk = tokio::time::timeout(std::time::Duration::from_secs(10), body.next())
+            .await
+            .expect("an event arrives")
+            .expect("stream open")
+            .expect("no transport error");
+        buffer.push_str(std::str::from_utf8(chunk.as_ref()).expect("UTF-8"));
+    }
+    events
+}
+
+/// The change feed over plain HTTP, as server-sent events: history from a
+/// revision, resumption after `Last-Event-ID` (what a browser's
+/// EventSource sends when it reconnects), live changes, and a clear error
+/// for a bad revision.
+#[tokio::test]
+async fn the_change_feed_is_served_as_server_sent_events() {
+    let s = TestServer::start().await;
+    let h = Http::new(&s.http);
+    let (a, _) = h.register(Some(ALICE), minimal("sse-a")).await.unwrap();
+    let first = a["registry"]["revision"].as_u64().unwrap();
+    h.register(Some(ALICE), minimal("sse-b")).await.unwrap();
+    let client = reqwest::Client::new();
+    let open = |query: String, last: Option<u64>| {
+        let mut req = client
+            .get(format!("{}/changes{query}", s.http))
+            .bearer_auth(ALICE)
+            .header("accept", "text/event-stream");
+        if let Some(last) = last {
+            req = req.header("last-event-id", last.to_string());
+        }
+        req.send()
+    };
+
+    let resp = open(format!("?from_revision={first}"), None).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(resp.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/event-stream"));
+    let (mut body, mut buffer) = (resp.bytes_stream(), String::new());
+    let events = sse_events(&mut body, &mut buffer, 2).await;
+    let seen: Vec<(&str, String, &str, &str)> = events
+        .iter()
+        .map(|(event, id, data)| {
+            (
+                event.as_str(),
+                id.clone(),
+                data["kind"].as_str().unwrap(),
+                data["record"]["id"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        vec![
+            ("change", first.to_string(), "created", "sse-a"),
+            ("change", (first + 1).to_string(), "created", "sse-b"),
+        ]
+    );
+    assert_eq!(events[0].2["revision"], first);
+    // Live: a change made now arrives on the open stream.
+    h.set_status(Some(ALICE), "sse-a", "inactive", "maintenance")
+        .await
+        .unwrap();
+    let live = sse_events(&mut body, &mut buffer, 1).await;
+    assert_eq!(live[0].2["kind"], "status_changed");
+    assert_eq!(live[0].2["record"]["status"], "inactive");
+
+    // A reconnecting EventSource resumes right after the last id it saw.
+    let resp = open(format!("?from_revision={first}"), Some(first))
+        .await
+        .unwrap();
+    let (mut body, mut buffer) = (resp.bytes_stream(), String::new());
+    let resumed = sse_events(&mut body, &mut buffer, 1).await;
+    assert_eq!(resumed[0].1, (first + 1).to_string());
+
+    let resp = open("?from_revision=soon".into(), None).await.unwrap();
+    assert_eq!(resp.status(), 400);
+    let problem: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(problem["field"], "/from_revision", "{problem}");
+    s.stop().await;
+}

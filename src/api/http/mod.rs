@@ -33,6 +33,7 @@ use std::collections::HashMap;
 
 mod agent_protocol;
 mod ard;
+mod changes;
 mod cluster;
 mod federation;
 mod invocation;
@@ -962,6 +963,12 @@ pub fn routes() -> Routes {
     }
     .add(OpClass::Write, "POST", "/agents", routing::post(register))
     .add(OpClass::Read, "GET", "/agents", routing::get(list_agents))
+    .add(
+        OpClass::Read,
+        "GET",
+        "/changes",
+        routing::get(changes::follow),
+    )
     .add(
         OpClass::Discover,
         "POST",

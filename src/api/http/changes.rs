@@ -1,0 +1,85 @@
+//! `GET /changes`: the registry's change feed (gRPC `Registry.Watch`) as
+//! server-sent events, so a browser's `EventSource`, or `curl -N`, follows
+//! it without a gRPC client.
+
+use std::convert::Infallible;
+
+use axum::extract::{RawQuery, State};
+use axum::http::HeaderMap;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::IntoResponse;
+use futures::StreamExt;
+use serde_json::json;
+
+use super::{grpc_request, invalid, query_params, single, ApiError, ApiResult, Caller, HttpState};
+use crate::convert::record_pb_to_json;
+use crate::pb::{self, registry_server::Registry};
+
+/// One `change` event per revision, its `id` the revision, its data
+/// `{"revision", "kind", "record"}` (the record as `GET /agents/{id}`
+/// serves it; a deletion's is the tombstone). `from_revision` replays
+/// history from there (0, the default: from now on). An `EventSource`
+/// that lost the connection sends `Last-Event-ID`, and the feed resumes
+/// right after that revision, never skipping or repeating one. A revision
+/// older than the history kept is refused (410) before the stream starts;
+/// a failure later ends it with an `error` event holding the problem body.
+pub(super) async fn follow(
+    State(s): State<HttpState>,
+    caller: Caller,
+    RawQuery(q): RawQuery,
+    headers: HeaderMap,
+) -> ApiResult {
+    let pairs = query_params(q.as_deref(), &["from_revision"])?;
+    let from_revision = match headers.get("last-event-id") {
+        Some(v) => revision(v.to_str().ok(), "/Last-Event-ID")?.saturating_add(1),
+        None => match single(&pairs, "from_revision") {
+            Some(v) => revision(Some(&v), "/from_revision")?,
+            None => 0,
+        },
+    };
+    let req = grpc_request(&caller, pb::WatchRequest { from_revision });
+    let changes = s.api.watch(req).await?.into_inner();
+    let events = changes.map(|c| {
+        Ok::<_, Infallible>(match c {
+            Ok(c) => {
+                let record = c
+                    .record
+                    .as_ref()
+                    .map(record_pb_to_json)
+                    .transpose()
+                    .unwrap_or_default();
+                let kind = pb::ChangeKind::try_from(c.kind)
+                    .map(|k| {
+                        k.as_str_name()
+                            .trim_start_matches("CHANGE_KIND_")
+                            .to_lowercase()
+                    })
+                    .unwrap_or_default();
+                Event::default()
+                    .event("change")
+                    .id(c.revision.to_string())
+                    .data(
+                        json!({"revision": c.revision, "kind": kind, "record": record}).to_string(),
+                    )
+            }
+            Err(status) => {
+                let d = crate::api::error::detail_of(&status);
+                Event::default()
+                    .event("error")
+                    .data(crate::api::error::problem_body(&d, "").to_string())
+            }
+        })
+    });
+    Ok(Sse::new(events)
+        .keep_alive(KeepAlive::default())
+        .into_response())
+}
+
+fn revision(v: Option<&str>, pointer: &str) -> Result<u64, ApiError> {
+    v.and_then(|s| s.trim().parse::<u64>().ok()).ok_or_else(|| {
+        invalid(
+            Some(pointer),
+            format!("{pointer}: must be a revision (a non-negative integer)"),
+        )
+    })
+}
