@@ -86,6 +86,9 @@ pub async fn follow(
     .await
 }
 
+/// The note while a listing under a new trust is under way.
+const LISTING: &str = "listing\n";
+
 /// This node's note of the trust (`Peer::trust_fingerprint`) under which
 /// the peer's records were last listed here. Local, like the trust
 /// settings themselves: each node checks the copies against its own
@@ -152,6 +155,10 @@ async fn follow_once(
         .into_inner();
     if relist {
         info!("the trust in the peer changed since its records were listed; listing them again");
+        // Until the listing is done, the note matches no trust: a listing
+        // cut short (a crash after some withdrawals) is done again at the
+        // next connection, whatever the trust is then.
+        listed.write(LISTING);
     }
     info!(from, "following the peer's feed");
     // Ids accepted during a full listing; copies of any other are

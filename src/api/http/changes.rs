@@ -40,34 +40,34 @@ pub(super) async fn follow(
     let req = grpc_request(&caller, pb::WatchRequest { from_revision });
     let changes = s.api.watch(req).await?.into_inner();
     let events = changes.map(|c| {
+        let failed = |status: &tonic::Status| {
+            let d = crate::api::error::detail_of(status);
+            Event::default()
+                .event("error")
+                .data(crate::api::error::problem_body(&d, "").to_string())
+        };
         Ok::<_, Infallible>(match c {
-            Ok(c) => {
-                let record = c
-                    .record
-                    .as_ref()
-                    .map(record_pb_to_json)
-                    .transpose()
-                    .unwrap_or_default();
-                let kind = pb::ChangeKind::try_from(c.kind)
-                    .map(|k| {
-                        k.as_str_name()
-                            .trim_start_matches("CHANGE_KIND_")
-                            .to_lowercase()
-                    })
-                    .unwrap_or_default();
-                Event::default()
-                    .event("change")
-                    .id(c.revision.to_string())
-                    .data(
-                        json!({"revision": c.revision, "kind": kind, "record": record}).to_string(),
-                    )
-            }
-            Err(status) => {
-                let d = crate::api::error::detail_of(&status);
-                Event::default()
-                    .event("error")
-                    .data(crate::api::error::problem_body(&d, "").to_string())
-            }
+            Ok(c) => match c.record.as_ref().map(record_pb_to_json).transpose() {
+                Ok(record) => {
+                    let kind = pb::ChangeKind::try_from(c.kind)
+                        .map(|k| {
+                            k.as_str_name()
+                                .trim_start_matches("CHANGE_KIND_")
+                                .to_lowercase()
+                        })
+                        .unwrap_or_default();
+                    let data = json!({"revision": c.revision, "kind": kind, "record": record});
+                    Event::default()
+                        .event("change")
+                        .id(c.revision.to_string())
+                        .data(data.to_string())
+                }
+                Err(e) => failed(&tonic::Status::internal(format!(
+                    "revision {} could not be encoded: {e}",
+                    c.revision
+                ))),
+            },
+            Err(status) => failed(&status),
         })
     });
     Ok(Sse::new(events)
