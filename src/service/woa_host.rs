@@ -287,9 +287,6 @@ pub fn changed_at(
     }
 }
 
-/// Whether a conditional GET may be answered 304 (RFC 9110 13.1):
-/// If-None-Match rules when present (weak comparison), else
-/// If-Modified-Since.
 /// Whether an `If-None-Match` list names `etag` (weak comparison, RFC 9110
 /// 13.1.2), so a GET answers 304.
 pub fn none_match_fails(if_none_match: &str, etag: &str) -> bool {
@@ -299,6 +296,9 @@ pub fn none_match_fails(if_none_match: &str, etag: &str) -> bool {
         .any(|tag| tag == "*" || tag.trim_start_matches("W/") == etag)
 }
 
+/// Whether a conditional GET may be answered 304 (RFC 9110 13.1):
+/// If-None-Match rules when present (weak comparison), else
+/// If-Modified-Since.
 pub fn not_modified(
     etag: &str,
     last_modified: OffsetDateTime,

@@ -11,7 +11,7 @@ use axum::response::IntoResponse;
 use futures::StreamExt;
 use serde_json::json;
 
-use super::{grpc_request, invalid, query_params, single, ApiError, ApiResult, Caller, HttpState};
+use super::{grpc_request, parse_uint, query_params, single, ApiResult, Caller, HttpState};
 use crate::convert::record_pb_to_json;
 use crate::pb::{self, registry_server::Registry};
 
@@ -31,11 +31,11 @@ pub(super) async fn follow(
 ) -> ApiResult {
     let pairs = query_params(q.as_deref(), &["from_revision"])?;
     let from_revision = match headers.get("last-event-id") {
-        Some(v) => revision(v.to_str().ok(), "/Last-Event-ID")?.saturating_add(1),
-        None => match single(&pairs, "from_revision") {
-            Some(v) => revision(Some(&v), "/from_revision")?,
-            None => 0,
-        },
+        Some(v) => {
+            let last = v.to_str().unwrap_or("not text").to_string();
+            parse_uint::<u64>(Some(last), "/Last-Event-ID")?.saturating_add(1)
+        }
+        None => parse_uint(single(&pairs, "from_revision"), "/from_revision")?,
     };
     let req = grpc_request(&caller, pb::WatchRequest { from_revision });
     let changes = s.api.watch(req).await?.into_inner();
@@ -73,13 +73,4 @@ pub(super) async fn follow(
     Ok(Sse::new(events)
         .keep_alive(KeepAlive::default())
         .into_response())
-}
-
-fn revision(v: Option<&str>, pointer: &str) -> Result<u64, ApiError> {
-    v.and_then(|s| s.trim().parse::<u64>().ok()).ok_or_else(|| {
-        invalid(
-            Some(pointer),
-            format!("{pointer}: must be a revision (a non-negative integer)"),
-        )
-    })
 }

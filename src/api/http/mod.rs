@@ -473,9 +473,13 @@ fn status_list(raw: &[String], pointer: &str) -> Result<Vec<i32>, ApiError> {
         .collect()
 }
 
-fn parse_u32(v: Option<String>, pointer: &str) -> Result<u32, ApiError> {
+/// A non-negative integer parameter; absent, the type's default (0).
+fn parse_uint<T: std::str::FromStr + Default>(
+    v: Option<String>,
+    pointer: &str,
+) -> Result<T, ApiError> {
     v.map(|s| {
-        s.parse::<u32>().map_err(|_| {
+        s.parse::<T>().map_err(|_| {
             invalid(
                 Some(pointer),
                 format!("{pointer}: '{s}' is not a non-negative integer"),
@@ -702,7 +706,7 @@ async fn list_agents(
         publisher: single(&pairs, "publisher"),
         owner: single(&pairs, "owner"),
         include_expired: parse_bool(single(&pairs, "include_expired"), "/include_expired")?,
-        page_size: parse_u32(single(&pairs, "page_size"), "/page_size")?,
+        page_size: parse_uint(single(&pairs, "page_size"), "/page_size")?,
         page_token: single(&pairs, "page_token").unwrap_or_default(),
         consistency: consistency_param(&pairs)?,
         query: String::new(),
