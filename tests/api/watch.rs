@@ -224,6 +224,40 @@ async fn the_change_feed_is_served_as_server_sent_events() {
     let resumed = sse_events(&mut body, &mut buffer, 1).await;
     assert_eq!(resumed[0].1, (first + 1).to_string());
 
+    // A hostile client gets nothing it may not read: not without a valid
+    // key, and not another owner's private record.
+    let resp = client
+        .get(format!("{}/changes", s.http))
+        .bearer_auth("not-a-key-of-this-registry")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 401);
+    let (private, _) = h
+        .call(
+            reqwest::Method::POST,
+            "/agents?visibility=private",
+            Some(ALICE),
+            Some(minimal("sse-private")),
+        )
+        .await
+        .unwrap();
+    assert_eq!(private, 201);
+    let (public, _) = h
+        .register(Some(ALICE), minimal("sse-public"))
+        .await
+        .unwrap();
+    let resp = client
+        .get(format!("{}/changes?from_revision={}", s.http, first + 3))
+        .bearer_auth(BOB)
+        .send()
+        .await
+        .unwrap();
+    let (mut body, mut buffer) = (resp.bytes_stream(), String::new());
+    let seen = sse_events(&mut body, &mut buffer, 1).await;
+    assert_eq!(seen[0].2["record"]["id"], "sse-public", "{:?}", seen[0]);
+    assert_eq!(seen[0].2["revision"], public["registry"]["revision"]);
+
     let resp = open("?from_revision=soon".into(), None).await.unwrap();
     assert_eq!(resp.status(), 400);
     let problem: serde_json::Value = resp.json().await.unwrap();
