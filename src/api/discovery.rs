@@ -8,7 +8,7 @@ use crate::convert::discovery::{discovery_result_to_pb, resolution_to_pb};
 use crate::domain::discovery::DiscoveryRequest;
 use crate::domain::resolve::ResolveRequest;
 use crate::pb::{self, discovery_server::Discovery};
-use crate::service::ServiceError;
+use crate::service::{ServiceError, MAX_PAGE_BYTES};
 
 #[tonic::async_trait]
 impl Discovery for RegistryApi {
@@ -20,7 +20,15 @@ impl Discovery for RegistryApi {
         let who = principal(&req);
         let request = DiscoveryRequest::try_from(req.into_inner()).map_err(ServiceError::from)?;
         let result = self.service().discover(who.as_ref(), request).await?;
-        Ok(Response::new(discovery_result_to_pb(&result)))
+        let mut response = discovery_result_to_pb(&result);
+        let dropped = keep_within_page(&mut response.candidates);
+        if dropped > 0 {
+            response.warnings.push(format!(
+                "{dropped} more candidate(s) were left out: an answer holds about {} MiB of candidates; ask for fewer (limit) or less detail",
+                MAX_PAGE_BYTES >> 20
+            ));
+        }
+        Ok(Response::new(response))
     }
 
     #[tracing::instrument(name = "grpc.Resolve", skip_all)]
@@ -31,6 +39,63 @@ impl Discovery for RegistryApi {
         let who = principal(&req);
         let request = ResolveRequest::try_from(req.into_inner()).map_err(ServiceError::from)?;
         let result = self.service().resolve(who.as_ref(), request).await?;
-        Ok(Response::new(resolution_to_pb(&result)))
+        let mut response = resolution_to_pb(&result);
+        let dropped = keep_within_page(&mut response.candidates);
+        if dropped > 0 {
+            response.warnings.push(format!(
+                "{dropped} more candidate(s) were left out: an answer holds about {} MiB of candidates; ask for fewer (max_candidates)",
+                MAX_PAGE_BYTES >> 20
+            ));
+        }
+        Ok(Response::new(response))
+    }
+}
+
+/// Keeps the leading `items` whose encoded sizes add up to at most
+/// [`MAX_PAGE_BYTES`] (always the first), and says how many it dropped.
+/// Large records (full detail, input schemas) would otherwise make answers
+/// that stock gRPC clients refuse (over 4 MiB) and that the server builds
+/// whole for every such request.
+fn keep_within_page<T: prost::Message>(items: &mut Vec<T>) -> usize {
+    let mut bytes = 0;
+    let kept = items
+        .iter()
+        .position(|item| {
+            bytes += item.encoded_len();
+            bytes > MAX_PAGE_BYTES
+        })
+        .map_or(items.len(), |at| at.max(1));
+    let dropped = items.len() - kept;
+    items.truncate(kept);
+    dropped
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn item(bytes: usize) -> pb::MatchedExample {
+        pb::MatchedExample {
+            text: "x".repeat(bytes),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn answers_keep_the_candidates_that_fit_and_always_the_first() {
+        let mut small: Vec<_> = (0..200).map(|_| item(2_000)).collect();
+        assert_eq!(keep_within_page(&mut small), 0);
+        assert_eq!(small.len(), 200);
+
+        let mut large: Vec<_> = (0..5).map(|_| item(900 << 10)).collect();
+        assert_eq!(keep_within_page(&mut large), 3);
+        assert_eq!(large.len(), 2);
+
+        let mut huge = vec![item(3 << 20), item(10)];
+        assert_eq!(keep_within_page(&mut huge), 1);
+        assert_eq!(huge.len(), 1, "the best candidate is served however large");
+
+        let mut none: Vec<pb::MatchedExample> = Vec::new();
+        assert_eq!(keep_within_page(&mut none), 0);
     }
 }

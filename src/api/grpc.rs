@@ -57,6 +57,27 @@ fn consistency(v: i32) -> Result<Consistency, ServiceError> {
 }
 
 /// The metadata of a Register or Update request, which must be present.
+/// The page token of a ranked search's page starting at `offset` (the
+/// rank, not an id: ranked pages are cut from the best `top` by size).
+fn ranked_token(offset: usize) -> String {
+    format!("r{offset}")
+}
+
+/// The rank a ranked search's page token starts at; none for the first.
+fn ranked_offset(token: &str) -> Result<usize, ServiceError> {
+    if token.is_empty() {
+        return Ok(0);
+    }
+    token
+        .strip_prefix('r')
+        .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| ServiceError::InvalidRequest {
+            field: Some("/page_token".into()),
+            message: "/page_token: not a token of a ranked search".into(),
+        })
+}
+
 fn required_metadata(m: Option<pb::AgentMetadata>) -> Result<AgentMetadata, ServiceError> {
     let m = m.ok_or_else(|| ServiceError::InvalidRequest {
         field: Some("/metadata".into()),
@@ -212,13 +233,6 @@ impl Registry for RegistryApi {
         let consistency = consistency(req.consistency)?;
         let now = now();
         if !req.query.trim().is_empty() {
-            if !req.page_token.is_empty() {
-                return Err(ServiceError::InvalidRequest {
-                    field: Some("/page_token".into()),
-                    message: "/page_token: a ranked search (with a query) has a single page".into(),
-                }
-                .into());
-            }
             // The search's own check names `/top`, its JSON member.
             if req.page_size > crate::service::MAX_PAGE_SIZE {
                 return Err(ServiceError::InvalidRequest {
@@ -234,16 +248,21 @@ impl Registry for RegistryApi {
                 0 => 10,
                 n => n as usize,
             };
-            let (ranked, applied_revision) = self
+            let offset = ranked_offset(&req.page_token)?;
+            let page = self
                 .service
-                .ranked_search(who.as_ref(), &req.query, filter, top, consistency)
+                .ranked_search(who.as_ref(), &req.query, filter, top, offset, consistency)
                 .await?;
             return Ok(Response::new(pb::ListResponse {
-                total_count: ranked.len() as u64,
-                records: ranked.iter().map(|(r, _)| self.record_pb(r, now)).collect(),
-                scores: ranked.iter().map(|(_, s)| f64::from(*s)).collect(),
-                next_page_token: String::new(),
-                applied_revision,
+                total_count: page.matched as u64,
+                records: page
+                    .records
+                    .iter()
+                    .map(|(r, _)| self.record_pb(r, now))
+                    .collect(),
+                scores: page.records.iter().map(|(_, s)| f64::from(*s)).collect(),
+                next_page_token: page.next_offset.map(ranked_token).unwrap_or_default(),
+                applied_revision: page.applied_revision,
             }));
         }
         let query = ListQuery {

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tracing::{debug, instrument};
 
-use super::registry::{Consistency, RegistryService};
+use super::registry::{Consistency, RegistryService, MAX_PAGE_BYTES};
 use super::ServiceError;
 use crate::domain::discovery::{
     visible_metadata, Candidate, Detail, DiscoveryPlan, DiscoveryRequest, DiscoveryResult,
@@ -165,7 +165,12 @@ impl RegistryService {
     }
 
     /// AIDIP semantic search: the filter search ranked by `query`, best
-    /// first, at most `top` records with their scores.
+    /// first, at most `top` records with their scores, served from the
+    /// `offset`-th on. A page ends early once its records' stored forms
+    /// reach [`MAX_PAGE_BYTES`] (it always holds one), as list pages do, so
+    /// large records never make an answer stock gRPC clients refuse (or one
+    /// the server must hold whole); `next_offset` then says where the next
+    /// page starts.
     #[instrument(skip_all, fields(principal = principal.map(|p| p.name.as_str())))]
     pub async fn ranked_search(
         &self,
@@ -173,14 +178,21 @@ impl RegistryService {
         query: &str,
         mut filters: HardFilters,
         top: usize,
+        offset: usize,
         consistency: Consistency,
-    ) -> Result<(Vec<(AgentRecord, f32)>, u64)> {
+    ) -> Result<RankedPage> {
         self.require_reader(principal)?;
         filters.normalise()?;
         if top > super::registry::MAX_PAGE_SIZE as usize {
             return Err(ServiceError::InvalidRequest {
                 field: Some("/top".into()),
                 message: format!("/top: must be at most {}", super::registry::MAX_PAGE_SIZE),
+            });
+        }
+        if offset > 0 && offset >= top {
+            return Err(ServiceError::InvalidRequest {
+                field: Some("/page_token".into()),
+                message: "/page_token: not a page of this search (was `top` changed?)".into(),
             });
         }
         let plan = DiscoveryRequest {
@@ -201,14 +213,41 @@ impl RegistryService {
             now_unix: time::OffsetDateTime::now_utc().unix_timestamp(),
             leases: None,
         });
-        let mut out = Vec::with_capacity(hits.len());
-        for hit in hits {
-            if let Some(r) = self.reader().get(&hit.id)?.filter(|r| !r.envelope.deleted) {
-                out.push((r, hit.score));
+        let matched = hits.len();
+        let (mut records, mut bytes, mut next_offset) = (Vec::new(), 0, None);
+        for (at, hit) in hits.iter().enumerate().skip(offset) {
+            let Some((r, size)) = self.reader().get_sized(&hit.id)? else {
+                continue;
+            };
+            if r.envelope.deleted {
+                continue;
             }
+            if !records.is_empty() && bytes + size > MAX_PAGE_BYTES {
+                next_offset = Some(at);
+                break;
+            }
+            bytes += size;
+            records.push((r, hit.score));
         }
-        Ok((out, self.reader().applied_revision()))
+        Ok(RankedPage {
+            records,
+            matched,
+            next_offset,
+            applied_revision: self.reader().applied_revision(),
+        })
     }
+}
+
+/// One page of a ranked search.
+#[derive(Debug)]
+pub struct RankedPage {
+    /// Best first, with their scores.
+    pub records: Vec<(AgentRecord, f32)>,
+    /// How many agents the search ranked (at most `top`), on every page.
+    pub matched: usize,
+    /// Where the next page starts, when this one ended early.
+    pub next_offset: Option<usize>,
+    pub applied_revision: u64,
 }
 
 /// Score taken from a candidate whose declared languages miss the locale's.

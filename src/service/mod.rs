@@ -29,6 +29,7 @@ pub use ard::{
 pub use audit::{AuditConfig, AuditLog};
 pub use cluster::{BackupPart, ClusterService, ClusterView, MemberView};
 pub use crawl::crawl;
+pub use discovery::RankedPage;
 pub use error::ServiceError;
 pub use federated::{FeedEvent, FeedStream, PeerAnswer};
 pub use identity::{IdentitySettings, KeyChange};
@@ -36,6 +37,8 @@ pub use import::{document_url, ImportFormat, ImportReport};
 pub use invocation::{Invocation, InvocationService, InvokeRequest, Invoked, Outcome, OutputCheck};
 pub use mcp::{McpService, ServerPage};
 pub use mcp_mirror::{mirror as mcp_mirror, McpRegistryConfig, McpUpstreamConfig};
-pub use registry::{Consistency, ListPage, ListQuery, RegistryService, MAX_PAGE_SIZE};
+pub use registry::{
+    Consistency, ListPage, ListQuery, RegistryService, MAX_PAGE_BYTES, MAX_PAGE_SIZE,
+};
 pub use tenancy::{QuotaConfig, Tenancy, TenantConfig};
 pub use woa_host::{http_date, none_match_fails, not_modified, WoaDocument, WoaHost};

@@ -257,6 +257,17 @@ impl Reader {
         self.consistent(|| get_json(&self.db, CF_AGENTS, id.as_bytes()))
     }
 
+    /// [`Self::get`], with the size of the record's stored form (what a
+    /// page of large records is bounded by).
+    pub fn get_sized(&self, id: &str) -> Result<Option<(AgentRecord, usize)>, StorageError> {
+        self.consistent(
+            || match self.db.get_cf(cf(&self.db, CF_AGENTS)?, id.as_bytes())? {
+                Some(bytes) => Ok(Some((serde_json::from_slice(&bytes)?, bytes.len()))),
+                None => Ok(None),
+            },
+        )
+    }
+
     /// The records (or tombstones) with these ids, in order, shared: parsed
     /// once and kept in a bounded cache for the records discovery keeps
     /// returning. Those not in the cache are read from RocksDB in one

@@ -1,6 +1,7 @@
 //! One scenario, run once through a tonic client and once through HTTP; both
 //! must give the same answers.
 
+use agentry::pb;
 use reqwest::Method;
 use serde_json::{json, Value};
 
@@ -812,5 +813,114 @@ async fn pages_of_large_records_stay_within_grpc_limits() {
     }
     assert!(pages >= 3, "{pages} pages");
     assert_eq!(seen, expected);
+
+    // A ranked search of them all comes in pages too, best first, with the
+    // same request and the token; each page is one the client can take.
+    let (mut ranked, mut scores, mut token, mut pages) = (Vec::new(), Vec::new(), String::new(), 0);
+    loop {
+        let page = g
+            .client
+            .clone()
+            .list(Grpc::req(
+                Some(ALICE),
+                pb::ListRequest {
+                    query: "answers short factual questions".into(),
+                    page_size: 30,
+                    page_token: token.clone(),
+                    ..Default::default()
+                },
+            ))
+            .await
+            .expect("a ranked page the client can take")
+            .into_inner();
+        assert_eq!(page.total_count, 30);
+        assert_eq!(page.records.len(), page.scores.len());
+        assert!(!page.records.is_empty());
+        pages += 1;
+        ranked.extend(
+            page.records
+                .iter()
+                .map(|r| r.metadata.as_ref().unwrap().id.clone()),
+        );
+        scores.extend(page.scores);
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        token = page.next_page_token;
+    }
+    assert!(pages >= 3, "{pages} ranked pages");
+    assert!(scores.windows(2).all(|w| w[0] >= w[1]), "{scores:?}");
+    ranked.sort();
+    assert_eq!(ranked, expected);
+    // A token that is no page of a ranked search is refused.
+    let bad = g
+        .client
+        .clone()
+        .list(Grpc::req(
+            Some(ALICE),
+            pb::ListRequest {
+                query: "answers short factual questions".into(),
+                page_size: 30,
+                page_token: "r30".into(),
+                ..Default::default()
+            },
+        ))
+        .await
+        .expect_err("an offset past the search");
+    assert_eq!(bad.code(), tonic::Code::InvalidArgument);
+
+    // The JSON search answers with summaries, all of them.
+    let (status, _, body) = h
+        .send(
+            Method::POST,
+            "/agents/search",
+            Some(ALICE),
+            Some(json!({"query": "answers short factual questions", "top": 30})),
+            &[],
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body.as_array().map(Vec::len), Some(30), "{body}");
+
+    // Discovery at full detail serves what fits and says what it left out.
+    let mut d = pb::discovery_client::DiscoveryClient::connect(s.grpc.clone())
+        .await
+        .unwrap();
+    let full = d
+        .discover(Grpc::req(
+            Some(ALICE),
+            pb::DiscoverRequest {
+                query: "answers short factual questions".into(),
+                limit: 30,
+                detail: "full".into(),
+                ..Default::default()
+            },
+        ))
+        .await
+        .expect("a discovery answer the client can take")
+        .into_inner();
+    let kept = full.candidates.len();
+    assert!((1..30).contains(&kept), "{kept} candidates");
+    assert!(
+        full.warnings
+            .iter()
+            .any(|w| w.contains(&format!("{} more candidate(s) were left out", 30 - kept))),
+        "{:?}",
+        full.warnings
+    );
+    let summary = d
+        .discover(Grpc::req(
+            Some(ALICE),
+            pb::DiscoverRequest {
+                query: "answers short factual questions".into(),
+                limit: 30,
+                ..Default::default()
+            },
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(summary.candidates.len(), 30);
+    assert!(!summary.warnings.iter().any(|w| w.contains("left out")));
     s.stop().await;
 }

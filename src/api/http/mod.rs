@@ -821,7 +821,7 @@ async fn search_agents(
         "/filters/supported_language",
     )?);
     languages.extend(string_list(filters.get("language"), "/filters/language")?);
-    let req = pb::ListRequest {
+    let mut req = pb::ListRequest {
         capabilities: string_list(filters.get("capabilities"), "/filters/capabilities")?,
         tags: string_list(filters.get("tags"), "/filters/tags")?,
         languages,
@@ -836,21 +836,28 @@ async fn search_agents(
         query,
         ..Default::default()
     };
-    let resp = s.api.list(grpc_request(&caller, req)).await?.into_inner();
-    let out = resp
-        .records
-        .iter()
-        .enumerate()
-        .map(|(i, r)| {
-            record_json(Some(r)).map(|v| {
-                let mut out = summary(&v);
-                if let Some(score) = resp.scores.get(i) {
-                    out["score"] = json!((score * 10_000.0).round() / 10_000.0);
-                }
-                out
-            })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    // The answer is summaries, so it stays small however large the records
+    // are; the records come a page (at most about 2 MiB) at a time.
+    let mut out = Vec::new();
+    loop {
+        let resp = s
+            .api
+            .list(grpc_request(&caller, req.clone()))
+            .await?
+            .into_inner();
+        for (i, r) in resp.records.iter().enumerate() {
+            let mut item = summary(&record_json(Some(r))?);
+            if let Some(score) = resp.scores.get(i) {
+                item["score"] = json!((score * 10_000.0).round() / 10_000.0);
+            }
+            out.push(item);
+        }
+        if resp.next_page_token.is_empty() || out.len() >= top as usize {
+            break;
+        }
+        req.page_token = resp.next_page_token;
+    }
+    out.truncate(top as usize);
     Ok(json_response(StatusCode::OK, &Value::Array(out)))
 }
 
