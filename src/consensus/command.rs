@@ -35,13 +35,17 @@ use crate::domain::{
 ///    (`expected_revision`, HTTP `If-Match`); an older node would ignore it
 ///    and apply what the others refuse, so such a command is proposed only
 ///    once every member follows rules 2 ([`Command::rules_needed`]).
+/// 3. A registration or update is also stale when it is older than what
+///    earlier metadata of the id carried and the current metadata leaves
+///    out (`Envelope::freshness_floor`, `domain::write::hold_freshness`);
+///    an older node keeps no floor and would accept it.
 ///
 /// The newest rules an applied entry asked for are kept in the replicated
 /// state (`ClusterRecord::apply_rules`), as etcd keeps its cluster
 /// version: a new leader assumes them of members it has not heard from
 /// yet, and a node whose binary follows older rules than an entry asks for
 /// stops rather than apply it differently from the others.
-pub const APPLY_RULES: u32 = 2;
+pub const APPLY_RULES: u32 = 3;
 
 fn is_zero(n: &u32) -> bool {
     *n == 0

@@ -332,6 +332,10 @@ pub fn record_to_pb(r: &domain::AgentRecord, now: time::OffsetDateTime) -> pb::A
             provenance: e.provenance.as_ref().map(provenance_to_pb),
             owner_tenant: e.owner_tenant.clone().unwrap_or_default(),
             readers: e.readers.iter().cloned().map(String::from).collect(),
+            freshness_floor: e.freshness_floor.as_ref().map(|f| pb::FreshnessFloor {
+                updated_at: f.updated_at.clone(),
+                version: f.version.clone(),
+            }),
         }),
     }
 }
@@ -450,6 +454,15 @@ pub fn record_pb_to_json(r: &pb::AgentRecord) -> Result<Value, FieldError> {
         }
         if let Some(p) = &e.provenance {
             env["provenance"] = provenance_pb_to_json(p);
+        }
+        if let Some(f) = &e.freshness_floor {
+            let mut floor = Map::new();
+            for (k, v) in [("updated_at", &f.updated_at), ("version", &f.version)] {
+                if let Some(v) = v {
+                    floor.insert(k.into(), Value::String(v.clone()));
+                }
+            }
+            env["freshness_floor"] = Value::Object(floor);
         }
         obj.insert(domain::ENVELOPE_MEMBER.to_string(), env);
     }
@@ -714,6 +727,10 @@ mod tests {
                     origin_envelope: json!({"owner": "bob", "revision": 12, "x": [1.5, null]}),
                     via: Vec::new(),
                 }),
+                freshness_floor: Some(domain::FreshnessFloor {
+                    updated_at: Some("2026-01-01T00:00:00Z".into()),
+                    version: None,
+                }),
             },
         };
         let now = time::OffsetDateTime::now_utc();
@@ -722,6 +739,10 @@ mod tests {
                 record.envelope.publisher = None;
                 record.envelope.signature = None;
                 record.envelope.provenance = None;
+                record.envelope.freshness_floor = Some(domain::FreshnessFloor {
+                    updated_at: None,
+                    version: Some("1.2".into()),
+                });
             }
             let mut served = record_pb_to_json(&record_to_pb(&record, now)).unwrap();
             if let Some(registry) = served["registry"].as_object_mut() {

@@ -137,6 +137,7 @@ pub fn decide_federated(
                 publisher: origin.publisher,
                 signature: None,
                 provenance: Some(*provenance),
+                freshness_floor: None,
             };
             Ok((
                 AgentRecord {

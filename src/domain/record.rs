@@ -449,6 +449,21 @@ pub struct Envelope {
     /// federation provenance); such records are read-only here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provenance: Option<Provenance>,
+    /// The newest `updated_at` and `version` earlier metadata of this id
+    /// carried, kept while the current metadata leaves them out: a later
+    /// write older than these is stale (`domain::write::hold_freshness`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub freshness_floor: Option<FreshnessFloor>,
+}
+
+/// Freshness an id's next write must not go below, for the members its
+/// current metadata leaves out.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct FreshnessFloor {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub updated_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
 }
 
 /// Where a federated record came from (ADP `origin_service`,

@@ -3,8 +3,8 @@
 //! checks and the write happen atomically in log order on every node.
 
 use super::record::{
-    AgentMetadata, AgentRecord, AgentStatus, ChangeKind, Envelope, Principal, PublisherKey,
-    PublisherVerification, Sharing, VerificationState,
+    AgentMetadata, AgentRecord, AgentStatus, ChangeKind, Envelope, FreshnessFloor, Principal,
+    PublisherKey, PublisherVerification, Sharing, VerificationState,
 };
 
 /// Why a write was refused. These are values, not storage errors: a refused
@@ -102,19 +102,92 @@ pub enum WriteMode {
 /// Says why `new` is older than `old`, if it is. `updated_at` decides when
 /// both have it and they differ; otherwise dotted numeric versions do.
 fn is_stale(new: &AgentMetadata, old: &AgentMetadata) -> Option<String> {
-    if let (Some(n), Some(o)) = (&new.updated_at, &old.updated_at) {
+    older(Freshness::of(new), Freshness::of(old), "the stored")
+}
+
+/// The two members ADP judges staleness by.
+#[derive(Clone, Copy)]
+struct Freshness<'a> {
+    updated_at: Option<&'a str>,
+    version: Option<&'a str>,
+}
+
+impl<'a> Freshness<'a> {
+    fn of(m: &'a AgentMetadata) -> Self {
+        Self {
+            updated_at: m.updated_at.as_deref(),
+            version: m.version.as_deref(),
+        }
+    }
+
+    /// What `record` is held to: its metadata's members, and where they
+    /// are left out, its floor's.
+    fn held_by(record: &'a AgentRecord) -> Self {
+        let floor = record.envelope.freshness_floor.as_ref();
+        Self {
+            updated_at: record
+                .metadata
+                .updated_at
+                .as_deref()
+                .or_else(|| floor.and_then(|f| f.updated_at.as_deref())),
+            version: record
+                .metadata
+                .version
+                .as_deref()
+                .or_else(|| floor.and_then(|f| f.version.as_deref())),
+        }
+    }
+}
+
+/// [`is_stale`] over freshness from wherever it was kept; `stored` names
+/// where `old` came from in the refusal.
+fn older(new: Freshness<'_>, old: Freshness<'_>, stored: &str) -> Option<String> {
+    if let (Some(n), Some(o)) = (new.updated_at, old.updated_at) {
         if let (Some(nt), Some(ot)) = (super::time::parse(n), super::time::parse(o)) {
             if nt != ot {
-                return (nt < ot).then(|| format!("updated_at {n} is older than the stored {o}"));
+                return (nt < ot).then(|| format!("updated_at {n} is older than {stored} {o}"));
             }
         }
     }
-    if let (Some(n), Some(o)) = (&new.version, &old.version) {
+    if let (Some(n), Some(o)) = (new.version, old.version) {
         if let (Some(nv), Some(ov)) = (numeric_version(n), numeric_version(o)) {
-            return (nv < ov).then(|| format!("version {n} is older than the stored {o}"));
+            return (nv < ov).then(|| format!("version {n} is older than {stored} {o}"));
         }
     }
     None
+}
+
+/// Apply rules 3. ADP: "a stale update MUST NOT replace a newer record",
+/// but `updated_at` and `version` are optional, so a write that leaves one
+/// out used to wipe the only evidence of how new the record was, and a
+/// delayed older write after it went through. `record` (just decided to
+/// replace `replaced`, which may be a tombstone) is refused as stale if it
+/// is older than what `replaced` was held to, and otherwise keeps, for
+/// each member its metadata leaves out, what `replaced` was held to.
+pub fn hold_freshness(
+    mut record: AgentRecord,
+    replaced: Option<&AgentRecord>,
+) -> Result<AgentRecord, Rejection> {
+    let held = replaced.map(Freshness::held_by);
+    if let Some(held) = held {
+        if let Some(detail) = older(Freshness::of(&record.metadata), held, "what this id held") {
+            return Err(Rejection::Stale {
+                id: record.metadata.id.clone(),
+                detail,
+            });
+        }
+    }
+    let kept = |own: &Option<String>, held: Option<&str>| match own {
+        None => held.map(str::to_string),
+        Some(_) => None,
+    };
+    let floor = FreshnessFloor {
+        updated_at: kept(&record.metadata.updated_at, held.and_then(|h| h.updated_at)),
+        version: kept(&record.metadata.version, held.and_then(|h| h.version)),
+    };
+    record.envelope.freshness_floor =
+        (floor.updated_at.is_some() || floor.version.is_some()).then_some(floor);
+    Ok(record)
 }
 
 /// Parses "1.2.3" (an optional leading 'v', and anything after '-' or '+'
@@ -169,6 +242,7 @@ pub fn decide_put(
             publisher: None,
             signature: None,
             provenance: None,
+            freshness_floor: None,
         };
         return Ok((AgentRecord { metadata, envelope }, ChangeKind::Created));
     };
@@ -450,6 +524,79 @@ mod tests {
         assert_eq!(kind, ChangeKind::Updated);
         assert_eq!(rec.envelope.created_revision, 1);
         assert_eq!(rec.envelope.revision, 2);
+    }
+
+    /// One write as apply rules 3 decide it: the write rules, then the
+    /// floor.
+    fn put_held(old: &AgentRecord, m: AgentMetadata) -> Result<AgentRecord, Rejection> {
+        let (record, _) = decide_put(
+            Some(old),
+            m,
+            None,
+            &p("alice", Role::Publisher),
+            WriteMode::Update,
+            old.envelope.revision + 1,
+            "t",
+        )?;
+        hold_freshness(record, Some(old))
+    }
+
+    #[test]
+    fn leaving_freshness_out_does_not_lower_the_bar() {
+        const T1: &str = "2026-01-01T00:00:00Z";
+        const T2: &str = "2026-02-01T00:00:00Z";
+        const T3: &str = "2026-03-01T00:00:00Z";
+        let first =
+            hold_freshness(create(meta("https://x/", Some(T2), Some("2.0"))), None).unwrap();
+        assert_eq!(first.envelope.freshness_floor, None, "nothing to hold yet");
+
+        // Both left out: the record is held to what the first carried.
+        let bare = put_held(&first, meta("https://x/", None, None)).unwrap();
+        let floor = bare.envelope.freshness_floor.clone().unwrap();
+        assert_eq!(floor.updated_at.as_deref(), Some(T2));
+        assert_eq!(floor.version.as_deref(), Some("2.0"));
+        // A delayed older write after it is stale, by time or by version.
+        assert!(matches!(
+            put_held(&bare, meta("https://x/", Some(T1), None)),
+            Err(Rejection::Stale { .. })
+        ));
+        assert!(matches!(
+            put_held(&bare, meta("https://x/", None, Some("1.9"))),
+            Err(Rejection::Stale { .. })
+        ));
+        // The floor carries across further writes that leave them out.
+        let again = put_held(&bare, meta("https://x/", None, None)).unwrap();
+        assert_eq!(
+            again.envelope.freshness_floor,
+            bare.envelope.freshness_floor
+        );
+
+        // A newer time replaces that part of the floor; the version part stays.
+        let timed = put_held(&again, meta("https://x/", Some(T3), None)).unwrap();
+        let floor = timed.envelope.freshness_floor.clone().unwrap();
+        assert_eq!(floor.updated_at, None);
+        assert_eq!(floor.version.as_deref(), Some("2.0"));
+        // With both back in the metadata the floor is gone.
+        let full = put_held(&timed, meta("https://x/", Some(T3), Some("2.1"))).unwrap();
+        assert_eq!(full.envelope.freshness_floor, None);
+
+        // A tombstone keeps its floor, so an older re-registration cannot
+        // resurrect the id.
+        let tomb = decide_delete(Some(&bare), "a", &p("alice", Role::Publisher), 9, "t").unwrap();
+        let (back, _) = decide_put(
+            Some(&tomb),
+            meta("https://x/", Some(T1), None),
+            None,
+            &p("alice", Role::Publisher),
+            WriteMode::Register,
+            10,
+            "t",
+        )
+        .unwrap();
+        assert!(matches!(
+            hold_freshness(back, Some(&tomb)),
+            Err(Rejection::Stale { .. })
+        ));
     }
 
     #[test]

@@ -51,7 +51,7 @@ use crate::domain::federation::{decide_federated, FederatedChange};
 use crate::domain::lease::{LeaseTable, LeaseWrite, RefreshTarget, Staged};
 use crate::domain::write::{
     carry_status, decide_delete, decide_publisher_key, decide_put, decide_reverify, decide_status,
-    settle_verdict, Rejection,
+    hold_freshness, settle_verdict, Rejection,
 };
 use crate::domain::{AgentRecord, Change, ChangeKind, PublisherKey, Sharing};
 
@@ -477,14 +477,21 @@ impl StateMachine {
                 revision,
                 &now,
             )
-            .map(|(mut record, kind)| {
+            .and_then(|(mut record, kind)| {
                 if rules >= 1 {
                     carry_status(current, &mut record);
                 }
                 if let Some(verdict) = publisher {
                     record.envelope.publisher = Some(settle_verdict(verdict, &record, keys));
                 }
-                (record, kind)
+                if rules >= 3 {
+                    record = hold_freshness(record, current)?;
+                } else {
+                    // What a node of an older release, which keeps no floor,
+                    // stores.
+                    record.envelope.freshness_floor = None;
+                }
+                Ok((record, kind))
             }),
             Command::Reverify { id, now } => decide_reverify(current, &id, keys, revision, &now)
                 .map(|r| (r, ChangeKind::Updated)),

@@ -542,3 +542,68 @@ async fn publisher_signatures_mark_metadata_verified_and_discovery_can_require_i
     );
     s.stop().await;
 }
+
+/// ADP: a stale update must not replace a newer record. A write that
+/// leaves `updated_at` and `version` out keeps the bar where the record
+/// had it (`registry.freshness_floor`, signed with the rest), so a delayed
+/// older write after it is still refused and changes nothing.
+#[tokio::test]
+async fn leaving_freshness_out_does_not_let_an_older_write_through() {
+    let s = TestServer::start().await;
+    let h = Http::new(&s.http);
+    let (_, identity) = established(&h).await;
+    let id = "urn:agent:floor";
+    h.register(Some(ALICE), translator(id))
+        .await
+        .expect("registered");
+    let mut bare = translator(id);
+    bare["description"] = json!("Translates, and says nothing of how new this is.");
+    let obj = bare.as_object_mut().unwrap();
+    obj.remove("updated_at");
+    obj.remove("version");
+    let held = h.update(Some(ALICE), id, bare).await.expect("updated");
+    assert_eq!(
+        held["registry"]["freshness_floor"],
+        json!({"updated_at": "2026-05-08T00:00:00Z", "version": "1.2.0"})
+    );
+    verify_with_identity(&held, &identity).expect("the floor is signed with the record");
+    let over_grpc = Grpc::connect(&s.grpc)
+        .await
+        .get(None, id)
+        .await
+        .expect("get");
+    assert_eq!(over_grpc, h.get(None, id).await.expect("get"));
+    verify_with_identity(&over_grpc, &identity).expect("the gRPC record verifies");
+
+    for (member, older) in [("updated_at", "2026-05-01T00:00:00Z"), ("version", "1.1.0")] {
+        let mut delayed = translator(id);
+        delayed[member] = json!(older);
+        if member == "version" {
+            delayed.as_object_mut().unwrap().remove("updated_at");
+        }
+        let (status, _, body) = h
+            .send(
+                Method::PUT,
+                &format!("/agents/{id}"),
+                Some(ALICE),
+                Some(delayed),
+                &[],
+            )
+            .await;
+        assert_eq!(status, 409, "{member} {older}: {body}");
+        assert_eq!(body["error"]["code"], "stale_metadata", "{body}");
+        let now = h.get(None, id).await.expect("get");
+        assert_eq!(now, over_grpc, "a refused write changes nothing");
+    }
+
+    // Newer metadata goes through, and with both members back the floor goes.
+    let mut newer = translator(id);
+    newer["updated_at"] = json!("2026-05-09T00:00:00Z");
+    let fresh = h.update(Some(ALICE), id, newer).await.expect("updated");
+    assert!(
+        fresh["registry"].get("freshness_floor").is_none(),
+        "{fresh}"
+    );
+    verify_with_identity(&fresh, &identity).expect("verifies");
+    s.stop().await;
+}

@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use crate::harness::*;
 use crate::scenarios::SERIAL;
@@ -182,6 +182,34 @@ async fn status_round(c: &Cluster, leader: u64, id: &str) -> Vec<Value> {
     statuses(c, leader, id).await
 }
 
+/// Registers `id` with an `updated_at`, again without one, then once more
+/// with an older one (a delayed write): the last write's status, and what
+/// each node serves.
+async fn floor_round(c: &Cluster, leader: u64, id: &str) -> (u16, Vec<Value>) {
+    let put = |updated_at: Option<&str>| {
+        let mut a = agent(id, "freshness");
+        if let Some(t) = updated_at {
+            a["updated_at"] = json!(t);
+        }
+        c.http
+            .post(format!("{}/agents", c.http_url(leader)))
+            .bearer_auth(ADMIN)
+            .json(&a)
+            .send()
+    };
+    for t in [Some("2026-05-08T00:00:00Z"), None] {
+        assert!(put(t).await.expect("register").status().is_success());
+    }
+    let delayed = put(Some("2026-05-01T00:00:00Z")).await.expect("register");
+    let status = delayed.status().as_u16();
+    c.wait_applied_as(leader, Duration::from_secs(30)).await;
+    let mut served = Vec::new();
+    for node in c.running() {
+        served.push(c.get(node, id).await["registry"].clone());
+    }
+    (status, served)
+}
+
 /// A `DELETE` of `id` through `via` that holds to the revision `leader`
 /// serves: its HTTP status.
 async fn conditional_delete(c: &Cluster, via: u64, leader: u64, id: &str) -> u16 {
@@ -220,6 +248,16 @@ async fn new_apply_rules_wait_for_every_member() {
     }
     let after = c.get(leader, "urn:rules:mixed").await;
     assert_eq!(after["registry"], before["registry"], "nothing changed");
+    // No floor is kept or checked while a member would keep none: every
+    // node stores the same record.
+    let (status, served) = floor_round(&c, leader, "urn:rules:floor-mixed").await;
+    assert_eq!(status, 200, "the old rules let the delayed write through");
+    assert!(served.iter().all(|r| *r == served[0]), "{served:#?}");
+    assert!(
+        served[0].get("freshness_floor").is_none(),
+        "{:#?}",
+        served[0]
+    );
 
     let leader = restart_third(&mut c, "").await;
     c.wait_applied_as(leader, Duration::from_secs(30)).await;
@@ -228,6 +266,13 @@ async fn new_apply_rules_wait_for_every_member() {
     let follower = c.running().into_iter().find(|n| *n != leader).unwrap();
     let status = conditional_delete(&c, follower, leader, "urn:rules:upgraded").await;
     assert_eq!(status, 200);
+    let (status, served) = floor_round(&c, leader, "urn:rules:floor-upgraded").await;
+    assert_eq!(status, 409, "the delayed older write is stale");
+    assert!(served.iter().all(|r| *r == served[0]), "{served:#?}");
+    assert_eq!(
+        served[0]["freshness_floor"],
+        json!({"updated_at": "2026-05-08T00:00:00Z"})
+    );
 }
 
 /// A node of an older release is not added to a cluster that has moved to
