@@ -8,7 +8,9 @@
 //! itself with the time a commit takes. Every caller is answered after its
 //! entry is committed and applied, with its own outcome.
 
-use tokio::sync::{mpsc, oneshot};
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, oneshot, Semaphore};
 use tracing::{info_span, Instrument};
 
 use super::error::ServiceError;
@@ -62,7 +64,6 @@ impl Refresher {
     pub fn start(node: RaftNode) -> Self {
         let (queue, rx) = mpsc::channel(QUEUE);
         let limits = Limits {
-            in_flight: IN_FLIGHT,
             items: MAX_BATCH,
             bytes: usize::MAX,
         };
@@ -71,7 +72,16 @@ impl Refresher {
             let span = info_span!("refresh_entry", refreshes = batch.len());
             async move { commit(&node, batch).await }.instrument(span)
         };
-        tokio::spawn(gather(rx, limits, |_| 0, propose).instrument(info_span!("refresh_batcher")));
+        tokio::spawn(
+            gather(
+                rx,
+                Arc::new(Semaphore::new(IN_FLIGHT)),
+                limits,
+                |_| 0,
+                propose,
+            )
+            .instrument(info_span!("refresh_batcher")),
+        );
         Self { queue }
     }
 
