@@ -56,7 +56,6 @@ fn consistency(v: i32) -> Result<Consistency, ServiceError> {
     }
 }
 
-/// The metadata of a Register or Update request, which must be present.
 /// The page token of a ranked search's page starting at `offset` (the
 /// rank, not an id: ranked pages are cut from the best `top` by size).
 fn ranked_token(offset: usize) -> String {
@@ -78,6 +77,7 @@ fn ranked_offset(token: &str) -> Result<usize, ServiceError> {
         })
 }
 
+/// The metadata of a Register or Update request, which must be present.
 fn required_metadata(m: Option<pb::AgentMetadata>) -> Result<AgentMetadata, ServiceError> {
     let m = m.ok_or_else(|| ServiceError::InvalidRequest {
         field: Some("/metadata".into()),

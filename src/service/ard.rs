@@ -575,7 +575,6 @@ impl ArdService {
                             revision: p.origin_revision,
                             modified_at: c.metadata_updated_at.clone(),
                             provenance: Some(p.clone()),
-                            freshness_floor: None,
                             ..Default::default()
                         },
                     };
