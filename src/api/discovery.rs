@@ -21,13 +21,11 @@ impl Discovery for RegistryApi {
         let request = DiscoveryRequest::try_from(req.into_inner()).map_err(ServiceError::from)?;
         let result = self.service().discover(who.as_ref(), request).await?;
         let mut response = discovery_result_to_pb(&result);
-        let dropped = keep_within_page(&mut response.candidates);
-        if dropped > 0 {
-            response.warnings.push(format!(
-                "{dropped} more candidate(s) were left out: an answer holds about {} MiB of candidates; ask for fewer (limit) or less detail",
-                MAX_PAGE_BYTES >> 20
-            ));
-        }
+        keep_within_page(
+            &mut response.candidates,
+            &mut response.warnings,
+            "fewer (limit) or less detail",
+        );
         Ok(Response::new(response))
     }
 
@@ -40,23 +38,37 @@ impl Discovery for RegistryApi {
         let request = ResolveRequest::try_from(req.into_inner()).map_err(ServiceError::from)?;
         let result = self.service().resolve(who.as_ref(), request).await?;
         let mut response = resolution_to_pb(&result);
-        let dropped = keep_within_page(&mut response.candidates);
-        if dropped > 0 {
-            response.warnings.push(format!(
-                "{dropped} more candidate(s) were left out: an answer holds about {} MiB of candidates; ask for fewer (max_candidates)",
-                MAX_PAGE_BYTES >> 20
-            ));
-        }
+        keep_within_page(
+            &mut response.candidates,
+            &mut response.warnings,
+            "fewer (max_candidates)",
+        );
         Ok(Response::new(response))
     }
 }
 
-/// Keeps the leading `items` whose encoded sizes add up to at most
-/// [`MAX_PAGE_BYTES`] (always the first), and says how many it dropped.
-/// Large records (full detail, input schemas) would otherwise make answers
-/// that stock gRPC clients refuse (over 4 MiB) and that the server builds
-/// whole for every such request.
-fn keep_within_page<T: prost::Message>(items: &mut Vec<T>) -> usize {
+/// Keeps the leading `candidates` whose encoded sizes add up to at most
+/// [`MAX_PAGE_BYTES`] (always the first), and warns how many were left out
+/// and what to `ask` for instead. Large records (full detail, input
+/// schemas) would otherwise make answers that stock gRPC clients refuse
+/// (over 4 MiB) and that the server builds whole for every such request.
+fn keep_within_page<T: prost::Message>(
+    candidates: &mut Vec<T>,
+    warnings: &mut Vec<String>,
+    ask: &str,
+) {
+    let dropped = fit(candidates);
+    if dropped > 0 {
+        warnings.push(format!(
+            "{dropped} more candidate(s) were left out: an answer holds about {} MiB of candidates; ask for {ask}",
+            MAX_PAGE_BYTES >> 20
+        ));
+    }
+}
+
+/// Drops the items after those that fit [`MAX_PAGE_BYTES`] (the first
+/// always does), and says how many.
+fn fit<T: prost::Message>(items: &mut Vec<T>) -> usize {
     let mut bytes = 0;
     let kept = items
         .iter()
@@ -84,18 +96,18 @@ mod tests {
     #[test]
     fn answers_keep_the_candidates_that_fit_and_always_the_first() {
         let mut small: Vec<_> = (0..200).map(|_| item(2_000)).collect();
-        assert_eq!(keep_within_page(&mut small), 0);
+        assert_eq!(fit(&mut small), 0);
         assert_eq!(small.len(), 200);
 
         let mut large: Vec<_> = (0..5).map(|_| item(900 << 10)).collect();
-        assert_eq!(keep_within_page(&mut large), 3);
+        assert_eq!(fit(&mut large), 3);
         assert_eq!(large.len(), 2);
 
         let mut huge = vec![item(3 << 20), item(10)];
-        assert_eq!(keep_within_page(&mut huge), 1);
+        assert_eq!(fit(&mut huge), 1);
         assert_eq!(huge.len(), 1, "the best candidate is served however large");
 
         let mut none: Vec<pb::MatchedExample> = Vec::new();
-        assert_eq!(keep_within_page(&mut none), 0);
+        assert_eq!(fit(&mut none), 0);
     }
 }
