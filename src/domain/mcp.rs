@@ -492,7 +492,14 @@ pub fn metadata(
     m.status = Some(l.status.agent_status());
     m.bindings = bindings;
     m.endpoint = None;
-    m.updated_at = Some(now.to_string());
+    // Never older than the record this replaces: a publish that lost a race
+    // and merges again, or one taken by a node whose clock is behind the
+    // one that wrote last, would otherwise be refused as stale.
+    let stored = base.and_then(|b| b.updated_at.as_deref());
+    m.updated_at = Some(match stored {
+        Some(t) if super::time::parse(t) > super::time::parse(now) => t.to_string(),
+        _ => now.to_string(),
+    });
     if !m.tags.iter().any(|t| t == TAG) {
         m.tags.push(TAG.into());
     }
@@ -896,6 +903,19 @@ mod tests {
     const T1: &str = "2026-11-01T00:00:00Z";
     const T2: &str = "2026-11-02T00:00:00Z";
     const T3: &str = "2026-11-03T00:00:00Z";
+
+    /// A publish merged again after losing a race carries the time it
+    /// started, which may be older than the winner's; the record's
+    /// `updated_at` must not go back, or the write is refused as stale.
+    #[test]
+    fn the_record_time_never_goes_back() {
+        let m = publish(None, server("io.acme/weather", "1.0.0"), T2).unwrap();
+        let late = publish(Some(&m), server("io.acme/weather", "1.0.1"), T1).unwrap();
+        assert_eq!(late.updated_at.as_deref(), Some(T2));
+        assert_eq!(versions(&late).len(), 2);
+        let on = publish(Some(&late), server("io.acme/weather", "1.0.2"), T3).unwrap();
+        assert_eq!(on.updated_at.as_deref(), Some(T3));
+    }
 
     #[test]
     fn versions_are_kept_and_one_is_latest() {
