@@ -8,7 +8,7 @@
 use serde_json::{json, Value};
 use tracing::{debug, instrument};
 
-use super::{RegistryService, ServiceError};
+use super::{RegistryService, ServiceError, MAX_PAGE_BYTES};
 use crate::domain::catalog::{record_url, urn_publisher};
 use crate::domain::mcp::{self, ListFilter, McpStatus, SetStatusError, StoredVersion};
 use crate::domain::write::{Rejection, WriteMode};
@@ -130,6 +130,7 @@ impl McpService {
         let mut servers = Vec::new();
         let mut last: Option<(String, usize)> = None;
         let mut more = false;
+        let mut bytes = 0;
         self.registry.reader().scan_from(&start, |record| {
             let m = &record.metadata;
             let Some(name) = m.id.strip_prefix(mcp::ID_PREFIX) else {
@@ -153,7 +154,16 @@ impl McpService {
                     more = true;
                     return false;
                 }
-                servers.push(self.response(&record, &versions, i));
+                // A page ends early once it holds about 2 MiB, as every
+                // list of records does (`registry::MAX_PAGE_BYTES`).
+                let server = self.response(&record, &versions, i);
+                let size = json_size(&server);
+                if !servers.is_empty() && bytes + size > MAX_PAGE_BYTES {
+                    more = true;
+                    return false;
+                }
+                bytes += size;
+                servers.push(server);
                 last = Some((name.to_string(), i));
             }
             true
@@ -342,4 +352,22 @@ impl McpService {
             .map(|i| self.response(&record, &versions, i))
             .collect())
     }
+}
+
+/// The length of `v` as JSON, counted without building the text.
+fn json_size(v: &Value) -> usize {
+    struct Counted(usize);
+    impl std::io::Write for Counted {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0 += bytes.len();
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut counted = Counted(0);
+    // Writing a `Value` to a sink that never fails cannot fail.
+    let _ = serde_json::to_writer(&mut counted, v);
+    counted.0
 }

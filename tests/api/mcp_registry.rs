@@ -633,3 +633,47 @@ async fn one_filter_selects_the_same_servers_on_all_four_routes() {
     assert_eq!(from_ard, want);
     s.stop().await;
 }
+
+/// A page of large servers ends at about 2 MiB, well under `limit`, and
+/// the cursor goes on: a reader gets every version once, in pages it can
+/// hold, however large the published documents are.
+#[tokio::test]
+async fn pages_of_large_servers_end_early_and_go_on() {
+    let (s, h) = start().await;
+    let names: Vec<String> = (0..12).map(|i| format!("io.acme/large-{i:02}")).collect();
+    for n in &names {
+        let mut large = server(n, "1.0.0");
+        large["_meta"]["io.modelcontextprotocol.registry/publisher-provided"]["notes"] =
+            json!("x".repeat(200_000));
+        let (status, body) =
+            call(&h, Method::POST, "/v0.1/publish", Some(ALICE), Some(large)).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let (mut seen, mut cursor, mut pages) = (Vec::new(), None::<String>, 0);
+    loop {
+        let path = match &cursor {
+            None => "/v0.1/servers?limit=100".to_string(),
+            Some(c) => format!("/v0.1/servers?limit=100&cursor={}", enc(c)),
+        };
+        let (status, page) = call(&h, Method::GET, &path, None, None).await;
+        assert_eq!(status, 200, "{page}");
+        let bytes = serde_json::to_vec(&page).unwrap().len();
+        assert!(bytes < 3 << 20, "a page of {bytes} bytes");
+        assert_shape("ServerList", &page);
+        let servers = page["servers"].as_array().unwrap();
+        assert!(!servers.is_empty());
+        pages += 1;
+        seen.extend(
+            servers
+                .iter()
+                .map(|sv| sv["server"]["name"].as_str().unwrap().to_string()),
+        );
+        match page["metadata"]["nextCursor"].as_str() {
+            Some(c) => cursor = Some(c.to_string()),
+            None => break,
+        }
+    }
+    assert!(pages >= 2, "{pages} pages");
+    assert_eq!(seen, names);
+    s.stop().await;
+}
