@@ -816,20 +816,22 @@ async fn pages_of_large_records_stay_within_grpc_limits() {
 
     // A ranked search of them all comes in pages too, best first, with the
     // same request and the token; each page is one the client can take.
+    const QUERY: &str = "answers short factual questions";
+    let ranked_page = |page_token: String| {
+        let mut client = g.client.clone();
+        async move {
+            let request = pb::ListRequest {
+                query: QUERY.into(),
+                page_size: 30,
+                page_token,
+                ..Default::default()
+            };
+            client.list(Grpc::req(Some(ALICE), request)).await
+        }
+    };
     let (mut ranked, mut scores, mut token, mut pages) = (Vec::new(), Vec::new(), String::new(), 0);
     loop {
-        let page = g
-            .client
-            .clone()
-            .list(Grpc::req(
-                Some(ALICE),
-                pb::ListRequest {
-                    query: "answers short factual questions".into(),
-                    page_size: 30,
-                    page_token: token.clone(),
-                    ..Default::default()
-                },
-            ))
+        let page = ranked_page(token.clone())
             .await
             .expect("a ranked page the client can take")
             .into_inner();
@@ -853,18 +855,7 @@ async fn pages_of_large_records_stay_within_grpc_limits() {
     ranked.sort();
     assert_eq!(ranked, expected);
     // A token that is no page of a ranked search is refused.
-    let bad = g
-        .client
-        .clone()
-        .list(Grpc::req(
-            Some(ALICE),
-            pb::ListRequest {
-                query: "answers short factual questions".into(),
-                page_size: 30,
-                page_token: "r30".into(),
-                ..Default::default()
-            },
-        ))
+    let bad = ranked_page("r30".into())
         .await
         .expect_err("an offset past the search");
     assert_eq!(bad.code(), tonic::Code::InvalidArgument);
@@ -875,7 +866,7 @@ async fn pages_of_large_records_stay_within_grpc_limits() {
             Method::POST,
             "/agents/search",
             Some(ALICE),
-            Some(json!({"query": "answers short factual questions", "top": 30})),
+            Some(json!({"query": QUERY, "top": 30})),
             &[],
         )
         .await;
@@ -883,19 +874,20 @@ async fn pages_of_large_records_stay_within_grpc_limits() {
     assert_eq!(body.as_array().map(Vec::len), Some(30), "{body}");
 
     // Discovery at full detail serves what fits and says what it left out.
-    let mut d = pb::discovery_client::DiscoveryClient::connect(s.grpc.clone())
+    let d = pb::discovery_client::DiscoveryClient::connect(s.grpc.clone())
         .await
         .unwrap();
-    let full = d
-        .discover(Grpc::req(
-            Some(ALICE),
-            pb::DiscoverRequest {
-                query: "answers short factual questions".into(),
-                limit: 30,
-                detail: "full".into(),
-                ..Default::default()
-            },
-        ))
+    let discover = |detail: &str| {
+        let mut d = d.clone();
+        let request = pb::DiscoverRequest {
+            query: QUERY.into(),
+            limit: 30,
+            detail: detail.into(),
+            ..Default::default()
+        };
+        async move { d.discover(Grpc::req(Some(ALICE), request)).await }
+    };
+    let full = discover("full")
         .await
         .expect("a discovery answer the client can take")
         .into_inner();
@@ -908,18 +900,7 @@ async fn pages_of_large_records_stay_within_grpc_limits() {
         "{:?}",
         full.warnings
     );
-    let summary = d
-        .discover(Grpc::req(
-            Some(ALICE),
-            pb::DiscoverRequest {
-                query: "answers short factual questions".into(),
-                limit: 30,
-                ..Default::default()
-            },
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+    let summary = discover("").await.unwrap().into_inner();
     assert_eq!(summary.candidates.len(), 30);
     assert!(!summary.warnings.iter().any(|w| w.contains("left out")));
     s.stop().await;
