@@ -142,6 +142,22 @@ impl Network {
             .remove(&node);
     }
 
+    /// Whether `node` was refused for losing entries it acknowledged. A
+    /// refused node is sent nothing at all, not even a heartbeat: any
+    /// message could feed it the log again (a new leader's first
+    /// AppendEntries starts from an index the node still holds, which it
+    /// accepts), and its answers carry the higher terms it campaigns with,
+    /// which would make the leader step down again and again. Its own vote
+    /// requests change nothing: the others hear the leader and hold more
+    /// log than it does.
+    fn is_refused(&self, node: NodeId) -> bool {
+        self.acknowledged
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&node)
+            .is_some_and(|a| a.refused)
+    }
+
     pub fn new(
         me: NodeId,
         faults: Faults,
@@ -452,6 +468,13 @@ pub struct Connection {
     addr: String,
 }
 
+/// The error openraft gets for a message to a refused node.
+fn refused<E: std::error::Error>(target: NodeId) -> RPCError<NodeId, BasicNode, E> {
+    RPCError::Unreachable(Unreachable::new(&std::io::Error::other(format!(
+        "node {target} lost acknowledged log entries; refused"
+    ))))
+}
+
 /// What a peer has acknowledged to this leader (under one vote).
 #[derive(Clone, Copy)]
 struct Acknowledged {
@@ -501,6 +524,9 @@ impl RaftNetwork<TypeConfig> for Connection {
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
         let entries = rpc.entries.len() as u64;
+        if self.network.is_refused(self.target) {
+            return Err(refused(self.target));
+        }
         let started = std::time::Instant::now();
         // The commands inside are the proposers' bytes either way; binary
         // only frames them, JSON decodes and re-encodes each.
@@ -535,7 +561,7 @@ impl RaftNetwork<TypeConfig> for Connection {
         // replaced by another leader, so it is not carried over. A refusal
         // is: it was decided under one vote, where a lost entry can only
         // mean lost data, and a re-election must not start feeding the
-        // node (it still gets messages, so it does not campaign).
+        // node (`is_refused`).
         let mut seen = match table.get(&self.target) {
             Some(a) if a.vote == rpc.vote || a.refused => Acknowledged {
                 vote: rpc.vote,
@@ -569,12 +595,7 @@ impl RaftNetwork<TypeConfig> for Connection {
                     );
                 }
                 table.insert(self.target, seen);
-                return Err(RPCError::Unreachable(Unreachable::new(
-                    &std::io::Error::other(format!(
-                        "node {} lost acknowledged log entries; refused",
-                        self.target
-                    )),
-                )));
+                return Err(refused(self.target));
             }
             _ => {}
         }
@@ -618,6 +639,13 @@ impl RaftNetwork<TypeConfig> for Connection {
     ) -> Result<SnapshotResponse<NodeId>, StreamingError<TypeConfig, Fatal<NodeId>>> {
         let target = self.target;
         let net = &self.network;
+        if net.is_refused(target) {
+            return Err(StreamingError::Unreachable(Unreachable::new(
+                &std::io::Error::other(format!(
+                    "node {target} lost acknowledged log entries; refused"
+                )),
+            )));
+        }
         let not_sent = |e: TransportError| StreamingError::Unreachable(Unreachable::new(&e));
         net.gate(target).await.map_err(not_sent)?;
         let header = serde_json::to_vec(&(&vote, &snapshot.meta))

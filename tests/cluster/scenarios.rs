@@ -405,14 +405,34 @@ async fn a_minority_cannot_commit_and_the_cluster_converges_after_healing() {
     c.kill(rolled);
     std::fs::remove_dir_all(c.data_dir(rolled)).unwrap();
     std::fs::rename(&saved, c.data_dir(rolled)).unwrap();
+    let term = c.status(leader).await.unwrap().node.unwrap().term;
     c.restart(rolled);
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    assert_eq!(c.wait_for_leader(LONG).await, leader, "the leader stayed");
+    let refused = "lost log entries it had acknowledged";
+    let deadline = std::time::Instant::now() + LONG;
+    while !c.log(leader).contains(refused) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     assert!(
-        c.log(leader)
-            .contains("lost log entries it had acknowledged"),
+        c.log(leader).contains(refused),
         "the leader refused the rolled-back node:\n{}",
         c.log(leader)
+    );
+    // Hearing nothing, the refused node campaigns again and again (an
+    // election timeout is 0.5–1 s); neither the leader nor the cluster's
+    // term may move for it. (Before, it was still sent a message now and
+    // then, and the answer to one, carrying its higher term, unseated the
+    // leader, seconds to tens of seconds after the refusal.)
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let others: Vec<u64> = c.running().into_iter().filter(|&n| n != rolled).collect();
+    assert_eq!(
+        c.wait_for_leader_among(&others, LONG).await,
+        leader,
+        "the leader stayed"
+    );
+    assert_eq!(
+        c.status(leader).await.unwrap().node.unwrap().term,
+        term,
+        "the refused node's campaigns did not unseat the leader"
     );
     assert!(
         !c.contents(rolled).await.contains_key("after-copy-0"),
