@@ -468,11 +468,16 @@ pub struct Connection {
     addr: String,
 }
 
+/// Why nothing is sent to a refused node.
+fn refusal(target: NodeId) -> Unreachable {
+    Unreachable::new(&std::io::Error::other(format!(
+        "node {target} lost acknowledged log entries; refused"
+    )))
+}
+
 /// The error openraft gets for a message to a refused node.
 fn refused<E: std::error::Error>(target: NodeId) -> RPCError<NodeId, BasicNode, E> {
-    RPCError::Unreachable(Unreachable::new(&std::io::Error::other(format!(
-        "node {target} lost acknowledged log entries; refused"
-    ))))
+    RPCError::Unreachable(refusal(target))
 }
 
 /// What a peer has acknowledged to this leader (under one vote).
@@ -640,11 +645,7 @@ impl RaftNetwork<TypeConfig> for Connection {
         let target = self.target;
         let net = &self.network;
         if net.is_refused(target) {
-            return Err(StreamingError::Unreachable(Unreachable::new(
-                &std::io::Error::other(format!(
-                    "node {target} lost acknowledged log entries; refused"
-                )),
-            )));
+            return Err(StreamingError::Unreachable(refusal(target)));
         }
         let not_sent = |e: TransportError| StreamingError::Unreachable(Unreachable::new(&e));
         net.gate(target).await.map_err(not_sent)?;
