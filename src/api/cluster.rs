@@ -68,6 +68,7 @@ fn view_to_pb(v: ClusterView) -> pb::ClusterStatus {
                 leader: m.leader,
                 matched_index: m.matched_index,
                 lag: m.lag,
+                refused: m.refused,
             })
             .collect(),
         replication_known: v.replication_known,

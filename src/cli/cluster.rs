@@ -129,6 +129,13 @@ fn print_status(args: &ClientArgs, s: &pb::ClusterStatus) -> Result<(), CliError
             lag
         );
     }
+    for m in s.members.iter().filter(|m| m.refused) {
+        out!(
+            "node {} is refused: it lost log entries it had acknowledged (its data directory was \
+             put back from an older copy); remove it and add it back (agentry cluster remove / add / promote)",
+            m.id
+        );
+    }
     Ok(())
 }
 

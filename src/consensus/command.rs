@@ -39,13 +39,19 @@ use crate::domain::{
 ///    earlier metadata of the id carried and the current metadata leaves
 ///    out (`Envelope::freshness_floor`, `domain::write::hold_freshness`);
 ///    an older node keeps no floor and would accept it.
+/// 4. The cluster record may refuse a member that lost log entries it had
+///    acknowledged (`Command::Cluster::refused`); an older node would drop
+///    the refusal and, as leader, feed the member the log again.
 ///
 /// The newest rules an applied entry asked for are kept in the replicated
 /// state (`ClusterRecord::apply_rules`), as etcd keeps its cluster
 /// version: a new leader assumes them of members it has not heard from
 /// yet, and a node whose binary follows older rules than an entry asks for
 /// stops rather than apply it differently from the others.
-pub const APPLY_RULES: u32 = 3;
+pub const APPLY_RULES: u32 = 4;
+
+/// The apply rules a refusal in the cluster record takes ([`APPLY_RULES`]).
+pub const REFUSAL_RULES: u32 = 4;
 
 fn is_zero(n: &u32) -> bool {
     *n == 0
@@ -170,6 +176,10 @@ pub enum Command {
         /// (`ClusterRecord::apply_rules`); proposed only once all have.
         #[serde(default, skip_serializing_if = "is_zero")]
         rules: u32,
+        /// Members to refuse, with why: each lost log entries it had
+        /// acknowledged (`ClusterRecord::refused`).
+        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+        refused: BTreeMap<NodeId, String>,
     },
     /// Commands of many clients that reached the leader together, in one
     /// log entry (`consensus::batcher`): applied one after another exactly
@@ -194,9 +204,11 @@ impl Command {
     /// for, or what a field only newer nodes read requires.
     pub fn rules_needed(&self) -> u32 {
         match self {
-            Self::Put { rules, .. }
-            | Self::Federate { rules, .. }
-            | Self::Cluster { rules, .. } => *rules,
+            Self::Put { rules, .. } | Self::Federate { rules, .. } => *rules,
+            Self::Cluster { rules, refused, .. } if !refused.is_empty() => {
+                (*rules).max(REFUSAL_RULES)
+            }
+            Self::Cluster { rules, .. } => *rules,
             Self::Delete {
                 expected_revision: Some(_),
                 ..

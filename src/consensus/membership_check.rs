@@ -21,6 +21,13 @@
 //! an operator's remove-and-add records the directory it has then. A node
 //! that has not learned the cluster id yet (a new member) claims none and
 //! is checked for none.
+//!
+//! A directory put back from an older copy keeps its incarnation; only a
+//! leader that saw it acknowledge entries it no longer holds can tell
+//! (`network`). That leader records the member as *refused* in the same
+//! record, so every later leader sends it nothing either, no candidate asks
+//! for its vote, and every node refuses its requests, until an operator
+//! removes it (which drops the refusal with the rest of its record).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, RwLock};
@@ -43,6 +50,10 @@ pub struct ClusterRecord {
     /// followed them then (`consensus::APPLY_RULES`).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub apply_rules: u32,
+    /// Members refused for losing log entries they had acknowledged, with
+    /// what the refusing leader saw (apply rules 4).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub refused: BTreeMap<NodeId, String>,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -51,13 +62,14 @@ fn is_zero(n: &u32) -> bool {
 
 impl ClusterRecord {
     /// Applies a `Command::Cluster`: the first cluster id stays; an
-    /// incarnation is recorded for a current member that has none (a
-    /// proposal that raced the member's removal records nothing). Whether
-    /// anything changed.
+    /// incarnation is recorded for a current member that has none, and a
+    /// refusal for a current member not yet refused (a proposal that raced
+    /// the member's removal records nothing). Whether anything changed.
     pub fn record(
         &mut self,
         cluster_id: Option<&str>,
         incarnations: &BTreeMap<NodeId, String>,
+        refused: &BTreeMap<NodeId, String>,
         is_member: impl Fn(NodeId) -> bool,
     ) -> bool {
         let mut changed = false;
@@ -71,15 +83,22 @@ impl ClusterRecord {
                 changed = true;
             }
         }
+        for (node, why) in refused {
+            if is_member(*node) && !self.refused.contains_key(node) {
+                self.refused.insert(*node, why.clone());
+                changed = true;
+            }
+        }
         changed
     }
 
     /// Drops the records of nodes no longer in the membership. Whether
     /// anything changed.
     pub fn keep_members(&mut self, is_member: impl Fn(NodeId) -> bool) -> bool {
-        let before = self.incarnations.len();
+        let before = (self.incarnations.len(), self.refused.len());
         self.incarnations.retain(|node, _| is_member(*node));
-        self.incarnations.len() != before
+        self.refused.retain(|node, _| is_member(*node));
+        (self.incarnations.len(), self.refused.len()) != before
     }
 }
 
@@ -129,6 +148,11 @@ pub enum Refusal {
         expected: String,
         actual: String,
     },
+    #[error(
+        "node {from} is refused by the cluster: {why}. Remove it from the cluster and add it \
+         back (agentry cluster remove / add / promote)"
+    )]
+    RolledBack { from: NodeId, why: String },
 }
 
 /// This node's side of the check. Cheap to clone; clones share state.
@@ -182,10 +206,16 @@ impl MembershipCheck {
 
     /// Checks a request from `from` before it is acted on.
     pub fn admit(&self, from: NodeId, stamp: Option<&PeerStamp>) -> Result<(), Refusal> {
+        let record = self.record.get();
+        if let Some(why) = record.refused.get(&from) {
+            return Err(Refusal::RolledBack {
+                from,
+                why: why.clone(),
+            });
+        }
         let Some(stamp) = stamp else {
             return Ok(());
         };
-        let record = self.record.get();
         if let Some(ours) = &record.cluster_id {
             if !stamp.cluster_id.is_empty() && stamp.cluster_id != *ours {
                 return Err(Refusal::OtherCluster {
@@ -265,6 +295,17 @@ impl MembershipCheck {
         (cluster_id.is_some() || !incarnations.is_empty()).then_some((cluster_id, incarnations))
     }
 
+    /// Whether the applied record refuses `node` (it lost log entries it
+    /// had acknowledged).
+    pub fn is_refused(&self, node: NodeId) -> bool {
+        self.record.get().refused.contains_key(&node)
+    }
+
+    /// The members the applied record refuses.
+    pub fn refused(&self) -> Vec<NodeId> {
+        self.record.get().refused.keys().copied().collect()
+    }
+
     /// The cluster id this node has applied.
     pub fn cluster_id(&self) -> Option<String> {
         self.record.get().cluster_id.clone()
@@ -302,20 +343,49 @@ mod tests {
         let mut r = ClusterRecord::default();
         let members = |n: NodeId| n <= 3;
         let incs = BTreeMap::from([(1, "a".to_string()), (2, "b".into()), (9, "z".into())]);
-        assert!(r.record(Some("c1"), &incs, members));
+        assert!(r.record(Some("c1"), &incs, &BTreeMap::new(), members));
         assert_eq!(r.cluster_id.as_deref(), Some("c1"));
         assert_eq!(r.incarnations.keys().copied().collect::<Vec<_>>(), [1, 2]);
         // A later proposal changes neither the id nor a recorded member.
         let again = BTreeMap::from([(1, "other".to_string()), (3, "c".into())]);
-        assert!(r.record(Some("c2"), &again, members));
+        assert!(r.record(Some("c2"), &again, &BTreeMap::new(), members));
         assert_eq!(r.cluster_id.as_deref(), Some("c1"));
         assert_eq!(r.incarnations[&1], "a");
         assert_eq!(r.incarnations[&3], "c");
-        assert!(!r.record(Some("c3"), &again, members));
+        assert!(!r.record(Some("c3"), &again, &BTreeMap::new(), members));
         // Leaving the membership drops the record.
         assert!(r.keep_members(|n| n != 2));
         assert!(!r.incarnations.contains_key(&2));
         assert!(!r.keep_members(|n| n != 2));
+    }
+
+    #[test]
+    fn a_refusal_holds_until_the_member_leaves() {
+        let mut r = ClusterRecord::default();
+        let members = |n: NodeId| n <= 3;
+        let none = BTreeMap::new();
+        let why = |s: &str| BTreeMap::from([(1, s.to_string()), (9, "not a member".into())]);
+        assert!(r.record(None, &none, &why("lost 5"), members));
+        assert_eq!(r.refused, BTreeMap::from([(1, "lost 5".to_string())]));
+        // A second leader's refusal of the same member changes nothing.
+        assert!(!r.record(None, &none, &why("lost 7"), members));
+        assert_eq!(r.refused[&1], "lost 5");
+        let shared = SharedRecord::new(r.clone());
+        let check = MembershipCheck::new(2, "i2", shared.clone());
+        assert!(check.is_refused(1) && !check.is_refused(3));
+        assert_eq!(check.refused(), [1]);
+        // Its requests are refused, stamped or not (a vote request from a
+        // node that kept campaigning, say).
+        for stamped in [None, Some(stamp("", "i1", "i2"))] {
+            let e = check.admit(1, stamped.as_ref()).unwrap_err().to_string();
+            assert!(e.contains("lost 5") && e.contains("cluster remove"), "{e}");
+        }
+        assert!(check.admit(3, None).is_ok());
+        // Removing it drops the refusal; adding it back starts afresh.
+        assert!(r.keep_members(|n| n != 1));
+        assert!(r.refused.is_empty());
+        shared.set(r);
+        assert!(!check.is_refused(1) && check.admit(1, None).is_ok());
     }
 
     #[test]
@@ -363,7 +433,7 @@ mod tests {
             BTreeMap::from([(1, "i1".to_string()), (2, "i2".to_string())])
         );
         let mut applied = ClusterRecord::default();
-        applied.record(id.as_deref(), &incs, |_| true);
+        applied.record(id.as_deref(), &incs, &BTreeMap::new(), |_| true);
         record.set(applied);
         // Recorded: nothing more until node 3 answers.
         assert!(check.missing(&[1, 2], || Some("x".into())).is_none());

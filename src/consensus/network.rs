@@ -9,7 +9,7 @@
 //! is reported `Unreachable`, which makes openraft back off exponentially.
 //! Fault rules (testing only) are applied before anything is sent.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -150,12 +150,53 @@ impl Network {
     /// which would make the leader step down again and again. Its own vote
     /// requests change nothing: the others hear the leader and hold more
     /// log than it does.
+    ///
+    /// A refusal is this leader's own knowledge until it is in the
+    /// replicated record (`refusals_to_record`); from then on every leader
+    /// and candidate holds to it.
     fn is_refused(&self, node: NodeId) -> bool {
+        self.check.is_refused(node)
+            || self
+                .acknowledged
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&node)
+                .is_some_and(|a| a.refused)
+    }
+
+    /// The members refused by the replicated record or by this leader.
+    pub fn refused(&self) -> Vec<NodeId> {
+        let mut nodes: Vec<NodeId> = self
+            .acknowledged
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|(_, a)| a.refused)
+            .map(|(node, _)| *node)
+            .collect();
+        nodes.extend(self.check.refused());
+        nodes.sort_unstable();
+        nodes.dedup();
+        nodes
+    }
+
+    /// The nodes this leader refused that the replicated record does not
+    /// refuse yet, each with what it had acknowledged.
+    pub fn refusals_to_record(&self) -> BTreeMap<NodeId, String> {
         self.acknowledged
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .get(&node)
-            .is_some_and(|a| a.refused)
+            .iter()
+            .filter(|(node, a)| a.refused && !self.check.is_refused(**node))
+            .map(|(node, a)| {
+                let upto = a.upto.map(|l| l.to_string()).unwrap_or_default();
+                let why = format!(
+                    "it lost log entries it had acknowledged to node {} (up to {upto})",
+                    self.me
+                );
+                (*node, why)
+            })
+            .collect()
     }
 
     pub fn new(
@@ -629,6 +670,10 @@ impl RaftNetwork<TypeConfig> for Connection {
         rpc: VoteRequest<NodeId>,
         option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+        // A refused node's vote would count for entries it no longer holds.
+        if self.network.is_refused(self.target) {
+            return Err(refused(self.target));
+        }
         let payload = Network::json(self.target, &rpc).map(|bytes| (bytes, codec::JSON));
         self.call::<_, openraft::error::Infallible>(Rpc::Vote, payload, 0, option.hard_ttl())
             .await

@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use tracing::{info, instrument, warn};
 
 use super::batcher::Batcher;
+use super::command::REFUSAL_RULES;
 use super::faults::Faults;
 use super::forward::{ForwardReply, Forwarded};
 use super::membership_check::MembershipCheck;
@@ -141,6 +142,9 @@ pub struct NodeStatus {
     /// The cluster id this node has applied (none until founded).
     #[serde(default)]
     pub cluster_id: Option<String>,
+    /// Members refused for losing log entries they had acknowledged.
+    #[serde(default)]
+    pub refused: Vec<NodeId>,
 }
 
 impl NodeStatus {
@@ -344,9 +348,10 @@ impl RaftNode {
         &self.check
     }
 
-    /// While this node leads: founds the cluster id if there is none, and
+    /// While this node leads: founds the cluster id if there is none,
     /// records the incarnation of each member that has none on record (its
-    /// own, and those members answered with). Checked every second, which
+    /// own, and those members answered with), and the refusal of members it
+    /// found had lost acknowledged log entries. Checked every second, which
     /// costs a lock and a map lookup; ends when the Raft core stops.
     async fn record_members(self) {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
@@ -373,20 +378,29 @@ impl RaftNode {
             // elected later assumes them before it hears from everyone.
             let rules = self.network.rules_of_all(members.iter().copied());
             let raise = rules > self.check.cluster_rules();
+            // A member that follows older rules would drop the refusal;
+            // until all follow them it stays this leader's own.
+            let refused = if rules >= REFUSAL_RULES {
+                self.network.refusals_to_record()
+            } else {
+                BTreeMap::new()
+            };
             let (cluster_id, incarnations) = match self.check.missing(&members, new_cluster_id) {
                 Some(missing) => missing,
-                None if raise => (None, BTreeMap::new()),
+                None if raise || !refused.is_empty() => (None, BTreeMap::new()),
                 None => continue,
             };
             if let Some(id) = &cluster_id {
                 info!(node_id = self.id, cluster_id = %id, "founding the cluster id");
             }
             let nodes: Vec<NodeId> = incarnations.keys().copied().collect();
+            let refusing: Vec<NodeId> = refused.keys().copied().collect();
             let command = Command::Cluster {
                 cluster_id,
                 incarnations,
                 now: crate::domain::time::now(),
                 rules: if raise { rules } else { 0 },
+                refused,
             };
             // Bounded: a leader cut off from its quorum would otherwise wait
             // for this commit for as long as the partition lasts.
@@ -409,6 +423,14 @@ impl RaftNode {
                     }
                     if !nodes.is_empty() {
                         info!(node_id = self.id, members = ?nodes, "recorded members' data directories");
+                    }
+                    if !refusing.is_empty() {
+                        tracing::warn!(
+                            node_id = self.id,
+                            members = ?refusing,
+                            "recorded the refusal of members that lost acknowledged log entries; \
+                             every leader refuses them until they are removed"
+                        );
                     }
                 }
                 // Seen again on the next answer; whoever leads then records.
@@ -570,6 +592,7 @@ impl RaftNode {
                 .map(|(id, l)| (*id, l.map(|l| l.index).unwrap_or(0)))
                 .collect(),
             cluster_id: self.check.cluster_id(),
+            refused: self.network.refused(),
         }
     }
 

@@ -608,6 +608,7 @@ pub fn cluster_status_to_json(s: &pb::ClusterStatus) -> Value {
             "leader": m.leader,
             "matched_index": m.matched_index,
             "lag": m.lag,
+            "refused": m.refused,
         })).collect::<Vec<_>>(),
     })
 }

@@ -22,6 +22,9 @@ pub struct MemberView {
     pub leader: bool,
     pub matched_index: u64,
     pub lag: u64,
+    /// Refused for losing log entries it had acknowledged: sent nothing
+    /// until an operator removes it and adds it back.
+    pub refused: bool,
 }
 
 /// What `Cluster.Status` answers.
@@ -204,6 +207,7 @@ impl ClusterService {
                     } else {
                         0
                     },
+                    refused: view.refused.contains(id),
                 }
             })
             .collect();

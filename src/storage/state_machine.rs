@@ -1076,6 +1076,7 @@ impl StateMachine {
                     Applying::Normal(Command::Cluster {
                         cluster_id,
                         incarnations,
+                        refused,
                         ..
                     }) => {
                         let members = match membership.as_ref() {
@@ -1088,7 +1089,7 @@ impl StateMachine {
                         };
                         let record = cluster.get_or_insert_with(|| (*self.cluster.get()).clone());
                         cluster_changed |=
-                            record.record(cluster_id.as_deref(), &incarnations, |n| {
+                            record.record(cluster_id.as_deref(), &incarnations, &refused, |n| {
                                 members.membership().get_node(&n).is_some()
                             });
                         CommandResult::Internal
@@ -1836,12 +1837,14 @@ mod tests {
             incarnations: incs.iter().map(|(n, i)| (*n, i.to_string())).collect(),
             now: "2026-11-25T00:00:00Z".into(),
             rules: 0,
+            refused: BTreeMap::new(),
         };
         let rules = |rules: u32| Command::Cluster {
             cluster_id: None,
             incarnations: BTreeMap::new(),
             now: "2026-11-25T00:00:00Z".into(),
             rules,
+            refused: BTreeMap::new(),
         };
         sm.apply([
             Entry {
@@ -1882,6 +1885,17 @@ mod tests {
                 log_id: openraft::LogId::new(leader, 6),
                 payload: normal(rules(1)),
             },
+            // A refusal of a member is kept; of a former member, dropped.
+            Entry {
+                log_id: openraft::LogId::new(leader, 7),
+                payload: normal(Command::Cluster {
+                    cluster_id: None,
+                    incarnations: BTreeMap::new(),
+                    now: "2026-11-25T00:00:00Z".into(),
+                    rules: 0,
+                    refused: BTreeMap::from([(1, "lost 3".into()), (2, "lost 3".into())]),
+                }),
+            },
         ])
         .await
         .unwrap();
@@ -1889,6 +1903,7 @@ mod tests {
             cluster_id: Some("c1".into()),
             incarnations: BTreeMap::from([(1, "a".to_string())]),
             apply_rules: APPLY_RULES,
+            refused: BTreeMap::from([(1, "lost 3".to_string())]),
         };
         assert_eq!(*sm.cluster_record().get(), expected);
         // Kept on disk, and carried by a snapshot.
@@ -1901,7 +1916,7 @@ mod tests {
         // the node rather than be applied differently from the others.
         let newer = sm
             .apply([Entry {
-                log_id: openraft::LogId::new(leader, 7),
+                log_id: openraft::LogId::new(leader, 8),
                 payload: normal(rules(APPLY_RULES + 1)),
             }])
             .await;

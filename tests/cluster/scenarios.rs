@@ -438,6 +438,92 @@ async fn a_minority_cannot_commit_and_the_cluster_converges_after_healing() {
         !c.contents(rolled).await.contains_key("after-copy-0"),
         "the rolled-back node was not fed the log"
     );
+
+    // The refusal goes into the replicated cluster record, so it outlives
+    // the leader that saw the loss: that leader dies (its memory with it),
+    // and whichever node leads next sends the copy nothing either.
+    let recorded = "recorded the refusal of members";
+    let deadline = std::time::Instant::now() + LONG;
+    while !c.log(leader).contains(recorded) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(c.log(leader).contains(recorded), "{}", c.log(leader));
+    // Every node that holds the log has applied it (the copy never will).
+    let last = c.status(leader).await.unwrap().node.unwrap().last_log_index;
+    let deadline = std::time::Instant::now() + LONG;
+    for &n in &others {
+        while c
+            .status(n)
+            .await
+            .and_then(|s| s.node)
+            .map(|s| s.applied_index)
+            < Some(last)
+        {
+            assert!(std::time::Instant::now() < deadline, "node {n} applies");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    c.kill(leader);
+    c.restart(leader);
+    // The two that hold the log elect one of themselves (the copy's vote is
+    // neither asked for nor needed) and go on committing.
+    let leader = c.wait_for_leader_among(&others, LONG).await;
+    let (s, b) = c.register(leader, "after-leader-restart", "x").await;
+    assert_eq!(s, 201, "{b}");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let copy = c.contents(rolled).await;
+    assert!(
+        !copy.contains_key("after-copy-0") && !copy.contains_key("after-leader-restart"),
+        "a later leader did not feed the rolled-back node the log"
+    );
+    let status = c.status(leader).await.unwrap();
+    let marked: Vec<u64> = status
+        .members
+        .iter()
+        .filter(|m| m.refused)
+        .map(|m| m.id)
+        .collect();
+    assert_eq!(marked, [rolled], "{status:?}");
+    assert!(
+        c.log(rolled).contains("is refused by the cluster"),
+        "the copy hears why its requests are refused:\n{}",
+        c.log(rolled)
+    );
+    // The remedy drops the refusal with the member's record and brings the
+    // copy back in step.
+    let server = c.grpc_url(leader);
+    cli(&[
+        "cluster",
+        "remove",
+        &rolled.to_string(),
+        "--server",
+        &server,
+    ])
+    .await;
+    let raft = format!("127.0.0.1:{}", c.nodes[&rolled].raft);
+    cli(&[
+        "cluster",
+        "add",
+        &rolled.to_string(),
+        &raft,
+        "--wait",
+        "--server",
+        &server,
+    ])
+    .await;
+    cli(&[
+        "cluster",
+        "promote",
+        &rolled.to_string(),
+        "--server",
+        &server,
+    ])
+    .await;
+    let last = c.status(leader).await.unwrap().node.unwrap().last_log_index;
+    c.wait_applied(last, LONG).await;
+    assert_eq!(c.contents(rolled).await, c.contents(leader).await);
+    let status = c.status(leader).await.unwrap();
+    assert!(status.members.iter().all(|m| !m.refused), "{status:?}");
 }
 
 fn copy_dir(from: &std::path::Path, to: &std::path::Path) {

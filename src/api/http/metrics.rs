@@ -115,6 +115,11 @@ pub fn render(
         "Number of learners in the membership.",
         s.learners.len() as u64,
     );
+    p.gauge(
+        "agentry_raft_refused_members",
+        "Members refused for losing log entries they had acknowledged (remove and add them back).",
+        s.refused.len() as u64,
+    );
     p.counter(
         "agentry_raft_snapshots_built",
         "Snapshots this node built since it started.",
@@ -239,6 +244,7 @@ mod tests {
             applied_index: 41,
             follower_matched: vec![(2, 40)],
             voters: vec![1, 2, 3],
+            refused: vec![3],
             ..Default::default()
         };
         let index = IndexStats {
@@ -257,6 +263,7 @@ mod tests {
         );
         let text = render(&s, 41, 1, &index);
         assert!(text.contains("agentry_discovery_indexed_agents{node_id=\"1\"} 7\n"));
+        assert!(text.contains("agentry_raft_refused_members{node_id=\"1\"} 1\n"));
         assert!(text.contains("# TYPE agentry_discovery_index_rebuilds counter\n"));
         assert!(text.contains("agentry_discovery_index_rebuilds_total{node_id=\"1\"} 1\n"));
         assert!(text.contains("agentry_discovery_embedder_loaded{node_id=\"1\"} 1\n"));
