@@ -24,6 +24,7 @@ impl Discovery for RegistryApi {
         keep_within_page(
             &mut response.candidates,
             &mut response.warnings,
+            result.left_out,
             "fewer (limit) or less detail",
         );
         Ok(Response::new(response))
@@ -41,6 +42,7 @@ impl Discovery for RegistryApi {
         keep_within_page(
             &mut response.candidates,
             &mut response.warnings,
+            0,
             "fewer (max_candidates)",
         );
         Ok(Response::new(response))
@@ -49,15 +51,17 @@ impl Discovery for RegistryApi {
 
 /// Keeps the leading `candidates` whose encoded sizes add up to at most
 /// [`MAX_PAGE_BYTES`] (always the first), and warns how many were left out
-/// and what to `ask` for instead. Large records (full detail, input
+/// (with `already` that the service did not read) and what to `ask` for
+/// instead. Large records (full detail, input
 /// schemas) would otherwise make answers that stock gRPC clients refuse
 /// (over 4 MiB) and that the server builds whole for every such request.
 fn keep_within_page<T: prost::Message>(
     candidates: &mut Vec<T>,
     warnings: &mut Vec<String>,
+    already: usize,
     ask: &str,
 ) {
-    let dropped = fit(candidates);
+    let dropped = fit(candidates) + already;
     if dropped > 0 {
         warnings.push(format!(
             "{dropped} more candidate(s) were left out: an answer holds about {} MiB of candidates; ask for {ask}",

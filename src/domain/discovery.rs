@@ -193,6 +193,9 @@ pub struct DiscoveryResult {
     pub include_evidence: bool,
     pub indexed_revision: u64,
     pub scope: Scope,
+    /// Ranked agents neither read nor shown: the candidates before them
+    /// filled an answer (`service::MAX_PAGE_BYTES`).
+    pub left_out: usize,
 }
 
 fn check_text(s: &str, pointer: &str, max: usize) -> Result<(), FieldError> {

@@ -105,6 +105,7 @@ impl RegistryService {
             include_evidence: plan.include_evidence,
             indexed_revision: self.index().indexed_revision(),
             scope,
+            left_out: 0,
         }
     }
 
@@ -137,31 +138,53 @@ impl RegistryService {
             leases: None,
         });
         let mut candidates = Vec::with_capacity(hits.len());
-        // The record may have changed since it was indexed; show what is
-        // stored now (and skip it if it is gone).
-        let ids: Vec<&str> = hits.iter().map(|h| h.id.as_str()).collect();
         // Evidence and `full` detail show a record's example tasks and
         // operations; anything less shows only its summary.
-        let records = if plan.detail == Detail::Full || plan.include_evidence {
-            self.reader().get_shared_many(&ids)?
-        } else {
-            self.reader().get_summaries(&ids)?
-        };
-        for (mut hit, record) in hits.into_iter().zip(records) {
-            let Some(record) = record else {
-                continue;
+        let whole = plan.detail == Detail::Full || plan.include_evidence;
+        // The record may have changed since it was indexed; show what is
+        // stored now (and skip it if it is gone). Whole records are read a
+        // chunk at a time and stop at about a page: up to 200 records of up
+        // to 256 KiB each would otherwise all be read and parsed (about
+        // five times their size in memory) for an answer that holds 2 MiB.
+        let (mut bytes, mut left_out) = (0, 0);
+        let mut hits = hits.into_iter();
+        'read: while hits.len() > 0 {
+            let take = if whole {
+                next_chunk(bytes, candidates.len(), hits.len())
+            } else {
+                hits.len()
             };
-            if record.envelope.deleted {
-                continue;
+            let chunk: Vec<Hit> = hits.by_ref().take(take).collect();
+            let ids: Vec<&str> = chunk.iter().map(|h| h.id.as_str()).collect();
+            let records = if whole {
+                self.reader().get_shared_many(&ids)?
+            } else {
+                self.reader().get_summaries(&ids)?
+            };
+            let mut chunk = chunk.into_iter().zip(records);
+            while let Some((mut hit, record)) = chunk.next() {
+                let Some((record, size)) = record else {
+                    continue;
+                };
+                if record.envelope.deleted {
+                    continue;
+                }
+                if whole && !candidates.is_empty() && bytes + size > MAX_PAGE_BYTES {
+                    left_out = 1 + chunk.len() + hits.len();
+                    break 'read;
+                }
+                bytes += size;
+                self.index().evidence(&mut hit, &record, &plan.query);
+                for note in &hit.notes {
+                    warnings.push(format!("candidate '{}': {note}", hit.id));
+                }
+                candidates.push(candidate(hit, &record, plan.detail, principal));
             }
-            self.index().evidence(&mut hit, &record, &plan.query);
-            for note in &hit.notes {
-                warnings.push(format!("candidate '{}': {note}", hit.id));
-            }
-            candidates.push(candidate(hit, &record, plan.detail, principal));
         }
-        debug!(candidates = candidates.len(), "discovered");
-        Ok(self.discovery_result(plan, now, candidates, warnings, Scope::Local))
+        debug!(candidates = candidates.len(), left_out, "discovered");
+        let mut result = self.discovery_result(plan, now, candidates, warnings, Scope::Local);
+        result.left_out = left_out;
+        Ok(result)
     }
 
     /// AIDIP semantic search: the filter search ranked by `query`, best
@@ -248,6 +271,21 @@ pub struct RankedPage {
     /// Where the next page starts, when this one ended early.
     pub next_offset: Option<usize>,
     pub applied_revision: u64,
+}
+
+/// How many more whole records to read, with `bytes` of stored records
+/// read for `read` candidates so far and `left` hits to go: all that the
+/// records so far suggest would fit the page, at least a few (records
+/// differ), starting from enough for a usual answer in one read.
+fn next_chunk(bytes: usize, read: usize, left: usize) -> usize {
+    const FIRST: usize = 16;
+    const AT_LEAST: usize = 4;
+    let fits = match (bytes, read) {
+        (_, 0) => FIRST,
+        (0, _) => left,
+        _ => MAX_PAGE_BYTES.saturating_sub(bytes) / (bytes / read).max(1),
+    };
+    fits.clamp(AT_LEAST, left.max(AT_LEAST)).min(left)
 }
 
 /// Score taken from a candidate whose declared languages miss the locale's.
@@ -410,5 +448,27 @@ fn ranked(hit: Hit) -> Ranked {
         expired: hit.expired,
         duplicate_of: hit.duplicate_of,
         notes: hit.notes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn whole_records_are_read_about_a_page_at_a_time() {
+        // A usual answer is one read; a large limit of usual records, two.
+        assert_eq!(next_chunk(0, 0, 10), 10);
+        assert_eq!(next_chunk(0, 0, 200), 16);
+        assert_eq!(next_chunk(16 * 2048, 16, 184), 184);
+        // Records of 256 KiB: the first read holds 16 (4 MiB), then the
+        // page is full; at 200 KiB a few more are read at a time.
+        assert_eq!(next_chunk(4 << 20, 16, 184), 4);
+        assert_eq!(next_chunk(1 << 20, 5, 195), 5);
+        // Never fewer than a few, never more than are left.
+        assert_eq!(next_chunk(MAX_PAGE_BYTES - 10, 3, 50), 4);
+        assert_eq!(next_chunk(1 << 20, 5, 2), 2);
+        // Records read so far all empty (tombstones): the rest at once.
+        assert_eq!(next_chunk(0, 3, 40), 40);
     }
 }

@@ -52,6 +52,9 @@ pub enum HoldsChanged<'a> {
 
 /// Called after the lease table has changed, with no lock held, on the
 /// applying task: it must be quick and must not wait for an apply.
+/// A record read for an answer, with the size of its stored form.
+pub type SizedRecord = (Arc<AgentRecord>, usize);
+
 pub type HoldsListener = Box<dyn Fn(HoldsChanged<'_>) + Send + Sync>;
 
 /// Changes read from history per batch while a follower catches up.
@@ -272,21 +275,16 @@ impl Reader {
     /// once and kept in a bounded cache for the records discovery keeps
     /// returning. Those not in the cache are read from RocksDB in one
     /// batched lookup: a discovery answer reads each of its hits, and in a
-    /// directory larger than the cache most of them miss.
-    pub fn get_shared_many(
-        &self,
-        ids: &[&str],
-    ) -> Result<Vec<Option<Arc<AgentRecord>>>, StorageError> {
+    /// directory larger than the cache most of them miss. Each comes with
+    /// its stored size, which bounds an answer.
+    pub fn get_shared_many(&self, ids: &[&str]) -> Result<Vec<Option<SizedRecord>>, StorageError> {
         self.read_many(ids, true)
     }
 
     /// As [`Self::get_shared_many`], but a record may come as its summary
     /// (`domain::discovery::parse_summary`): for answers below `full`
     /// detail, which show no more, and parse and keep less.
-    pub fn get_summaries(
-        &self,
-        ids: &[&str],
-    ) -> Result<Vec<Option<Arc<AgentRecord>>>, StorageError> {
+    pub fn get_summaries(&self, ids: &[&str]) -> Result<Vec<Option<SizedRecord>>, StorageError> {
         self.read_many(ids, false)
     }
 
@@ -294,7 +292,7 @@ impl Reader {
         &self,
         ids: &[&str],
         whole: bool,
-    ) -> Result<Vec<Option<Arc<AgentRecord>>>, StorageError> {
+    ) -> Result<Vec<Option<SizedRecord>>, StorageError> {
         self.consistent(|| self.read_many_now(ids, whole))
     }
 
@@ -302,10 +300,9 @@ impl Reader {
         &self,
         ids: &[&str],
         whole: bool,
-    ) -> Result<Vec<Option<Arc<AgentRecord>>>, StorageError> {
+    ) -> Result<Vec<Option<SizedRecord>>, StorageError> {
         let cache = &self.applied.records;
-        let mut out: Vec<Option<Arc<AgentRecord>>> =
-            ids.iter().map(|id| cache.get(id, whole)).collect();
+        let mut out: Vec<Option<SizedRecord>> = ids.iter().map(|id| cache.get(id, whole)).collect();
         let missed: Vec<usize> = (0..ids.len()).filter(|&i| out[i].is_none()).collect();
         if missed.is_empty() {
             return Ok(out);
@@ -324,7 +321,7 @@ impl Reader {
                 crate::domain::discovery::parse_summary(&bytes)?
             });
             cache.fill(read_at, record.clone(), bytes.len(), whole);
-            out[i] = Some(record);
+            out[i] = Some((record, bytes.len()));
         }
         Ok(out)
     }

@@ -41,6 +41,8 @@ const TYPICAL_BYTES: u64 = 2048;
 #[derive(Clone)]
 struct Cached {
     record: Arc<AgentRecord>,
+    /// Its stored (JSON) size.
+    stored: u32,
     /// Estimated memory of the parsed record.
     bytes: u32,
     /// False for a summary.
@@ -93,12 +95,12 @@ impl RecordCache {
     }
 
     /// The record with this id, if kept: whole, or (`whole` false) whole
-    /// or as a summary.
-    pub fn get(&self, id: &str, whole: bool) -> Option<Arc<AgentRecord>> {
+    /// or as a summary; with its stored size.
+    pub fn get(&self, id: &str, whole: bool) -> Option<(Arc<AgentRecord>, usize)> {
         self.cache
             .get(id)
             .filter(|c| c.whole || !whole)
-            .map(|c| c.record)
+            .map(|c| (c.record, c.stored as usize))
     }
 
     /// The generation to pass to [`Self::fill`], taken before reading disk.
@@ -122,6 +124,7 @@ impl RecordCache {
                 id,
                 Cached {
                     record,
+                    stored: u32::try_from(stored_bytes).unwrap_or(u32::MAX),
                     bytes: u32::try_from(bytes).unwrap_or(u32::MAX),
                     whole,
                 },
@@ -164,7 +167,9 @@ mod tests {
         let at = cache.generation();
         cache.fill(at, record("a", "first"), 100, true);
         assert_eq!(
-            cache.get("a", true).map(|r| r.metadata.description.clone()),
+            cache
+                .get("a", true)
+                .map(|(r, _)| r.metadata.description.clone()),
             Some("first".to_string())
         );
         // A reader reads the old value from disk, then a write lands.
@@ -177,7 +182,9 @@ mod tests {
         let at = cache.generation();
         cache.fill(at, record("a", "second"), 100, true);
         assert_eq!(
-            cache.get("a", true).map(|r| r.metadata.description.clone()),
+            cache
+                .get("a", true)
+                .map(|(r, _)| r.metadata.description.clone()),
             Some("second".to_string())
         );
         cache.clear();
@@ -197,13 +204,15 @@ mod tests {
         // Read whole later, the record replaces its summary.
         cache.fill(at, record("a", "whole"), 100, true);
         assert_eq!(
-            cache.get("a", true).map(|r| r.metadata.description.clone()),
+            cache
+                .get("a", true)
+                .map(|(r, _)| r.metadata.description.clone()),
             Some("whole".to_string())
         );
         assert_eq!(
             cache
                 .get("a", false)
-                .map(|r| r.metadata.description.clone()),
+                .map(|(r, _)| r.metadata.description.clone()),
             Some("whole".to_string())
         );
         // Summaries weigh less: more of them fit the same bound.

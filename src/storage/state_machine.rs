@@ -1770,28 +1770,33 @@ mod tests {
         let revision = |sm: &StateMachine| {
             sm.reader().get_shared_many(&["a"]).unwrap()[0]
                 .as_ref()
-                .map(|r| r.envelope.revision)
+                .map(|(r, size)| (r.envelope.revision, *size))
         };
         let dir = tempfile::tempdir().unwrap();
         let mut sm = state_machine_in(dir.path());
+        // Read twice, the second read is the cached one; both give the
+        // revision and the stored size that a read from disk gives.
+        let stored = |sm: &StateMachine| {
+            sm.reader()
+                .get_sized("a")
+                .unwrap()
+                .map(|(r, size)| (r.envelope.revision, size))
+        };
         assert_eq!(revision(&sm), None);
         sm.apply([put(1)]).await.unwrap();
-        // Read twice: the second read is the cached one.
-        assert_eq!(revision(&sm), Some(1));
-        assert_eq!(revision(&sm), Some(1));
+        assert_eq!(revision(&sm), stored(&sm));
+        assert_eq!(revision(&sm), stored(&sm));
+        assert_eq!(revision(&sm).map(|(r, _)| r), Some(1));
         sm.apply([put(2)]).await.unwrap();
-        assert_eq!(revision(&sm), Some(2));
-        assert_eq!(
-            revision(&sm),
-            sm.reader().get("a").unwrap().map(|r| r.envelope.revision)
-        );
+        assert_eq!(revision(&sm).map(|(r, _)| r), Some(2));
+        assert_eq!(revision(&sm), stored(&sm));
         // Several at once, read from disk (the cache emptied), come back
         // in the order asked: a missing id as none, an id asked twice twice.
         sm.reader().applied.records.clear();
         let both = sm.reader().get_shared_many(&["a", "none", "a"]).unwrap();
         let revisions: Vec<Option<u64>> = both
             .iter()
-            .map(|r| r.as_ref().map(|r| r.envelope.revision))
+            .map(|r| r.as_ref().map(|(r, _)| r.envelope.revision))
             .collect();
         assert_eq!(revisions, [Some(2), None, Some(2)]);
         // A follower that read (and cached) an older "a" installs a
@@ -1802,7 +1807,7 @@ mod tests {
             .unwrap();
         let mut follower = StateMachine::open(db, dir.path().join("b-snap"), 1000).unwrap();
         follower.apply([put(1)]).await.unwrap();
-        assert_eq!(revision(&follower), Some(1));
+        assert_eq!(revision(&follower).map(|(r, _)| r), Some(1));
         let told = holds_log(&follower.reader());
         let mut received = follower.begin_receiving_snapshot().await.unwrap();
         received.write_all(&bytes).await.unwrap();
@@ -1811,7 +1816,7 @@ mod tests {
             .install_snapshot(&built.meta, received)
             .await
             .unwrap();
-        assert_eq!(revision(&follower), Some(2));
+        assert_eq!(revision(&follower).map(|(r, _)| r), Some(2));
         // The lease table was replaced: every agent's hold may have changed.
         assert_eq!(*told.lock().unwrap(), ["*"]);
     }
