@@ -161,92 +161,93 @@ pub fn observe_backup(took: Duration, bytes: u64) {
     i.backup_bytes.inc_by(bytes);
 }
 
-/// Registers the instruments (shared, not copied) in `registry`.
+/// Registers the instruments (shared, not copied) in `registry`. Help
+/// texts have no final full stop: the encoding adds one.
 pub fn register(registry: &mut Registry) {
     let i = instruments();
     registry.register(
         "agentry_requests",
-        "Requests answered, by transport, route or gRPC method, and status code.",
+        "Requests answered, by transport, route or gRPC method, and status code",
         i.requests.clone(),
     );
     registry.register(
         "agentry_request_duration_seconds",
-        "Time to answer a request (to the response headers; a stream's life is not included).",
+        "Time to answer a request (to the response headers; a stream's life is not included)",
         i.request_seconds.clone(),
     );
     registry.register(
         "agentry_raft_commit_duration_seconds",
-        "Leader: a write's time from proposal until it is committed and applied.",
+        "Leader: a write's time from proposal until it is committed and applied",
         i.commit_seconds.clone(),
     );
     registry.register(
         "agentry_raft_apply_duration_seconds",
-        "Time to apply one batch of committed entries to the state machine.",
+        "Time to apply one batch of committed entries to the state machine",
         i.apply_seconds.clone(),
     );
     registry.register(
         "agentry_raft_log_sync_duration_seconds",
-        "Time of one WAL sync of the Raft log (one sync covers every append queued meanwhile).",
+        "Time of one WAL sync of the Raft log (one sync covers every append queued meanwhile)",
         i.log_sync_seconds.clone(),
     );
     registry.register(
         "agentry_raft_log_append_duration_seconds",
-        "Time of one append to the Raft log, before the sync that makes it durable.",
+        "Time of one append to the Raft log, before the sync that makes it durable",
         i.log_append_seconds.clone(),
     );
     registry.register(
         "agentry_raft_log_appended_entries",
-        "Entries appended to this node's Raft log.",
+        "Entries appended to this node's Raft log",
         i.log_appended.clone(),
     );
     registry.register(
         "agentry_refresh_entries",
-        "Log entries of batched refreshes this node proposed.",
+        "Log entries of batched refreshes this node proposed",
         i.refresh_entries.clone(),
     );
     registry.register(
         "agentry_refreshes",
-        "Refreshes this node proposed (divided by agentry_refresh_entries_total: refreshes per entry).",
+        "Refreshes this node proposed (divided by agentry_refresh_entries_total: refreshes per entry)",
         i.refreshes.clone(),
     );
     registry.register(
         "agentry_write_entries",
-        "Leader: log entries proposed for client writes by the write batcher.",
+        "Leader: log entries proposed for client writes by the write batcher",
         i.write_entries.clone(),
     );
     registry.register(
         "agentry_batched_writes",
-        "Leader: client writes in those entries (divided by agentry_write_entries_total: writes per entry).",
+        "Leader: client writes in those entries (divided by agentry_write_entries_total: writes per entry)",
         i.batched_writes.clone(),
     );
     registry.register(
         "agentry_raft_replicate_duration_seconds",
-        "Leader: one AppendEntries round trip that carried entries, the follower's append and sync included.",
+        "Leader: one AppendEntries round trip that carried entries, the follower's append and sync included",
         i.replicate_seconds.clone(),
     );
     registry.register(
         "agentry_raft_replicated_entries",
-        "Leader: entries sent to followers in AppendEntries.",
+        "Leader: entries sent to followers in AppendEntries",
         i.replicated.clone(),
     );
     registry.register(
         "agentry_raft_applied_entries",
-        "Entries applied to this node's state machine.",
+        "Entries applied to this node's state machine",
         i.applied.clone(),
     );
     registry.register(
         "agentry_raft_snapshot_duration_seconds",
-        "Time to build a Raft snapshot, or to install one from the leader.",
+        "Time to build a Raft snapshot, or to install one from the leader",
         i.snapshot_seconds.clone(),
     );
     registry.register(
         "agentry_backup_duration_seconds",
-        "Time to write a backup (agentry snapshot save) from this node.",
+        "Time to write a backup (agentry snapshot save) from this node",
         i.backup_seconds.clone(),
     );
     registry.register(
         "agentry_backup_bytes",
-        "Bytes of backups written from this node.",
+        "Bytes of backups written from this node",
         i.backup_bytes.clone(),
     );
 }

@@ -108,6 +108,9 @@ pub struct Network {
     /// The apply rules each peer's last answer said it follows; kept
     /// through failures like `batching`.
     rules: Arc<Mutex<HashMap<NodeId, u32>>>,
+    /// Woken when this leader refuses a node, so the refusal is recorded
+    /// at once rather than at the next tick (`RaftNode::record_members`).
+    refusal_decided: Arc<tokio::sync::Notify>,
 }
 
 /// Per peer: its address, the cluster-TLS generation the channel was made
@@ -219,7 +222,14 @@ impl Network {
             accepts: Arc::default(),
             batching: Arc::default(),
             rules: Arc::default(),
+            refusal_decided: Arc::default(),
         }
+    }
+
+    /// Waits until this leader refuses a node (at once if it did since the
+    /// last wait).
+    pub async fn refusal_decided(&self) {
+        self.refusal_decided.notified().await
     }
 
     /// The newest apply rules every node of `members` follows, this one
@@ -639,6 +649,7 @@ impl RaftNetwork<TypeConfig> for Connection {
                          it is refused: remove it and add it back (agentry cluster remove / add / promote)",
                         self.target
                     );
+                    self.network.refusal_decided.notify_one();
                 }
                 table.insert(self.target, seen);
                 return Err(refused(self.target));

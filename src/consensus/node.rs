@@ -352,13 +352,18 @@ impl RaftNode {
     /// records the incarnation of each member that has none on record (its
     /// own, and those members answered with), and the refusal of members it
     /// found had lost acknowledged log entries. Checked every second, which
-    /// costs a lock and a map lookup; ends when the Raft core stops.
+    /// costs a lock and a map lookup, and at once when a refusal is decided
+    /// (a leader that died before recording it would take it along); ends
+    /// when the Raft core stops.
     async fn record_members(self) {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let metrics = self.raft.metrics();
         loop {
-            tick.tick().await;
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = self.network.refusal_decided() => {}
+            }
             if metrics.has_changed().is_err() {
                 return;
             }

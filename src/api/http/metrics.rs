@@ -27,7 +27,7 @@ impl Page {
     fn gauge(&mut self, name: &str, help: &str, value: u64) {
         let g: Family<Labels, Gauge> = Family::default();
         g.get_or_create(&self.node).set(clamp(value));
-        self.registry.register(name, help, g);
+        self.registry.register(name, sentence(help), g);
     }
 
     /// A counter the node keeps itself (name without `_total`, which the
@@ -35,7 +35,7 @@ impl Page {
     fn counter(&mut self, name: &str, help: &str, value: u64) {
         let c: Family<Labels, Counter> = Family::default();
         c.get_or_create(&self.node).inc_by(value);
-        self.registry.register(name, help, c);
+        self.registry.register(name, sentence(help), c);
     }
 
     fn per_follower(&mut self, name: &str, help: &str, values: impl Iterator<Item = (u64, u64)>) {
@@ -45,8 +45,13 @@ impl Page {
             labels.push(("follower", follower.to_string()));
             g.get_or_create(&labels).set(clamp(value));
         }
-        self.registry.register(name, help, g);
+        self.registry.register(name, sentence(help), g);
     }
+}
+
+/// A help text without its final full stop, which the encoding adds.
+fn sentence(help: &str) -> &str {
+    help.strip_suffix('.').unwrap_or(help)
 }
 
 fn clamp(v: u64) -> i64 {
@@ -264,6 +269,12 @@ mod tests {
         let text = render(&s, 41, 1, &index);
         assert!(text.contains("agentry_discovery_indexed_agents{node_id=\"1\"} 7\n"));
         assert!(text.contains("agentry_raft_refused_members{node_id=\"1\"} 1\n"));
+        // Help texts end in one full stop (the encoding adds it).
+        let doubled: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("# HELP") && l.ends_with(".."))
+            .collect();
+        assert!(doubled.is_empty(), "{doubled:#?}");
         assert!(text.contains("# TYPE agentry_discovery_index_rebuilds counter\n"));
         assert!(text.contains("agentry_discovery_index_rebuilds_total{node_id=\"1\"} 1\n"));
         assert!(text.contains("agentry_discovery_embedder_loaded{node_id=\"1\"} 1\n"));
