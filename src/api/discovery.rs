@@ -51,10 +51,10 @@ impl Discovery for RegistryApi {
 
 /// Keeps the leading `candidates` whose encoded sizes add up to at most
 /// [`MAX_PAGE_BYTES`] (always the first), and warns how many were left out
-/// (with `already` that the service did not read) and what to `ask` for
-/// instead. Large records (full detail, input
-/// schemas) would otherwise make answers that stock gRPC clients refuse
-/// (over 4 MiB) and that the server builds whole for every such request.
+/// (counting `already`, those the service did not read) and what to `ask`
+/// for instead. Large records (full detail, input schemas) would otherwise
+/// make answers that stock gRPC clients refuse (over 4 MiB) and that the
+/// server builds whole for every such request.
 fn keep_within_page<T: prost::Message>(
     candidates: &mut Vec<T>,
     warnings: &mut Vec<String>,

@@ -50,11 +50,11 @@ pub enum HoldsChanged<'a> {
     All,
 }
 
-/// Called after the lease table has changed, with no lock held, on the
-/// applying task: it must be quick and must not wait for an apply.
 /// A record read for an answer, with the size of its stored form.
 pub type SizedRecord = (Arc<AgentRecord>, usize);
 
+/// Called after the lease table has changed, with no lock held, on the
+/// applying task: it must be quick and must not wait for an apply.
 pub type HoldsListener = Box<dyn Fn(HoldsChanged<'_>) + Send + Sync>;
 
 /// Changes read from history per batch while a follower catches up.
