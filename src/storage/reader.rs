@@ -8,6 +8,7 @@ use std::sync::Arc;
 use rocksdb::DB;
 use tokio::sync::broadcast;
 
+use super::record_cache::SizedRecord;
 use super::{
     cf, get_json, key_u64, u64_key, StorageError, CF_AGENTS, CF_CHANGES, CF_INDEX_VECTORS,
 };
@@ -49,9 +50,6 @@ pub enum HoldsChanged<'a> {
     /// The table was replaced (a snapshot was installed).
     All,
 }
-
-/// A record read for an answer, with the size of its stored form.
-pub type SizedRecord = (Arc<AgentRecord>, usize);
 
 /// Called after the lease table has changed, with no lock held, on the
 /// applying task: it must be quick and must not wait for an apply.

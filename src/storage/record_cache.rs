@@ -38,13 +38,14 @@ const PARSED_PER_STORED: u64 = 5;
 /// A typical stored record, for sizing the cache's table.
 const TYPICAL_BYTES: u64 = 2048;
 
+/// A record read for an answer, with the size of its stored form.
+pub type SizedRecord = (Arc<AgentRecord>, usize);
+
 #[derive(Clone)]
 struct Cached {
     record: Arc<AgentRecord>,
     /// Its stored (JSON) size.
     stored: u32,
-    /// Estimated memory of the parsed record.
-    bytes: u32,
     /// False for a summary.
     whole: bool,
 }
@@ -54,7 +55,16 @@ struct ByParsedSize;
 
 impl Weighter<String, Cached> for ByParsedSize {
     fn weight(&self, _id: &String, value: &Cached) -> u64 {
-        u64::from(value.bytes.max(1))
+        parsed_bytes(value.stored as usize, value.whole).max(1)
+    }
+}
+
+/// The estimated memory of a parsed record, whole or as a summary.
+fn parsed_bytes(stored_bytes: usize, whole: bool) -> u64 {
+    if whole {
+        stored_bytes as u64 * PARSED_PER_STORED
+    } else {
+        summary_bytes(stored_bytes)
     }
 }
 
@@ -96,7 +106,7 @@ impl RecordCache {
 
     /// The record with this id, if kept: whole, or (`whole` false) whole
     /// or as a summary; with its stored size.
-    pub fn get(&self, id: &str, whole: bool) -> Option<(Arc<AgentRecord>, usize)> {
+    pub fn get(&self, id: &str, whole: bool) -> Option<SizedRecord> {
         self.cache
             .get(id)
             .filter(|c| c.whole || !whole)
@@ -112,11 +122,6 @@ impl RecordCache {
     /// `stored_bytes` on disk after [`Self::generation`] returned `read_at`,
     /// unless something was invalidated since.
     pub fn fill(&self, read_at: u64, record: Arc<AgentRecord>, stored_bytes: usize, whole: bool) {
-        let bytes = if whole {
-            stored_bytes as u64 * PARSED_PER_STORED
-        } else {
-            summary_bytes(stored_bytes)
-        };
         let generation = self.generation.lock().unwrap_or_else(|e| e.into_inner());
         if *generation == read_at {
             let id = record.metadata.id.clone();
@@ -125,7 +130,6 @@ impl RecordCache {
                 Cached {
                     record,
                     stored: u32::try_from(stored_bytes).unwrap_or(u32::MAX),
-                    bytes: u32::try_from(bytes).unwrap_or(u32::MAX),
                     whole,
                 },
             );
