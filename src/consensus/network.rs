@@ -169,17 +169,9 @@ impl Network {
 
     /// The members refused by the replicated record or by this leader.
     pub fn refused(&self) -> Vec<NodeId> {
-        let mut nodes: Vec<NodeId> = self
-            .acknowledged
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .filter(|(_, a)| a.refused)
-            .map(|(node, _)| *node)
-            .collect();
-        nodes.extend(self.check.refused());
+        let mut nodes = self.check.refused();
+        nodes.extend(self.refusals_to_record().into_keys());
         nodes.sort_unstable();
-        nodes.dedup();
         nodes
     }
 

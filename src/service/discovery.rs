@@ -1,6 +1,7 @@
 //! Discovery use cases: ADP discovery and AIDIP ranked search, over this
 //! node's discovery index.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tracing::{debug, instrument};
@@ -137,49 +138,25 @@ impl RegistryService {
             now_unix: now.unix_timestamp(),
             leases: None,
         });
-        let mut candidates = Vec::with_capacity(hits.len());
         // Evidence and `full` detail show a record's example tasks and
         // operations; anything less shows only its summary.
         let whole = plan.detail == Detail::Full || plan.include_evidence;
         // The record may have changed since it was indexed; show what is
-        // stored now (and skip it if it is gone). Whole records are read a
-        // chunk at a time and stop at about a page: up to 200 records of up
-        // to 256 KiB each would otherwise all be read and parsed (about
-        // five times their size in memory) for an answer that holds 2 MiB.
-        let (mut bytes, mut left_out) = (0, 0);
-        let mut hits = hits.into_iter();
-        'read: while hits.len() > 0 {
-            let take = if whole {
-                next_chunk(bytes, candidates.len(), hits.len())
-            } else {
-                hits.len()
+        // stored now (and skip it if it is gone).
+        let ids: Vec<&str> = hits.iter().map(|h| h.id.as_str()).collect();
+        let PageRead { records, stopped } = self.read_page(&ids, whole)?;
+        let left_out = stopped.map_or(0, |at| hits.len() - at);
+        let mut hits = hits.into_iter().enumerate();
+        let mut candidates = Vec::with_capacity(records.len());
+        for (at, record) in records {
+            let Some((_, mut hit)) = hits.find(|(i, _)| *i == at) else {
+                continue;
             };
-            let chunk: Vec<Hit> = hits.by_ref().take(take).collect();
-            let ids: Vec<&str> = chunk.iter().map(|h| h.id.as_str()).collect();
-            let records = if whole {
-                self.reader().get_shared_many(&ids)?
-            } else {
-                self.reader().get_summaries(&ids)?
-            };
-            let mut chunk = chunk.into_iter().zip(records);
-            while let Some((mut hit, record)) = chunk.next() {
-                let Some((record, size)) = record else {
-                    continue;
-                };
-                if record.envelope.deleted {
-                    continue;
-                }
-                if whole && !candidates.is_empty() && bytes + size > MAX_PAGE_BYTES {
-                    left_out = 1 + chunk.len() + hits.len();
-                    break 'read;
-                }
-                bytes += size;
-                self.index().evidence(&mut hit, &record, &plan.query);
-                for note in &hit.notes {
-                    warnings.push(format!("candidate '{}': {note}", hit.id));
-                }
-                candidates.push(candidate(hit, &record, plan.detail, principal));
+            self.index().evidence(&mut hit, &record, &plan.query);
+            for note in &hit.notes {
+                warnings.push(format!("candidate '{}': {note}", hit.id));
             }
+            candidates.push(candidate(hit, &record, plan.detail, principal));
         }
         debug!(candidates = candidates.len(), left_out, "discovered");
         let mut result = self.discovery_result(plan, now, candidates, warnings, Scope::Local);
@@ -237,21 +214,16 @@ impl RegistryService {
             leases: None,
         });
         let matched = hits.len();
-        let (mut records, mut bytes, mut next_offset) = (Vec::new(), 0, None);
-        for (at, hit) in hits.iter().enumerate().skip(offset) {
-            let Some((r, size)) = self.reader().get_sized(&hit.id)? else {
-                continue;
-            };
-            if r.envelope.deleted {
-                continue;
-            }
-            if !records.is_empty() && bytes + size > MAX_PAGE_BYTES {
-                next_offset = Some(at);
-                break;
-            }
-            bytes += size;
-            records.push((r, hit.score));
-        }
+        let ids: Vec<&str> = hits.iter().skip(offset).map(|h| h.id.as_str()).collect();
+        let PageRead {
+            records: read,
+            stopped,
+        } = self.read_page(&ids, true)?;
+        let records = read
+            .into_iter()
+            .map(|(at, r)| (r, hits[offset + at].score))
+            .collect();
+        let next_offset = stopped.map(|at| offset + at);
         Ok(RankedPage {
             records,
             matched,
@@ -265,12 +237,64 @@ impl RegistryService {
 #[derive(Debug)]
 pub struct RankedPage {
     /// Best first, with their scores.
-    pub records: Vec<(AgentRecord, f32)>,
+    pub records: Vec<(Arc<AgentRecord>, f32)>,
     /// How many agents the search ranked (at most `top`), on every page.
     pub matched: usize,
     /// Where the next page starts, when this one ended early.
     pub next_offset: Option<usize>,
     pub applied_revision: u64,
+}
+
+impl RegistryService {
+    /// The stored records of `ids` (positions in it, in order), skipping
+    /// those gone or deleted, and where the page stopped if it did. Whole
+    /// records are read a chunk at a time and stop once their stored sizes
+    /// fill a page (one always fits): up to 200 records of up to 256 KiB
+    /// each would otherwise all be read and parsed (about five times their
+    /// size in memory) for an answer that holds 2 MiB. Summaries are small
+    /// and read at once.
+    fn read_page(&self, ids: &[&str], whole: bool) -> Result<PageRead> {
+        let (mut records, mut bytes, mut at) = (Vec::new(), 0, 0);
+        while at < ids.len() {
+            let left = ids.len() - at;
+            let take = if whole {
+                next_chunk(bytes, records.len(), left)
+            } else {
+                left
+            };
+            let chunk = &ids[at..at + take];
+            let read = if whole {
+                self.reader().get_shared_many(chunk)?
+            } else {
+                self.reader().get_summaries(chunk)?
+            };
+            for (i, record) in read.into_iter().enumerate() {
+                let Some((record, size)) = record else {
+                    continue;
+                };
+                if record.envelope.deleted {
+                    continue;
+                }
+                if whole && !records.is_empty() && bytes + size > MAX_PAGE_BYTES {
+                    let stopped = Some(at + i);
+                    return Ok(PageRead { records, stopped });
+                }
+                bytes += size;
+                records.push((at + i, record));
+            }
+            at += take;
+        }
+        let stopped = None;
+        Ok(PageRead { records, stopped })
+    }
+}
+
+/// The records read for a page of hits.
+struct PageRead {
+    /// Each with its hit's position, in order.
+    records: Vec<(usize, Arc<AgentRecord>)>,
+    /// Where the page stopped, when its records' stored sizes filled it.
+    stopped: Option<usize>,
 }
 
 /// How many more whole records to read, with `bytes` of stored records

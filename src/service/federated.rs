@@ -126,17 +126,7 @@ impl RegistryService {
     /// The live copies kept from peers: (origin authority, id, the
     /// origin's revision of the copy).
     pub fn federated_copies(&self) -> Result<Vec<(String, String, u64)>> {
-        let mut copies = Vec::new();
-        self.reader().scan(|r| {
-            if let (Some(authority), Some(p)) = (r.federated_from(), &r.envelope.provenance) {
-                copies.push((
-                    authority.to_string(),
-                    r.metadata.id.clone(),
-                    p.origin_revision,
-                ));
-            }
-        })?;
-        Ok(copies)
+        Ok(self.reader().federated_copies()?)
     }
 
     /// Whether `change` from `peer` would change what is stored, by the

@@ -258,8 +258,9 @@ impl Reader {
         self.consistent(|| get_json(&self.db, CF_AGENTS, id.as_bytes()))
     }
 
-    /// [`Self::get`], with the size of the record's stored form (what a
-    /// page of large records is bounded by).
+    /// [`Self::get`], with the size of the record's stored form, always
+    /// read from disk: what the record cache is checked against.
+    #[cfg(test)]
     pub fn get_sized(&self, id: &str) -> Result<Option<(AgentRecord, usize)>, StorageError> {
         self.consistent(
             || match self.db.get_cf(cf(&self.db, CF_AGENTS)?, id.as_bytes())? {
@@ -343,18 +344,62 @@ impl Reader {
         self.scan_sized(|r, _| visit(r))
     }
 
+    /// An iterator for a pass over every stored record (tombstones
+    /// included), not yet positioned; it reads the state as of its
+    /// creation.
+    fn all_records(&self) -> Result<rocksdb::DBRawIteratorWithThreadMode<'_, DB>, StorageError> {
+        self.consistent(|| {
+            Ok(self
+                .db
+                .raw_iterator_cf_opt(cf(&self.db, CF_AGENTS)?, super::bulk_read()))
+        })
+    }
+
+    /// The live copies kept from peers: (origin authority, id, the
+    /// origin's revision of the copy). Each record is decoded only as far
+    /// as those members: every peer's listing ends with this scan over the
+    /// whole directory (and a new leader starts with one), where building
+    /// each record would cost seconds at a million agents.
+    pub fn federated_copies(&self) -> Result<Vec<(String, String, u64)>, StorageError> {
+        /// What the scan needs of a stored record.
+        #[derive(serde::Deserialize)]
+        struct Stored {
+            envelope: StoredEnvelope,
+        }
+        #[derive(serde::Deserialize)]
+        struct StoredEnvelope {
+            #[serde(default)]
+            deleted: bool,
+            #[serde(default)]
+            provenance: Option<StoredProvenance>,
+        }
+        #[derive(serde::Deserialize)]
+        struct StoredProvenance {
+            origin_authority: String,
+            origin_revision: u64,
+        }
+        let mut it = self.all_records()?;
+        it.seek_to_first();
+        let mut copies = Vec::new();
+        while let (Some(id), Some(v)) = (it.key(), it.value()) {
+            let e = serde_json::from_slice::<Stored>(v)?.envelope;
+            if let Some(p) = e.provenance.filter(|_| !e.deleted) {
+                let id = String::from_utf8_lossy(id).into_owned();
+                copies.push((p.origin_authority, id, p.origin_revision));
+            }
+            it.next();
+        }
+        it.status()?;
+        Ok(copies)
+    }
+
     /// Visits every record (tombstones included) in id order, with the
     /// size of its stored form.
     pub fn scan_sized(
         &self,
         mut visit: impl FnMut(AgentRecord, usize),
     ) -> Result<(), StorageError> {
-        // An iterator reads the state as of its creation.
-        let mut it = self.consistent(|| {
-            Ok(self
-                .db
-                .raw_iterator_cf_opt(cf(&self.db, CF_AGENTS)?, super::bulk_read()))
-        })?;
+        let mut it = self.all_records()?;
         it.seek_to_first();
         while let Some(v) = it.value() {
             visit(serde_json::from_slice(v)?, v.len());
@@ -373,11 +418,7 @@ impl Reader {
         mut visit: impl FnMut(AgentRecord, Option<&[u8]>),
     ) -> Result<(), StorageError> {
         let vectors_cf = cf(&self.db, CF_INDEX_VECTORS)?;
-        let mut records = self.consistent(|| {
-            Ok(self
-                .db
-                .raw_iterator_cf_opt(cf(&self.db, CF_AGENTS)?, super::bulk_read()))
-        })?;
+        let mut records = self.all_records()?;
         let mut vectors = self.db.raw_iterator_cf_opt(vectors_cf, super::bulk_read());
         records.seek_to_first();
         vectors.seek_to_first();

@@ -131,6 +131,17 @@ async fn bad_input_is_refused_and_changes_nothing() {
             Some("/name"),
         ),
         case(
+            "integer beyond 2^53, which a double would round",
+            post.clone(),
+            "/agents",
+            Some(with(t.clone(), |m| {
+                m["x-limits"] = json!({"max": 9_007_199_254_740_993_u64});
+            })),
+            400,
+            "invalid_request",
+            Some("/x-limits/max"),
+        ),
+        case(
             "missing name",
             post.clone(),
             "/agents",
