@@ -700,27 +700,26 @@ impl RaftNetwork<TypeConfig> for Connection {
         let header = serde_json::to_vec(&(&vote, &snapshot.meta))
             .map_err(|e| StreamingError::Network(NetworkError::new(&e)))?;
         use futures::StreamExt;
-        use tokio::io::AsyncReadExt;
         // A built snapshot names a checkpoint; the document is written from
         // it here, in this replication's own task, so the state machine
-        // keeps applying meanwhile.
+        // keeps applying meanwhile. Sends of the same checkpoint that
+        // overlap share one document.
         let mut cancel = std::pin::pin!(cancel);
         let stored = snapshot.snapshot.into_std().await;
         let written = tokio::task::spawn_blocking(move || {
             let started = std::time::Instant::now();
-            let written = crate::storage::materialised_snapshot(stored);
+            let written = crate::storage::outgoing_snapshot(stored);
             crate::metrics::observe_snapshot("write", started.elapsed());
             written
         });
-        let file = tokio::select! {
+        let document = tokio::select! {
             closed = &mut cancel => return Err(StreamingError::Closed(closed)),
             w = written => w
                 .map_err(std::io::Error::other)
                 .and_then(|w| w.map_err(std::io::Error::other))
                 .map_err(|e| StreamingError::Network(NetworkError::new(&e)))?,
         };
-        let file = tokio::fs::File::from_std(file);
-        let bytes = file.metadata().await.map_or(0, |m| m.len());
+        let bytes = document.size().unwrap_or(0);
         let me = net.me;
         let header_proof = header.clone();
         let first = SnapshotChunk {
@@ -729,31 +728,35 @@ impl RaftNetwork<TypeConfig> for Connection {
             data: Vec::new(),
             stamp: Some(net.check.stamp(Some(target))),
         };
-        // The bytes are read from the snapshot file as the stream is sent,
-        // a chunk at a time (a 2 GB snapshot is never held in memory). A
-        // read error ends the stream short, which the receiver refuses (the
+        // The bytes are read from the document as the stream is sent, a
+        // chunk at a time (a 2 GB snapshot is never held in memory). A read
+        // error ends the stream short, which the receiver refuses (the
         // document does not parse), so the leader sends it again later.
-        let rest = futures::stream::unfold(Some(file), move |file| async move {
-            let mut file = file?;
-            let mut data = Vec::with_capacity(SNAPSHOT_CHUNK);
-            match (&mut file)
-                .take(SNAPSHOT_CHUNK as u64)
-                .read_to_end(&mut data)
-                .await
-            {
-                Ok(0) => None,
-                Ok(_) => Some((
-                    SnapshotChunk {
-                        from: me,
-                        header: Vec::new(),
-                        data,
-                        stamp: None,
-                    },
-                    Some(file),
-                )),
-                Err(e) => {
-                    tracing::warn!(error = %e, "reading the snapshot to send failed");
-                    None
+        let rest = futures::stream::unfold(Some(0), move |offset| {
+            let document = document.clone();
+            async move {
+                let offset: u64 = offset?;
+                let read =
+                    tokio::task::spawn_blocking(move || document.read(offset, SNAPSHOT_CHUNK))
+                        .await
+                        .map_err(std::io::Error::other)
+                        .and_then(|read| read);
+                match read {
+                    Ok(data) if data.is_empty() => None,
+                    Ok(data) => {
+                        let next = offset + data.len() as u64;
+                        let chunk = SnapshotChunk {
+                            from: me,
+                            header: Vec::new(),
+                            data,
+                            stamp: None,
+                        };
+                        Some((chunk, Some(next)))
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "reading the snapshot to send failed");
+                        None
+                    }
                 }
             }
         });

@@ -16,7 +16,7 @@ use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::RwLock;
+use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use rocksdb::{Options, DB};
 
@@ -146,6 +146,79 @@ pub(super) fn materialised(
     Ok(out)
 }
 
+/// Snapshot documents being sent, by the checkpoint they were written from:
+/// followers that need a snapshot at the same time (two nodes added at
+/// once, or both back from a long outage) share one document instead of
+/// each having its own written, as large as the whole state.
+static OUTGOING: Mutex<Vec<(PathBuf, Weak<File>)>> = Mutex::new(Vec::new());
+
+/// A snapshot document to send: read by position (`FileExt::read_at`),
+/// since other sends may read the same file at once.
+#[derive(Clone)]
+pub struct Outgoing {
+    file: Arc<File>,
+    /// Where the document starts in `file`.
+    start: u64,
+}
+
+impl Outgoing {
+    /// The document's size in bytes.
+    pub fn size(&self) -> std::io::Result<u64> {
+        Ok(self.file.metadata()?.len().saturating_sub(self.start))
+    }
+
+    /// Reads up to `max` bytes of the document from `offset` on; none at
+    /// its end.
+    pub fn read(&self, offset: u64, max: usize) -> std::io::Result<Vec<u8>> {
+        use std::os::unix::fs::FileExt;
+        let mut data = vec![0; max];
+        let mut filled = 0;
+        while filled < max {
+            match self
+                .file
+                .read_at(&mut data[filled..], self.start + offset + filled as u64)
+            {
+                Ok(0) => break,
+                Ok(n) => filled += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        data.truncate(filled);
+        Ok(data)
+    }
+}
+
+/// [`materialised`] for sending: the document written from a checkpoint
+/// is shared by the sends of that checkpoint that overlap.
+pub(super) fn outgoing(
+    mut file: File,
+    write_document: impl FnOnce(&DB, &mut std::io::BufWriter<File>) -> Result<(), StorageError>,
+) -> Result<Outgoing, StorageError> {
+    let Some(dir) = named_by(&mut file)? else {
+        let start = file.stream_position()?;
+        let file = Arc::new(file);
+        return Ok(Outgoing { file, start });
+    };
+    // Held while a document is written, so a send that overlaps waits for
+    // it rather than writing its own.
+    let mut sending = OUTGOING.lock().unwrap_or_else(|e| e.into_inner());
+    sending.retain(|(_, sent)| sent.strong_count() > 0);
+    let shared = sending
+        .iter()
+        .find(|(from, _)| *from == dir)
+        .and_then(|(_, sent)| sent.upgrade());
+    let file = match shared {
+        Some(file) => file,
+        None => {
+            let file = Arc::new(materialised(file, write_document)?);
+            sending.push((dir, Arc::downgrade(&file)));
+            file
+        }
+    };
+    Ok(Outgoing { file, start: 0 })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -174,6 +247,55 @@ mod tests {
             .read_to_string(&mut doc)
             .unwrap();
         assert_eq!(doc, "{\"records\":[]}");
+    }
+
+    #[test]
+    fn sends_of_a_checkpoint_that_overlap_share_one_document() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = super::super::open(&dir.path().join("db"), super::super::DEFAULT_MAX_WAL_BYTES)
+            .unwrap();
+        let snaps = dir.path().join("snaps");
+        std::fs::create_dir_all(&snaps).unwrap();
+        let made = create(&db, &snaps).unwrap();
+        let snapshot_file = || {
+            let path = dir.path().join("current");
+            let mut f = File::create(&path).unwrap();
+            write_marker(&mut f, &made).unwrap();
+            File::open(&path).unwrap()
+        };
+        let writes = AtomicU64::new(0);
+        let send = || {
+            outgoing(snapshot_file(), |_, out| {
+                writes.fetch_add(1, Ordering::Relaxed);
+                Ok(out.write_all(b"{\"records\":[1,2,3]}")?)
+            })
+            .unwrap()
+        };
+        let first = send();
+        let second = send();
+        assert_eq!(writes.load(Ordering::Relaxed), 1, "written once for both");
+        assert_eq!(first.size().unwrap(), 19);
+        // Each reads by position, whatever the other has read.
+        assert_eq!(first.read(0, 5).unwrap(), b"{\"rec");
+        assert_eq!(second.read(0, 100).unwrap(), b"{\"records\":[1,2,3]}");
+        assert_eq!(first.read(5, 100).unwrap(), b"ords\":[1,2,3]}");
+        assert!(first.read(19, 100).unwrap().is_empty());
+        // Once both are done, a later send has it written again (the
+        // document is an unlinked file that lives as long as its sends).
+        drop((first, second));
+        let third = send();
+        assert_eq!(writes.load(Ordering::Relaxed), 2);
+        assert_eq!(third.read(0, 100).unwrap(), b"{\"records\":[1,2,3]}");
+
+        // A snapshot file that holds its document is read from its
+        // position on.
+        let path = dir.path().join("document");
+        std::fs::write(&path, b"head{\"records\":[]}").unwrap();
+        let mut f = File::open(&path).unwrap();
+        f.seek(SeekFrom::Start(4)).unwrap();
+        let doc = outgoing(f, |_, _| panic!("a document is not written again")).unwrap();
+        assert_eq!(doc.size().unwrap(), 14);
+        assert_eq!(doc.read(0, 100).unwrap(), b"{\"records\":[]}");
     }
 
     #[test]

@@ -22,12 +22,13 @@ pub use backup::{
     apply_log, restore, scratch_copy, verify_backup, write_backup, BackupEnd, BackupError,
     BackupHeader, BackupSummary, RestoreTarget, BACKUP_FORMAT,
 };
+pub use checkpoint::Outgoing;
 pub use format::DATA_FORMAT;
 pub use log_store::LogStore;
 pub use reader::{Applied, FollowEnd, HoldsChanged, HoldsListener, Reader};
 pub use record_cache::DEFAULT_RECORD_CACHE_BYTES;
 pub use space::{DiskSpace, NoSpace, DEFAULT_RESERVE_BYTES};
-pub use state_machine::{materialised_snapshot, SnapshotStats, SnapshotWeight, StateMachine};
+pub use state_machine::{outgoing_snapshot, SnapshotStats, SnapshotWeight, StateMachine};
 
 use std::path::Path;
 use std::sync::Arc;

@@ -197,9 +197,15 @@ fn stored_meta(db: &DB) -> Result<(Option<LogId>, StoredMembership), LocalError>
 }
 
 /// The snapshot document a snapshot file stands for, from its position on
-/// (`checkpoint::materialised`): what a leader sends to a follower.
-pub fn materialised_snapshot(file: File) -> Result<File, LocalError> {
+/// (`checkpoint::materialised`).
+fn materialised_snapshot(file: File) -> Result<File, LocalError> {
     checkpoint::materialised(file, StateMachine::write_snapshot_data)
+}
+
+/// The snapshot document a snapshot file stands for, to send to a follower
+/// (`checkpoint::outgoing`: shared with the sends of it that overlap).
+pub fn outgoing_snapshot(file: File) -> Result<checkpoint::Outgoing, LocalError> {
+    checkpoint::outgoing(file, StateMachine::write_snapshot_data)
 }
 
 /// The stored forms of an applied change: the record's JSON, and the change
