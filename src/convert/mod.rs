@@ -478,17 +478,12 @@ fn serde_path_to_pointer(path: &serde_path_to_error::Path) -> String {
             Segment::Seq { index } => out.push_str(&format!("/{index}")),
             Segment::Map { key } | Segment::Enum { variant: key } => {
                 out.push('/');
-                out.push_str(&pointer_token(key));
+                out.push_str(&domain::validate::pointer_token(key));
             }
             Segment::Unknown => {}
         }
     }
     out
-}
-
-/// A member name as a JSON pointer token (RFC 6901).
-fn pointer_token(key: &str) -> String {
-    key.replace('~', "~0").replace('/', "~1")
 }
 
 /// Deserialises JSON into `T`; a member of the wrong type is named by its
@@ -521,52 +516,9 @@ pub fn metadata_from_json(v: Value) -> Result<pb::AgentMetadata, FieldError> {
             "must not be empty; leave it out to have the registry assign one",
         ));
     }
-    let mut pointer = String::new();
-    if let Some(n) = inexact_integer(&v, &mut pointer) {
-        return Err(FieldError::new(
-            pointer,
-            format!("{n} is an integer beyond 2^53, which the registry cannot keep exactly (schemas and extension members travel through its gRPC core as protobuf Struct, whose numbers are doubles); send it as a string"),
-        ));
-    }
+    domain::validate::exact_integers(&v)?;
     let meta: domain::AgentMetadata = from_json(v)?;
     Ok(pb::AgentMetadata::from(&meta))
-}
-
-/// The first integer in `v` beyond ±2^53 (past it, a double holds only
-/// some integers, and those come back in exponent form), leaving its JSON pointer in `pointer`. Stored as one, it would
-/// come back as another number than the client sent, signed as if it were
-/// what the client sent. A binding's `priority` is a typed integer and
-/// kept exactly.
-fn inexact_integer(v: &Value, pointer: &mut String) -> Option<Number> {
-    let len = pointer.len();
-    let binding = pointer
-        .strip_prefix("/bindings/")
-        .is_some_and(|i| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()));
-    let mut within = |key: &str, v: &Value| {
-        pointer.push('/');
-        pointer.push_str(&pointer_token(key));
-        let found = inexact_integer(v, pointer);
-        if found.is_none() {
-            pointer.truncate(len);
-        }
-        found
-    };
-    match v {
-        Value::Number(n) => {
-            const EXACT: u64 = 1 << 53;
-            let magnitude = n.as_u64().or(n.as_i64().map(i64::unsigned_abs));
-            magnitude.is_some_and(|m| m > EXACT).then(|| n.clone())
-        }
-        Value::Array(items) => items
-            .iter()
-            .enumerate()
-            .find_map(|(i, item)| within(&i.to_string(), item)),
-        Value::Object(m) => m
-            .iter()
-            .filter(|(k, _)| !(binding && *k == "priority"))
-            .find_map(|(k, v)| within(k, v)),
-        _ => None,
-    }
 }
 
 /// A labelled set's agent id as registered: unchanged when it is a valid
@@ -837,38 +789,6 @@ mod tests {
         assert_eq!(metadata_from_json(v).unwrap_err().pointer, "/tags");
         let v = json!({"id": "a", "name": "n", "description": "d", "status": "sleeping"});
         assert_eq!(metadata_from_json(v).unwrap_err().pointer, "/status");
-    }
-
-    #[test]
-    fn integers_a_double_cannot_hold_are_refused_by_pointer() {
-        let meta = |extra: Value| {
-            let mut v = json!({"id": "a", "name": "n", "description": "d",
-                "bindings": [{"protocol": "https", "endpoint": "https://a.example", "priority": 9_007_199_254_740_993_i64}]});
-            if let (Some(m), Value::Object(e)) = (v.as_object_mut(), extra) {
-                m.extend(e);
-            }
-            metadata_from_json(v)
-        };
-        // Up to 2^53 (and any fraction, already a double) is kept; so is
-        // a binding's typed priority.
-        assert!(meta(json!({"x-max": 9_007_199_254_740_992_u64, "x-f": 1.5e300})).is_ok());
-        let refused =
-            meta(json!({"input_schema": {"a/b": [1, {"maximum": 9_007_199_254_740_993_u64}]}}))
-                .unwrap_err();
-        assert_eq!(refused.pointer, "/input_schema/a~1b/1/maximum");
-        assert!(
-            refused.message.contains("9007199254740993"),
-            "{}",
-            refused.message
-        );
-        let refused = meta(json!({"x-min": -9_007_199_254_740_993_i64})).unwrap_err();
-        assert_eq!(refused.pointer, "/x-min");
-        let v = json!({"id": "a", "name": "n", "description": "d",
-            "bindings": [{"protocol": "https", "endpoint": "https://a.example", "x-n": u64::MAX}]});
-        assert_eq!(
-            metadata_from_json(v).unwrap_err().pointer,
-            "/bindings/0/x-n"
-        );
     }
 
     #[test]

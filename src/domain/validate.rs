@@ -338,6 +338,71 @@ fn validate_auth(a: &AuthRequirement, pointer: &str) -> Result {
     Ok(())
 }
 
+/// A member name as a JSON pointer token (RFC 6901).
+pub fn pointer_token(key: &str) -> String {
+    key.replace('~', "~0").replace('/', "~1")
+}
+
+/// Refuses agent metadata (as JSON) holding an integer beyond ±2^53, named
+/// by its pointer. Checked on a JSON request before it becomes protobuf
+/// (`convert::metadata_from_json`), where it would be rounded silently,
+/// and on every record validated (those a service builds, by import, say).
+pub fn exact_integers(metadata: &Value) -> Result {
+    let mut pointer = String::new();
+    match inexact_integer(metadata, &mut pointer) {
+        Some(n) => Err(FieldError::new(
+            pointer,
+            format!("{n} is an integer beyond 2^53, which the registry cannot keep exactly (schemas and extension members travel through its gRPC core as protobuf Struct, whose numbers are doubles); send it as a string"),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// The first integer in `v` beyond ±2^53 (past it, a double holds only
+/// some integers, and those come back in exponent form), leaving its JSON pointer in `pointer`. Stored as one, it would
+/// come back as another number than the client sent, signed as if it were
+/// what the client sent. A binding's `priority` is a typed integer and
+/// kept exactly.
+fn inexact_integer(v: &Value, pointer: &mut String) -> Option<serde_json::Number> {
+    let len = pointer.len();
+    let binding = pointer
+        .strip_prefix("/bindings/")
+        .is_some_and(|i| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()));
+    let mut within = |key: &str, v: &Value| {
+        pointer.push('/');
+        pointer.push_str(&pointer_token(key));
+        let found = inexact_integer(v, pointer);
+        if found.is_none() {
+            pointer.truncate(len);
+        }
+        found
+    };
+    match v {
+        Value::Number(n) => {
+            const EXACT: u64 = 1 << 53;
+            let magnitude = n.as_u64().or(n.as_i64().map(i64::unsigned_abs));
+            magnitude.is_some_and(|m| m > EXACT).then(|| n.clone())
+        }
+        Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .find_map(|(i, item)| within(&i.to_string(), item)),
+        Value::Object(m) => m
+            .iter()
+            .filter(|(k, _)| !(binding && *k == "priority"))
+            .find_map(|(k, v)| within(k, v)),
+        _ => None,
+    }
+}
+
+/// Whether serialised JSON has a run of 16 digits (2^53 has 16): only then
+/// can it hold an integer beyond 2^53, which is looked for exactly. Most
+/// records have none, and are spared building their JSON tree.
+fn may_hold_long_integer(json: &[u8]) -> bool {
+    json.split(|b| !b.is_ascii_digit())
+        .any(|run| run.len() >= 16)
+}
+
 /// Normalises a record (tags, protocols, the AIDIP endpoint as a binding, auth
 /// and authentication in step) and validates it. The id must already be set.
 pub fn normalise_and_validate(meta: &mut AgentMetadata, limits: &Limits) -> Result {
@@ -480,9 +545,15 @@ pub fn normalise_and_validate(meta: &mut AgentMetadata, limits: &Limits) -> Resu
         }
     }
 
-    let size = serde_json::to_vec(meta)
-        .map(|v| v.len())
-        .unwrap_or(usize::MAX);
+    let stored = serde_json::to_vec(meta).unwrap_or_default();
+    if may_hold_long_integer(&stored) {
+        exact_integers(&serde_json::to_value(&*meta).unwrap_or_default())?;
+    }
+    let size = if stored.is_empty() {
+        usize::MAX
+    } else {
+        stored.len()
+    };
     if size > limits.max_record_bytes {
         return Err(FieldError::new(
             "",
@@ -499,6 +570,40 @@ pub fn normalise_and_validate(meta: &mut AgentMetadata, limits: &Limits) -> Resu
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn integers_a_double_cannot_hold_are_refused_by_pointer() {
+        let check = |v: Value| {
+            let mut meta: AgentMetadata = serde_json::from_value(v).unwrap();
+            normalise_and_validate(&mut meta, &Limits::default())
+        };
+        let meta = |extra: Value| {
+            let mut v = json!({"id": "a", "name": "n", "description": "d",
+                "bindings": [{"protocol": "https", "endpoint": "https://a.example", "priority": 9_007_199_254_740_993_i64}]});
+            if let (Some(m), Value::Object(e)) = (v.as_object_mut(), extra) {
+                m.extend(e);
+            }
+            check(v)
+        };
+        // Up to 2^53 (and any fraction, already a double) is kept; so is
+        // a binding's typed priority, and long digit runs in strings.
+        meta(json!({"x-max": 9_007_199_254_740_992_u64, "x-f": 1.5e300, "x-phone": "12345678901234567"}))
+            .unwrap();
+        let refused =
+            meta(json!({"x-schema": {"a/b": [1, {"maximum": 9_007_199_254_740_993_u64}]}}))
+                .unwrap_err();
+        assert_eq!(refused.pointer, "/x-schema/a~1b/1/maximum");
+        assert!(
+            refused.message.contains("9007199254740993"),
+            "{}",
+            refused.message
+        );
+        let refused = meta(json!({"x-min": -9_007_199_254_740_993_i64})).unwrap_err();
+        assert_eq!(refused.pointer, "/x-min");
+        let v = json!({"id": "a", "name": "n", "description": "d",
+            "bindings": [{"protocol": "https", "endpoint": "https://a.example", "x-n": u64::MAX}]});
+        assert_eq!(check(v).unwrap_err().pointer, "/bindings/0/x-n");
+    }
 
     fn meta(v: Value) -> AgentMetadata {
         serde_json::from_value(v).expect("test fixture parses")
