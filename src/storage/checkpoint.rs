@@ -150,7 +150,11 @@ pub(super) fn materialised(
 /// followers that need a snapshot at the same time (two nodes added at
 /// once, or both back from a long outage) share one document instead of
 /// each having its own written, as large as the whole state.
-static OUTGOING: Mutex<Vec<(PathBuf, Weak<File>)>> = Mutex::new(Vec::new());
+static OUTGOING: Mutex<Vec<(PathBuf, Weak<Written>)>> = Mutex::new(Vec::new());
+
+/// One checkpoint's document, once the first send that needs it has
+/// written it; it lives as long as a send holds it.
+type Written = Mutex<Option<Arc<File>>>;
 
 /// A snapshot document to send: read by position (`FileExt::read_at`),
 /// since other sends may read the same file at once.
@@ -159,6 +163,8 @@ pub struct Outgoing {
     file: Arc<File>,
     /// Where the document starts in `file`.
     start: u64,
+    /// Keeps a document written from a checkpoint findable by later sends.
+    _shared: Option<Arc<Written>>,
 }
 
 impl Outgoing {
@@ -198,25 +204,43 @@ pub(super) fn outgoing(
     let Some(dir) = named_by(&mut file)? else {
         let start = file.stream_position()?;
         let file = Arc::new(file);
-        return Ok(Outgoing { file, start });
+        return Ok(Outgoing {
+            file,
+            start,
+            _shared: None,
+        });
     };
-    // Held while a document is written, so a send that overlaps waits for
-    // it rather than writing its own.
-    let mut sending = OUTGOING.lock().unwrap_or_else(|e| e.into_inner());
-    sending.retain(|(_, sent)| sent.strong_count() > 0);
-    let shared = sending
-        .iter()
-        .find(|(from, _)| *from == dir)
-        .and_then(|(_, sent)| sent.upgrade());
-    let file = match shared {
-        Some(file) => file,
+    let shared = {
+        let mut sending = OUTGOING.lock().unwrap_or_else(|e| e.into_inner());
+        sending.retain(|(_, sent)| sent.strong_count() > 0);
+        let found = sending
+            .iter()
+            .find(|(from, _)| *from == dir)
+            .and_then(|(_, sent)| sent.upgrade());
+        found.unwrap_or_else(|| {
+            let shared = Arc::new(Written::default());
+            sending.push((dir, Arc::downgrade(&shared)));
+            shared
+        })
+    };
+    // Held while the document is written, so a send of the same checkpoint
+    // that overlaps waits for it rather than writing its own; a write that
+    // failed leaves it to the next.
+    let mut written = shared.lock().unwrap_or_else(|e| e.into_inner());
+    let file = match &*written {
+        Some(file) => file.clone(),
         None => {
             let file = Arc::new(materialised(file, write_document)?);
-            sending.push((dir, Arc::downgrade(&file)));
+            *written = Some(file.clone());
             file
         }
     };
-    Ok(Outgoing { file, start: 0 })
+    drop(written);
+    Ok(Outgoing {
+        file,
+        start: 0,
+        _shared: Some(shared),
+    })
 }
 
 #[cfg(test)]
@@ -286,6 +310,16 @@ mod tests {
         let third = send();
         assert_eq!(writes.load(Ordering::Relaxed), 2);
         assert_eq!(third.read(0, 100).unwrap(), b"{\"records\":[1,2,3]}");
+        // A send whose write fails (a full disk) fails alone; the next one
+        // writes the document.
+        drop(third);
+        let failed = outgoing(snapshot_file(), |_, _| {
+            Err(StorageError::Format("no space left".into()))
+        });
+        assert!(failed.is_err());
+        let fourth = send();
+        assert_eq!(writes.load(Ordering::Relaxed), 3);
+        assert_eq!(fourth.read(0, 100).unwrap(), b"{\"records\":[1,2,3]}");
 
         // A snapshot file that holds its document is read from its
         // position on.
