@@ -171,7 +171,9 @@ impl Network {
     pub fn refused(&self) -> Vec<NodeId> {
         let mut nodes = self.check.refused();
         nodes.extend(self.refusals_to_record().into_keys());
+        // The record may have taken in a refusal between the two reads.
         nodes.sort_unstable();
+        nodes.dedup();
         nodes
     }
 

@@ -358,11 +358,11 @@ pub fn exact_integers(metadata: &Value) -> Result {
     }
 }
 
-/// The first integer in `v` beyond ±2^53 (past it, a double holds only
-/// some integers, and those come back in exponent form), leaving its JSON pointer in `pointer`. Stored as one, it would
-/// come back as another number than the client sent, signed as if it were
-/// what the client sent. A binding's `priority` is a typed integer and
-/// kept exactly.
+/// The first integer in `v` beyond ±2^53, leaving its JSON pointer in
+/// `pointer`. Past 2^53 a double holds only some integers, and those come
+/// back in exponent form: stored as a double, the integer would come back
+/// as another number than the client sent, signed as if it were what the
+/// client sent. A binding's `priority` is a typed integer and kept exactly.
 fn inexact_integer(v: &Value, pointer: &mut String) -> Option<serde_json::Number> {
     let len = pointer.len();
     let binding = pointer
