@@ -130,7 +130,7 @@ pub async fn run_snapshot(args: SnapshotArgs) -> Result<(), CliError> {
             let summary = storage::restore(file, data_dir, &target, config.storage.max_wal_bytes)
                 .map_err(local)?;
             println!(
-                "restored {} records, {} changes, {} audit entries, {} leases and holds ({} bytes) into {} as node {node_id} of {:?} in {:.1} s",
+                "restored {} records, {} changes, {} audit entries, {} leases and holds ({} bytes) into {} as node {node_id} of {:?}, cluster id {}, in {:.1} s",
                 summary.counts.records,
                 summary.counts.changes,
                 summary.counts.audit,
@@ -138,6 +138,7 @@ pub async fn run_snapshot(args: SnapshotArgs) -> Result<(), CliError> {
                 summary.bytes,
                 data_dir.display(),
                 target.members.keys().collect::<Vec<_>>(),
+                summary.cluster_id.unwrap_or_default(),
                 started.elapsed().as_secs_f64()
             );
             Ok(())

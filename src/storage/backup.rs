@@ -33,14 +33,14 @@ use sha2::{Digest, Sha256};
 
 use super::log_store::{KEY_COMMITTED, KEY_LAST_PURGED, KEY_VOTE};
 use super::state_machine::{
-    KEY_APPLIED, KEY_AUDIT_SEQ, KEY_FEDERATION_CURSORS, KEY_IDENTITY, KEY_MEMBERSHIP, KEY_OLDEST,
-    KEY_PUBLISHER_KEYS, KEY_REVISION,
+    KEY_APPLIED, KEY_AUDIT_SEQ, KEY_CLUSTER, KEY_FEDERATION_CURSORS, KEY_IDENTITY, KEY_MEMBERSHIP,
+    KEY_OLDEST, KEY_PUBLISHER_KEYS, KEY_REVISION,
 };
 use super::{
     cf, u64_key, StorageError, CF_AGENTS, CF_AUDIT, CF_CHANGES, CF_LEASES, CF_RAFT, CF_SM,
 };
-use crate::consensus::{LogId, NodeId, StoredMembership};
-use crate::crypto::Identity;
+use crate::consensus::{ClusterRecord, LogId, NodeId, StoredMembership};
+use crate::crypto::{hex, Identity};
 use crate::domain::audit::AuditEntry;
 use crate::domain::lease::LeaseEntry;
 use crate::domain::{AgentRecord, Change, PublisherKey};
@@ -103,6 +103,8 @@ pub struct BackupEnd {
 #[derive(Debug, Clone)]
 pub struct BackupSummary {
     pub last_applied: Option<LogId>,
+    /// A restore's new cluster id (`restored_cluster_id`); none for a save.
+    pub cluster_id: Option<String>,
     pub counts: BackupEnd,
     pub bytes: u64,
 }
@@ -204,13 +206,10 @@ pub fn write_backup(
     inner.flush()?;
     Ok(BackupSummary {
         last_applied: header.last_applied,
+        cluster_id: None,
         counts,
         bytes,
     })
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn invalid(line: u64, message: impl std::fmt::Display) -> BackupError {
@@ -416,6 +415,12 @@ pub fn load_backup(
         KEY_FEDERATION_CURSORS,
         json(&header.federation_cursors)?,
     );
+    let cluster_id = restored_cluster_id(&end.sha256, &target.members);
+    let cluster = ClusterRecord {
+        cluster_id: Some(cluster_id.clone()),
+        ..ClusterRecord::default()
+    };
+    batch.put_cf(sm, KEY_CLUSTER, json(&cluster)?);
     // The log is empty and purged up to the backup's last entry. A vote in
     // that entry's term (for this node, not committed) makes the first
     // election of the new cluster use a later term, so its entries follow
@@ -428,12 +433,34 @@ pub fn load_backup(
     db.flush_wal(true).map_err(StorageError::from)?;
     Ok(BackupSummary {
         last_applied: last,
+        cluster_id: Some(cluster_id),
         counts: BackupEnd {
             sha256: end.sha256,
             ..counts
         },
         bytes,
     })
+}
+
+/// The id of the cluster restored from the backup whose checksum is
+/// `sha256` onto `members`. The restored nodes hold it from their first
+/// message, so the cluster the backup came from (whose nodes may still run
+/// at an address the new one was given) refuses their traffic and they
+/// refuse its: founded at the first election instead, after every member
+/// answered, the id would come too late — a restored leader, in a later
+/// term than an old node, would have had it replace its log, and would
+/// have recorded that node's directory as a member's. Each node is restored
+/// on its own, so the id is derived, as etcd derives a restored cluster's
+/// from its members: the same backup onto the same members gives every
+/// node the same id, and any other backup or member list another one.
+fn restored_cluster_id(sha256: &str, members: &BTreeMap<NodeId, String>) -> String {
+    let mut digest = Sha256::new();
+    digest.update(b"agentry restored cluster\n");
+    digest.update(sha256.as_bytes());
+    for (id, addr) in members {
+        digest.update(format!("\n{id}={addr}").as_bytes());
+    }
+    hex(&digest.finalize()[..16])
 }
 
 fn json<T: Serialize>(value: &T) -> Result<Vec<u8>, StorageError> {
@@ -531,6 +558,22 @@ pub fn restore(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_restored_cluster_id_follows_the_backup_and_the_members() {
+        let members = |list: &[(NodeId, &str)]| -> BTreeMap<NodeId, String> {
+            list.iter().map(|(n, a)| (*n, a.to_string())).collect()
+        };
+        let three = members(&[(1, "a:8472"), (2, "b:8472"), (3, "c:8472")]);
+        let id = restored_cluster_id("00ff", &three);
+        assert_eq!(id.len(), 32, "as long as a founded id: {id}");
+        assert_eq!(restored_cluster_id("00ff", &three.clone()), id);
+        assert_ne!(restored_cluster_id("00fe", &three), id, "another backup");
+        let moved = members(&[(1, "a:8472"), (2, "b:8472"), (3, "d:8472")]);
+        assert_ne!(restored_cluster_id("00ff", &moved), id, "another address");
+        let two = members(&[(1, "a:8472"), (2, "b:8472")]);
+        assert_ne!(restored_cluster_id("00ff", &two), id, "other members");
+    }
 
     #[test]
     fn a_damaged_backup_is_refused() {

@@ -31,6 +31,17 @@ pub(crate) fn agentry(args: &[&str]) -> (bool, String) {
     )
 }
 
+/// `agentry snapshot save FILE --server URL`: an online backup.
+pub(crate) fn save(file: &Path, server: &str) -> (bool, String) {
+    agentry(&[
+        "snapshot",
+        "save",
+        file.to_str().unwrap(),
+        "--server",
+        server,
+    ])
+}
+
 pub(crate) fn restore(file: &Path, dir: &Path, id: u64, members: &str) -> (bool, String) {
     agentry(&[
         "snapshot",
@@ -93,13 +104,7 @@ async fn a_backup_taken_under_load_restores_into_a_new_cluster() {
     };
     tokio::time::sleep(Duration::from_millis(100)).await;
     let file = old.dir().join("registry.backup");
-    let (ok, out) = agentry(&[
-        "snapshot",
-        "save",
-        file.to_str().unwrap(),
-        "--server",
-        &old.grpc_url(follower),
-    ]);
+    let (ok, out) = save(&file, &old.grpc_url(follower));
     assert!(ok, "{out}");
     assert!(out.contains("records"), "{out}");
     assert_eq!(load.await.unwrap(), 150, "every write during the backup");

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use agentry::pb;
 
+use crate::backup::{restore, save};
 use crate::harness::*;
 use crate::scenarios::SERIAL;
 
@@ -81,4 +82,76 @@ async fn a_node_of_another_cluster_is_refused_even_with_the_same_secret() {
     assert_eq!(learner.matched_index, 0, "A replicated nothing to B");
     let (s, body) = b.register(4, "still-b", "x").await;
     assert_eq!(s, 201, "B keeps serving: {body}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restored_cluster_and_its_origin_refuse_each_other_from_the_first_message() {
+    let _serial = SERIAL.lock().await;
+    let mut old = Cluster::start(3, Options::default()).await;
+    let leader = old.wait_for_leader(LONG).await;
+    let (s, body) = old.register(leader, "in-backup", "x").await;
+    assert_eq!(s, 201, "{body}");
+    let old_id = old.wait_cluster_id(3, LONG).await;
+    let file = old.dir().join("registry.backup");
+    let (ok, out) = save(&file, &old.grpc_url(leader));
+    assert!(ok, "{out}");
+    let (s, body) = old.register(leader, "after-backup", "x").await;
+    assert_eq!(s, 201, "{body}");
+    old.wait_applied_as(leader, LONG).await;
+
+    // The restore is told that its node 3 is at the address where the old
+    // cluster's node 3 still runs (alone: its peers are down, so its term
+    // stays behind the restored cluster's). Without the id from the start,
+    // the restored leader would have it give up its log for the new one.
+    old.kill(1);
+    old.kill(2);
+    let mut new = Cluster::new(Options::default());
+    new.reserve(1);
+    new.reserve(2);
+    let members = format!("{},3=127.0.0.1:{}", new.member_list(), old.nodes[&3].raft);
+    let mut printed = Vec::new();
+    for id in 1..=2 {
+        let (ok, out) = restore(&file, &new.data_dir(id), id, &members);
+        assert!(ok, "{out}");
+        let id = out
+            .split("cluster id ")
+            .nth(1)
+            .and_then(|s| s.split(',').next());
+        printed.push(id.expect("restore prints the cluster id").to_string());
+    }
+    assert_eq!(printed[0], printed[1], "both restored nodes got one id");
+    new.spawn(1, &["--initial-members", &members]);
+    // Before any election, and with no peer answering yet.
+    let new_id = new.wait_cluster_id(1, Duration::from_secs(10)).await;
+    assert_eq!(new_id, printed[0]);
+    assert_ne!(new_id, old_id);
+    new.spawn(2, &["--initial-members", &members]);
+    let new_leader = new.wait_for_leader(LONG).await;
+    let (s, body) = new.register(new_leader, "after-restore", "x").await;
+    assert_eq!(s, 201, "{body}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        old.log(3).contains("refused Raft traffic") && old.log(3).contains(&new_id),
+        "the old node refused the restored cluster:\n{}",
+        old.log(3)
+    );
+
+    // The old cluster, whole again, lost nothing and takes writes; the
+    // restored one holds the backup and its own write only.
+    old.restart(1);
+    old.restart(2);
+    let leader = old.wait_for_leader(LONG).await;
+    let (s, body) = old.register(leader, "after-reunion", "x").await;
+    assert_eq!(s, 201, "{body}");
+    old.wait_applied_as(leader, LONG).await;
+    for id in 1..=3 {
+        let ids: Vec<String> = old.contents(id).await.into_keys().collect();
+        assert_eq!(
+            ids,
+            ["after-backup", "after-reunion", "in-backup"],
+            "old node {id}"
+        );
+    }
+    let ids: Vec<String> = new.contents(new_leader).await.into_keys().collect();
+    assert_eq!(ids, ["after-restore", "in-backup"]);
 }
