@@ -20,7 +20,11 @@
 //! time it sees one; a node that leaves the membership loses its record, so
 //! an operator's remove-and-add records the directory it has then. A node
 //! that has not learned the cluster id yet (a new member) claims none and
-//! is checked for none.
+//! is checked for none; but what it sends to a node's log or vote is
+//! admitted only if it is a member there (`admit_to_log`), or a new cluster
+//! pointed at a running node could replace that node's log before its own
+//! id is founded. A restored cluster has its id from the start (derived in
+//! `storage::backup`).
 //!
 //! A directory put back from an older copy keeps its incarnation; only a
 //! leader that saw it acknowledge entries it no longer holds can tell
@@ -153,6 +157,15 @@ pub enum Refusal {
          back (agentry cluster remove / add / promote)"
     )]
     RolledBack { from: NodeId, why: String },
+    #[error(
+        "node {from} claims no cluster and {why}, so it is not a member of this node's cluster \
+         {ours} (a new or restored cluster whose member list names this node's address?)"
+    )]
+    Stranger {
+        from: NodeId,
+        why: &'static str,
+        ours: String,
+    },
 }
 
 /// This node's side of the check. Cheap to clone; clones share state.
@@ -234,6 +247,47 @@ impl MembershipCheck {
             });
         }
         Ok(())
+    }
+
+    /// Checks a request that acts on this node's log or vote (entries, a
+    /// vote, a snapshot) before it is acted on: `admit`, and, once this
+    /// node knows its cluster id, a sender that claims none must be a
+    /// member (`member`: in this node's membership) whose data directory
+    /// is the one on record, if any. Such a sender is a member that has
+    /// not applied the id yet; anything else claiming none belongs to a
+    /// cluster still founding its id, pointed here by mistake, and its
+    /// entries would replace this node's. Forwarded requests go through
+    /// `admit` alone: a new node asks a peer whether it belongs to a
+    /// cluster before it founds one.
+    pub fn admit_to_log(
+        &self,
+        from: NodeId,
+        stamp: Option<&PeerStamp>,
+        member: bool,
+    ) -> Result<(), Refusal> {
+        self.admit(from, stamp)?;
+        let (Some(stamp), Some(ours)) = (stamp, self.record.get().cluster_id.clone()) else {
+            return Ok(());
+        };
+        if !stamp.cluster_id.is_empty() {
+            return Ok(());
+        }
+        let why = if !member {
+            "is not in this node's membership"
+        } else if self
+            .record
+            .get()
+            .incarnations
+            .get(&from)
+            .is_some_and(|on_record| {
+                !stamp.incarnation.is_empty() && *on_record != stamp.incarnation
+            })
+        {
+            "its data directory is not the one on record for that node"
+        } else {
+            return Ok(());
+        };
+        Err(Refusal::Stranger { from, why, ours })
     }
 
     /// Notes the incarnation `from` answered with, when this node has none
@@ -386,6 +440,51 @@ mod tests {
         assert!(r.refused.is_empty());
         shared.set(r);
         assert!(!check.is_refused(1) && check.admit(1, None).is_ok());
+    }
+
+    #[test]
+    fn a_sender_claiming_no_cluster_reaches_the_log_only_as_a_known_member() {
+        let record = SharedRecord::new(ClusterRecord {
+            cluster_id: Some("c1".into()),
+            incarnations: BTreeMap::from([(1, "i1".into()), (2, "i2".into())]),
+            ..Default::default()
+        });
+        let check = MembershipCheck::new(2, "i2", record);
+        // A member that has not applied the id yet; one not on record yet
+        // (added since); an older release (no stamp); a claimed id.
+        assert!(check
+            .admit_to_log(1, Some(&stamp("", "i1", "")), true)
+            .is_ok());
+        assert!(check
+            .admit_to_log(3, Some(&stamp("", "i3", "")), true)
+            .is_ok());
+        assert!(check.admit_to_log(7, None, false).is_ok());
+        assert!(check
+            .admit_to_log(7, Some(&stamp("c1", "i7", "")), false)
+            .is_ok());
+        // A node of a cluster still founding its id: not a member here, or
+        // a member's id with another directory.
+        let e = check
+            .admit_to_log(7, Some(&stamp("", "x", "")), false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("not in this node's membership") && e.contains("c1"),
+            "{e}"
+        );
+        let e = check
+            .admit_to_log(1, Some(&stamp("", "other", "")), true)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not the one on record"), "{e}");
+        // A forwarded request (a new node asking whether this one belongs
+        // to a cluster) is not held to it.
+        assert!(check.admit(7, Some(&stamp("", "x", ""))).is_ok());
+        // Nor is anything, while this node knows no id itself.
+        let blank = MembershipCheck::new(2, "i2", SharedRecord::default());
+        assert!(blank
+            .admit_to_log(7, Some(&stamp("", "x", "")), false)
+            .is_ok());
     }
 
     #[test]

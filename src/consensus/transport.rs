@@ -87,15 +87,17 @@ impl RaftService {
     ) -> Result<RaftMessage, Status> {
         let (metadata, extensions, msg) = request.into_parts();
         self.authenticate(&metadata, &extensions, method, msg.from, &msg.payload)?;
-        self.admit(msg.from, msg.stamp.as_ref())?;
+        self.admit(msg.from, msg.stamp.as_ref(), method != FORWARD)?;
         Ok(msg)
     }
 
     /// Refuses messages from a peer cut off by fault rules
     /// (FAILED_PRECONDITION), and from a node of another cluster or
     /// addressed to another data directory of this node (PERMISSION_DENIED):
-    /// both tell the sender nothing was done.
-    fn admit(&self, from: NodeId, stamp: Option<&PeerStamp>) -> Result<(), Status> {
+    /// both tell the sender nothing was done. `to_log`: the request acts on
+    /// the log or the vote, so a sender claiming no cluster must be a
+    /// member too (`MembershipCheck::admit_to_log`).
+    fn admit(&self, from: NodeId, stamp: Option<&PeerStamp>, to_log: bool) -> Result<(), Status> {
         if self.faults.refuses(from) {
             return Err(Status::failed_precondition(format!(
                 "node {} refuses traffic from node {from} (fault injection)",
@@ -103,7 +105,13 @@ impl RaftService {
             )));
         }
         let check = self.node.membership_check();
-        check.admit(from, stamp).map_err(|refusal| {
+        let admitted = if to_log {
+            let member = self.node.member_addr(from).is_some();
+            check.admit_to_log(from, stamp, member)
+        } else {
+            check.admit(from, stamp)
+        };
+        admitted.map_err(|refusal| {
             if check.should_log(from) {
                 tracing::error!(
                     node_id = self.node.id,
@@ -186,7 +194,7 @@ impl RaftTransport for RaftService {
             first.from,
             &first.header,
         )?;
-        self.admit(first.from, first.stamp.as_ref())?;
+        self.admit(first.from, first.stamp.as_ref(), true)?;
         let (vote, meta): (Vote<NodeId>, SnapshotMeta<NodeId, BasicNode>) = decode(&first.header)?;
         // Written to a file of the state machine's as it arrives, so a
         // snapshot of any size costs a chunk of memory here.

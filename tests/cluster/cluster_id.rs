@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use agentry::pb;
 
-use crate::backup::{restore, save};
+use crate::backup::{agentry, restore, save};
 use crate::harness::*;
 use crate::scenarios::SERIAL;
 
@@ -99,16 +99,9 @@ async fn a_restored_cluster_and_its_origin_refuse_each_other_from_the_first_mess
     assert_eq!(s, 201, "{body}");
     old.wait_applied_as(leader, LONG).await;
 
-    // The restore is told that its node 3 is at the address where the old
-    // cluster's node 3 still runs (alone: its peers are down, so its term
-    // stays behind the restored cluster's). Without the id from the start,
-    // the restored leader would have it give up its log for the new one.
-    old.kill(1);
-    old.kill(2);
-    let mut new = Cluster::new(Options::default());
-    new.reserve(1);
-    new.reserve(2);
-    let members = format!("{},3=127.0.0.1:{}", new.member_list(), old.nodes[&3].raft);
+    // Without the id from the start, the restored leader would have the
+    // old node give up its log for the new one.
+    let (mut new, members) = beside_a_lone_old_node(&mut old);
     let mut printed = Vec::new();
     for id in 1..=2 {
         let (ok, out) = restore(&file, &new.data_dir(id), id, &members);
@@ -136,22 +129,86 @@ async fn a_restored_cluster_and_its_origin_refuse_each_other_from_the_first_mess
         old.log(3)
     );
 
-    // The old cluster, whole again, lost nothing and takes writes; the
-    // restored one holds the backup and its own write only.
+    // The old cluster lost nothing; the restored one holds the backup and
+    // its own write only.
+    whole_again_with(&mut old, &["after-backup", "in-backup"]).await;
+    let ids: Vec<String> = new.contents(new_leader).await.into_keys().collect();
+    assert_eq!(ids, ["after-restore", "in-backup"]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_new_cluster_initialised_onto_another_clusters_node_cannot_replace_its_log() {
+    let _serial = SERIAL.lock().await;
+    let mut old = Cluster::start(3, Options::default()).await;
+    let leader = old.wait_for_leader(LONG).await;
+    let (s, body) = old.register(leader, "in-old", "x").await;
+    assert_eq!(s, 201, "{body}");
+    old.wait_cluster_id(3, LONG).await;
+    old.wait_applied_as(leader, LONG).await;
+
+    // `cluster init` founds without asking the peers first, and the new
+    // cluster has no id yet: only the old node's check of who may touch
+    // its log stands between the new leader's entries and its own.
+    let (mut new, members) = beside_a_lone_old_node(&mut old);
+    for id in 1..=2 {
+        new.spawn(id, &["--bootstrap", "manual"]);
+    }
+    let (ok, out) = agentry(&[
+        "cluster",
+        "init",
+        "--member",
+        &members,
+        "--server",
+        &new.grpc_url(1),
+    ]);
+    assert!(ok, "{out}");
+    let new_leader = new.wait_for_leader(LONG).await;
+    let (s, body) = new.register(new_leader, "in-new", "x").await;
+    assert_eq!(s, 201, "{body}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        old.log(3).contains("claims no cluster"),
+        "the old node refused the new cluster:\n{}",
+        old.log(3)
+    );
+    assert!(
+        new.log(new_leader)
+            .contains("refused this node's Raft traffic"),
+        "the new leader says why node 3 does not follow:\n{}",
+        new.log(new_leader)
+    );
+
+    whole_again_with(&mut old, &["in-old"]).await;
+}
+
+/// Stops `old`'s nodes 1 and 2 and reserves a new cluster's nodes 1 and 2;
+/// returns it and a member list that names, as its node 3, the address
+/// where `old`'s node 3 still runs alone (its peers down, so its term
+/// stays behind the new cluster's).
+fn beside_a_lone_old_node(old: &mut Cluster) -> (Cluster, String) {
+    old.kill(1);
+    old.kill(2);
+    let mut new = Cluster::new(Options::default());
+    new.reserve(1);
+    new.reserve(2);
+    let members = format!("{},3=127.0.0.1:{}", new.member_list(), old.nodes[&3].raft);
+    (new, members)
+}
+
+/// Starts `old`'s nodes 1 and 2 again: the cluster, whole, takes a write,
+/// and every node holds `held` and that write, nothing lost, nothing of
+/// another cluster's.
+async fn whole_again_with(old: &mut Cluster, held: &[&str]) {
     old.restart(1);
     old.restart(2);
     let leader = old.wait_for_leader(LONG).await;
-    let (s, body) = old.register(leader, "after-reunion", "x").await;
+    let (s, body) = old.register(leader, "whole-again", "x").await;
     assert_eq!(s, 201, "{body}");
     old.wait_applied_as(leader, LONG).await;
+    let mut want: Vec<&str> = held.iter().copied().chain(["whole-again"]).collect();
+    want.sort_unstable();
     for id in 1..=3 {
         let ids: Vec<String> = old.contents(id).await.into_keys().collect();
-        assert_eq!(
-            ids,
-            ["after-backup", "after-reunion", "in-backup"],
-            "old node {id}"
-        );
+        assert_eq!(ids, want, "old node {id}");
     }
-    let ids: Vec<String> = new.contents(new_leader).await.into_keys().collect();
-    assert_eq!(ids, ["after-restore", "in-backup"]);
 }
