@@ -266,28 +266,28 @@ impl MembershipCheck {
         member: bool,
     ) -> Result<(), Refusal> {
         self.admit(from, stamp)?;
-        let (Some(stamp), Some(ours)) = (stamp, self.record.get().cluster_id.clone()) else {
+        let record = self.record.get();
+        let (Some(stamp), Some(ours)) = (stamp, &record.cluster_id) else {
             return Ok(());
         };
         if !stamp.cluster_id.is_empty() {
             return Ok(());
         }
+        let another_directory = record.incarnations.get(&from).is_some_and(|on_record| {
+            !stamp.incarnation.is_empty() && *on_record != stamp.incarnation
+        });
         let why = if !member {
             "is not in this node's membership"
-        } else if self
-            .record
-            .get()
-            .incarnations
-            .get(&from)
-            .is_some_and(|on_record| {
-                !stamp.incarnation.is_empty() && *on_record != stamp.incarnation
-            })
-        {
+        } else if another_directory {
             "its data directory is not the one on record for that node"
         } else {
             return Ok(());
         };
-        Err(Refusal::Stranger { from, why, ours })
+        Err(Refusal::Stranger {
+            from,
+            why,
+            ours: ours.clone(),
+        })
     }
 
     /// Notes the incarnation `from` answered with, when this node has none
