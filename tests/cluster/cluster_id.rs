@@ -183,8 +183,8 @@ async fn a_new_cluster_initialised_onto_another_clusters_node_cannot_replace_its
 
 /// Stops `old`'s nodes 1 and 2 and reserves a new cluster's nodes 1 and 2;
 /// returns it and a member list that names, as its node 3, the address
-/// where `old`'s node 3 still runs alone (its peers down, so its term
-/// stays behind the new cluster's).
+/// where `old`'s node 3 still runs, alone: no leader of its own holds it,
+/// and its term and the new cluster's outbid each other as they meet.
 fn beside_a_lone_old_node(old: &mut Cluster) -> (Cluster, String) {
     old.kill(1);
     old.kill(2);
