@@ -53,8 +53,33 @@ impl RaftService {
         }
     }
 
-    /// Refuses a caller that has not proven it belongs to this cluster,
-    /// before anything of its message is acted on.
+    /// Everything a message passes before it is acted on: the caller's
+    /// proof (`authenticate`), then what it claims (`admit`). The sender's
+    /// membership is looked up once for both.
+    fn gate(
+        &self,
+        metadata: &tonic::metadata::MetadataMap,
+        extensions: &tonic::Extensions,
+        method: &str,
+        first: (NodeId, &[u8], Option<&PeerStamp>),
+    ) -> Result<(), Status> {
+        let (from, payload, stamp) = first;
+        let member = self.node.member_addr(from);
+        self.authenticate(
+            metadata,
+            extensions,
+            method,
+            from,
+            payload,
+            member.as_deref(),
+        )?;
+        // Forwarded requests are not held to the rule for the log.
+        let to_log = (method != FORWARD).then_some(member.is_some());
+        self.admit(from, stamp, to_log)
+    }
+
+    /// Refuses a caller that has not proven it belongs to this cluster
+    /// (`member`: the address this node has for it, if a member).
     fn authenticate(
         &self,
         metadata: &tonic::metadata::MetadataMap,
@@ -62,11 +87,11 @@ impl RaftService {
         method: &str,
         from: NodeId,
         payload: &[u8],
+        member: Option<&str>,
     ) -> Result<(), Status> {
         let peer = extensions.get::<Peer>();
-        let member = self.node.member_addr(from);
         self.auth
-            .check(metadata, peer, method, from, payload, member.as_deref())
+            .check(metadata, peer, method, from, payload, member)
             .inspect_err(|e| {
                 tracing::warn!(
                     node_id = self.node.id,
@@ -86,18 +111,23 @@ impl RaftService {
         method: &str,
     ) -> Result<RaftMessage, Status> {
         let (metadata, extensions, msg) = request.into_parts();
-        self.authenticate(&metadata, &extensions, method, msg.from, &msg.payload)?;
-        self.admit(msg.from, msg.stamp.as_ref(), method != FORWARD)?;
+        let first = (msg.from, msg.payload.as_slice(), msg.stamp.as_ref());
+        self.gate(&metadata, &extensions, method, first)?;
         Ok(msg)
     }
 
     /// Refuses messages from a peer cut off by fault rules
     /// (FAILED_PRECONDITION), and from a node of another cluster or
     /// addressed to another data directory of this node (PERMISSION_DENIED):
-    /// both tell the sender nothing was done. `to_log`: the request acts on
-    /// the log or the vote, so a sender claiming no cluster must be a
-    /// member too (`MembershipCheck::admit_to_log`).
-    fn admit(&self, from: NodeId, stamp: Option<&PeerStamp>, to_log: bool) -> Result<(), Status> {
+    /// both tell the sender nothing was done. `to_log`, for a request that
+    /// acts on the log or the vote: whether the sender is a member here,
+    /// which one claiming no cluster must be (`MembershipCheck::admit_to_log`).
+    fn admit(
+        &self,
+        from: NodeId,
+        stamp: Option<&PeerStamp>,
+        to_log: Option<bool>,
+    ) -> Result<(), Status> {
         if self.faults.refuses(from) {
             return Err(Status::failed_precondition(format!(
                 "node {} refuses traffic from node {from} (fault injection)",
@@ -105,11 +135,9 @@ impl RaftService {
             )));
         }
         let check = self.node.membership_check();
-        let admitted = if to_log {
-            let member = self.node.member_addr(from).is_some();
-            check.admit_to_log(from, stamp, member)
-        } else {
-            check.admit(from, stamp)
+        let admitted = match to_log {
+            Some(member) => check.admit_to_log(from, stamp, member),
+            None => check.admit(from, stamp),
         };
         admitted.map_err(|refusal| {
             if check.should_log(from) {
@@ -187,14 +215,12 @@ impl RaftTransport for RaftService {
             .next()
             .await
             .ok_or_else(|| Status::invalid_argument("empty snapshot stream"))??;
-        self.authenticate(
+        self.gate(
             &metadata,
             &extensions,
             INSTALL_SNAPSHOT,
-            first.from,
-            &first.header,
+            (first.from, &first.header, first.stamp.as_ref()),
         )?;
-        self.admit(first.from, first.stamp.as_ref(), true)?;
         let (vote, meta): (Vote<NodeId>, SnapshotMeta<NodeId, BasicNode>) = decode(&first.header)?;
         // Written to a file of the state machine's as it arrives, so a
         // snapshot of any size costs a chunk of memory here.

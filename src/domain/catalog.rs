@@ -333,7 +333,7 @@ pub fn filter_clauses(
     filter
         .iter()
         .map(|(path, v)| {
-            let at = format!("{pointer}/{}", escape_pointer(path));
+            let at = format!("{pointer}/{}", super::validate::pointer_token(path));
             let key = filter::key(Surface::Ard, path).ok_or_else(|| {
                 FieldError::new(
                     &at,
@@ -346,10 +346,6 @@ pub fn filter_clauses(
             AnyOf::new(key, v, &at)
         })
         .collect()
-}
-
-fn escape_pointer(s: &str) -> String {
-    s.replace('~', "~0").replace('/', "~1")
 }
 
 /// A validated ARD search.

@@ -545,15 +545,11 @@ pub fn normalise_and_validate(meta: &mut AgentMetadata, limits: &Limits) -> Resu
         }
     }
 
-    let stored = serde_json::to_vec(meta).unwrap_or_default();
-    if may_hold_long_integer(&stored) {
+    let stored = serde_json::to_vec(meta).ok();
+    if stored.as_deref().is_some_and(may_hold_long_integer) {
         exact_integers(&serde_json::to_value(&*meta).unwrap_or_default())?;
     }
-    let size = if stored.is_empty() {
-        usize::MAX
-    } else {
-        stored.len()
-    };
+    let size = stored.as_ref().map_or(usize::MAX, Vec::len);
     if size > limits.max_record_bytes {
         return Err(FieldError::new(
             "",

@@ -53,8 +53,8 @@ type Result<T> = std::result::Result<T, FieldError>;
 
 /// Appends one reference token to a JSON pointer (RFC 6901 escaping).
 fn ptr(base: &str, token: impl std::fmt::Display) -> String {
-    let token = token.to_string();
-    format!("{base}/{}", token.replace('~', "~0").replace('/', "~1"))
+    let token = crate::domain::validate::pointer_token(&token.to_string());
+    format!("{base}/{token}")
 }
 
 /// A JSON object of a source document with its pointer, so every accessor
