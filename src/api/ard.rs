@@ -5,7 +5,7 @@
 use tonic::{Request, Response, Status};
 
 use super::grpc::principal;
-use crate::convert::{map_to_struct, struct_to_map};
+use crate::convert::{map_to_struct, struct_from_client};
 use crate::domain::catalog::{ExplorePlan, ListPlan, SearchPlan};
 use crate::domain::FieldError;
 use crate::pb::{self, ard_server::Ard};
@@ -31,8 +31,13 @@ fn invalid(e: FieldError) -> Status {
     ServiceError::from(e).into()
 }
 
-fn filter_of(s: Option<&prost_types::Struct>) -> serde_json::Map<String, serde_json::Value> {
-    s.map(struct_to_map).unwrap_or_default()
+fn filter_of(
+    s: Option<&prost_types::Struct>,
+) -> Result<serde_json::Map<String, serde_json::Value>, Status> {
+    s.map(|s| struct_from_client(s, "/filter"))
+        .transpose()
+        .map(Option::unwrap_or_default)
+        .map_err(invalid)
 }
 
 #[tonic::async_trait]
@@ -45,7 +50,7 @@ impl Ard for ArdApi {
         let r = req.into_inner();
         let plan = SearchPlan::new(
             &r.text,
-            &filter_of(r.filter.as_ref()),
+            &filter_of(r.filter.as_ref())?,
             &r.federation,
             r.page_size,
             &r.page_token,
@@ -75,7 +80,7 @@ impl Ard for ArdApi {
             .map(|f| (f.field, f.limit, f.min_count))
             .collect();
         let plan =
-            ExplorePlan::new(&r.text, &filter_of(r.filter.as_ref()), facets).map_err(invalid)?;
+            ExplorePlan::new(&r.text, &filter_of(r.filter.as_ref())?, facets).map_err(invalid)?;
         let facets = self.service.explore(who.as_ref(), plan).await?;
         Ok(Response::new(pb::ArdExploreResponse {
             facets: facets

@@ -125,6 +125,10 @@ fn carried_detail(details: &[u8]) -> Option<pb::ErrorDetail> {
 /// method, media type or body size): `invalid_request` with the HTTP status
 /// that names the problem precisely (405, 413, 415).
 pub fn transport_refusal(http_status: u16, message: String) -> Status {
+    refusal(Code::InvalidArgument, http_status, message)
+}
+
+fn refusal(grpc: Code, http_status: u16, message: String) -> Status {
     let detail = pb::ErrorDetail {
         code: "invalid_request".into(),
         message,
@@ -133,7 +137,57 @@ pub fn transport_refusal(http_status: u16, message: String) -> Status {
         correlation_id: uuid::Uuid::new_v4().to_string(),
         retry_after: None,
     };
-    detail_status(Code::InvalidArgument, detail)
+    detail_status(grpc, detail)
+}
+
+/// A decoding error names every field on its path, which for a deeply
+/// nested value is kilobytes of `Value.kind: ListValue.values: …`; its
+/// start and its end (the cause) say what a client needs.
+fn elide(message: &str) -> String {
+    const HEAD: usize = 160;
+    const TAIL: usize = 120;
+    if message.len() <= HEAD + TAIL {
+        return message.to_string();
+    }
+    let boundary = |i: &usize| message.is_char_boundary(*i);
+    let head_end = (0..=HEAD).rev().find(boundary).unwrap_or(0);
+    let tail_start = (message.len() - TAIL..message.len())
+        .find(boundary)
+        .unwrap_or(message.len());
+    let (head, tail) = (&message[..head_end], &message[tail_start..]);
+    format!("{head} … {tail}")
+}
+
+/// Gives a status tonic answered with by itself, before any handler ran
+/// (the request's bytes did not decode, were over the size limit, or named
+/// no method), the `ErrorDetail` every other answer carries, under the code
+/// that puts the fault where it is. tonic calls an undecodable request
+/// `Internal`, as gRPC's status-code table does; that would count a
+/// client's garbage as a server fault on every dashboard and alert, so it
+/// is `InvalidArgument` here, as any other request that fails validation.
+/// An oversized message is `ResourceExhausted`, as gRPC's table says (tonic
+/// says `OutOfRange`). Other statuses pass unchanged.
+pub fn with_transport_detail(status: Status) -> Status {
+    if status.code() == Code::Ok || carried_detail(status.details()).is_some() {
+        return status;
+    }
+    let message = status.message().to_string();
+    match status.code() {
+        Code::Internal if message.starts_with("failed to decode Protobuf message") => {
+            to_status(&ServiceError::InvalidRequest {
+                field: None,
+                message: format!(
+                    "the request is not a valid message for this method: {}",
+                    elide(&message)
+                ),
+            })
+        }
+        Code::OutOfRange if message.contains("message length too large") => {
+            refusal(Code::ResourceExhausted, 413, message)
+        }
+        Code::Unimplemented => to_status(&ServiceError::Unsupported(message)),
+        _ => status,
+    }
 }
 
 impl From<ServiceError> for Status {
@@ -241,6 +295,24 @@ mod tests {
         // A bare detail, as older servers sent it, still reads.
         let bare = Status::with_details(Code::NotFound, "gone", inner.encode_to_vec().into());
         assert_eq!(detail_of(&bare), inner);
+    }
+
+    #[test]
+    fn what_tonic_refuses_gets_a_detail_and_a_short_message() {
+        let stack = "Value.kind: ListValue.values: ".repeat(60);
+        let s = with_transport_detail(Status::internal(format!(
+            "failed to decode Protobuf message: {stack}recursion limit reached é"
+        )));
+        assert_eq!(s.code(), Code::InvalidArgument);
+        assert!(s.message().ends_with("recursion limit reached é"), "{s:?}");
+        assert!(s.message().len() < 400, "{s:?}");
+        assert_eq!(detail_of(&s).code, "invalid_request");
+        let wide = "é".repeat(400);
+        assert!(elide(&wide).len() <= 160 + 120 + 5, "{}", elide(&wide));
+        let own = to_status(&ServiceError::NotFound("agent 'x'".into()));
+        assert_eq!(with_transport_detail(own.clone()).details(), own.details());
+        let other = with_transport_detail(Status::internal("the disk is on fire"));
+        assert_eq!(other.code(), Code::Internal);
     }
 
     #[test]

@@ -441,6 +441,26 @@ fn grpc_code_name(headers: &http::HeaderMap) -> String {
     }
 }
 
+/// An answer tonic gave by itself (a trailers-only error without an
+/// `ErrorDetail`: the request did not decode or was too large) rewritten
+/// with one (`error::with_transport_detail`); every other answer as it is.
+/// Errors inside a stream travel in its trailers, from handlers that always
+/// attach the detail.
+fn with_transport_detail(
+    response: http::Response<tonic::body::Body>,
+) -> http::Response<tonic::body::Body> {
+    let headers = response.headers();
+    if headers.contains_key("grpc-status-details-bin") {
+        return response;
+    }
+    match tonic::Status::from_header_map(headers) {
+        Some(status) if status.code() != tonic::Code::Ok => {
+            super::error::with_transport_detail(status).into_http()
+        }
+        _ => response,
+    }
+}
+
 /// The gate as a tower layer over a whole gRPC server.
 #[derive(Clone)]
 pub struct GateLayer(pub Arc<Gate>);
@@ -486,9 +506,9 @@ where
         let gate = self.gate.clone();
         Box::pin(async move {
             let Some(class) = grpc_class(req.uri().path()) else {
-                let status =
-                    tonic::Status::unimplemented(format!("unknown method {}", req.uri().path()));
-                return Ok(status.into_http());
+                let unknown =
+                    ServiceError::Unsupported(format!("unknown method {}", req.uri().path()));
+                return Ok(tonic::Status::from(unknown).into_http());
             };
             let peer = req.extensions().get::<Peer>().cloned();
             let operation = req.uri().path().trim_start_matches('/').to_string();
@@ -501,7 +521,7 @@ where
                     match admitted {
                         Ok(identity) => {
                             req.extensions_mut().insert(identity);
-                            inner.call(req).await
+                            inner.call(req).await.map(with_transport_detail)
                         }
                         Err(e) => Ok(tonic::Status::from(e).into_http()),
                     }

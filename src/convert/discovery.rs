@@ -31,7 +31,8 @@ impl TryFrom<pb::DiscoverRequest> for DiscoveryRequest {
             constraints: r
                 .constraints
                 .as_ref()
-                .map(struct_to_map)
+                .map(|s| super::struct_from_client(s, "/constraints"))
+                .transpose()?
                 .unwrap_or_default(),
             limit: r.limit,
             include_evidence: r.include_evidence,
@@ -39,7 +40,8 @@ impl TryFrom<pb::DiscoverRequest> for DiscoveryRequest {
             client_context: r
                 .client_context
                 .as_ref()
-                .map(struct_to_map)
+                .map(|s| super::struct_from_client(s, "/client_context"))
+                .transpose()?
                 .unwrap_or_default(),
             scope: Scope::parse(&r.scope)
                 .ok_or_else(|| FieldError::new("/scope", "must be local or federated"))?,

@@ -66,8 +66,79 @@ fn opt_struct(m: &Map<String, Value>) -> Option<prost_types::Struct> {
     (!m.is_empty()).then(|| map_to_struct(m))
 }
 
-fn extras(s: &Option<prost_types::Struct>) -> Map<String, Value> {
-    s.as_ref().map(struct_to_map).unwrap_or_default()
+/// A client's protobuf `Value` as JSON, refusing a number JSON has no form
+/// for. A double may be NaN or infinite and a JSON number may not (proto3's
+/// JSON mapping refuses them as well); `pb_to_json` would store null in its
+/// place, something other than what the client sent, and sign it.
+pub fn value_from_client(v: &prost_types::Value, pointer: &str) -> Result<Value, FieldError> {
+    let mut at = pointer.to_owned();
+    finite(v, &mut at)?;
+    Ok(pb_to_json(v))
+}
+
+/// `value_from_client` for a `Struct` whose members sit at `pointer`.
+pub fn struct_from_client(
+    s: &prost_types::Struct,
+    pointer: &str,
+) -> Result<Map<String, Value>, FieldError> {
+    let mut at = pointer.to_owned();
+    finite_members(s, &mut at)?;
+    Ok(struct_to_map(s))
+}
+
+/// Refuses the first NaN or infinite number in `v`, naming it by its
+/// pointer (built onto `pointer`). Depth is bounded by prost's decoding
+/// limit.
+fn finite(v: &prost_types::Value, pointer: &mut String) -> Result<(), FieldError> {
+    match &v.kind {
+        Some(Kind::NumberValue(n)) if !n.is_finite() => {
+            let shown = match (n.is_nan(), n.is_sign_positive()) {
+                (true, _) => "NaN",
+                (false, true) => "Infinity",
+                (false, false) => "-Infinity",
+            };
+            Err(FieldError::new(
+                pointer.clone(),
+                format!("{shown} is not a JSON number, and the registry stores JSON; send a finite number or a string"),
+            ))
+        }
+        Some(Kind::ListValue(l)) => {
+            let len = pointer.len();
+            for (i, item) in l.values.iter().enumerate() {
+                pointer.push('/');
+                pointer.push_str(&i.to_string());
+                finite(item, pointer)?;
+                pointer.truncate(len);
+            }
+            Ok(())
+        }
+        Some(Kind::StructValue(s)) => finite_members(s, pointer),
+        _ => Ok(()),
+    }
+}
+
+fn finite_members(s: &prost_types::Struct, pointer: &mut String) -> Result<(), FieldError> {
+    let len = pointer.len();
+    for (key, v) in &s.fields {
+        pointer.push('/');
+        pointer.push_str(&domain::validate::pointer_token(key));
+        finite(v, pointer)?;
+        pointer.truncate(len);
+    }
+    Ok(())
+}
+
+/// The unknown members a client sent in the `extensions` of the message at
+/// `pointer` (named as the gRPC message has them, as `clashing_member`
+/// does).
+fn extras(
+    s: &Option<prost_types::Struct>,
+    pointer: &str,
+) -> Result<Map<String, Value>, FieldError> {
+    s.as_ref()
+        .map(|s| struct_from_client(s, &format!("{pointer}/extensions")))
+        .transpose()
+        .map(Option::unwrap_or_default)
 }
 
 pub fn status_to_pb(s: Option<domain::AgentStatus>) -> pb::AgentStatus {
@@ -149,13 +220,16 @@ fn auth_to_pb(a: &domain::AuthRequirement) -> pb::AuthRequirement {
     }
 }
 
-fn auth_from_pb(a: pb::AuthRequirement) -> domain::AuthRequirement {
-    domain::AuthRequirement {
+fn auth_from_pb(
+    a: pb::AuthRequirement,
+    pointer: &str,
+) -> Result<domain::AuthRequirement, FieldError> {
+    Ok(domain::AuthRequirement {
+        extra: extras(&a.extensions, pointer)?,
         kind: a.r#type,
         instructions: a.instructions,
         scopes: a.scopes,
-        extra: extras(&a.extensions),
-    }
+    })
 }
 
 /// A record's bindings as the wire carries them.
@@ -238,9 +312,88 @@ impl TryFrom<pb::AgentMetadata> for domain::AgentMetadata {
     type Error = FieldError;
 
     fn try_from(m: pb::AgentMetadata) -> Result<Self, FieldError> {
-        let schema = |v: Option<prost_types::Value>| v.as_ref().map(pb_to_json);
+        let schema = |v: Option<prost_types::Value>, pointer: &str| {
+            v.as_ref()
+                .map(|v| value_from_client(v, pointer))
+                .transpose()
+        };
+        let object = |s: Option<prost_types::Struct>, pointer: &str| {
+            s.as_ref()
+                .map(|s| struct_from_client(s, pointer))
+                .transpose()
+        };
+        let auth = |a: Option<pb::AuthRequirement>, pointer: &str| {
+            a.map(|a| auth_from_pb(a, pointer)).transpose()
+        };
         Ok(domain::AgentMetadata {
             status: status_from_pb(m.status, "/status")?,
+            authentication: auth(m.authentication, "/authentication")?,
+            auth: auth(m.auth, "/auth")?,
+            operations: m
+                .operations
+                .into_iter()
+                .enumerate()
+                .map(|(i, o)| {
+                    let at = format!("/operations/{i}");
+                    Ok(domain::Operation {
+                        extra: extras(&o.extensions, &at)?,
+                        inputs: schema(o.inputs, &format!("{at}/inputs"))?,
+                        outputs: schema(o.outputs, &format!("{at}/outputs"))?,
+                        examples: o
+                            .examples
+                            .into_iter()
+                            .enumerate()
+                            .map(|(j, e)| {
+                                let at = format!("{at}/examples/{j}");
+                                Ok(domain::OperationExample {
+                                    extra: extras(&e.extensions, &at)?,
+                                    input: schema(e.input, &format!("{at}/input"))?,
+                                    output: schema(e.output, &format!("{at}/output"))?,
+                                })
+                            })
+                            .collect::<Result<_, FieldError>>()?,
+                        name: o.name,
+                        description: o.description,
+                    })
+                })
+                .collect::<Result<_, FieldError>>()?,
+            inputs: schema(m.inputs, "/inputs")?,
+            outputs: schema(m.outputs, "/outputs")?,
+            examples: m
+                .examples
+                .into_iter()
+                .enumerate()
+                .map(|(i, e)| {
+                    let at = format!("/examples/{i}");
+                    Ok(domain::TaskExample {
+                        extra: extras(&e.extensions, &at)?,
+                        input_schema: schema(e.input_schema, &format!("{at}/input_schema"))?,
+                        output_schema: schema(e.output_schema, &format!("{at}/output_schema"))?,
+                        id: e.id,
+                        text: e.text,
+                        tags: e.tags,
+                        language: e.language,
+                    })
+                })
+                .collect::<Result<_, FieldError>>()?,
+            bindings: m
+                .bindings
+                .into_iter()
+                .enumerate()
+                .map(|(i, b)| {
+                    Ok(domain::Binding {
+                        extra: extras(&b.extensions, &format!("/bindings/{i}"))?,
+                        protocol: b.protocol,
+                        endpoint: b.endpoint,
+                        media_types: b.media_types,
+                        interaction_model: b.interaction_model,
+                        priority: b.priority,
+                    })
+                })
+                .collect::<Result<_, FieldError>>()?,
+            constraints: object(m.constraints, "/constraints")?,
+            signature: object(m.signature, "/signature")?,
+            extra: extras(&m.extensions, "")?,
             id: m.id,
             name: m.name,
             description: m.description,
@@ -250,60 +403,8 @@ impl TryFrom<pb::AgentMetadata> for domain::AgentMetadata {
             tags: m.tags,
             endpoint: m.endpoint,
             supported_languages: m.supported_languages,
-            authentication: m.authentication.map(auth_from_pb),
-            auth: m.auth.map(auth_from_pb),
-            operations: m
-                .operations
-                .into_iter()
-                .map(|o| domain::Operation {
-                    extra: extras(&o.extensions),
-                    name: o.name,
-                    description: o.description,
-                    inputs: schema(o.inputs),
-                    outputs: schema(o.outputs),
-                    examples: o
-                        .examples
-                        .into_iter()
-                        .map(|e| domain::OperationExample {
-                            extra: extras(&e.extensions),
-                            input: schema(e.input),
-                            output: schema(e.output),
-                        })
-                        .collect(),
-                })
-                .collect(),
-            inputs: schema(m.inputs),
-            outputs: schema(m.outputs),
-            examples: m
-                .examples
-                .into_iter()
-                .map(|e| domain::TaskExample {
-                    extra: extras(&e.extensions),
-                    id: e.id,
-                    text: e.text,
-                    tags: e.tags,
-                    input_schema: schema(e.input_schema),
-                    output_schema: schema(e.output_schema),
-                    language: e.language,
-                })
-                .collect(),
-            bindings: m
-                .bindings
-                .into_iter()
-                .map(|b| domain::Binding {
-                    extra: extras(&b.extensions),
-                    protocol: b.protocol,
-                    endpoint: b.endpoint,
-                    media_types: b.media_types,
-                    interaction_model: b.interaction_model,
-                    priority: b.priority,
-                })
-                .collect(),
-            constraints: m.constraints.as_ref().map(struct_to_map),
             expires_at: m.expires_at,
             updated_at: m.updated_at,
-            signature: m.signature.as_ref().map(struct_to_map),
-            extra: extras(&m.extensions),
         })
     }
 }
@@ -796,5 +897,44 @@ mod tests {
         assert_eq!(pb_to_json(&json_to_pb(&json!(10))), json!(10));
         assert_eq!(pb_to_json(&json_to_pb(&json!(-3))), json!(-3));
         assert_eq!(pb_to_json(&json_to_pb(&json!(2.5))), json!(2.5));
+    }
+
+    #[test]
+    fn a_clients_non_finite_number_is_refused_where_it_is() {
+        let finite = json!({"a": [1, 2.5, {"b": -1e300}], "c/d": null});
+        assert_eq!(
+            value_from_client(&json_to_pb(&finite), "/inputs").unwrap(),
+            finite
+        );
+        for (n, shown) in [
+            (f64::NAN, "NaN"),
+            (f64::INFINITY, "Infinity"),
+            (f64::NEG_INFINITY, "-Infinity"),
+        ] {
+            let mut v = json_to_pb(&json!({"a": [1, {"c/d": 0}]}));
+            let Some(Kind::StructValue(top)) = &mut v.kind else {
+                panic!("an object")
+            };
+            let Some(Kind::ListValue(list)) = &mut top.fields.get_mut("a").unwrap().kind else {
+                panic!("a list")
+            };
+            let Some(Kind::StructValue(inner)) = &mut list.values[1].kind else {
+                panic!("an object")
+            };
+            inner.fields.insert(
+                "c/d".into(),
+                prost_types::Value {
+                    kind: Some(Kind::NumberValue(n)),
+                },
+            );
+            let e = value_from_client(&v, "/inputs").unwrap_err();
+            assert_eq!(e.pointer, "/inputs/a/1/c~1d");
+            assert!(e.message.starts_with(shown), "{}", e.message);
+            let Some(Kind::StructValue(top)) = &v.kind else {
+                panic!("an object")
+            };
+            let e = struct_from_client(top, "/constraints").unwrap_err();
+            assert_eq!(e.pointer, "/constraints/a/1/c~1d");
+        }
     }
 }

@@ -1312,3 +1312,189 @@ async fn grpc_extensions_named_like_defined_members_are_refused() {
     let d = agentry::api::error::detail_of(&e);
     assert_eq!(d.field.as_deref(), Some("/page_size"), "{e:?}");
 }
+
+/// A protobuf message whose field 1 is raw bytes: sent as a `GetRequest`,
+/// its id is whatever bytes the test chooses, UTF-8 or not.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RawId {
+    #[prost(bytes = "vec", tag = "1")]
+    id: Vec<u8>,
+}
+
+/// The error answering `path` called with a message whose field 1 is `id`.
+async fn raw_call(addr: &str, path: &'static str, id: Vec<u8>) -> tonic::Status {
+    let channel = tonic::transport::Channel::from_shared(addr.to_string())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut raw = tonic::client::Grpc::new(channel);
+    raw.ready().await.unwrap();
+    raw.unary(
+        Grpc::req(Some(ALICE), RawId { id }),
+        tonic::codegen::http::uri::PathAndQuery::from_static(path),
+        tonic_prost::ProstCodec::<RawId, agentry::pb::GetResponse>::default(),
+    )
+    .await
+    .expect_err(path)
+}
+
+/// What tonic refuses before any handler runs answers like everything
+/// else, with the `ErrorDetail` and a code that blames the client: a
+/// request that does not decode (a string that is not UTF-8, a value nested
+/// past the decoder's limit) is `InvalidArgument` (tonic said `Internal`,
+/// a server fault to every dashboard), an oversized one `ResourceExhausted`
+/// (tonic said `OutOfRange`), an unknown method `Unimplemented`; each
+/// carried no detail. A double that JSON cannot hold (NaN, infinities) is
+/// refused by field; it was stored as null. Nothing is stored.
+#[tokio::test]
+async fn grpc_requests_tonic_refuses_and_non_finite_numbers_carry_the_error_detail() {
+    use agentry::api::error::detail_of;
+    use agentry::pb;
+    use prost_types::value::Kind;
+    use tonic::Code;
+    let s = TestServer::start().await;
+    let h = Http::new(&s.http);
+    let g = Grpc::connect(&s.grpc).await;
+    let before = snapshot(&h).await;
+
+    let e = raw_call(&s.grpc, "/agentry.v1.Registry/Get", vec![b'a', 0xff, 0xfe]).await;
+    let d = detail_of(&e);
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert_eq!(
+        (d.code.as_str(), d.http_status),
+        ("invalid_request", 400),
+        "{e:?}"
+    );
+    assert!(e.message().contains("UTF-8"), "{e:?}");
+
+    let unknown = raw_call(&s.grpc, "/agentry.v1.Registry/Nope", b"a".to_vec()).await;
+    let d = detail_of(&unknown);
+    assert_eq!(unknown.code(), Code::Unimplemented, "{unknown:?}");
+    assert_eq!(
+        (d.code.as_str(), d.http_status),
+        ("unsupported", 501),
+        "{unknown:?}"
+    );
+
+    let base = || {
+        agentry::convert::metadata_from_json(with(translator("numbers"), |m| {
+            m["bindings"] = json!([{"protocol": "https", "endpoint": "https://api.example.com/agents/translate"}]);
+        }))
+        .unwrap()
+    };
+    let register = |meta: pb::AgentMetadata| {
+        Grpc::req(
+            Some(ALICE),
+            pb::RegisterRequest {
+                metadata: Some(meta),
+                visibility: 0,
+                readers: Vec::new(),
+            },
+        )
+    };
+    let number = |n: f64| prost_types::Value {
+        kind: Some(Kind::NumberValue(n)),
+    };
+
+    let mut deep = prost_types::Value {
+        kind: Some(Kind::StringValue("leaf".into())),
+    };
+    for _ in 0..60 {
+        deep = prost_types::Value {
+            kind: Some(Kind::ListValue(prost_types::ListValue {
+                values: vec![deep],
+            })),
+        };
+    }
+    let mut nested = base();
+    nested.inputs = Some(deep);
+    let e = g
+        .client
+        .clone()
+        .register(register(nested))
+        .await
+        .expect_err("nested past the limit");
+    let d = detail_of(&e);
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert_eq!(d.code, "invalid_request", "{e:?}");
+    // The path of every level is elided to its start and its cause.
+    assert!(e.message().len() < 400, "{e:?}");
+
+    let mut large = base();
+    large.description = "a".repeat(1 << 20);
+    let e = g
+        .client
+        .clone()
+        .register(register(large))
+        .await
+        .expect_err("over the message limit");
+    let d = detail_of(&e);
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+    assert_eq!(
+        (d.code.as_str(), d.http_status),
+        ("invalid_request", 413),
+        "{e:?}"
+    );
+
+    let mut nan = base();
+    nan.constraints
+        .get_or_insert_with(Default::default)
+        .fields
+        .insert("max_cost".into(), number(f64::NAN));
+    let mut infinite = base();
+    let added = format!("/operations/{}/inputs/maximum", infinite.operations.len());
+    infinite.operations.push(pb::Operation {
+        name: "translate".into(),
+        inputs: Some(prost_types::Value {
+            kind: Some(Kind::StructValue(prost_types::Struct {
+                fields: [("maximum".to_string(), number(f64::NEG_INFINITY))].into(),
+            })),
+        }),
+        ..Default::default()
+    });
+    let mut extension = base();
+    extension
+        .extensions
+        .get_or_insert_with(Default::default)
+        .fields
+        .insert("x/rate".into(), number(f64::INFINITY));
+    for (meta, field) in [
+        (nan, "/constraints/max_cost"),
+        (infinite, added.as_str()),
+        (extension, "/extensions/x~1rate"),
+    ] {
+        let e = g
+            .client
+            .clone()
+            .register(register(meta))
+            .await
+            .expect_err(field);
+        let d = detail_of(&e);
+        assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+        assert_eq!(d.field.as_deref(), Some(field), "{e:?}");
+    }
+    let discover = agentry::pb::discovery_client::DiscoveryClient::connect(s.grpc.clone())
+        .await
+        .unwrap()
+        .discover(Grpc::req(
+            Some(ALICE),
+            pb::DiscoverRequest {
+                query: "translate".into(),
+                constraints: Some(prost_types::Struct {
+                    fields: [("max_latency_ms".to_string(), number(f64::NAN))].into(),
+                }),
+                ..Default::default()
+            },
+        ))
+        .await
+        .expect_err("NaN filter");
+    let d = detail_of(&discover);
+    assert_eq!(
+        d.field.as_deref(),
+        Some("/constraints/max_latency_ms"),
+        "{discover:?}"
+    );
+
+    assert_eq!(snapshot(&h).await, before);
+}
