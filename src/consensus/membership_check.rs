@@ -135,7 +135,11 @@ impl SharedRecord {
 /// Why a peer's message was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum Refusal {
-    #[error("node {from} belongs to cluster {theirs}, this node to cluster {ours}")]
+    #[error(
+        "node {from} belongs to cluster {theirs}, this node to cluster {ours} (nodes restored \
+         from one backup share a cluster id only when every restore was given the same \
+         --initial-members list)"
+    )]
     OtherCluster {
         from: NodeId,
         theirs: String,
