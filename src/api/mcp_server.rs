@@ -685,9 +685,9 @@ fn refusal(status: Status) -> Response {
 
 /// The JSON-RPC error (HTTP 400) for a body that rmcp would misanswer: not
 /// JSON (-32700) or not a JSON-RPC 2.0 message (-32600), which rmcp answers
-/// with a plain-text 415; a request whose id is null (-32600: MCP requires a
-/// string or a number), which rmcp takes for a notification and leaves
-/// unanswered; and a `tools/call` whose `arguments` is not an object
+/// with a plain-text 415; a request whose id is null, an object, an array or
+/// a boolean (-32600: MCP requires a string or a number), which rmcp takes
+/// for a notification and leaves unanswered; and a `tools/call` whose `arguments` is not an object
 /// (-32602, with the request's id), which rmcp reports as an unknown method.
 fn not_json_rpc(body: &[u8]) -> Option<Response> {
     let mut id = Value::Null;
@@ -696,10 +696,13 @@ fn not_json_rpc(body: &[u8]) -> Option<Response> {
         Ok(Value::Object(m)) if m.get("jsonrpc").and_then(Value::as_str) == Some("2.0") => {
             let method = m.get("method").and_then(Value::as_str);
             let arguments = m.get("params").and_then(|p| p.get("arguments"));
-            if method.is_some() && m.get("id") == Some(&Value::Null) {
+            let unanswerable = m
+                .get("id")
+                .is_some_and(|id| !id.is_string() && !id.is_number());
+            if method.is_some() && unanswerable {
                 (
                     -32600,
-                    "Invalid Request: a request's id must be a string or a number, not null (leave it out for a notification)".to_string(),
+                    "Invalid Request: a request's id must be a string or a number (leave it out for a notification)".to_string(),
                 )
             } else if method == Some("tools/call")
                 && arguments.is_some_and(|a| !a.is_object() && !a.is_null())
@@ -775,6 +778,18 @@ mod tests {
                 br#"{"jsonrpc": "2.0", "method": "tools/list", "id": null}"#,
                 -32600,
             ),
+            (
+                br#"{"jsonrpc": "2.0", "method": "tools/list", "id": {"a": 1}}"#,
+                -32600,
+            ),
+            (
+                br#"{"jsonrpc": "2.0", "method": "tools/list", "id": [1]}"#,
+                -32600,
+            ),
+            (
+                br#"{"jsonrpc": "2.0", "method": "tools/list", "id": true}"#,
+                -32600,
+            ),
         ] {
             let refused = not_json_rpc(body).expect("refused");
             assert_eq!(refused.status(), StatusCode::BAD_REQUEST);
@@ -786,6 +801,7 @@ mod tests {
             assert_eq!(v["id"], Value::Null);
         }
         assert!(not_json_rpc(br#"{"jsonrpc": "2.0", "method": "ping", "id": 1}"#).is_none());
+        assert!(not_json_rpc(br#"{"jsonrpc": "2.0", "method": "ping", "id": "a"}"#).is_none());
         assert!(
             not_json_rpc(br#"{"jsonrpc": "2.0", "method": "notifications/initialized"}"#).is_none()
         );
@@ -851,5 +867,12 @@ mod tests {
         let invoke = &defs[2].validator;
         assert!(check_instance(invoke, &json!({"agent_id": "a", "input": {}}), "").is_ok());
         assert!(check_instance(invoke, &json!({"agent_id": "a", "input": [1]}), "").is_err());
+        // A small failing value is quoted, a large one only named.
+        let e = check_instance(discover, &json!({"task": 3}), "").unwrap_err();
+        assert!(e.message.contains("3 is not of type"), "{e}");
+        let long = "a".repeat(100_000);
+        let e = check_instance(&defs[1].validator, &json!({ "id": long }), "").unwrap_err();
+        assert_eq!(e.pointer, "/id");
+        assert!(e.message.len() < 200, "{}", e.message);
     }
 }
