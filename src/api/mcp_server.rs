@@ -687,8 +687,9 @@ fn refusal(status: Status) -> Response {
 /// JSON (-32700) or not a JSON-RPC 2.0 message (-32600), which rmcp answers
 /// with a plain-text 415; a request whose id is null, an object, an array or
 /// a boolean (-32600: MCP requires a string or a number), which rmcp takes
-/// for a notification and leaves unanswered; and a `tools/call` whose `arguments` is not an object
-/// (-32602, with the request's id), which rmcp reports as an unknown method.
+/// for a notification and leaves unanswered; and a `tools/call` whose
+/// `arguments` is not an object (-32602, with the request's id), which rmcp
+/// reports as an unknown method.
 fn not_json_rpc(body: &[u8]) -> Option<Response> {
     let mut id = Value::Null;
     let (code, message) = match serde_json::from_slice::<Value>(body) {
