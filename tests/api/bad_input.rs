@@ -1237,12 +1237,7 @@ async fn grpc_extensions_named_like_defined_members_are_refused() {
     let text = |t: &str| prost_types::Value {
         kind: Some(Kind::StringValue(t.into())),
     };
-    let base = || {
-        agentry::convert::metadata_from_json(with(translator("clash"), |m| {
-            m["bindings"] = json!([{"protocol": "https", "endpoint": "https://api.example.com/agents/translate"}]);
-        }))
-        .unwrap()
-    };
+    let base = || grpc_translator("clash");
     let mut top = base();
     top.extensions
         .get_or_insert_with(Default::default)
@@ -1254,26 +1249,11 @@ async fn grpc_extensions_named_like_defined_members_are_refused() {
         .get_or_insert_with(Default::default)
         .fields
         .insert("endpoint".into(), text("https://other.example/"));
-    let register = |meta: pb::AgentMetadata| {
-        Grpc::req(
-            Some(ALICE),
-            pb::RegisterRequest {
-                metadata: Some(meta),
-                visibility: 0,
-                readers: Vec::new(),
-            },
-        )
-    };
     for (meta, field) in [
         (top, "/extensions/description"),
         (nested, "/bindings/0/extensions/endpoint"),
     ] {
-        let e = g
-            .client
-            .clone()
-            .register(register(meta))
-            .await
-            .expect_err(field);
+        let e = register_grpc(&g, meta).await.expect_err(field);
         let d = agentry::api::error::detail_of(&e);
         assert_eq!(d.code, "invalid_request", "{e:?}");
         assert_eq!(d.field.as_deref(), Some(field), "{e:?}");
@@ -1284,11 +1264,7 @@ async fn grpc_extensions_named_like_defined_members_are_refused() {
         .get_or_insert_with(Default::default)
         .fields
         .insert("x-vendor".into(), text("kept"));
-    g.client
-        .clone()
-        .register(register(fine))
-        .await
-        .expect("registers");
+    register_grpc(&g, fine).await.expect("registers");
     let h = Http::new(&s.http);
     let (status, _, body) = h
         .send(Method::GET, "/agents/clash", Some(ALICE), None, &[])
@@ -1311,6 +1287,31 @@ async fn grpc_extensions_named_like_defined_members_are_refused() {
         .expect_err("too large a page");
     let d = agentry::api::error::detail_of(&e);
     assert_eq!(d.field.as_deref(), Some("/page_size"), "{e:?}");
+}
+
+/// The translator fixture as gRPC metadata, with its endpoint as a binding.
+fn grpc_translator(id: &str) -> agentry::pb::AgentMetadata {
+    agentry::convert::metadata_from_json(with(translator(id), |m| {
+        m["bindings"] =
+            json!([{"protocol": "https", "endpoint": "https://api.example.com/agents/translate"}]);
+    }))
+    .unwrap()
+}
+
+/// Registers `meta` over gRPC as Alice.
+async fn register_grpc(
+    g: &Grpc,
+    meta: agentry::pb::AgentMetadata,
+) -> Result<tonic::Response<agentry::pb::RegisterResponse>, tonic::Status> {
+    let request = agentry::pb::RegisterRequest {
+        metadata: Some(meta),
+        visibility: 0,
+        readers: Vec::new(),
+    };
+    g.client
+        .clone()
+        .register(Grpc::req(Some(ALICE), request))
+        .await
 }
 
 /// A protobuf message whose field 1 is raw bytes: sent as a `GetRequest`,
@@ -1377,22 +1378,7 @@ async fn grpc_requests_tonic_refuses_and_non_finite_numbers_carry_the_error_deta
         "{unknown:?}"
     );
 
-    let base = || {
-        agentry::convert::metadata_from_json(with(translator("numbers"), |m| {
-            m["bindings"] = json!([{"protocol": "https", "endpoint": "https://api.example.com/agents/translate"}]);
-        }))
-        .unwrap()
-    };
-    let register = |meta: pb::AgentMetadata| {
-        Grpc::req(
-            Some(ALICE),
-            pb::RegisterRequest {
-                metadata: Some(meta),
-                visibility: 0,
-                readers: Vec::new(),
-            },
-        )
-    };
+    let base = || grpc_translator("numbers");
     let number = |n: f64| prost_types::Value {
         kind: Some(Kind::NumberValue(n)),
     };
@@ -1409,10 +1395,7 @@ async fn grpc_requests_tonic_refuses_and_non_finite_numbers_carry_the_error_deta
     }
     let mut nested = base();
     nested.inputs = Some(deep);
-    let e = g
-        .client
-        .clone()
-        .register(register(nested))
+    let e = register_grpc(&g, nested)
         .await
         .expect_err("nested past the limit");
     let d = detail_of(&e);
@@ -1423,10 +1406,7 @@ async fn grpc_requests_tonic_refuses_and_non_finite_numbers_carry_the_error_deta
 
     let mut large = base();
     large.description = "a".repeat(1 << 20);
-    let e = g
-        .client
-        .clone()
-        .register(register(large))
+    let e = register_grpc(&g, large)
         .await
         .expect_err("over the message limit");
     let d = detail_of(&e);
@@ -1464,12 +1444,7 @@ async fn grpc_requests_tonic_refuses_and_non_finite_numbers_carry_the_error_deta
         (infinite, added.as_str()),
         (extension, "/extensions/x~1rate"),
     ] {
-        let e = g
-            .client
-            .clone()
-            .register(register(meta))
-            .await
-            .expect_err(field);
+        let e = register_grpc(&g, meta).await.expect_err(field);
         let d = detail_of(&e);
         assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
         assert_eq!(d.field.as_deref(), Some(field), "{e:?}");
