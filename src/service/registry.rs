@@ -62,6 +62,11 @@ pub const MAX_PAGE_BYTES: usize = 2 << 20;
 /// A stream of changes for a watcher.
 pub type ChangeStream = Pin<Box<dyn Stream<Item = Result<Change>> + Send>>;
 
+/// How long a write waits for a new cluster's signing identity before it
+/// is answered "unavailable": establishing it takes one Raft round after
+/// the first election, retried with backoff while no leader is known.
+const IDENTITY_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The registry's use cases.
 #[derive(Clone)]
 pub struct RegistryService {
@@ -189,7 +194,8 @@ impl RegistryService {
         &self.index
     }
 
-    /// Ready when this node knows a leader; returns the applied revision.
+    /// Ready when this node knows a leader and has applied the signing
+    /// identity; returns the applied revision.
     pub fn ready(&self) -> Result<u64> {
         self.live()?;
         // A node that cannot store writes is taken out of rotation until
@@ -210,6 +216,13 @@ impl RegistryService {
                     "node {} is not a member of the cluster its data directory belongs to (voters {:?}): it was removed, or the directory was restored for another node id",
                     status.node_id, status.voters
                 ),
+                leader: None,
+            });
+        }
+        // Records written before the identity would be stored unsigned.
+        if status.leader.is_some() && self.reader.signer().is_none() {
+            return Err(ServiceError::Unavailable {
+                message: "the registry has not established its signing identity yet".into(),
                 leader: None,
             });
         }
@@ -255,7 +268,30 @@ impl RegistryService {
         Ok(())
     }
 
+    /// Waits (briefly) until this node has applied the registry's signing
+    /// identity. A cluster establishes it just after its first election; a
+    /// record written before that would be stored unsigned and signed only
+    /// when the identity's entry applies, so a node behind it would serve it
+    /// unsigned meanwhile. Once this node has the identity, its entry is
+    /// committed ahead of anything proposed from here on.
+    async fn signing_identity(&self) -> Result<()> {
+        let deadline = tokio::time::Instant::now() + IDENTITY_WAIT;
+        while self.reader.signer().is_none() {
+            if tokio::time::Instant::now() >= deadline {
+                return Err(ServiceError::Unavailable {
+                    message:
+                        "the registry has not established its signing identity yet; retry shortly"
+                            .into(),
+                    leader: None,
+                });
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        Ok(())
+    }
+
     pub(crate) async fn commit(&self, command: Command) -> Result<Change> {
+        self.signing_identity().await?;
         match super::audit::propose(&self.node, command).await? {
             CommandResult::Applied(change) => Ok(*change),
             CommandResult::Rejected(r) => Err(r.into()),
@@ -366,6 +402,7 @@ impl RegistryService {
             expected_revision: Some(expected),
             rules: 0,
         };
+        self.signing_identity().await?;
         match super::audit::propose(&self.node, command).await? {
             CommandResult::Applied(change) => Ok(Ok(change.record)),
             CommandResult::Rejected(r) => Ok(Err(r)),

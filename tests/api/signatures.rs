@@ -57,12 +57,14 @@ async fn verify_cli(args: &[&str]) -> (bool, String) {
 async fn every_record_is_signed_and_verifies_from_what_a_client_can_fetch() {
     let s = TestServer::start_with(|c| c.identity.authority = Some("registry.test".into())).await;
     let h = Http::new(&s.http);
-    // Written at once: possibly before the identity exists, in which case
-    // establishing it signs the record.
-    h.register(Some(ALICE), translator("urn:agent:early"))
+    // Written at once, likely before the identity exists: the write waits
+    // for it, so even the first answer carries a signature.
+    let (early, _) = h
+        .register(Some(ALICE), translator("urn:agent:early"))
         .await
         .expect("registered");
     let (info, identity) = established(&h).await;
+    verify_with_identity(&early, &identity).expect("the first answer is signed");
     assert_eq!(info["authority"], "registry.test");
     assert_eq!(info["adp_level"], "D2");
     assert_eq!(identity.keys.len(), 1);
