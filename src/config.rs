@@ -90,6 +90,9 @@ pub struct GatewayConfig {
     pub max_concurrent_per_agent: usize,
     /// How long a repeated `Idempotency-Key` returns the first answer.
     pub idempotency_window_secs: u64,
+    /// How long an Agent Protocol run waits for input it asked for before
+    /// it completes with an error (a waiting run holds node memory).
+    pub run_input_wait_secs: u64,
     /// Where clients reach this registry's HTTP API, for the `rest`
     /// transport of `/.well-known/woa.json` (default: the HTTP listener as
     /// bound, plain http: set the public https URL in production).
@@ -146,6 +149,7 @@ impl Default for GatewayConfig {
             anonymous_invoke: false,
             max_concurrent_per_agent: 64,
             idempotency_window_secs: 600,
+            run_input_wait_secs: 600,
             public_url: None,
             woa_max_age_secs: 60,
             outbound: OutboundConfig::default(),

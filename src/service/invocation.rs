@@ -220,7 +220,9 @@ impl InvocationService {
                 schemas: Mutex::new(HashMap::new()),
                 inflight: Mutex::new(HashMap::new()),
                 idempotency: Mutex::new(Idempotency::default()),
-                ap_runs: Default::default(),
+                ap_runs: super::agent_protocol::ApRuns::new(Duration::from_secs(
+                    config.run_input_wait_secs,
+                )),
             }),
         })
     }

@@ -417,3 +417,55 @@ async fn every_agent_runs_through_the_ap_surface() {
     assert_eq!(kinds, ["RunStarted", "TextOutput", "RunCompleted"]);
     s.stop().await;
 }
+
+/// A run that asks for input nobody sends ends by itself: its stream
+/// closes with an error instead of holding the connection and the run's
+/// memory for ever.
+#[tokio::test]
+async fn a_run_nobody_answers_ends_with_an_error() {
+    let agents = Agents::start().await;
+    let s = TestServer::start_with(|c| {
+        local_agents(c);
+        c.gateway.run_input_wait_secs = 1;
+    })
+    .await;
+    let echo = json!({
+        "id": "echo", "name": "Echo", "description": "Echoes its input.",
+        "bindings": [{"protocol": "http", "endpoint": format!("{}/echo", agents.base)}],
+        "operations": [{"name": "echo", "description": "Echo a text.",
+            "inputs": {"type": "object", "properties": {"text": {"type": "string"}},
+                "required": ["text"]}}]
+    });
+    Http::new(&s.http)
+        .call(reqwest::Method::POST, "/agents", Some(ALICE), Some(echo))
+        .await
+        .unwrap();
+    let ap = Ap::new(&s, "echo", ALICE);
+    let asked = std::time::Instant::now();
+    let events = ap
+        .stream("stream_request", Some(json!({"input": {}})), "RunCompleted")
+        .await;
+    assert_eq!(
+        types(&events),
+        ["RunStarted", "WaitForInput", "RunCompleted"],
+        "{events:?}"
+    );
+    assert!(asked.elapsed() >= Duration::from_secs(1));
+    let done = &events[2];
+    assert_eq!(done["finish_reason"], "error");
+    assert_eq!(
+        done["error"]["message"],
+        "no input arrived within 1 s; the run has ended"
+    );
+    let run_id = done["run_id"].as_str().unwrap();
+    let (status, _) = ap
+        .run(json!({"type": "ResumeWithInput", "run_id": run_id, "request_keys": {"text": "late"}}))
+        .await;
+    assert_eq!(status, 409, "an ended run takes no more input");
+    let (_, run) = ap.get(&format!("runs/{run_id}")).await;
+    assert_eq!(
+        (run["status"].as_str(), run["finish_reason"].as_str()),
+        (Some("completed"), Some("error"))
+    );
+    s.stop().await;
+}

@@ -8,6 +8,12 @@
 //! members the request lacks (asked for by name, merged into the input on
 //! resume), or an A2A agent's task ended `input-required` (its question is
 //! asked as `input`, and the answer continues the same task).
+//!
+//! Runs are node memory that any caller can claim, so none is held for
+//! ever: a run nobody answers completes with an error after the configured
+//! wait (`gateway.run_input_wait_secs`), and one caller keeps at most
+//! [`MAX_OPEN_PER_CALLER`] runs open, so a client that starts runs and
+//! walks away cannot take the node's whole table from everyone else.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -33,6 +39,8 @@ use crate::service::invocation::{
 const KEEP_COMPLETED: Duration = Duration::from_secs(3600);
 /// Runs kept at most on one node.
 const MAX_RUNS: usize = 10_000;
+/// Runs one caller may have open (running or waiting) on one node.
+const MAX_OPEN_PER_CALLER: usize = MAX_RUNS / 10;
 /// The key an A2A agent's question is asked under.
 const A2A_ANSWER_KEY: &str = "input";
 
@@ -94,6 +102,10 @@ impl Run {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    fn owner_name(&self) -> Option<&str> {
+        self.owner.as_ref().map(|p| p.name.as_str())
+    }
+
     /// Whether the run is this principal's run of this agent.
     fn belongs_to(&self, agent_id: &str, principal: Option<&Principal>) -> bool {
         self.agent_id == agent_id
@@ -136,14 +148,43 @@ impl Run {
     }
 
     /// Stops to ask for `keys` (key → what to ask), to resume with
-    /// `pending`.
-    fn wait_for_input(&self, pending: Pending, keys: Map<String, Value>) {
+    /// `pending`; completes the run with an error if no answer comes
+    /// within `wait`.
+    fn wait_for_input(
+        self: &Arc<Self>,
+        pending: Pending,
+        keys: Map<String, Value>,
+        wait: Duration,
+    ) {
         {
             let mut st = self.lock();
             st.status = Status::Waiting;
             st.pending = Some(pending);
         }
-        self.publish("WaitForInput", "assistant", json!({"request_keys": keys}));
+        let asked = self.publish("WaitForInput", "assistant", json!({"request_keys": keys}));
+        let Some(asked) = asked["id"].as_u64() else {
+            return;
+        };
+        // A forgotten run is not kept alive by its timer.
+        let run = Arc::downgrade(self);
+        tokio::spawn(async move {
+            tokio::time::sleep(wait).await;
+            let Some(run) = run.upgrade() else {
+                return;
+            };
+            {
+                // Still waiting on this question: nothing was answered since.
+                let mut st = run.lock();
+                if st.status != Status::Waiting || st.events.len() as u64 != asked + 1 {
+                    return;
+                }
+                st.pending = None;
+            }
+            run.fail(json!({"message": format!(
+                "no input arrived within {} s; the run has ended",
+                wait.as_secs()
+            )}));
+        });
     }
 
     pub(super) fn status_json(&self) -> Value {
@@ -166,14 +207,23 @@ impl Run {
 }
 
 /// Runs and threads of gateway-hosted agents on this node.
-#[derive(Default)]
 pub struct ApRuns {
     runs: Mutex<HashMap<String, Arc<Run>>>,
     /// thread id → run ids in order.
     threads: Mutex<HashMap<String, Vec<String>>>,
+    /// How long a run waits for input it asked for.
+    input_wait: Duration,
 }
 
 impl ApRuns {
+    pub fn new(input_wait: Duration) -> Self {
+        Self {
+            runs: Mutex::default(),
+            threads: Mutex::default(),
+            input_wait,
+        }
+    }
+
     fn get(&self, id: &str) -> Option<Arc<Run>> {
         self.runs
             .lock()
@@ -183,14 +233,29 @@ impl ApRuns {
     }
 
     /// Adds a run, forgetting completed runs past their time (and the
-    /// oldest completed ones when the node holds too many).
+    /// oldest completed ones when the node holds too many). A caller with
+    /// [`MAX_OPEN_PER_CALLER`] runs open is told to finish some first.
     fn insert(&self, run: Arc<Run>) -> Result<()> {
         let mut runs = self.runs.lock().unwrap_or_else(|e| e.into_inner());
+        let before = runs.len();
         runs.retain(|_, r| {
             r.lock()
                 .completed_at
                 .is_none_or(|t| t.elapsed() < KEEP_COMPLETED)
         });
+        let open = runs
+            .values()
+            .filter(|r| r.owner_name() == run.owner_name() && r.lock().status != Status::Completed)
+            .count();
+        if open >= MAX_OPEN_PER_CALLER {
+            return Err(ServiceError::RateLimited {
+                message: format!(
+                    "{open} of your Agent Protocol runs are still open on this node; let them complete or cancel some first"
+                ),
+                retry_after: 5,
+            });
+        }
+        let mut forgotten = runs.len() < before;
         if runs.len() >= MAX_RUNS {
             let oldest = runs
                 .iter()
@@ -199,6 +264,7 @@ impl ApRuns {
             match oldest {
                 Some((_, id)) => {
                     runs.remove(&id);
+                    forgotten = true;
                 }
                 None => {
                     return Err(ServiceError::Overloaded {
@@ -208,9 +274,15 @@ impl ApRuns {
                 }
             }
         }
-        self.threads
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        let mut threads = self.threads.lock().unwrap_or_else(|e| e.into_inner());
+        if forgotten {
+            // Threads list only runs still kept, and end with their last.
+            threads.retain(|_, ids| {
+                ids.retain(|id| runs.contains_key(id));
+                !ids.is_empty()
+            });
+        }
+        threads
             .entry(run.thread_id.clone())
             .or_default()
             .push(run.id.clone());
@@ -335,7 +407,11 @@ impl InvocationService {
         if missing.is_empty() {
             self.execute(&run, Value::Object(input), operation, None);
         } else {
-            run.wait_for_input(Pending::Members { input, operation }, missing);
+            run.wait_for_input(
+                Pending::Members { input, operation },
+                missing,
+                runs.input_wait,
+            );
         }
         Ok((run, started))
     }
@@ -367,7 +443,7 @@ impl InvocationService {
                 .map(|i| i.outcome)
             {
                 Ok(Outcome::Single(answer)) if (200..300).contains(&answer.status) => {
-                    answered(&r, &answer, operation);
+                    answered(&r, &answer, operation, service.ap_runs().input_wait);
                 }
                 Ok(Outcome::Single(answer)) => {
                     let body: Value = serde_json::from_slice(&answer.body).unwrap_or(Value::Null);
@@ -437,7 +513,11 @@ impl InvocationService {
                 if still.is_empty() {
                     self.execute(&run, Value::Object(input), operation, None);
                 } else {
-                    run.wait_for_input(Pending::Members { input, operation }, still);
+                    run.wait_for_input(
+                        Pending::Members { input, operation },
+                        still,
+                        self.ap_runs().input_wait,
+                    );
                 }
             }
             Pending::Task {
@@ -460,7 +540,7 @@ impl InvocationService {
 
 /// A successful answer: its text out, then the run completes, or (an A2A
 /// task that asks something) waits for the caller's answer.
-fn answered(run: &Run, answer: &Invoked, operation: Option<String>) {
+fn answered(run: &Arc<Run>, answer: &Invoked, operation: Option<String>, wait: Duration) {
     let text = String::from_utf8_lossy(&answer.body).into_owned();
     run.publish("TextOutput", "assistant", json!({"content": text}));
     let asks = (answer.protocol == Protocol::A2a.as_str())
@@ -480,6 +560,7 @@ fn answered(run: &Run, answer: &Invoked, operation: Option<String>) {
                     operation,
                 },
                 Map::from_iter([(A2A_ANSWER_KEY.to_string(), json!(question))]),
+                wait,
             );
         }
         None => {
@@ -521,4 +602,133 @@ pub(super) fn follow(run: Arc<Run>, since: Option<i64>) -> ApEvents {
         },
     )
     .boxed()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::Role;
+
+    fn run(owner: &str, thread: &str) -> Arc<Run> {
+        Arc::new(Run {
+            id: uuid::Uuid::new_v4().to_string(),
+            thread_id: thread.into(),
+            agent_id: "echo".into(),
+            agent_name: "Echo".into(),
+            owner: Some(Principal::new(owner, Role::Publisher)),
+            state: Mutex::new(RunState {
+                events: Vec::new(),
+                status: Status::Running,
+                finish_reason: None,
+                completed_at: None,
+                task: None,
+                pending: None,
+                agent_authorization: None,
+            }),
+            published: watch::channel(0).0,
+        })
+    }
+
+    fn ask(run: &Arc<Run>, wait: Duration) {
+        run.publish("RunStarted", "system", json!({}));
+        let pending = Pending::Members {
+            input: Map::new(),
+            operation: None,
+        };
+        let keys = Map::from_iter([("text".to_string(), json!("What text?"))]);
+        run.wait_for_input(pending, keys, wait);
+    }
+
+    #[tokio::test]
+    async fn a_run_nobody_answers_ends_with_an_error_and_an_answered_one_does_not() {
+        let wait = Duration::from_millis(50);
+        let ignored = run("alice", "t1");
+        ask(&ignored, wait);
+        let answered = run("alice", "t2");
+        ask(&answered, wait);
+        // What resume does first: the run leaves the waiting state.
+        {
+            let mut st = answered.lock();
+            st.status = Status::Running;
+            st.pending.take();
+        }
+        tokio::time::sleep(wait * 4).await;
+
+        let st = ignored.lock();
+        assert_eq!(st.status, Status::Completed);
+        assert_eq!(st.finish_reason.as_deref(), Some("error"));
+        let last = st.events.last().unwrap();
+        assert_eq!(last["type"], "RunCompleted");
+        assert!(
+            last["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("no input arrived"),
+            "{last}"
+        );
+        assert!(st.pending.is_none());
+        drop(st);
+        let st = answered.lock();
+        assert_eq!(st.status, Status::Running);
+        assert_eq!(st.events.len(), 2, "no event after WaitForInput");
+    }
+
+    #[test]
+    fn one_caller_holds_at_most_its_share_of_open_runs() {
+        let runs = ApRuns::new(Duration::from_secs(600));
+        for i in 0..MAX_OPEN_PER_CALLER {
+            runs.insert(run("alice", &format!("t{i}"))).unwrap();
+        }
+        let refused = runs.insert(run("alice", "more")).unwrap_err();
+        assert!(
+            matches!(refused, ServiceError::RateLimited { retry_after: 5, .. }),
+            "{refused:?}"
+        );
+        // Others are not held back by alice's runs.
+        runs.insert(run("bob", "b")).unwrap();
+        // One of alice's completes: she may start another.
+        let first = runs
+            .runs
+            .lock()
+            .unwrap()
+            .values()
+            .find(|r| r.owner_name() == Some("alice"))
+            .cloned()
+            .unwrap();
+        first.publish(
+            "RunCompleted",
+            "assistant",
+            json!({"finish_reason": "success"}),
+        );
+        runs.insert(run("alice", "more")).unwrap();
+    }
+
+    #[test]
+    fn forgotten_runs_leave_their_threads() {
+        let runs = ApRuns::new(Duration::from_secs(600));
+        let mut oldest = None;
+        // Filled directly: through `insert`, each would scan the table.
+        for i in 0..MAX_RUNS {
+            let r = run(&format!("caller{i}"), &format!("t{i}"));
+            r.publish(
+                "RunCompleted",
+                "assistant",
+                json!({"finish_reason": "success"}),
+            );
+            oldest.get_or_insert_with(|| r.id.clone());
+            let mut threads = runs.threads.lock().unwrap();
+            threads.insert(r.thread_id.clone(), vec![r.id.clone()]);
+            runs.runs.lock().unwrap().insert(r.id.clone(), r);
+        }
+        let oldest = oldest.unwrap();
+        assert!(runs.threads.lock().unwrap().contains_key("t0"));
+        // The table is full: the oldest completed run makes room, and its
+        // thread goes with it.
+        runs.insert(run("alice", "new")).unwrap();
+        assert!(runs.get(&oldest).is_none());
+        let threads = runs.threads.lock().unwrap();
+        assert!(!threads.contains_key("t0"));
+        assert_eq!(threads.len(), MAX_RUNS);
+        assert!(threads.contains_key("new"));
+    }
 }
