@@ -1,14 +1,16 @@
 //! Accepting connections, the same way on every listener (public gRPC, the
 //! HTTP facade, the internal Raft listener, the peer listener): TLS with
 //! certificates re-read from disk when they change (cert-manager rotates
-//! them), a cap on open connections, and a deadline by which a new
+//! them), a cap on open connections in all and per client address (one
+//! client cannot take every slot), and a deadline by which a new
 //! connection must have finished its TLS handshake and sent its first bytes,
 //! so half-open and slow clients cannot pin sockets. What a request may do
 //! once it arrives is `api::gate`'s business, not this module's.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -50,6 +52,10 @@ pub struct ConnectionLimits {
     pub max_header_bytes: usize,
     /// Open connections per listener; more are closed as they arrive.
     pub max_connections: usize,
+    /// Open connections per client address (IPv6 by /64) and listener;
+    /// more are closed as they arrive. 0: no cap (every client arrives
+    /// through one proxy).
+    pub max_connections_per_client: usize,
     /// Concurrent HTTP/2 streams per connection.
     pub max_streams_per_connection: u32,
 }
@@ -60,6 +66,7 @@ impl Default for ConnectionLimits {
             header_timeout_ms: 10_000,
             max_header_bytes: 64 * 1024,
             max_connections: 4096,
+            max_connections_per_client: 200,
             max_streams_per_connection: 256,
         }
     }
@@ -313,9 +320,66 @@ pub struct Conn {
     /// hyper's own header timeout.
     pending: Option<(usize, Pin<Box<tokio::time::Sleep>>)>,
     _permit: OwnedSemaphorePermit,
+    _client: Option<ClientSlot>,
 }
 
 const FIRST_BYTES: usize = 24;
+
+/// The key a client is counted (and rate limited) by: its address, IPv6
+/// by /64 (one host usually holds a whole /64).
+pub fn client_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let s = v6.segments();
+                IpAddr::V6(std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+            }
+        },
+    }
+}
+
+/// Open connections per client on one listener.
+struct PerClient {
+    max: usize,
+    open: Mutex<HashMap<IpAddr, usize>>,
+}
+
+impl PerClient {
+    /// A slot for one more connection of `ip`'s client, if it has room.
+    fn take(self: &Arc<Self>, ip: IpAddr) -> Option<ClientSlot> {
+        let key = client_key(ip);
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let n = open.entry(key).or_insert(0);
+        if *n >= self.max {
+            return None;
+        }
+        *n += 1;
+        Some(ClientSlot {
+            table: self.clone(),
+            key,
+        })
+    }
+}
+
+/// One open connection of a client; gives its slot back when dropped.
+struct ClientSlot {
+    table: Arc<PerClient>,
+    key: IpAddr,
+}
+
+impl Drop for ClientSlot {
+    fn drop(&mut self) {
+        let mut open = self.table.open.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = open.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.key);
+            }
+        }
+    }
+}
 
 impl Conn {
     pub fn peer(&self) -> &Peer {
@@ -411,7 +475,8 @@ pub type Incoming = ReceiverStream<Result<Conn, io::Error>>;
 
 /// Accepts connections until shutdown: TLS handshakes run concurrently
 /// (a slow one holds up nobody else) under the header deadline, and
-/// connections over the cap are closed at once.
+/// connections over either cap (the listener's, the client's) are closed
+/// at once.
 pub fn accept(
     name: &'static str,
     listener: TcpListener,
@@ -421,12 +486,19 @@ pub fn accept(
 ) -> Incoming {
     let (tx, rx) = mpsc::channel(64);
     let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let per_client = (limits.max_connections_per_client > 0).then(|| {
+        Arc::new(PerClient {
+            max: limits.max_connections_per_client,
+            open: Mutex::default(),
+        })
+    });
     tokio::spawn(async move {
         let stop = async move {
             let _ = shutdown.wait_for(|s| *s).await;
         };
         tokio::pin!(stop);
         let mut last_full_warning: Option<Instant> = None;
+        let mut last_client_warning: Option<Instant> = None;
         loop {
             let (tcp, remote) = tokio::select! {
                 _ = &mut stop => break,
@@ -452,6 +524,26 @@ pub fn accept(
                 }
                 drop(tcp);
                 continue;
+            };
+            let client = match &per_client {
+                None => None,
+                Some(table) => match table.take(remote.ip()) {
+                    Some(slot) => Some(slot),
+                    None => {
+                        if last_client_warning.is_none_or(|t| t.elapsed() > Duration::from_secs(10))
+                        {
+                            tracing::warn!(
+                                listener = name,
+                                client = %client_key(remote.ip()),
+                                max = limits.max_connections_per_client,
+                                "a client reached its connection cap; closing its new connections"
+                            );
+                            last_client_warning = Some(Instant::now());
+                        }
+                        drop(tcp);
+                        continue;
+                    }
+                },
             };
             // Small answers must not wait for the client's delayed ACK.
             if let Err(e) = tcp.set_nodelay(true) {
@@ -494,6 +586,7 @@ pub fn accept(
                     },
                     pending: Some((FIRST_BYTES, Box::pin(tokio::time::sleep_until(deadline)))),
                     _permit: permit,
+                    _client: client,
                 };
                 let _ = tx.send(Ok(conn)).await;
             });

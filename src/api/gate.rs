@@ -19,7 +19,7 @@ use serde::Deserialize;
 
 use super::auth::{Authenticator, Identity};
 use crate::domain::Principal;
-use crate::listener::Peer;
+use crate::listener::{client_key, Peer};
 use crate::service::audit::Scope;
 use crate::service::{AuditLog, ServiceError};
 
@@ -206,21 +206,6 @@ fn quota(r: Rate) -> Quota {
     Quota::per_second(per_second).allow_burst(burst)
 }
 
-/// The bucket key of an anonymous caller: its address, IPv6 by /64 (one
-/// host usually holds a whole /64).
-fn address_key(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V4(_) => ip,
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => {
-                let s = v6.segments();
-                IpAddr::V6(std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
-            }
-        },
-    }
-}
-
 /// Where new keys go once `max_tracked_keys` is reached.
 const OVERFLOW_ADDR: IpAddr = IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED);
 const OVERFLOW_PRINCIPAL: &str = "\u{0}overflow";
@@ -260,7 +245,7 @@ impl Limiter {
         let key = if l.len() >= self.max_keys {
             OVERFLOW_ADDR
         } else {
-            address_key(ip)
+            client_key(ip)
         };
         l.check_key(&key).map_err(|n| self.wait(n))
     }
@@ -370,7 +355,7 @@ impl Gate {
         let who = match principal {
             Some(p) => format!("principal '{}'", p.name),
             None => peer
-                .map(|p| format!("address {}", address_key(p.remote.ip())))
+                .map(|p| format!("address {}", client_key(p.remote.ip())))
                 .unwrap_or_default(),
         };
         Err(ServiceError::RateLimited {
@@ -653,8 +638,8 @@ mod tests {
         assert!(refused > 150, "{refused}");
         // IPv6 addresses of one /64 share a bucket.
         assert_eq!(
-            address_key("2001:db8:1:2:3:4:5:6".parse().unwrap()),
-            address_key("2001:db8:1:2:ffff::1".parse().unwrap())
+            client_key("2001:db8:1:2:3:4:5:6".parse().unwrap()),
+            client_key("2001:db8:1:2:ffff::1".parse().unwrap())
         );
     }
 }

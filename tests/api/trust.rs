@@ -468,12 +468,23 @@ async fn closed_within(stream: &mut tokio::net::TcpStream, limit: Duration) -> O
     }
 }
 
+/// A connection to `to` from the loopback address `local` (a client of
+/// its own: every 127/8 address reaches the loopback listeners).
+async fn from(local: &str, to: std::net::SocketAddr) -> tokio::net::TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket
+        .bind(std::net::SocketAddr::new(local.parse().unwrap(), 0))
+        .unwrap();
+    socket.connect(to).await.unwrap()
+}
+
 #[tokio::test]
 async fn slow_oversized_and_excess_connections_are_cut_off() {
     let s = TestServer::start_with(|c| {
         c.connections = ConnectionLimits {
             header_timeout_ms: 600,
             max_connections: 8,
+            max_connections_per_client: 5,
             ..Default::default()
         };
     })
@@ -509,16 +520,38 @@ async fn slow_oversized_and_excess_connections_are_cut_off() {
         .unwrap();
     assert_eq!(r.status(), 431);
 
-    // Past the connection cap, new connections are closed at once.
+    // Past a client's cap, its new connections are closed at once, and
+    // another client (another loopback address) still gets in.
     let mut held = Vec::new();
-    for _ in 0..8 {
+    for _ in 0..5 {
         held.push(tokio::net::TcpStream::connect(http_addr).await.unwrap());
     }
     tokio::time::sleep(Duration::from_millis(50)).await;
     let mut extra = tokio::net::TcpStream::connect(http_addr).await.unwrap();
     let took = closed_within(&mut extra, Duration::from_millis(400)).await;
+    assert!(took.is_some(), "a sixth connection of one client was kept");
+    let mut other = Vec::new();
+    for _ in 0..2 {
+        other.push(from("127.0.0.2", http_addr).await);
+    }
+    let mut ping = from("127.0.0.2", http_addr).await;
+    ping.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = [0u8; 12];
+    tokio::time::timeout(Duration::from_secs(5), ping.read_exact(&mut answer))
+        .await
+        .expect("another client is answered")
+        .unwrap();
+    assert_eq!(&answer, b"HTTP/1.1 200");
+    other.push(ping);
+    // Past the listener's cap (8 open now), new connections are closed at
+    // once whoever sends them.
+    let mut extra = from("127.0.0.3", http_addr).await;
+    let took = closed_within(&mut extra, Duration::from_millis(400)).await;
     assert!(took.is_some(), "the ninth connection was kept");
     drop(held);
+    drop(other);
     // Slots come back once those connections are gone.
     tokio::time::sleep(Duration::from_millis(100)).await;
     let (status, _) = h.call(Method::GET, "/healthz", None, None).await.unwrap();
