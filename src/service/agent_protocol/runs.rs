@@ -237,12 +237,6 @@ impl ApRuns {
     /// [`MAX_OPEN_PER_CALLER`] runs open is told to finish some first.
     fn insert(&self, run: Arc<Run>) -> Result<()> {
         let mut runs = self.runs.lock().unwrap_or_else(|e| e.into_inner());
-        let before = runs.len();
-        runs.retain(|_, r| {
-            r.lock()
-                .completed_at
-                .is_none_or(|t| t.elapsed() < KEEP_COMPLETED)
-        });
         let open = runs
             .values()
             .filter(|r| r.owner_name() == run.owner_name() && r.lock().status != Status::Completed)
@@ -255,31 +249,35 @@ impl ApRuns {
                 retry_after: 5,
             });
         }
-        let mut forgotten = runs.len() < before;
-        if runs.len() >= MAX_RUNS {
+        let before = runs.len();
+        runs.retain(|_, r| {
+            r.lock()
+                .completed_at
+                .is_none_or(|t| t.elapsed() < KEEP_COMPLETED)
+        });
+        let mut full = runs.len() >= MAX_RUNS;
+        if full {
             let oldest = runs
                 .iter()
                 .filter_map(|(id, r)| r.lock().completed_at.map(|t| (t, id.clone())))
                 .min();
-            match oldest {
-                Some((_, id)) => {
-                    runs.remove(&id);
-                    forgotten = true;
-                }
-                None => {
-                    return Err(ServiceError::Overloaded {
-                        message: format!("this node already runs {MAX_RUNS} Agent Protocol runs"),
-                        retry_after: Some(5),
-                    })
-                }
+            if let Some((_, id)) = oldest {
+                runs.remove(&id);
+                full = false;
             }
         }
         let mut threads = self.threads.lock().unwrap_or_else(|e| e.into_inner());
-        if forgotten {
-            // Threads list only runs still kept, and end with their last.
+        if runs.len() < before {
+            // Threads list only runs still kept.
             threads.retain(|_, ids| {
                 ids.retain(|id| runs.contains_key(id));
                 !ids.is_empty()
+            });
+        }
+        if full {
+            return Err(ServiceError::Overloaded {
+                message: format!("this node already runs {MAX_RUNS} Agent Protocol runs"),
+                retry_after: Some(5),
             });
         }
         threads
