@@ -98,6 +98,32 @@ pub(super) struct Run {
 }
 
 impl Run {
+    /// A new run of `record`'s agent, running, with no events yet.
+    fn new(
+        thread_id: String,
+        record: &AgentRecord,
+        owner: Option<Principal>,
+        agent_authorization: Option<String>,
+    ) -> Arc<Self> {
+        Arc::new(Run {
+            id: uuid::Uuid::new_v4().to_string(),
+            thread_id,
+            agent_id: record.metadata.id.clone(),
+            agent_name: record.metadata.name.clone(),
+            owner,
+            state: Mutex::new(RunState {
+                events: Vec::new(),
+                status: Status::Running,
+                finish_reason: None,
+                completed_at: None,
+                task: None,
+                pending: None,
+                agent_authorization,
+            }),
+            published: watch::channel(0).0,
+        })
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, RunState> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -382,23 +408,7 @@ impl InvocationService {
             None => uuid::Uuid::new_v4().to_string(),
         };
         let (input, missing) = chat_input(target.inputs, input);
-        let run = Arc::new(Run {
-            id: uuid::Uuid::new_v4().to_string(),
-            thread_id,
-            agent_id: record.metadata.id.clone(),
-            agent_name: record.metadata.name.clone(),
-            owner: principal.cloned(),
-            state: Mutex::new(RunState {
-                events: Vec::new(),
-                status: Status::Running,
-                finish_reason: None,
-                completed_at: None,
-                task: None,
-                pending: None,
-                agent_authorization: auth,
-            }),
-            published: watch::channel(0).0,
-        });
+        let run = Run::new(thread_id, record, principal.cloned(), auth);
         runs.insert(run.clone())?;
         let started = run.publish("RunStarted", "system", json!({}));
         let operation = target.name().map(String::from);
@@ -608,23 +618,16 @@ mod tests {
     use crate::domain::Role;
 
     fn run(owner: &str, thread: &str) -> Arc<Run> {
-        Arc::new(Run {
-            id: uuid::Uuid::new_v4().to_string(),
-            thread_id: thread.into(),
-            agent_id: "echo".into(),
-            agent_name: "Echo".into(),
-            owner: Some(Principal::new(owner, Role::Publisher)),
-            state: Mutex::new(RunState {
-                events: Vec::new(),
-                status: Status::Running,
-                finish_reason: None,
-                completed_at: None,
-                task: None,
-                pending: None,
-                agent_authorization: None,
-            }),
-            published: watch::channel(0).0,
-        })
+        let metadata = serde_json::from_value(json!({
+            "id": "echo", "name": "Echo", "description": "Echoes its input."
+        }))
+        .unwrap();
+        let record = AgentRecord {
+            metadata,
+            envelope: Default::default(),
+        };
+        let owner = Principal::new(owner, Role::Publisher);
+        Run::new(thread.into(), &record, Some(owner), None)
     }
 
     fn ask(run: &Arc<Run>, wait: Duration) {
