@@ -525,26 +525,21 @@ pub fn accept(
                 drop(tcp);
                 continue;
             };
-            let client = match &per_client {
-                None => None,
-                Some(table) => match table.take(remote.ip()) {
-                    Some(slot) => Some(slot),
-                    None => {
-                        if last_client_warning.is_none_or(|t| t.elapsed() > Duration::from_secs(10))
-                        {
-                            tracing::warn!(
-                                listener = name,
-                                client = %client_key(remote.ip()),
-                                max = limits.max_connections_per_client,
-                                "a client reached its connection cap; closing its new connections"
-                            );
-                            last_client_warning = Some(Instant::now());
-                        }
-                        drop(tcp);
-                        continue;
-                    }
-                },
-            };
+            // None: no cap; Some(None): the client is at its cap.
+            let client = per_client.as_ref().map(|t| t.take(remote.ip()));
+            if matches!(client, Some(None)) {
+                if last_client_warning.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
+                    tracing::warn!(
+                        listener = name,
+                        client = %client_key(remote.ip()),
+                        max = limits.max_connections_per_client,
+                        "a client reached its connection cap; closing its new connections"
+                    );
+                    last_client_warning = Some(Instant::now());
+                }
+                drop(tcp);
+                continue;
+            }
             // Small answers must not wait for the client's delayed ACK.
             if let Err(e) = tcp.set_nodelay(true) {
                 tracing::debug!(error = %e, "cannot set TCP_NODELAY");
@@ -586,7 +581,7 @@ pub fn accept(
                     },
                     pending: Some((FIRST_BYTES, Box::pin(tokio::time::sleep_until(deadline)))),
                     _permit: permit,
-                    _client: client,
+                    _client: client.flatten(),
                 };
                 let _ = tx.send(Ok(conn)).await;
             });

@@ -212,11 +212,7 @@ impl ArdService {
     async fn fresh(&self) -> Result<()> {
         let applied = self.registry.reader().applied_revision();
         let Some(signer) = self.registry.reader().signer() else {
-            return Err(ServiceError::Unavailable {
-                message: "the registry has not established its signing identity yet; retry shortly"
-                    .into(),
-                leader: None,
-            });
+            return Err(ServiceError::no_signing_identity());
         };
         let current = |c: &Cache| c.revision >= applied && c.key_id == signer.key_id;
         if current(&read(&self.cache)) {

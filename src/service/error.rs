@@ -74,6 +74,18 @@ pub enum ServiceError {
     Internal(String),
 }
 
+impl ServiceError {
+    /// This node has not applied the registry's signing identity yet: a
+    /// new cluster establishes it one Raft round after its first election.
+    pub fn no_signing_identity() -> Self {
+        Self::Unavailable {
+            message: "the registry has not established its signing identity yet; retry shortly"
+                .into(),
+            leader: None,
+        }
+    }
+}
+
 impl From<FieldError> for ServiceError {
     fn from(e: FieldError) -> Self {
         let message = e.to_string();

@@ -100,10 +100,7 @@ impl RegistryService {
             }
         }
         if self.identity().is_none() {
-            return Err(ServiceError::Unavailable {
-                message: "the registry has not established its identity yet; retry shortly".into(),
-                leader: None,
-            });
+            return Err(ServiceError::no_signing_identity());
         }
         let mut key = NewKey::generate().map_err(|e| ServiceError::Internal(e.to_string()))?;
         key.not_after = not_after;

@@ -219,14 +219,9 @@ impl RegistryService {
                 leader: None,
             });
         }
-        // Records written before the identity would be stored unsigned.
-        if status.leader.is_some() && self.reader.signer().is_none() {
-            return Err(ServiceError::Unavailable {
-                message: "the registry has not established its signing identity yet".into(),
-                leader: None,
-            });
-        }
         match status.leader {
+            // Records written before the identity would be stored unsigned.
+            Some(_) if self.reader.signer().is_none() => Err(ServiceError::no_signing_identity()),
             Some(_) => Ok(self.reader.applied_revision()),
             None => Err(ServiceError::Unavailable {
                 message: "no Raft leader is known yet".into(),
@@ -278,12 +273,7 @@ impl RegistryService {
         let deadline = tokio::time::Instant::now() + IDENTITY_WAIT;
         while self.reader.signer().is_none() {
             if tokio::time::Instant::now() >= deadline {
-                return Err(ServiceError::Unavailable {
-                    message:
-                        "the registry has not established its signing identity yet; retry shortly"
-                            .into(),
-                    leader: None,
-                });
+                return Err(ServiceError::no_signing_identity());
             }
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
