@@ -1,12 +1,14 @@
 //! The one gate every public request passes, on both transports: the
-//! caller is identified (`auth`), its operation classified, and its token
-//! bucket charged, before any handler runs. gRPC services get it as a tower
+//! caller is identified (`auth`), its operation classified, its token
+//! bucket charged, and a stream it opens counted against its share, before
+//! any handler runs. gRPC services get it as a tower
 //! layer over the whole server (a service added later is gated without
 //! anyone remembering to), the HTTP facade as a route layer; both call
 //! `Gate::admit`. Deadlines and size limits are the listeners' and the
 //! servers' (`listener`, `server`); entitlements on records are the
 //! service layer's, decided with the identity found here.
 
+use std::collections::HashMap;
 use std::net::IpAddr;
 use std::num::NonZeroU32;
 use std::sync::Arc;
@@ -101,6 +103,41 @@ pub fn grpc_class(path: &str) -> Option<OpClass> {
     })
 }
 
+/// Whether a gRPC method answers with a stream: such an answer holds one
+/// of its caller's stream slots (`max_open_streams`) for as long as it is
+/// open. Every server-streaming method of the served services, the health
+/// watch and reflection's bidirectional stream; a test checks the list
+/// against the descriptors.
+pub fn grpc_streams(path: &str) -> bool {
+    matches!(
+        path.trim_start_matches('/'),
+        "agentry.v1.Registry/Watch"
+            | "agentry.v1.Peering/Follow"
+            | "agentry.v1.Cluster/Backup"
+            | "agentry.v1.Gateway/InvokeStream"
+            | "agentry.v1.AgentProtocol/StreamEvents"
+            | "agentry.v1.AgentProtocol/StreamRequest"
+            | "grpc.health.v1.Health/Watch"
+            | "grpc.reflection.v1.ServerReflection/ServerReflectionInfo"
+            | "grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"
+    )
+}
+
+/// Whether an HTTP route ("METHOD /route/{param}") may answer with
+/// server-sent events that stay open: those hold a stream slot whatever
+/// the answer turns out to be, since whether `invoke` or `get_events`
+/// streams is known only once the handler has started the work. `/mcp`
+/// answers one event and closes, like any request.
+pub fn http_streams(operation: &str) -> bool {
+    matches!(
+        operation,
+        "GET /changes"
+            | "POST /agents/{id}/invoke"
+            | "GET /agents/{id}/get_events/{run_id}"
+            | "POST /agents/{id}/stream_request"
+    )
+}
+
 /// A token bucket: sustained requests per second and the burst allowed
 /// above it.
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq)]
@@ -152,6 +189,11 @@ pub struct RateLimitConfig {
     /// ones share one bucket, so memory stays bounded under a flood from
     /// many addresses.
     pub max_tracked_keys: usize,
+    /// Streamed answers (watches, event streams, peer feeds, streamed
+    /// calls, backups) one caller holds open at once on this node; 0: no
+    /// limit. A stream keeps a task and its buffers for as long as the
+    /// client keeps it, so the request rate alone does not bound them.
+    pub max_open_streams: usize,
 }
 
 impl Default for RateLimitConfig {
@@ -173,6 +215,7 @@ impl Default for RateLimitConfig {
                 admin: rate(50, 100),
             },
             max_tracked_keys: 100_000,
+            max_open_streams: 100,
         }
     }
 }
@@ -273,10 +316,67 @@ impl Limiter {
     }
 }
 
+/// Who a stream is counted against: a principal, or an anonymous
+/// caller's address (IPv6 by /64), as the rate limiter keys them.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum StreamOwner {
+    Principal(String),
+    Address(IpAddr),
+}
+
+/// The streams each caller has open.
+struct OpenStreams {
+    max: usize,
+    open: std::sync::Mutex<HashMap<StreamOwner, usize>>,
+}
+
+impl OpenStreams {
+    fn counts(&self) -> std::sync::MutexGuard<'_, HashMap<StreamOwner, usize>> {
+        // The map is consistent after every statement; a panic elsewhere
+        // while it was held leaves nothing half done.
+        self.open.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// One open stream of a caller, given back when dropped: it travels with
+/// the answer's body, so it is held exactly as long as the stream is.
+pub struct StreamSlot {
+    streams: Arc<OpenStreams>,
+    owner: StreamOwner,
+}
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        let mut counts = self.streams.counts();
+        if let Some(n) = counts.get_mut(&self.owner) {
+            *n -= 1;
+            if *n == 0 {
+                counts.remove(&self.owner);
+            }
+        }
+    }
+}
+
+/// `body` that gives `slot` back when it is dropped (finished, or its
+/// client gone).
+pub fn holding<B>(
+    body: B,
+    slot: Option<StreamSlot>,
+) -> impl http_body::Body<Data = B::Data, Error = B::Error>
+where
+    B: http_body::Body,
+{
+    http_body_util::BodyExt::map_frame(body, move |frame| {
+        let _held = &slot;
+        frame
+    })
+}
+
 /// Authentication and limits, shared by every listener of a node.
 pub struct Gate {
     auth: Arc<Authenticator>,
     limiter: Option<Limiter>,
+    streams: Option<Arc<OpenStreams>>,
     audit: Option<Arc<AuditLog>>,
 }
 
@@ -294,6 +394,12 @@ impl Gate {
         let gate = Arc::new(Self {
             auth,
             limiter: limits.enabled.then(|| Limiter::new(limits)),
+            streams: (limits.enabled && limits.max_open_streams > 0).then(|| {
+                Arc::new(OpenStreams {
+                    max: limits.max_open_streams,
+                    open: Default::default(),
+                })
+            }),
             audit,
         });
         if gate.limiter.is_some() {
@@ -365,6 +471,47 @@ impl Gate {
             ),
             retry_after,
         })
+    }
+}
+
+impl Gate {
+    /// A stream slot for a caller about to be answered with a stream, or
+    /// 429 `rate_limited` when it already holds `max_open_streams`. `None`
+    /// when streams are not limited, and for in-process callers.
+    pub fn open_stream(
+        &self,
+        principal: Option<&Principal>,
+        peer: Option<&Peer>,
+    ) -> Result<Option<StreamSlot>, ServiceError> {
+        let Some(streams) = &self.streams else {
+            return Ok(None);
+        };
+        let owner = match (principal, peer) {
+            (Some(p), _) => StreamOwner::Principal(p.name.clone()),
+            (None, Some(peer)) => StreamOwner::Address(client_key(peer.remote.ip())),
+            (None, None) => return Ok(None),
+        };
+        let mut counts = streams.counts();
+        let open = counts.entry(owner.clone()).or_insert(0);
+        if *open >= streams.max {
+            let who = match &owner {
+                StreamOwner::Principal(name) => format!("principal '{name}'"),
+                StreamOwner::Address(ip) => format!("address {ip}"),
+            };
+            return Err(ServiceError::RateLimited {
+                message: format!(
+                    "{who} already has {} streams open, the most one caller may hold; close one and retry",
+                    streams.max
+                ),
+                retry_after: 5,
+            });
+        }
+        *open += 1;
+        drop(counts);
+        Ok(Some(StreamSlot {
+            streams: streams.clone(),
+            owner,
+        }))
     }
 }
 
@@ -505,8 +652,17 @@ where
                 .run(async move {
                     match admitted {
                         Ok(identity) => {
+                            let slot = if grpc_streams(req.uri().path()) {
+                                match gate.open_stream(identity.0.as_ref(), peer.as_ref()) {
+                                    Ok(slot) => slot,
+                                    Err(e) => return Ok(tonic::Status::from(e).into_http()),
+                                }
+                            } else {
+                                None
+                            };
                             req.extensions_mut().insert(identity);
-                            inner.call(req).await.map(with_transport_detail)
+                            let response = inner.call(req).await.map(with_transport_detail)?;
+                            Ok(response.map(|b| tonic::body::Body::new(holding(b, slot))))
                         }
                         Err(e) => Ok(tonic::Status::from(e).into_http()),
                     }
@@ -554,6 +710,11 @@ mod tests {
                 for m in &service.method {
                     let path = format!("/{name}/{}", m.name());
                     assert!(grpc_class(&path).is_some(), "{path} has no class");
+                    assert_eq!(
+                        grpc_streams(&path),
+                        m.server_streaming() || m.client_streaming(),
+                        "{path}"
+                    );
                     seen += 1;
                 }
             }
@@ -611,6 +772,65 @@ mod tests {
             .await
             .unwrap_err();
         assert!(matches!(e, ServiceError::Unauthorized(_)));
+    }
+
+    #[tokio::test]
+    async fn a_caller_holds_at_most_max_open_streams_until_one_closes() {
+        let mut auth = Authenticator::default();
+        auth.add_digest(
+            &super::super::auth::key_digest("key-of-alice-000001"),
+            Principal::new("alice", Role::Publisher),
+        );
+        let limits = RateLimitConfig {
+            max_open_streams: 2,
+            ..Default::default()
+        };
+        let gate = Gate::new(Arc::new(auth), &limits);
+        let alice = Principal::new("alice", Role::Publisher);
+        let (a, b) = (peer("192.0.2.1"), peer("192.0.2.2"));
+        let mut held: Vec<_> = (0..2)
+            .map(|_| gate.open_stream(None, Some(&a)).unwrap().unwrap())
+            .collect();
+        let e = gate.open_stream(None, Some(&a)).err().unwrap();
+        assert!(
+            matches!(&e, ServiceError::RateLimited { retry_after: 5, message } if message.contains("address 192.0.2.1")),
+            "{e:?}"
+        );
+        // Another address and a principal (from the same address) have
+        // their own; in-process callers are not counted.
+        let other = gate.open_stream(None, Some(&b)).unwrap();
+        assert!(other.is_some());
+        let alices: Vec<_> = (0..2)
+            .map(|_| gate.open_stream(Some(&alice), Some(&a)).unwrap())
+            .collect();
+        assert!(gate.open_stream(Some(&alice), Some(&b)).is_err());
+        assert!(gate.open_stream(None, None).unwrap().is_none());
+        // A slot comes back when its stream is dropped, and a caller with
+        // none open is forgotten.
+        drop(held.pop());
+        let again = gate.open_stream(None, Some(&a)).unwrap();
+        assert!(again.is_some());
+        drop(again);
+        drop(alices);
+        let open = gate.streams.as_ref().unwrap().counts().clone();
+        assert_eq!(open.len(), 2, "{open:?}");
+        assert!(!open.contains_key(&StreamOwner::Principal("alice".into())));
+        drop((held, other));
+
+        // Off when rate limits are, or at 0.
+        for limits in [
+            RateLimitConfig {
+                enabled: false,
+                ..Default::default()
+            },
+            RateLimitConfig {
+                max_open_streams: 0,
+                ..Default::default()
+            },
+        ] {
+            let gate = Gate::new(Arc::new(Authenticator::default()), &limits);
+            assert!(gate.open_stream(None, Some(&a)).unwrap().is_none());
+        }
     }
 
     #[tokio::test]

@@ -1,8 +1,8 @@
 //! The trust boundary, tried as a hostile client would: Raft RPCs without
 //! cluster proof, nodes with the wrong certificate, TLS on the public
 //! listeners (with rotation and client certificates), slow and oversized
-//! requests, floods, and the empty id. Every refusal is checked to have
-//! changed nothing.
+//! requests, floods, streams held open, and the empty id. Every refusal is
+//! checked to have changed nothing.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -649,5 +649,95 @@ async fn floods_get_429_and_resource_exhausted_with_retry_after() {
     }
     assert_eq!((accepted, refused), (2, 2));
     assert_eq!(agent_count(&h).await, before + 2);
+    s.stop().await;
+}
+
+/// Opens `GET /changes` as an anonymous client would; the answer's status
+/// and, while the returned response lives, the stream.
+async fn follow_changes(http: &str) -> reqwest::Response {
+    reqwest::Client::new()
+        .get(format!("{http}/changes"))
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .unwrap()
+}
+
+async fn grpc_watch(
+    grpc: &str,
+    key: Option<&str>,
+) -> Result<tonic::Streaming<pb::WatchResponse>, tonic::Status> {
+    let mut client = pb::registry_client::RegistryClient::connect(grpc.to_string())
+        .await
+        .unwrap();
+    let mut req = tonic::Request::new(pb::WatchRequest { from_revision: 0 });
+    if let Some(key) = key {
+        req.metadata_mut()
+            .insert("authorization", format!("Bearer {key}").parse().unwrap());
+    }
+    client.watch(req).await.map(|r| r.into_inner())
+}
+
+#[tokio::test]
+async fn one_caller_holds_at_most_its_share_of_open_streams() {
+    let s = TestServer::start_with(|c| {
+        c.rate_limits.enabled = true;
+        c.rate_limits.max_open_streams = 3;
+    })
+    .await;
+    let h = Http::new(&s.http);
+
+    // Three streams of one anonymous address, over both transports.
+    let sse = [follow_changes(&s.http).await, follow_changes(&s.http).await];
+    for r in &sse {
+        assert_eq!(r.status(), 200);
+    }
+    let watch = grpc_watch(&s.grpc, None).await.expect("a third stream");
+
+    // A fourth is refused on either, with the problem body and a retry.
+    let r = follow_changes(&s.http).await;
+    assert_eq!(r.status(), 429);
+    assert_eq!(r.headers()["retry-after"], "5");
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(body["code"], "rate_limited", "{body}");
+    assert!(
+        body["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("3 streams"),
+        "{body}"
+    );
+    let e = grpc_watch(&s.grpc, None).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::ResourceExhausted);
+    assert_eq!(agentry::api::error::detail_of(&e).code, "rate_limited");
+    // Plain requests of the same client, and another caller's streams,
+    // are not affected.
+    let (status, _) = h.call(Method::GET, "/healthz", None, None).await.unwrap();
+    assert_eq!(status, 200);
+    let mut alices = grpc_watch(&s.grpc, Some(ALICE))
+        .await
+        .expect("another caller's stream");
+
+    // A closed stream gives its slot back.
+    drop(watch);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let again = loop {
+        let r = follow_changes(&s.http).await;
+        if r.status() == 200 || Instant::now() > deadline {
+            break r;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(again.status(), 200, "the closed stream's slot came back");
+
+    // The streams admitted are live: a registration reaches them.
+    h.register(Some(ALICE), minimal("streamed")).await.unwrap();
+    let change = tokio::time::timeout(Duration::from_secs(10), alices.message())
+        .await
+        .expect("a change arrives")
+        .unwrap()
+        .expect("stream open");
+    assert_eq!(change.record.unwrap().metadata.unwrap().id, "streamed");
+    drop(sse);
     s.stop().await;
 }

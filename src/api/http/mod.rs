@@ -1375,12 +1375,23 @@ async fn gate_http(
         .gate
         .admit_audited(req.headers(), peer.as_ref(), class, &operation)
         .await;
+    let streams = crate::api::gate::http_streams(&operation);
     let response = audited
         .run(async move {
             match admitted {
                 Ok(identity) => {
+                    let slot = if streams {
+                        match state.gate.open_stream(identity.0.as_ref(), peer.as_ref()) {
+                            Ok(slot) => slot,
+                            Err(e) => return ApiError::from(e).into_response(),
+                        }
+                    } else {
+                        None
+                    };
                     req.extensions_mut().insert(identity);
-                    next.run(req).await
+                    next.run(req)
+                        .await
+                        .map(|b| axum::body::Body::new(crate::api::gate::holding(b, slot)))
                 }
                 Err(e) => ApiError::from(e).into_response(),
             }

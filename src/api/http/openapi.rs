@@ -30,6 +30,35 @@ mod tests {
         assert_eq!(documented, routed, "openapi.json and the router disagree");
     }
 
+    /// A route that may answer with a stream holds one of its caller's
+    /// stream slots; `/mcp` answers one event and closes.
+    #[test]
+    fn routes_that_stream_hold_a_stream_slot() {
+        let doc: serde_json::Value =
+            serde_json::from_str(super::OPENAPI_JSON).expect("openapi.json parses");
+        let mut streaming = BTreeSet::new();
+        for (path, item) in doc["paths"].as_object().expect("paths") {
+            for (method, op) in item.as_object().expect("path item") {
+                let answers = op["responses"].as_object().into_iter().flatten();
+                if answers
+                    .into_iter()
+                    .any(|(_, r)| r["content"].get("text/event-stream").is_some())
+                {
+                    streaming.insert(format!("{} {path}", method.to_uppercase()));
+                }
+            }
+        }
+        assert!(streaming.remove("POST /mcp"));
+        for (method, path) in super::super::routes().table {
+            let operation = format!("{method} {path}");
+            assert_eq!(
+                crate::api::gate::http_streams(&operation),
+                streaming.contains(&operation),
+                "{operation}"
+            );
+        }
+    }
+
     #[test]
     fn filter_names_are_the_engines() {
         use crate::domain::filter::{names, Surface};
