@@ -685,10 +685,13 @@ fn refusal(status: Status) -> Response {
 
 /// The JSON-RPC error (HTTP 400) for a body that rmcp would misanswer: not
 /// JSON (-32700) or not a JSON-RPC 2.0 message (-32600), which rmcp answers
-/// with a plain-text 415; a request whose id is null, an object, an array or
-/// a boolean (-32600: MCP requires a string or a number), which rmcp takes
-/// for a notification and leaves unanswered; and a `tools/call` whose
-/// `arguments` is not an object (-32602, with the request's id), which rmcp
+/// with a plain-text 415; a request whose id is not a string or an integer
+/// (-32600: MCP requires one of those), which rmcp takes for a notification
+/// and leaves unanswered; `params` that are not an object (-32602, with the
+/// request's id), which rmcp answers with a plain-text 415 or ignores; a
+/// method that is not a string (-32600), or a `tools/call` without a tool's
+/// name (-32602), which rmcp answers with a plain-text 415; and a
+/// `tools/call` whose `arguments` is not an object (-32602), which rmcp
 /// reports as an unknown method.
 fn not_json_rpc(body: &[u8]) -> Option<Response> {
     let mut id = Value::Null;
@@ -696,14 +699,34 @@ fn not_json_rpc(body: &[u8]) -> Option<Response> {
         Err(e) => (-32700, format!("Parse error: {e}")),
         Ok(Value::Object(m)) if m.get("jsonrpc").and_then(Value::as_str) == Some("2.0") => {
             let method = m.get("method").and_then(Value::as_str);
-            let arguments = m.get("params").and_then(|p| p.get("arguments"));
+            let params = m.get("params").filter(|p| !p.is_null());
+            let arguments = params.and_then(|p| p.get("arguments"));
             let unanswerable = m
                 .get("id")
-                .is_some_and(|id| !id.is_string() && !id.is_number());
-            if method.is_some() && unanswerable {
+                .is_some_and(|id| !id.is_string() && !id.is_i64() && !id.is_u64());
+            if m.get("method").is_some_and(|v| !v.is_string()) {
                 (
                     -32600,
-                    "Invalid Request: a request's id must be a string or a number (leave it out for a notification)".to_string(),
+                    "Invalid Request: method must be a string".to_string(),
+                )
+            } else if method.is_some() && unanswerable {
+                (
+                    -32600,
+                    "Invalid Request: a request's id must be a string or an integer (leave it out for a notification)".to_string(),
+                )
+            } else if method.is_some() && params.is_some_and(|p| !p.is_object()) {
+                id = m.get("id").cloned().unwrap_or(Value::Null);
+                (
+                    -32602,
+                    "Invalid params: params must be an object".to_string(),
+                )
+            } else if method == Some("tools/call")
+                && params.and_then(|p| p.get("name")).is_none_or(|n| !n.is_string())
+            {
+                id = m.get("id").cloned().unwrap_or(Value::Null);
+                (
+                    -32602,
+                    "Invalid params: params.name must name a tool".to_string(),
                 )
             } else if method == Some("tools/call")
                 && arguments.is_some_and(|a| !a.is_object() && !a.is_null())
@@ -747,7 +770,12 @@ pub async fn serve(State(state): State<HttpState>, req: Request) -> Response {
             return refused;
         }
     }
-    let req = Request::from_parts(parts, axum::body::Body::from(bytes));
+    let declared_json = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| t.trim_start().starts_with("application/json"));
+    let req = Request::from_parts(parts, axum::body::Body::from(bytes.clone()));
     let service = StreamableHttpService::new(
         move || {
             Ok(AgentryMcp {
@@ -762,7 +790,50 @@ pub async fn serve(State(state): State<HttpState>, req: Request) -> Response {
             ..Default::default()
         },
     );
-    service.handle(req).await.map(axum::body::Body::new)
+    let answer = service.handle(req).await.map(axum::body::Body::new);
+    json_rpc_refusal(answer, &bytes, declared_json).await
+}
+
+/// rmcp's own refusals are plain text; a JSON-RPC client reads them as
+/// JSON-RPC errors instead. A 406 (an `Accept` without both media types)
+/// or a 415 for another content type keeps its status, with code -32000
+/// and no id, as the MCP TypeScript SDK sends them. A 415 for a JSON body
+/// is rmcp failing to read a member it types more strictly than the checks
+/// above (`_meta` that is no object, say): 400 -32600, the request's id
+/// echoed. Every other answer as it is.
+async fn json_rpc_refusal(answer: Response, request: &[u8], declared_json: bool) -> Response {
+    let plain = answer
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_none_or(|t| !t.contains("json") && !t.contains("event-stream"));
+    if !(answer.status().is_client_error() || answer.status().is_server_error()) || !plain {
+        return answer;
+    }
+    let status = answer.status();
+    let text = axum::body::to_bytes(answer.into_body(), 64 * 1024)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_string())
+        .ok()
+        .filter(|t| !t.is_empty())
+        .unwrap_or_else(|| status.canonical_reason().unwrap_or("refused").to_string());
+    let (status, code, id, message) =
+        if status == StatusCode::UNSUPPORTED_MEDIA_TYPE && declared_json {
+            let id = serde_json::from_slice::<Value>(request)
+                .ok()
+                .and_then(|v| v.get("id").cloned())
+                .unwrap_or(Value::Null);
+            (
+                StatusCode::BAD_REQUEST,
+                -32600,
+                id,
+                format!("Invalid Request: {text}"),
+            )
+        } else {
+            (status, -32000, Value::Null, text)
+        };
+    let body = json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}});
+    super::http::json_response(status, &body)
 }
 
 #[cfg(test)]
@@ -801,6 +872,53 @@ mod tests {
             assert_eq!(v["error"]["code"], code, "{v}");
             assert_eq!(v["id"], Value::Null);
         }
+        for id in ["1.5", "1.0", "1e3"] {
+            let body = format!(r#"{{"jsonrpc": "2.0", "method": "tools/list", "id": {id}}}"#);
+            let refused = not_json_rpc(body.as_bytes()).expect("a fractional id is refused");
+            let bytes =
+                futures::executor::block_on(axum::body::to_bytes(refused.into_body(), 4096))
+                    .unwrap();
+            let v: Value = serde_json::from_slice(&bytes).unwrap();
+            assert_eq!(v["error"]["code"], -32600, "{v}");
+        }
+        for (body, code) in [
+            (r#"{"jsonrpc": "2.0", "method": 7, "id": 3}"#, -32600),
+            (r#"{"jsonrpc": "2.0", "method": null, "id": 3}"#, -32600),
+            (
+                r#"{"jsonrpc": "2.0", "method": "tools/call", "id": 3, "params": {"name": 5}}"#,
+                -32602,
+            ),
+            (
+                r#"{"jsonrpc": "2.0", "method": "tools/call", "id": 3, "params": {}}"#,
+                -32602,
+            ),
+        ] {
+            let refused = not_json_rpc(body.as_bytes()).expect(body);
+            let bytes =
+                futures::executor::block_on(axum::body::to_bytes(refused.into_body(), 4096))
+                    .unwrap();
+            let v: Value = serde_json::from_slice(&bytes).unwrap();
+            assert_eq!(v["error"]["code"], code, "{v}");
+        }
+        for params in [r#""NaN""#, "5", "[1]", "true"] {
+            let body = format!(
+                r#"{{"jsonrpc": "2.0", "method": "tools/list", "id": 3, "params": {params}}}"#
+            );
+            let refused = not_json_rpc(body.as_bytes()).expect("params that are no object");
+            let bytes =
+                futures::executor::block_on(axum::body::to_bytes(refused.into_body(), 4096))
+                    .unwrap();
+            let v: Value = serde_json::from_slice(&bytes).unwrap();
+            assert_eq!(
+                (&v["error"]["code"], &v["id"]),
+                (&json!(-32602), &json!(3)),
+                "{v}"
+            );
+        }
+        assert!(
+            not_json_rpc(br#"{"jsonrpc": "2.0", "method": "ping", "id": 1, "params": null}"#)
+                .is_none()
+        );
         assert!(not_json_rpc(br#"{"jsonrpc": "2.0", "method": "ping", "id": 1}"#).is_none());
         assert!(not_json_rpc(br#"{"jsonrpc": "2.0", "method": "ping", "id": "a"}"#).is_none());
         assert!(

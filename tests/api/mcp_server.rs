@@ -437,6 +437,75 @@ async fn mcp_server_refusals_and_rate_limits_are_the_gates() {
         4,
         "{body}"
     );
+    // Transport refusals are JSON-RPC errors too, not plain text: an
+    // Accept without both media types, another content type, params that
+    // are no object, an id that is neither a string nor an integer.
+    let post = |accept: &'static str, ctype: &'static str, body: &'static str| {
+        reqwest::Client::new()
+            .post(format!("{}/mcp", s.http))
+            .bearer_auth(ALICE)
+            .header("accept", accept)
+            .header("content-type", ctype)
+            .body(body)
+            .send()
+    };
+    let ping = r#"{"jsonrpc": "2.0", "id": 9, "method": "ping"}"#;
+    for (accept, ctype, body, status, code, id) in [
+        (
+            "application/json",
+            "application/json",
+            ping,
+            406,
+            -32000,
+            json!(null),
+        ),
+        (
+            "application/json, text/event-stream",
+            "text/plain",
+            ping,
+            415,
+            -32000,
+            json!(null),
+        ),
+        (
+            "application/json, text/event-stream",
+            "application/json",
+            r#"{"jsonrpc": "2.0", "id": 9, "method": "tools/list", "params": "all"}"#,
+            400,
+            -32602,
+            json!(9),
+        ),
+        (
+            "application/json, text/event-stream",
+            "application/json",
+            r#"{"jsonrpc": "2.0", "id": 1.5, "method": "tools/list"}"#,
+            400,
+            -32600,
+            json!(null),
+        ),
+        (
+            "application/json, text/event-stream",
+            "application/json",
+            r#"{"jsonrpc": "2.0", "id": 9, "method": "tools/list", "params": {"_meta": 5}}"#,
+            400,
+            -32600,
+            json!(9),
+        ),
+    ] {
+        let r = post(accept, ctype, body).await.unwrap();
+        assert_eq!(r.status().as_u16(), status, "{body}");
+        assert!(r.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("application/json"));
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["jsonrpc"], "2.0", "{v}");
+        assert_eq!((&v["error"]["code"], &v["id"]), (&json!(code), &id), "{v}");
+        assert!(v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty()));
+    }
+
     // Discovery through MCP draws on the caller's discover bucket.
     let mut codes = Vec::new();
     for _ in 0..4 {
