@@ -93,7 +93,13 @@ pub const ERROR_DETAIL_TYPE: &str = "type.googleapis.com/agentry.v1.ErrorDetail"
 /// A status whose details are gRPC's rich error model, a `google.rpc.Status`
 /// holding the `ErrorDetail`, so stock clients (grpc-status, grpc-go's
 /// status package, grpcurl) can read it.
-fn detail_status(grpc: Code, detail: pb::ErrorDetail) -> Status {
+fn detail_status(grpc: Code, mut detail: pb::ErrorDetail) -> Status {
+    // Messages quote what was wrong, and a client may send a 70 KB string:
+    // echoed whole, it would push the trailers past what gRPC clients
+    // accept (grpc-core drops a stream whose metadata passes 16 KiB), and
+    // the client would lose the answer.
+    detail.message = elide(&detail.message, 700, 300);
+    detail.field = detail.field.map(|f| elide(&f, 300, 100));
     let rich = crate::rpc_pb::Status {
         code: grpc as i32,
         message: detail.message.clone(),
@@ -140,18 +146,15 @@ fn refusal(grpc: Code, http_status: u16, message: String) -> Status {
     detail_status(grpc, detail)
 }
 
-/// A decoding error names every field on its path, which for a deeply
-/// nested value is kilobytes of `Value.kind: ListValue.values: …`; its
-/// start and its end (the cause) say what a client needs.
-fn elide(message: &str) -> String {
-    const HEAD: usize = 160;
-    const TAIL: usize = 120;
-    if message.len() <= HEAD + TAIL {
+/// `message` cut to about `head` + `tail` bytes: its start (what was
+/// wrong) and its end (often the cause), joined by an ellipsis.
+fn elide(message: &str, head: usize, tail: usize) -> String {
+    if message.len() <= head + tail {
         return message.to_string();
     }
     let boundary = |i: &usize| message.is_char_boundary(*i);
-    let head_end = (0..=HEAD).rev().find(boundary).unwrap_or(0);
-    let tail_start = (message.len() - TAIL..message.len())
+    let head_end = (0..=head).rev().find(boundary).unwrap_or(0);
+    let tail_start = (message.len() - tail..message.len())
         .find(boundary)
         .unwrap_or(message.len());
     let (head, tail) = (&message[..head_end], &message[tail_start..]);
@@ -176,9 +179,12 @@ pub fn with_transport_detail(status: Status) -> Status {
         Code::Internal if message.starts_with("failed to decode Protobuf message") => {
             to_status(&ServiceError::InvalidRequest {
                 field: None,
+                // A decoding error names every field on its path, which
+                // for a deeply nested value is kilobytes of
+                // `Value.kind: ListValue.values: …`.
                 message: format!(
                     "the request is not a valid message for this method: {}",
-                    elide(&message)
+                    elide(&message, 160, 120)
                 ),
             })
         }
@@ -308,11 +314,34 @@ mod tests {
         assert!(s.message().len() < 400, "{s:?}");
         assert_eq!(detail_of(&s).code, "invalid_request");
         let wide = "é".repeat(400);
-        assert!(elide(&wide).len() <= 160 + 120 + 5, "{}", elide(&wide));
+        let cut = elide(&wide, 160, 120);
+        assert!(cut.len() <= 160 + 120 + 5, "{cut}");
         let own = to_status(&ServiceError::NotFound("agent 'x'".into()));
         assert_eq!(with_transport_detail(own.clone()).details(), own.details());
         let other = with_transport_detail(Status::internal("the disk is on fire"));
         assert_eq!(other.code(), Code::Internal);
+    }
+
+    /// A message quoting a huge value stays small enough for any gRPC
+    /// client's metadata limit (grpc-core: 16 KiB), on both transports.
+    #[test]
+    fn a_message_quoting_a_huge_value_is_cut() {
+        let huge = "a".repeat(70_000);
+        let s = to_status(&ServiceError::InvalidRequest {
+            field: Some(format!("/metadata/{huge}")),
+            message: format!("'{huge}' is not a known protocol (expected one of a2a, mcp)"),
+        });
+        assert!(s.message().len() < 1_100, "{}", s.message().len());
+        assert!(s.message().starts_with("'aaa"));
+        assert!(s.message().ends_with("(expected one of a2a, mcp)"));
+        assert!(s.details().len() < 3_000, "{}", s.details().len());
+        let d = detail_of(&s);
+        assert_eq!(d.message, s.message());
+        assert!(d
+            .field
+            .is_some_and(|f| f.starts_with("/metadata/aa") && f.len() < 500));
+        let short = to_status(&ServiceError::NotFound("agent 'x'".into()));
+        assert_eq!(short.message(), "agent 'x'");
     }
 
     #[test]
