@@ -1,10 +1,9 @@
 //! The one gate every public request passes, on both transports: the
 //! caller is identified (`auth`), its operation classified, its token
 //! bucket charged, and a stream it opens counted against its share, before
-//! any handler runs. gRPC services get it as a tower
-//! layer over the whole server (a service added later is gated without
-//! anyone remembering to), the HTTP facade as a route layer; both call
-//! `Gate::admit`. Deadlines and size limits are the listeners' and the
+//! any handler runs. gRPC services get it as a tower layer over the whole
+//! server (a service added later is gated without anyone remembering to),
+//! the HTTP facade as a route layer; both call `Gate::admit`. Deadlines and size limits are the listeners' and the
 //! servers' (`listener`, `server`); entitlements on records are the
 //! service layer's, decided with the identity found here.
 
@@ -361,7 +360,7 @@ impl Drop for StreamSlot {
 /// client gone).
 pub fn holding<B>(
     body: B,
-    slot: Option<StreamSlot>,
+    slot: StreamSlot,
 ) -> impl http_body::Body<Data = B::Data, Error = B::Error>
 where
     B: http_body::Body,
@@ -472,9 +471,7 @@ impl Gate {
             retry_after,
         })
     }
-}
 
-impl Gate {
     /// A stream slot for a caller about to be answered with a stream, or
     /// 429 `rate_limited` when it already holds `max_open_streams`. `None`
     /// when streams are not limited, and for in-process callers.
@@ -662,7 +659,12 @@ where
                             };
                             req.extensions_mut().insert(identity);
                             let response = inner.call(req).await.map(with_transport_detail)?;
-                            Ok(response.map(|b| tonic::body::Body::new(holding(b, slot))))
+                            Ok(match slot {
+                                Some(slot) => {
+                                    response.map(|b| tonic::body::Body::new(holding(b, slot)))
+                                }
+                                None => response,
+                            })
                         }
                         Err(e) => Ok(tonic::Status::from(e).into_http()),
                     }

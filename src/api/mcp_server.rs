@@ -842,6 +842,15 @@ mod tests {
 
     #[test]
     fn bodies_that_are_not_json_rpc_get_a_json_rpc_error() {
+        // The refusal's body, after checking it is one (a 400).
+        let refused = |body: &[u8]| -> Value {
+            let refused = not_json_rpc(body).expect("refused");
+            assert_eq!(refused.status(), StatusCode::BAD_REQUEST);
+            let bytes =
+                futures::executor::block_on(axum::body::to_bytes(refused.into_body(), 4096))
+                    .unwrap();
+            serde_json::from_slice(&bytes).unwrap()
+        };
         for (body, code) in [
             (&b"{bad"[..], -32700),
             (b"[1]", -32600),
@@ -863,22 +872,13 @@ mod tests {
                 -32600,
             ),
         ] {
-            let refused = not_json_rpc(body).expect("refused");
-            assert_eq!(refused.status(), StatusCode::BAD_REQUEST);
-            let bytes =
-                futures::executor::block_on(axum::body::to_bytes(refused.into_body(), 4096))
-                    .unwrap();
-            let v: Value = serde_json::from_slice(&bytes).unwrap();
+            let v = refused(body);
             assert_eq!(v["error"]["code"], code, "{v}");
             assert_eq!(v["id"], Value::Null);
         }
         for id in ["1.5", "1.0", "1e3"] {
             let body = format!(r#"{{"jsonrpc": "2.0", "method": "tools/list", "id": {id}}}"#);
-            let refused = not_json_rpc(body.as_bytes()).expect("a fractional id is refused");
-            let bytes =
-                futures::executor::block_on(axum::body::to_bytes(refused.into_body(), 4096))
-                    .unwrap();
-            let v: Value = serde_json::from_slice(&bytes).unwrap();
+            let v = refused(body.as_bytes());
             assert_eq!(v["error"]["code"], -32600, "{v}");
         }
         for (body, code) in [
@@ -893,22 +893,14 @@ mod tests {
                 -32602,
             ),
         ] {
-            let refused = not_json_rpc(body.as_bytes()).expect(body);
-            let bytes =
-                futures::executor::block_on(axum::body::to_bytes(refused.into_body(), 4096))
-                    .unwrap();
-            let v: Value = serde_json::from_slice(&bytes).unwrap();
+            let v = refused(body.as_bytes());
             assert_eq!(v["error"]["code"], code, "{v}");
         }
         for params in [r#""NaN""#, "5", "[1]", "true"] {
             let body = format!(
                 r#"{{"jsonrpc": "2.0", "method": "tools/list", "id": 3, "params": {params}}}"#
             );
-            let refused = not_json_rpc(body.as_bytes()).expect("params that are no object");
-            let bytes =
-                futures::executor::block_on(axum::body::to_bytes(refused.into_body(), 4096))
-                    .unwrap();
-            let v: Value = serde_json::from_slice(&bytes).unwrap();
+            let v = refused(body.as_bytes());
             assert_eq!(
                 (&v["error"]["code"], &v["id"]),
                 (&json!(-32602), &json!(3)),
@@ -932,10 +924,7 @@ mod tests {
         for ok in [r#"{"id": "x"}"#, "null"] {
             assert!(not_json_rpc(call(ok).as_bytes()).is_none(), "{ok}");
         }
-        let refused = not_json_rpc(call(r#""id=x""#).as_bytes()).expect("refused");
-        let bytes =
-            futures::executor::block_on(axum::body::to_bytes(refused.into_body(), 4096)).unwrap();
-        let v: Value = serde_json::from_slice(&bytes).unwrap();
+        let v = refused(call(r#""id=x""#).as_bytes());
         assert_eq!(v["error"]["code"], -32602, "{v}");
         assert_eq!(v["id"], 7, "the request's id is echoed");
     }

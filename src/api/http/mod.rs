@@ -1389,9 +1389,12 @@ async fn gate_http(
                         None
                     };
                     req.extensions_mut().insert(identity);
-                    next.run(req)
-                        .await
-                        .map(|b| axum::body::Body::new(crate::api::gate::holding(b, slot)))
+                    let response = next.run(req).await;
+                    match slot {
+                        Some(slot) => response
+                            .map(|b| axum::body::Body::new(crate::api::gate::holding(b, slot))),
+                        None => response,
+                    }
                 }
                 Err(e) => ApiError::from(e).into_response(),
             }
