@@ -122,18 +122,15 @@ pub fn grpc_streams(path: &str) -> bool {
     )
 }
 
-/// Whether an HTTP route ("METHOD /route/{param}") may answer with
-/// server-sent events that stay open: those hold a stream slot whatever
-/// the answer turns out to be, since whether `invoke` or `get_events`
-/// streams is known only once the handler has started the work. `/mcp`
-/// answers one event and closes, like any request.
+/// Whether an HTTP route ("METHOD /route/{param}") always answers with
+/// server-sent events that stay open: those hold a stream slot, taken here
+/// before the handler starts any work. `invoke` and `get_events` stream
+/// only when asked to, and take a slot in their handlers when they do;
+/// `/mcp` answers one event and closes, like any request.
 pub fn http_streams(operation: &str) -> bool {
     matches!(
         operation,
-        "GET /changes"
-            | "POST /agents/{id}/invoke"
-            | "GET /agents/{id}/get_events/{run_id}"
-            | "POST /agents/{id}/stream_request"
+        "GET /changes" | "POST /agents/{id}/stream_request"
     )
 }
 

@@ -718,6 +718,43 @@ async fn one_caller_holds_at_most_its_share_of_open_streams() {
         .await
         .expect("another caller's stream");
 
+    // Routes that stream only when asked take a slot only then: at her
+    // cap, Alice's plain invocation and event read are answered (here: the
+    // agent does not exist), her streamed ones refused before any work.
+    let client = reqwest::Client::new();
+    let alice_feeds = [
+        client
+            .get(format!("{}/changes", s.http))
+            .bearer_auth(ALICE)
+            .send()
+            .await
+            .unwrap(),
+        client
+            .get(format!("{}/changes", s.http))
+            .bearer_auth(ALICE)
+            .send()
+            .await
+            .unwrap(),
+    ];
+    for feed in &alice_feeds {
+        assert_eq!(feed.status(), 200);
+    }
+    for (method, path, status) in [
+        (Method::POST, "/agents/nobody/invoke", 404),
+        (Method::POST, "/agents/nobody/invoke?stream=true", 429),
+        (Method::GET, "/agents/nobody/get_events/r1", 404),
+        (Method::GET, "/agents/nobody/get_events/r1?stream=true", 429),
+    ] {
+        let r = client
+            .request(method, format!("{}{path}", s.http))
+            .bearer_auth(ALICE)
+            .json(&json!({"text": "hi"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), status, "{path}");
+    }
+
     // A closed stream gives its slot back.
     drop(watch);
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -738,6 +775,6 @@ async fn one_caller_holds_at_most_its_share_of_open_streams() {
         .unwrap()
         .expect("stream open");
     assert_eq!(change.record.unwrap().metadata.unwrap().id, "streamed");
-    drop(sse);
+    drop((sse, alice_feeds));
     s.stop().await;
 }

@@ -141,7 +141,8 @@ pub(super) async fn get_events(
     };
     let req = grpc_request(&caller, msg);
     if parse_bool(single(&pairs, "stream"), "/stream")? {
-        return Ok(events(s.invocation.stream_events(req).await?.into_inner()));
+        let stream = async { Ok(events(s.invocation.stream_events(req).await?.into_inner())) };
+        return caller.hold_stream(&s.gate, stream).await;
     }
     Ok(document(s.invocation.get_events(req).await?.into_inner()))
 }

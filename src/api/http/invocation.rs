@@ -169,21 +169,11 @@ pub(super) async fn invoke(
     };
     let req = grpc_request(&caller, msg);
     if stream {
-        let events = s.invocation.invoke_stream(req).await?.into_inner();
-        let sse = events.map(|e| {
-            Ok::<_, Infallible>(match e {
-                Ok(e) => sse_event(e),
-                Err(status) => {
-                    let d = crate::api::error::detail_of(&status);
-                    Event::default()
-                        .event("error")
-                        .data(crate::api::error::problem_body(&d, "").to_string())
-                }
-            })
-        });
-        return Ok(Sse::new(sse)
-            .keep_alive(KeepAlive::default())
-            .into_response());
+        let answer = async {
+            let events = s.invocation.invoke_stream(req).await?.into_inner();
+            Ok(sse_answer(events))
+        };
+        return caller.hold_stream(&s.gate, answer).await;
     }
     let resp = s.invocation.invoke(req).await?.into_inner();
     if resp.is_batch {
@@ -193,6 +183,27 @@ pub(super) async fn invoke(
         ApiError::from(crate::service::ServiceError::Internal("no result".into()))
     })?;
     Ok(single_response(&r, resp.replayed, resp.retry_after))
+}
+
+/// A streamed invocation as server-sent events; a failure in the stream
+/// ends it with an `error` event holding the problem body.
+fn sse_answer(
+    events: impl futures::Stream<Item = Result<pb::InvokeEvent, tonic::Status>> + Send + 'static,
+) -> Response {
+    let sse = events.map(|e| {
+        Ok::<_, Infallible>(match e {
+            Ok(e) => sse_event(e),
+            Err(status) => {
+                let d = crate::api::error::detail_of(&status);
+                Event::default()
+                    .event("error")
+                    .data(crate::api::error::problem_body(&d, "").to_string())
+            }
+        })
+    });
+    Sse::new(sse)
+        .keep_alive(KeepAlive::default())
+        .into_response()
 }
 
 pub(super) async fn woa_document(

@@ -1414,15 +1414,37 @@ async fn gate_http(
 /// Gate class by "METHOD /route/{param}".
 type RouteClasses = HashMap<String, OpClass>;
 
-/// The caller as the gate identified it. A handler reached without passing
-/// the gate fails here instead of running as anonymous.
-struct Caller(Identity);
+/// The caller as the gate identified it, and its connection. A handler
+/// reached without passing the gate fails here instead of running as
+/// anonymous.
+struct Caller(Identity, Option<Peer>);
 
 impl Caller {
     /// For the routes that call a use case directly (documents, the MCP
     /// registry) rather than a gRPC handler.
     fn principal(&self) -> Option<crate::domain::Principal> {
         self.0 .0.clone()
+    }
+
+    /// `answer`, a stream, holding one of the caller's stream slots for as
+    /// long as it is open; 429 when the caller holds its most. For the
+    /// routes that stream only when asked to (`invoke`, `get_events`), so
+    /// their plain answers take none; the routes that always stream take
+    /// theirs in the gate (`gate::http_streams`).
+    fn hold_stream(
+        &self,
+        gate: &crate::api::gate::Gate,
+        answer: impl std::future::Future<Output = ApiResult>,
+    ) -> impl std::future::Future<Output = ApiResult> {
+        let slot = gate.open_stream(self.0 .0.as_ref(), self.1.as_ref());
+        async move {
+            let Some(slot) = slot? else {
+                return answer.await;
+            };
+            Ok(answer
+                .await?
+                .map(|b| axum::body::Body::new(crate::api::gate::holding(b, slot))))
+        }
     }
 }
 
@@ -1433,11 +1455,12 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Caller {
         parts: &mut axum::http::request::Parts,
         _state: &S,
     ) -> Result<Self, ApiError> {
+        let peer = parts.extensions.get::<Peer>().cloned();
         parts
             .extensions
             .get::<Identity>()
             .cloned()
-            .map(Caller)
+            .map(|identity| Caller(identity, peer))
             .ok_or_else(|| {
                 ServiceError::Internal("the request did not pass the gate".into()).into()
             })
