@@ -722,20 +722,13 @@ async fn one_caller_holds_at_most_its_share_of_open_streams() {
     // cap, Alice's plain invocation and event read are answered (here: the
     // agent does not exist), her streamed ones refused before any work.
     let client = reqwest::Client::new();
-    let alice_feeds = [
+    let alice_feed = || {
         client
             .get(format!("{}/changes", s.http))
             .bearer_auth(ALICE)
             .send()
-            .await
-            .unwrap(),
-        client
-            .get(format!("{}/changes", s.http))
-            .bearer_auth(ALICE)
-            .send()
-            .await
-            .unwrap(),
-    ];
+    };
+    let alice_feeds = [alice_feed().await.unwrap(), alice_feed().await.unwrap()];
     for feed in &alice_feeds {
         assert_eq!(feed.status(), 200);
     }

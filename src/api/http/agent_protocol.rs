@@ -52,12 +52,7 @@ fn events(stream: crate::api::agent_protocol::ApEventStream) -> Response {
                 }
                 ev
             }
-            Err(status) => {
-                let d = crate::api::error::detail_of(&status);
-                Event::default()
-                    .event("error")
-                    .data(crate::api::error::problem_body(&d, "").to_string())
-            }
+            Err(status) => super::error_event(&status),
         })
     });
     Sse::new(out)

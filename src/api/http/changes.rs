@@ -40,12 +40,6 @@ pub(super) async fn follow(
     let req = grpc_request(&caller, pb::WatchRequest { from_revision });
     let changes = s.api.watch(req).await?.into_inner();
     let events = changes.map(|c| {
-        let failed = |status: &tonic::Status| {
-            let d = crate::api::error::detail_of(status);
-            Event::default()
-                .event("error")
-                .data(crate::api::error::problem_body(&d, "").to_string())
-        };
         Ok::<_, Infallible>(match c {
             Ok(c) => match c.record.as_ref().map(record_pb_to_json).transpose() {
                 Ok(record) => {
@@ -62,12 +56,12 @@ pub(super) async fn follow(
                         .id(c.revision.to_string())
                         .data(data.to_string())
                 }
-                Err(e) => failed(&tonic::Status::internal(format!(
+                Err(e) => super::error_event(&tonic::Status::internal(format!(
                     "revision {} could not be encoded: {e}",
                     c.revision
                 ))),
             },
-            Err(status) => failed(&status),
+            Err(status) => super::error_event(&status),
         })
     });
     Ok(Sse::new(events)

@@ -193,12 +193,7 @@ fn sse_answer(
     let sse = events.map(|e| {
         Ok::<_, Infallible>(match e {
             Ok(e) => sse_event(e),
-            Err(status) => {
-                let d = crate::api::error::detail_of(&status);
-                Event::default()
-                    .event("error")
-                    .data(crate::api::error::problem_body(&d, "").to_string())
-            }
+            Err(status) => super::error_event(&status),
         })
     });
     Sse::new(sse)

@@ -1411,6 +1411,15 @@ async fn gate_http(
     response
 }
 
+/// The `error` event that ends a stream of server-sent events: the
+/// failure's problem body, as a request that failed at once would get.
+fn error_event(status: &tonic::Status) -> axum::response::sse::Event {
+    let d = crate::api::error::detail_of(status);
+    axum::response::sse::Event::default()
+        .event("error")
+        .data(crate::api::error::problem_body(&d, "").to_string())
+}
+
 /// Gate class by "METHOD /route/{param}".
 type RouteClasses = HashMap<String, OpClass>;
 
