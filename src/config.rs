@@ -306,6 +306,11 @@ pub struct PeerConfig {
     /// itself only); at most `federation.max_hops - 1`.
     #[serde(default)]
     pub max_hops: Option<u32>,
+    /// Live copies of this peer's records kept here at most (`sync`); a
+    /// new record past it is refused until copies are withdrawn. Bounds
+    /// what one peer can make every node store and index. 0: no limit.
+    #[serde(default = "default_peer_records")]
+    pub max_records: u64,
     /// PEM CA certificate that signed the peer's listener certificate
     /// (https endpoints; default: the bundled web PKI roots).
     #[serde(default)]
@@ -319,6 +324,10 @@ pub struct PeerConfig {
 
 fn yes() -> bool {
     true
+}
+
+fn default_peer_records() -> u64 {
+    100_000
 }
 
 impl PeerConfig {
@@ -336,6 +345,7 @@ impl PeerConfig {
             fan_out: true,
             sync: false,
             max_hops: None,
+            max_records: default_peer_records(),
             ca_file: None,
             client_cert_file: None,
             client_key_file: None,

@@ -1,9 +1,10 @@
 //! The process's instruments: request counts and latencies on both
 //! transports, Raft commit, apply and log-sync latencies, snapshot and
-//! backup durations. They are process-wide (one node per process in
-//! production), so storage, consensus and the API record into them without
-//! a handle passed through every layer; `/metrics` renders them next to the
-//! node's state (`api::http::metrics`).
+//! backup durations, records refused from peers' feeds. They are
+//! process-wide (one node per process in production), so storage,
+//! consensus and the API record into them without a handle passed through
+//! every layer; `/metrics` renders them next to the node's state
+//! (`api::http::metrics`).
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -34,6 +35,16 @@ pub struct SnapshotLabels {
     pub action: &'static str,
 }
 
+/// A peer's record refused by the federation sync, and why.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusalLabels {
+    /// The peer's authority (configured peers only, so few values).
+    pub peer: String,
+    /// `signature`, `malformed`, `private`, `too_large`, `policy`,
+    /// `quota`, ...
+    pub reason: &'static str,
+}
+
 struct Instruments {
     requests: Family<RequestLabels, Counter>,
     request_seconds: Family<RequestLabels, Histogram, fn() -> Histogram>,
@@ -52,6 +63,7 @@ struct Instruments {
     snapshot_seconds: Family<SnapshotLabels, Histogram, fn() -> Histogram>,
     backup_seconds: Histogram,
     backup_bytes: Counter,
+    federation_refused: Family<RefusalLabels, Counter>,
 }
 
 /// 0.25 ms to about 8 s, doubling.
@@ -85,6 +97,7 @@ fn instruments() -> &'static Instruments {
         snapshot_seconds: Family::new_with_constructor(long),
         backup_seconds: long(),
         backup_bytes: Counter::default(),
+        federation_refused: Family::default(),
     })
 }
 
@@ -159,6 +172,17 @@ pub fn observe_backup(took: Duration, bytes: u64) {
     let i = instruments();
     i.backup_seconds.observe(took.as_secs_f64());
     i.backup_bytes.inc_by(bytes);
+}
+
+/// A record of `peer`'s feed the sync did not keep.
+pub fn observe_federation_refusal(peer: &str, reason: &'static str) {
+    instruments()
+        .federation_refused
+        .get_or_create(&RefusalLabels {
+            peer: peer.to_string(),
+            reason,
+        })
+        .inc();
 }
 
 /// Registers the instruments (shared, not copied) in `registry`. Help
@@ -249,5 +273,10 @@ pub fn register(registry: &mut Registry) {
         "agentry_backup_bytes",
         "Bytes of backups written from this node",
         i.backup_bytes.clone(),
+    );
+    registry.register(
+        "agentry_federation_refused_records",
+        "Leader: records of a peer's feed not kept here, by peer and reason (a bad signature, the trust policy, the peer's record limit, ...)",
+        i.federation_refused.clone(),
     );
 }

@@ -13,7 +13,7 @@ use crate::crypto::{IdentityChange, IdentityRefusal};
 use crate::domain::audit::AuditContext;
 use crate::domain::federation::FederatedChange;
 use crate::domain::lease::{LeaseState, Refresh};
-use crate::domain::write::{Quota, Rejection, WriteMode};
+use crate::domain::write::{Quota, RecordLimit, Rejection, WriteMode};
 use crate::domain::{
     AgentMetadata, AgentStatus, Change, Principal, PublisherKey, PublisherVerification, ReadGrant,
     Visibility,
@@ -42,13 +42,17 @@ use crate::domain::{
 /// 4. The cluster record may refuse a member that lost log entries it had
 ///    acknowledged (`Command::Cluster::refused`); an older node would drop
 ///    the refusal and, as leader, feed the member the log again.
+/// 5. A copy from a peer's feed is held to the live copies kept of that
+///    peer (`Command::Federate::quota`); an older node keeps no such count
+///    and would keep the copy the others refuse, so the quota is applied
+///    only by these rules and ignored in entries asking for older ones.
 ///
 /// The newest rules an applied entry asked for are kept in the replicated
 /// state (`ClusterRecord::apply_rules`), as etcd keeps its cluster
 /// version: a new leader assumes them of members it has not heard from
 /// yet, and a node whose binary follows older rules than an entry asks for
 /// stops rather than apply it differently from the others.
-pub const APPLY_RULES: u32 = 4;
+pub const APPLY_RULES: u32 = 5;
 
 /// The apply rules a refusal in the cluster record takes ([`APPLY_RULES`]).
 pub const REFUSAL_RULES: u32 = 4;
@@ -131,6 +135,10 @@ pub enum Command {
         change: FederatedChange,
         cursor: Option<u64>,
         now: String,
+        /// Live copies of this peer a new copy is held to (apply rules 5;
+        /// none: no limit, and entries from older versions).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        quota: Option<u64>,
         /// The apply rules the leader asked for ([`APPLY_RULES`]).
         #[serde(default, skip_serializing_if = "is_zero")]
         rules: u32,
@@ -220,6 +228,20 @@ impl Command {
             Self::Audited { command, .. } => command.rules_needed(),
             Self::Batch(commands) => commands.iter().map(Self::rules_needed).max().unwrap_or(0),
             _ => 0,
+        }
+    }
+
+    /// What a new live record this command stores is held to, by the
+    /// rules the entry asked for.
+    pub fn record_limit(&self) -> Option<RecordLimit> {
+        match self {
+            Self::Put { quota, .. } => quota.map(RecordLimit::Records),
+            Self::Federate {
+                quota: Some(n),
+                rules,
+                ..
+            } if *rules >= 5 => Some(RecordLimit::Copies(*n)),
+            _ => None,
         }
     }
 

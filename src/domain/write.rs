@@ -57,6 +57,8 @@ pub enum Rejection {
 pub enum QuotaScope {
     Owner,
     Tenant,
+    /// Copies kept from one peer registry's feed.
+    Peer,
 }
 
 impl std::fmt::Display for QuotaScope {
@@ -64,6 +66,7 @@ impl std::fmt::Display for QuotaScope {
         f.write_str(match self {
             Self::Owner => "owner",
             Self::Tenant => "tenant",
+            Self::Peer => "peer",
         })
     }
 }
@@ -77,6 +80,16 @@ pub struct Quota {
     /// Absent for principals of no tenant.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub per_tenant: Option<u64>,
+}
+
+/// What a new live record a command stores is held to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordLimit {
+    /// A registration: its owner's and tenant's quota.
+    Records(Quota),
+    /// A copy from a peer's feed: the live copies kept of that peer
+    /// (`[[federation.peers]] max_records`).
+    Copies(u64),
 }
 
 /// Refuses a local change to a live federated record.

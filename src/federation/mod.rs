@@ -53,6 +53,23 @@ pub enum Refusal {
     Policy { authority: String, why: String },
 }
 
+impl Refusal {
+    /// A metric label for the kind of refusal.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::NoPinnedKeys(_)
+            | Self::UnpinnedKey { .. }
+            | Self::RevokedKey { .. }
+            | Self::Signature(_) => "signature",
+            Self::Malformed(_) => "malformed",
+            Self::Private => "private",
+            Self::OutOfBounds(_) => "out_of_bounds",
+            Self::TooLarge(..) => "too_large",
+            Self::Policy { .. } => "policy",
+        }
+    }
+}
+
 /// What a peer's records must satisfy besides their signature.
 #[derive(Debug, Clone, Default)]
 pub struct TrustPolicy {
@@ -98,6 +115,8 @@ pub struct Peer {
     pub sync: bool,
     /// Further hops this peer may take our requests.
     pub hops: u32,
+    /// Live copies of its records kept here at most (none: no limit).
+    pub max_records: Option<u64>,
     channel: Channel,
     config: PeerConfig,
     /// Records of this peer whose signatures already verified.
@@ -148,6 +167,7 @@ impl Peer {
             fan_out: config.fan_out,
             sync: config.sync,
             hops: config.max_hops.unwrap_or(max_hops.saturating_sub(1)),
+            max_records: (config.max_records > 0).then_some(config.max_records),
             channel: channel(config)?,
             config: config.clone(),
             verified: Verified::default(),
@@ -183,10 +203,11 @@ impl Peer {
     }
 
     /// Everything this registry's acceptance of the peer's records
-    /// depends on: pinned and revoked key ids and the trust policy. When it
-    /// differs from the one the copies were last listed under, the sync
-    /// lists the peer again, so records signed by a newly pinned key
-    /// arrive and copies no longer accepted are withdrawn.
+    /// depends on: pinned and revoked key ids, the trust policy and the
+    /// record limit. When it differs from the one the copies were last
+    /// listed under, the sync lists the peer again, so records signed by a
+    /// newly pinned key (or refused under a lower limit) arrive and copies
+    /// no longer accepted are withdrawn.
     pub fn trust_fingerprint(&self) -> String {
         let sorted = |mut v: Vec<String>| {
             v.sort();
@@ -203,8 +224,9 @@ impl Peer {
                 .collect(),
         );
         let namespaces = sorted(self.policy.accept_namespaces.clone());
+        let limit = self.max_records.unwrap_or(0);
         format!(
-            "keys={keys}\nrevoked={revoked}\naccept_tags={tags}\naccept_namespaces={namespaces}\n"
+            "keys={keys}\nrevoked={revoked}\naccept_tags={tags}\naccept_namespaces={namespaces}\nmax_records={limit}\n"
         )
     }
 

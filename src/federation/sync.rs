@@ -17,6 +17,7 @@ use super::pin::{listed_file, write_file};
 use super::{Peer, Peers, Refusal};
 use crate::domain::federation::FederatedChange;
 use crate::domain::write::Rejection;
+use crate::domain::ChangeKind;
 use crate::domain::Provenance;
 use crate::pb;
 use crate::service::{RegistryService, ServiceError};
@@ -164,6 +165,10 @@ async fn follow_once(
     // Ids accepted during a full listing; copies of any other are
     // withdrawn.
     let mut accepted: Option<HashSet<String>> = None;
+    // Set once a new copy was refused at the peer's record limit: later
+    // ones are refused here, without a write through Raft each, until a
+    // copy of the peer is withdrawn.
+    let mut at_limit = false;
     loop {
         let event = tokio::select! {
             e = stream.message() => e?,
@@ -183,22 +188,13 @@ async fn follow_once(
             let seen = accepted.take().unwrap_or_default();
             for (authority, id, copied) in service.federated_copies()? {
                 if authority == peer.authority && !seen.contains(&id) {
-                    keep(
-                        service,
-                        &peer.authority,
-                        withdrawal(id, copied, event.revision),
-                        None,
-                    )
-                    .await?;
+                    let change = withdrawal(id, copied, event.revision);
+                    keep(service, &peer.authority, change, None, None).await?;
+                    at_limit = false;
                 }
             }
-            keep(
-                service,
-                &peer.authority,
-                FederatedChange::Skip,
-                Some(event.revision),
-            )
-            .await?;
+            let skip = FederatedChange::Skip;
+            keep(service, &peer.authority, skip, Some(event.revision), None).await?;
             listed.write(&trust);
             continue;
         }
@@ -211,8 +207,24 @@ async fn follow_once(
                 continue;
             }
         }
+        if at_limit && is_new_copy(service, &peer.authority, &change)? {
+            crate::metrics::observe_federation_refusal(&peer.authority, "quota");
+            continue;
+        }
         let cursor = (!event.listing).then_some(event.revision);
-        keep(service, &peer.authority, change, cursor).await?;
+        match keep(service, &peer.authority, change, cursor, peer.max_records).await? {
+            Kept::OverLimit => {
+                if !at_limit {
+                    warn!(
+                        max_records = peer.max_records.unwrap_or(0),
+                        "the peer's live copies are at its max_records: its new records are refused until copies are withdrawn or the limit is raised"
+                    );
+                }
+                at_limit = true;
+            }
+            Kept::Changed(ChangeKind::Deleted) => at_limit = false,
+            Kept::Changed(_) | Kept::Unchanged => {}
+        }
     }
 }
 
@@ -267,10 +279,33 @@ async fn forget_once(service: &RegistryService, peers: &Peers) -> Result<usize, 
         if !service.is_leader() {
             return Err(FeedError::NotLeader);
         }
-        keep(service, &authority, withdrawal(id, copied, 0), None).await?;
+        keep(service, &authority, withdrawal(id, copied, 0), None, None).await?;
         withdrawn += 1;
     }
     Ok(withdrawn)
+}
+
+/// Whether `change` would add a live copy of `peer`'s that is not kept
+/// here yet (one a record limit holds back).
+fn is_new_copy(
+    service: &RegistryService,
+    peer: &str,
+    change: &FederatedChange,
+) -> Result<bool, FeedError> {
+    let FederatedChange::Copy {
+        metadata, origin, ..
+    } = change
+    else {
+        return Ok(false);
+    };
+    if origin.deleted {
+        return Ok(false);
+    }
+    let kept = service
+        .reader()
+        .get(&metadata.id)
+        .map_err(ServiceError::from)?;
+    Ok(kept.is_none_or(|r| r.federated_from() != Some(peer)))
 }
 
 /// Withdraws a copy the peer's listing no longer brings (the peer stopped
@@ -310,6 +345,7 @@ fn to_change(
         Ok(ok) => ok,
         Err(why) => {
             warn!(revision = event.revision, %why, "refused a record from the peer's feed");
+            crate::metrics::observe_federation_refusal(&peer.authority, why.reason());
             return (FederatedChange::Skip, None);
         }
     };
@@ -337,21 +373,47 @@ fn to_change(
     (change, Some(id))
 }
 
+/// Sends one change through Raft. `quota`: the peer's record limit, for
+/// a copy; the answer says whether the limit refused it.
 async fn keep(
     service: &RegistryService,
     authority: &str,
     change: FederatedChange,
     cursor: Option<u64>,
-) -> Result<(), FeedError> {
-    match service.keep_federated(authority, change, cursor).await? {
-        Ok(c) => {
-            debug!(agent_id = %c.record.metadata.id, revision = c.revision, "kept a peer's change")
-        }
-        Err(Rejection::Unchanged { .. }) => {}
-        Err(Rejection::Stale { id, .. }) => {
-            debug!(agent_id = %id, "peer change older than the copy; ignored")
-        }
-        Err(r) => warn!(reason = %r, "peer change refused"),
-    }
-    Ok(())
+    quota: Option<u64>,
+) -> Result<Kept, FeedError> {
+    Ok(
+        match service
+            .keep_federated(authority, change, cursor, quota)
+            .await?
+        {
+            Ok(c) => {
+                debug!(agent_id = %c.record.metadata.id, revision = c.revision, "kept a peer's change");
+                Kept::Changed(c.kind)
+            }
+            Err(Rejection::Unchanged { .. }) => Kept::Unchanged,
+            Err(Rejection::Stale { id, .. }) => {
+                debug!(agent_id = %id, "peer change older than the copy; ignored");
+                Kept::Unchanged
+            }
+            Err(Rejection::QuotaExceeded { id, .. }) => {
+                debug!(agent_id = %id, "peer copy refused: the peer's record limit is reached");
+                crate::metrics::observe_federation_refusal(authority, "quota");
+                Kept::OverLimit
+            }
+            Err(r) => {
+                warn!(reason = %r, "peer change refused");
+                Kept::Unchanged
+            }
+        },
+    )
+}
+
+/// What became of one change of the feed.
+enum Kept {
+    Changed(ChangeKind),
+    /// Not applied: stale, the same, or refused by the registry's rules.
+    Unchanged,
+    /// A new copy refused: the peer's live copies are at its limit.
+    OverLimit,
 }

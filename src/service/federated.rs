@@ -99,18 +99,21 @@ impl RegistryService {
 
     /// Keeps one change of `peer`'s feed; the inner error says why the
     /// registry's rules refused it (older than the copy, id held by
-    /// someone else), which is no failure of the follower.
+    /// someone else, the peer's copies at `quota`), which is no failure of
+    /// the follower.
     #[instrument(skip_all, fields(peer, agent_id = change.id()))]
     pub async fn keep_federated(
         &self,
         peer: &str,
         change: FederatedChange,
         cursor: Option<u64>,
+        quota: Option<u64>,
     ) -> Result<std::result::Result<Change, Rejection>> {
         let command = Command::Federate {
             peer: peer.to_string(),
             change,
             cursor,
+            quota,
             now: crate::domain::time::now(),
             rules: 0,
         };

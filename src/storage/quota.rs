@@ -1,10 +1,11 @@
-//! Live record counts per owner and per tenant, for the record quotas that
-//! `apply` enforces. Derived state: counted from the records when the state
-//! machine opens or installs a snapshot, then kept up to date by `apply`.
+//! Live record counts per owner, per tenant and per peer, for the record
+//! quotas that `apply` enforces. Derived state: counted from the records
+//! when the state machine opens or installs a snapshot, then kept up to
+//! date by `apply`.
 
 use std::collections::HashMap;
 
-use crate::domain::write::{Quota, QuotaScope, Rejection};
+use crate::domain::write::{Quota, QuotaScope, RecordLimit, Rejection};
 use crate::domain::AgentRecord;
 
 /// An owner: its name and tenant.
@@ -14,17 +15,29 @@ type OwnerKey = (String, Option<String>);
 pub(super) struct RecordCounts {
     owners: HashMap<OwnerKey, u64>,
     tenants: HashMap<String, u64>,
+    /// Live copies kept from each peer, by its authority.
+    peers: HashMap<String, u64>,
 }
 
-/// The owner a record counts against: live records of this registry only
-/// (tombstones and records kept from peers count for nobody).
-fn counted(record: Option<&AgentRecord>) -> Option<OwnerKey> {
+/// Whom a live record counts against.
+#[derive(Debug, PartialEq, Eq)]
+enum Counted {
+    /// A record of this registry: its owner (and tenant).
+    Owner(OwnerKey),
+    /// A copy kept from a peer: the peer's authority.
+    Peer(String),
+}
+
+/// Tombstones count for nobody.
+fn counted(record: Option<&AgentRecord>) -> Option<Counted> {
     let e = &record?.envelope;
-    live_here(e.deleted, e.provenance.is_some()).then(|| (e.owner.clone(), e.owner_tenant.clone()))
-}
-
-fn live_here(deleted: bool, federated: bool) -> bool {
-    !deleted && !federated
+    if e.deleted {
+        return None;
+    }
+    Some(match &e.provenance {
+        Some(p) => Counted::Peer(p.origin_authority.clone()),
+        None => Counted::Owner((e.owner.clone(), e.owner_tenant.clone())),
+    })
 }
 
 /// What counting needs of a stored record: its envelope's owner facts,
@@ -42,55 +55,88 @@ struct StoredEnvelope {
     #[serde(default)]
     deleted: bool,
     #[serde(default)]
-    provenance: Option<serde::de::IgnoredAny>,
+    provenance: Option<StoredProvenance>,
+}
+
+#[derive(serde::Deserialize)]
+struct StoredProvenance {
+    origin_authority: String,
 }
 
 impl RecordCounts {
     /// Counts one record as stored (its JSON).
     pub(super) fn add_stored(&mut self, json: &[u8]) -> Result<(), serde_json::Error> {
         let e = serde_json::from_slice::<Stored>(json)?.envelope;
-        if live_here(e.deleted, e.provenance.is_some()) {
-            self.shift((e.owner, e.owner_tenant), true);
+        if !e.deleted {
+            self.shift(
+                match e.provenance {
+                    Some(p) => Counted::Peer(p.origin_authority),
+                    None => Counted::Owner((e.owner, e.owner_tenant)),
+                },
+                true,
+            );
         }
         Ok(())
     }
 
-    fn shift(&mut self, (owner, tenant): OwnerKey, up: bool) {
+    fn shift(&mut self, who: Counted, up: bool) {
         let step = |n: &mut u64| *n = if up { *n + 1 } else { n.saturating_sub(1) };
-        if let Some(t) = &tenant {
-            step(self.tenants.entry(t.clone()).or_default());
+        match who {
+            Counted::Owner((owner, tenant)) => {
+                if let Some(t) = &tenant {
+                    step(self.tenants.entry(t.clone()).or_default());
+                }
+                step(self.owners.entry((owner, tenant)).or_default());
+            }
+            Counted::Peer(authority) => step(self.peers.entry(authority).or_default()),
         }
-        step(self.owners.entry((owner, tenant)).or_default());
     }
 
-    /// Refuses a new live record that would take its owner or tenant past
-    /// `quota`.
-    pub(super) fn admit(&self, record: &AgentRecord, quota: Quota) -> Result<(), Rejection> {
-        let Some(key) = counted(Some(record)) else {
-            return Ok(());
-        };
+    /// Refuses a new live record that would take its owner, tenant or
+    /// peer past `limit`.
+    pub(super) fn admit(&self, record: &AgentRecord, limit: RecordLimit) -> Result<(), Rejection> {
         let refuse = |scope, limit| Rejection::QuotaExceeded {
             id: record.metadata.id.clone(),
             scope,
             limit,
         };
-        if self.owners.get(&key).copied().unwrap_or(0) >= quota.per_owner {
-            return Err(refuse(QuotaScope::Owner, quota.per_owner));
-        }
-        if let (Some(limit), Some(t)) = (quota.per_tenant, &key.1) {
-            if self.tenants.get(t).copied().unwrap_or(0) >= limit {
-                return Err(refuse(QuotaScope::Tenant, limit));
+        match (counted(Some(record)), limit) {
+            (Some(Counted::Owner(key)), RecordLimit::Records(quota)) => {
+                let Quota {
+                    per_owner,
+                    per_tenant,
+                } = quota;
+                if self.owners.get(&key).copied().unwrap_or(0) >= per_owner {
+                    return Err(refuse(QuotaScope::Owner, per_owner));
+                }
+                if let (Some(limit), Some(t)) = (per_tenant, &key.1) {
+                    if self.tenants.get(t).copied().unwrap_or(0) >= limit {
+                        return Err(refuse(QuotaScope::Tenant, limit));
+                    }
+                }
+                Ok(())
             }
+            (Some(Counted::Peer(authority)), RecordLimit::Copies(limit)) => {
+                if self.peers.get(&authority).copied().unwrap_or(0) >= limit {
+                    return Err(refuse(QuotaScope::Peer, limit));
+                }
+                Ok(())
+            }
+            _ => Ok(()),
         }
-        Ok(())
     }
 
     /// Follows one applied change from `before` to `after`.
     pub(super) fn change(&mut self, before: Option<&AgentRecord>, after: &AgentRecord) {
-        match (counted(before), counted(Some(after))) {
-            (None, Some(owner)) => self.shift(owner, true),
-            (Some(owner), None) => self.shift(owner, false),
-            _ => {}
+        let (before, after) = (counted(before), counted(Some(after)));
+        if before == after {
+            return;
+        }
+        if let Some(b) = before {
+            self.shift(b, false);
+        }
+        if let Some(a) = after {
+            self.shift(a, true);
         }
     }
 }
@@ -98,7 +144,7 @@ impl RecordCounts {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::{AgentMetadata, Envelope};
+    use crate::domain::{AgentMetadata, Envelope, Provenance};
 
     fn record(id: &str, owner: &str, tenant: Option<&str>) -> AgentRecord {
         AgentRecord {
@@ -127,7 +173,7 @@ mod tests {
         counts.add_stored(&a2).unwrap();
         let third = record("a3", "alice", Some("acme"));
         assert!(matches!(
-            counts.admit(&third, quota),
+            counts.admit(&third, RecordLimit::Records(quota)),
             Err(Rejection::QuotaExceeded {
                 scope: QuotaScope::Owner,
                 limit: 2,
@@ -135,11 +181,16 @@ mod tests {
             })
         ));
         // Alice of another tenant is another owner.
-        assert!(counts.admit(&record("x", "alice", None), quota).is_ok());
+        assert!(counts
+            .admit(&record("x", "alice", None), RecordLimit::Records(quota))
+            .is_ok());
         let b1 = serde_json::to_vec(&record("b1", "bob", Some("acme"))).unwrap();
         counts.add_stored(&b1).unwrap();
         assert!(matches!(
-            counts.admit(&record("b2", "bob", Some("acme")), quota),
+            counts.admit(
+                &record("b2", "bob", Some("acme")),
+                RecordLimit::Records(quota)
+            ),
             Err(Rejection::QuotaExceeded {
                 scope: QuotaScope::Tenant,
                 limit: 3,
@@ -150,6 +201,63 @@ mod tests {
         let mut tomb = a1.clone();
         tomb.envelope.deleted = true;
         counts.change(Some(&a1), &tomb);
+        assert!(counts.admit(&third, RecordLimit::Records(quota)).is_ok());
+    }
+
+    fn copy(id: &str, authority: &str) -> AgentRecord {
+        let mut r = record(id, &format!("peer:{authority}"), None);
+        r.envelope.provenance = Some(Provenance {
+            origin_service: format!("https://{authority}:8473"),
+            origin_authority: authority.into(),
+            origin_signature: Default::default(),
+            received_at: String::new(),
+            origin_revision: 1,
+            origin_envelope: serde_json::Value::Null,
+            via: Vec::new(),
+        });
+        r
+    }
+
+    #[test]
+    fn copies_count_per_peer_and_only_against_the_peer_limit() {
+        let mut counts = RecordCounts::default();
+        let limit = RecordLimit::Copies(2);
+        let b1 = copy("b1", "b.example");
+        counts.change(None, &b1);
+        counts
+            .add_stored(&serde_json::to_vec(&copy("b2", "b.example")).unwrap())
+            .unwrap();
+        let third = copy("b3", "b.example");
+        assert!(matches!(
+            counts.admit(&third, limit),
+            Err(Rejection::QuotaExceeded {
+                scope: QuotaScope::Peer,
+                limit: 2,
+                ..
+            })
+        ));
+        // Another peer's copies, and this registry's own records, are
+        // counted apart; an owner quota does not hold a copy back.
+        assert!(counts.admit(&copy("c1", "c.example"), limit).is_ok());
+        let quota = RecordLimit::Records(Quota {
+            per_owner: 0,
+            per_tenant: None,
+        });
         assert!(counts.admit(&third, quota).is_ok());
+        counts.change(None, &record("a1", "alice", None));
+        assert!(counts.admit(&copy("c1", "c.example"), limit).is_ok());
+        // A withdrawn copy frees a place; a tombstone counts for nobody.
+        let mut withdrawn = b1.clone();
+        withdrawn.envelope.deleted = true;
+        counts.change(Some(&b1), &withdrawn);
+        counts
+            .add_stored(&serde_json::to_vec(&withdrawn).unwrap())
+            .unwrap();
+        assert!(counts.admit(&third, limit).is_ok());
+        // A local tombstone taken over by a copy counts for the peer.
+        let mut gone = record("a2", "alice", None);
+        gone.envelope.deleted = true;
+        counts.change(Some(&gone), &copy("a2", "b.example"));
+        assert!(counts.admit(&third, limit).is_err());
     }
 }

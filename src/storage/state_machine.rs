@@ -1165,10 +1165,7 @@ impl StateMachine {
                                 get_json(&self.db, CF_AGENTS, id.as_bytes()).map_err(sm_read)?
                             }
                         };
-                        let quota = match &cmd {
-                            Command::Put { quota, .. } => *quota,
-                            _ => None,
-                        };
+                        let limit = cmd.record_limit();
                         // A new registration or a deletion ends the agent's hold.
                         let releases = matches!(cmd, Command::Put { .. } | Command::Delete { .. });
                         let mut result = self.decide(
@@ -1179,9 +1176,9 @@ impl StateMachine {
                             &publisher_keys,
                         );
                         let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
-                        if let (Some(quota), CommandResult::Applied(change)) = (quota, &result) {
+                        if let (Some(limit), CommandResult::Applied(change)) = (limit, &result) {
                             if change.kind == ChangeKind::Created {
-                                if let Err(r) = counts.admit(&change.record, quota) {
+                                if let Err(r) = counts.admit(&change.record, limit) {
                                     result = CommandResult::Rejected(r);
                                 }
                             }
@@ -2436,5 +2433,96 @@ mod tests {
             target: Some("3".into()),
             correlation_id: "req-2".into(),
         }
+    }
+
+    /// A peer's copy, as the sync proposes it: held to `quota` by `rules`.
+    fn federate(id: &str, quota: Option<u64>, rules: u32) -> Command {
+        use crate::domain::{AgentMetadata, Envelope, Provenance};
+        Command::Federate {
+            peer: "b.example".into(),
+            change: FederatedChange::Copy {
+                metadata: Box::new(AgentMetadata {
+                    id: id.into(),
+                    name: "n".into(),
+                    description: "d".into(),
+                    ..Default::default()
+                }),
+                origin: Box::new(Envelope {
+                    owner: "alice".into(),
+                    revision: 1,
+                    ..Default::default()
+                }),
+                provenance: Box::new(Provenance {
+                    origin_service: "http://b.example:8473".into(),
+                    origin_authority: "b.example".into(),
+                    origin_signature: Default::default(),
+                    received_at: "2026-12-02T00:00:00Z".into(),
+                    origin_revision: 1,
+                    origin_envelope: serde_json::json!({}),
+                    via: Vec::new(),
+                }),
+                listed: false,
+            },
+            cursor: None,
+            quota,
+            now: "2026-12-02T00:00:00Z".into(),
+            rules,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_peers_copies_are_held_to_its_quota_only_by_rules_5() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = crate::storage::open(&dir.path().join("a"), crate::storage::DEFAULT_MAX_WAL_BYTES)
+            .unwrap();
+        let snapshots = dir.path().join("a-snap");
+        let mut sm = StateMachine::open(db.clone(), snapshots.clone(), 1000).unwrap();
+        let leader = openraft::CommittedLeaderId::new(1, 1);
+        let entries = [
+            federate("b1", Some(1), APPLY_RULES),
+            federate("b2", Some(1), APPLY_RULES),
+            // Proposed while a member followed older rules: kept, as every
+            // node of that cluster would.
+            federate("b3", Some(1), 4),
+            federate("b4", None, APPLY_RULES),
+        ];
+        let results = sm
+            .apply(entries.into_iter().zip(1..).map(|(c, i)| Entry {
+                log_id: openraft::LogId::new(leader, i),
+                payload: normal(c),
+            }))
+            .await
+            .unwrap();
+        let applied: Vec<bool> = results
+            .iter()
+            .map(|r| matches!(r, CommandResult::Applied(_)))
+            .collect();
+        assert_eq!(applied, [true, false, true, true], "{results:?}");
+        assert!(matches!(
+            &results[1],
+            CommandResult::Rejected(Rejection::QuotaExceeded {
+                scope: crate::domain::write::QuotaScope::Peer,
+                limit: 1,
+                ..
+            })
+        ));
+        assert!(sm.reader().get("b2").unwrap().is_none());
+        // Counted again at a start: three copies, over a limit of 3.
+        drop(sm);
+        let mut sm = StateMachine::open(db, snapshots, 1000).unwrap();
+        let results = sm
+            .apply([Entry {
+                log_id: openraft::LogId::new(leader, 5),
+                payload: normal(federate("b5", Some(3), APPLY_RULES)),
+            }])
+            .await
+            .unwrap();
+        assert!(
+            matches!(
+                &results[0],
+                CommandResult::Rejected(Rejection::QuotaExceeded { .. })
+            ),
+            "{results:?}"
+        );
     }
 }

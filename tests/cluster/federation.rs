@@ -765,6 +765,121 @@ async fn copies_follow_the_trust_in_the_peer_across_restarts() {
     .await;
 }
 
+/// The records of b.example's feed a.example's limit refused (on the
+/// running process: counters start again at a restart).
+async fn refused_at_limit(c: &Cluster, node: u64) -> u64 {
+    let text = c
+        .http
+        .get(format!("{}/metrics", c.http_url(node)))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("metrics text");
+    text.lines()
+        .find(|l| {
+            l.starts_with("agentry_federation_refused_records_total{")
+                && l.contains("peer=\"b.example\"")
+                && l.contains("reason=\"quota\"")
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or(0.0) as u64
+}
+
+/// A peer's `max_records` bounds what its feed makes a.example keep: new
+/// records past it are refused (counted, and logged once), also after a
+/// restart that counts the copies again from storage; a withdrawn copy
+/// frees a place; lifting the limit lists the peer again and brings
+/// what was refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_peers_copies_are_kept_up_to_its_record_limit() {
+    let (a_org, b_org) = (Org::new("a.example"), Org::new("b.example"));
+    let mut a = Cluster::new(Options::default());
+    let mut b = Cluster::new(Options::default());
+    a.reserve(1);
+    b.reserve(1);
+    let b_peer = b.nodes[&1].peer;
+    launch(&mut b, &b_org, "");
+    b.registry_info(1).await;
+    let describe = |n: u32| format!("find an agent for this task: {n}");
+    for n in 1..=3 {
+        let (status, _) = b.register(1, &format!("urn:b:{n}"), &describe(n)).await;
+        assert_eq!(status, 201);
+    }
+
+    let peer = peer_toml("b.example", b_peer, &b_org.public, true);
+    let limited = format!("{peer}max_records = 2\n");
+    launch(&mut a, &a_org, &limited);
+    a.registry_info(1).await;
+    let at_limit = "the peer's live copies are at its max_records";
+    eventually(
+        "the listing refused at the limit",
+        Duration::from_secs(30),
+        || async { a.log(1).contains(at_limit) },
+    )
+    .await;
+    let first = copies_of_b(&a).await;
+    assert_eq!(first.len(), 2, "{first:?}");
+    assert!(refused_at_limit(&a, 1).await >= 1);
+
+    // A live record past the limit is refused too, and counted.
+    let before = refused_at_limit(&a, 1).await;
+    assert_eq!(b.register(1, "urn:b:4", &describe(4)).await.0, 201);
+    eventually(
+        "the live record refused",
+        Duration::from_secs(30),
+        || async { refused_at_limit(&a, 1).await > before },
+    )
+    .await;
+    assert_eq!(copies_of_b(&a).await, first);
+
+    // After a restart the copies are counted from storage.
+    a.kill(1);
+    a.restart(1);
+    assert_eq!(b.register(1, "urn:b:5", &describe(5)).await.0, 201);
+    eventually(
+        "the record refused after the restart",
+        Duration::from_secs(30),
+        || async { refused_at_limit(&a, 1).await >= 1 },
+    )
+    .await;
+    assert_eq!(copies_of_b(&a).await, first);
+
+    // A copy withdrawn at b.example frees its place for the next record.
+    let gone = &first[0];
+    let deleted = b
+        .http
+        .delete(format!("{}/agents/{gone}", b.http_url(1)))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .expect("delete");
+    assert_eq!(deleted.status(), 200);
+    assert_eq!(b.register(1, "urn:b:6", &describe(6)).await.0, 201);
+    let kept = vec![first[1].clone(), "urn:b:6".to_string()];
+    eventually("the freed place taken", Duration::from_secs(30), || async {
+        copies_of_b(&a).await == kept
+    })
+    .await;
+
+    // No limit: the peer is listed again and every live record arrives.
+    a.kill(1);
+    a.configure(&format!(
+        "[federation]\ndeadline_ms = 3000\n{peer}max_records = 0\n"
+    ));
+    a.restart(1);
+    let mut all: Vec<String> = (1..=6).map(|n| format!("urn:b:{n}")).collect();
+    all.retain(|id| id != gone);
+    eventually(
+        "every record with no limit",
+        Duration::from_secs(30),
+        || async { copies_of_b(&a).await == all },
+    )
+    .await;
+}
+
 /// b.example is restored from a backup taken before some of its changes,
 /// so its revisions go back below what a.example has followed: a.example
 /// gets a full listing, drops what b.example lost, and keeps following.
