@@ -12,7 +12,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tracing::{debug, instrument};
 
 use super::discovery::candidate;
-use super::registry::{hung_up_or_shut_down, Consistency, RegistryService};
+use super::registry::{hung_up_or_shut_down, Consistency, RegistryService, STREAM_BUFFER};
 use super::ServiceError;
 use crate::consensus::{Command, CommandResult, Role};
 use crate::domain::discovery::{DiscoveryRequest, DiscoveryResult, Scope};
@@ -414,35 +414,19 @@ impl RegistryService {
         let live = reader.subscribe();
         let listing =
             from == 0 || from < reader.oldest_revision() || from > reader.applied_revision() + 1;
-        let (tx, rx) = mpsc::channel::<Result<FeedEvent>>(256);
+        let (tx, rx) = mpsc::channel::<Result<FeedEvent>>(STREAM_BUFFER);
         let shutdown = self.shutdown_signal();
         tokio::spawn(async move {
+            let stop = hung_up_or_shut_down(&tx, shutdown);
+            let mut stop = std::pin::pin!(stop);
             let mut next = from;
             if listing {
                 let at = reader.applied_revision();
-                let scan_reader = reader.clone();
-                let scan_tx = tx.clone();
-                let scanned = tokio::task::spawn_blocking(move || {
-                    scan_reader.scan(|r| {
-                        if r.shared_with_peers() {
-                            // A closed channel ends the listing with the
-                            // next send failing too; nothing to report.
-                            let _ = scan_tx.blocking_send(Ok(FeedEvent::Record {
-                                record: Box::new(r),
-                                listing: true,
-                            }));
-                        }
-                    })
-                })
-                .await;
-                match scanned {
-                    Ok(Ok(())) => {}
-                    Ok(Err(e)) => {
-                        let _ = tx.send(Err(e.into())).await;
-                        return;
-                    }
+                match send_listing(&reader, &tx, stop.as_mut()).await {
+                    Ok(true) => {}
+                    Ok(false) => return,
                     Err(e) => {
-                        let _ = tx.send(Err(ServiceError::Internal(e.to_string()))).await;
+                        let _ = tx.send(Err(e)).await;
                         return;
                     }
                 }
@@ -455,7 +439,6 @@ impl RegistryService {
                 }
                 next = at + 1;
             }
-            let stop = hung_up_or_shut_down(&tx, shutdown);
             let sink = |c: Change| {
                 let tx = tx.clone();
                 async move {
@@ -489,4 +472,60 @@ impl RegistryService {
         });
         Ok(Box::pin(ReceiverStream::new(rx)))
     }
+}
+
+/// Records read from storage per step of a listing.
+const LISTING_PAGE: usize = 128;
+
+/// Sends every record shared with peers, in id order, a page at a time:
+/// a page is read on a blocking thread and sent from here, so a peer that
+/// reads slowly (or not at all) holds no thread and no RocksDB iterator,
+/// only the page and its stream's buffer. Pages are read as storage is
+/// then, so a record may come at a revision past the one the listing
+/// reports; the feed that follows repeats changes from that revision on,
+/// which the follower finds stale, so it never goes back to an older
+/// version. False when the follower hung up or the server shuts down.
+async fn send_listing(
+    reader: &crate::storage::Reader,
+    tx: &mpsc::Sender<Result<FeedEvent>>,
+    mut stop: Pin<&mut impl std::future::Future<Output = ()>>,
+) -> Result<bool> {
+    let mut start = Some(String::new());
+    while let Some(from) = start.take() {
+        let page_reader = reader.clone();
+        let (shared, rest) = tokio::task::spawn_blocking(move || {
+            let mut shared = Vec::new();
+            let mut visited = 0;
+            let mut rest = None;
+            page_reader.scan_from(&from, |r| {
+                if visited == LISTING_PAGE {
+                    rest = Some(r.metadata.id);
+                    return false;
+                }
+                visited += 1;
+                if r.shared_with_peers() {
+                    shared.push(r);
+                }
+                true
+            })?;
+            Ok::<_, ServiceError>((shared, rest))
+        })
+        .await
+        .map_err(|e| ServiceError::Internal(e.to_string()))??;
+        for record in shared {
+            let event = Ok(FeedEvent::Record {
+                record: Box::new(record),
+                listing: true,
+            });
+            let sent = tokio::select! {
+                sent = tx.send(event) => sent.is_ok(),
+                _ = stop.as_mut() => false,
+            };
+            if !sent {
+                return Ok(false);
+            }
+        }
+        start = rest;
+    }
+    Ok(true)
 }

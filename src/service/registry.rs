@@ -632,7 +632,7 @@ impl RegistryService {
         } else {
             from_revision
         };
-        let (tx, rx) = mpsc::channel(256);
+        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         let reader = self.reader.clone();
         let principal = principal.cloned();
         tokio::spawn(forward_changes(
@@ -646,6 +646,12 @@ impl RegistryService {
         Ok(Box::pin(ReceiverStream::new(rx)))
     }
 }
+
+/// Changes a change stream (a watch, a peer's feed) holds ready for its
+/// client: the stream sends on as the client reads, and one that stops
+/// reading holds this many records (up to 256 KiB each) besides the batch
+/// of history being sent, and no more.
+pub(super) const STREAM_BUFFER: usize = 8;
 
 /// Completes when the stream's receiver hangs up or the server shuts down,
 /// so a follower that hung up ends its task now, not at the next change.

@@ -55,8 +55,15 @@ pub enum HoldsChanged<'a> {
 /// applying task: it must be quick and must not wait for an apply.
 pub type HoldsListener = Box<dyn Fn(HoldsChanged<'_>) + Send + Sync>;
 
-/// Changes read from history per batch while a follower catches up.
-const CATCH_UP_BATCH: usize = 512;
+/// Changes read from history per batch while a follower catches up. A
+/// watcher that stops reading holds one batch besides its stream's
+/// buffer, so this bounds what a stalled client costs; reading on costs
+/// one more RocksDB seek per batch.
+const CATCH_UP_BATCH: usize = 64;
+
+/// Stored bytes past which a batch of history ends early: records may be
+/// 256 KiB each, and a batch of those would hold 16 MiB.
+const BATCH_BYTES: usize = 1024 * 1024;
 
 /// Shared between the state machine (which advances it) and the readers.
 pub(crate) struct AppliedState {
@@ -515,15 +522,18 @@ impl Reader {
         Ok(())
     }
 
-    /// Changes with revision >= `from`, at most `limit` of them, in order.
+    /// Changes with revision >= `from`, in order: at most `limit` of them,
+    /// and no more once they reach `BATCH_BYTES` as stored (at least one).
     pub fn changes_from(&self, from: u64, limit: usize) -> Result<Vec<Change>, StorageError> {
         let mut it = self.consistent(|| Ok(self.db.raw_iterator_cf(cf(&self.db, CF_CHANGES)?)))?;
         it.seek(u64_key(from));
         let mut out = Vec::new();
+        let mut bytes = 0;
         while let (Some(k), Some(v)) = (it.key(), it.value()) {
-            if out.len() >= limit || key_u64(k).is_none() {
+            if out.len() >= limit || bytes >= BATCH_BYTES || key_u64(k).is_none() {
                 break;
             }
+            bytes += v.len();
             out.push(serde_json::from_slice(v)?);
             it.next();
         }

@@ -2054,6 +2054,47 @@ mod tests {
         }
     }
 
+    /// A batch of history ends once it holds about a megabyte, so a
+    /// watcher that stops reading holds no more than that besides its
+    /// stream's buffer; following still reads every change, in order.
+    #[tokio::test]
+    async fn history_is_read_in_batches_bounded_by_their_size() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut sm = state_machine_in(dir.path());
+        let leader = openraft::CommittedLeaderId::new(1, 1);
+        for i in 1..=12 {
+            let mut put = register_by_alice(&format!("big-{i:02}"));
+            if let Command::Put { metadata, .. } = &mut put {
+                metadata.description = "d".repeat(200 * 1024);
+            }
+            sm.apply([Entry {
+                log_id: openraft::LogId::new(leader, i),
+                payload: normal(put),
+            }])
+            .await
+            .unwrap();
+        }
+        let reader = sm.reader();
+        let batch: Vec<u64> = reader
+            .changes_from(1, 64)
+            .unwrap()
+            .iter()
+            .map(|c| c.revision)
+            .collect();
+        assert!((5..=6).contains(&batch.len()), "{batch:?}");
+        assert_eq!(batch, (1..=batch.len() as u64).collect::<Vec<_>>());
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = |c: Change| {
+            seen.lock().unwrap().push(c.revision);
+            async move { c.revision < 12 }
+        };
+        let end = reader
+            .follow(reader.subscribe(), 1, std::future::pending(), sink)
+            .await;
+        assert!(matches!(end, crate::storage::FollowEnd::Stopped));
+        assert_eq!(*seen.lock().unwrap(), (1..=12).collect::<Vec<u64>>());
+    }
+
     fn ids(reader: &Reader) -> Vec<String> {
         let mut ids = Vec::new();
         reader.scan(|r| ids.push(r.metadata.id)).unwrap();

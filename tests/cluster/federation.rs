@@ -15,7 +15,7 @@ use agentry::pb;
 use futures::StreamExt;
 use serde_json::{json, Value};
 
-use crate::harness::{Cluster, Options, ADMIN};
+use crate::harness::{agent, Cluster, Options, ADMIN};
 
 struct Org {
     authority: &'static str,
@@ -638,6 +638,18 @@ async fn three_organisations_federate_discovery_and_sync() {
 }
 
 /// The ids of b.example's records live on a.example's node 1.
+/// a.example's one-node cluster, not started yet, and b.example's, up
+/// with its identity established.
+async fn a_and_running_b(b_org: &Org) -> (Cluster, Cluster) {
+    let mut a = Cluster::new(Options::default());
+    let mut b = Cluster::new(Options::default());
+    a.reserve(1);
+    b.reserve(1);
+    launch(&mut b, b_org, "");
+    b.registry_info(1).await;
+    (a, b)
+}
+
 async fn copies_of_b(a: &Cluster) -> Vec<String> {
     a.contents(1)
         .await
@@ -665,13 +677,8 @@ async fn copies_follow_the_trust_in_the_peer_across_restarts() {
         Org::new("b.example"),
         Org::new("b.example"),
     );
-    let mut a = Cluster::new(Options::default());
-    let mut b = Cluster::new(Options::default());
-    a.reserve(1);
-    b.reserve(1);
+    let (mut a, b) = a_and_running_b(&b_org).await;
     let b_peer = b.nodes[&1].peer;
-    launch(&mut b, &b_org, "");
-    b.registry_info(1).await;
     let weather = json!({
         "id": "urn:b:weather", "name": "Weather", "tags": ["cluster-test", "weather"],
         "description": "find an agent for this task: weather",
@@ -796,13 +803,8 @@ async fn refused_at_limit(c: &Cluster, node: u64) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_peers_copies_are_kept_up_to_its_record_limit() {
     let (a_org, b_org) = (Org::new("a.example"), Org::new("b.example"));
-    let mut a = Cluster::new(Options::default());
-    let mut b = Cluster::new(Options::default());
-    a.reserve(1);
-    b.reserve(1);
+    let (mut a, b) = a_and_running_b(&b_org).await;
     let b_peer = b.nodes[&1].peer;
-    launch(&mut b, &b_org, "");
-    b.registry_info(1).await;
     let describe = |n: u32| format!("find an agent for this task: {n}");
     for n in 1..=3 {
         let (status, _) = b.register(1, &format!("urn:b:{n}"), &describe(n)).await;
@@ -880,18 +882,53 @@ async fn a_peers_copies_are_kept_up_to_its_record_limit() {
     .await;
 }
 
+/// b.example's listing is read and sent a page at a time: a.example,
+/// peering once b.example holds several pages of records, public and
+/// private interleaved, keeps every public one and no other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_listing_of_many_pages_brings_every_public_record_and_no_other() {
+    let (a_org, b_org) = (Org::new("a.example"), Org::new("b.example"));
+    let (mut a, b) = a_and_running_b(&b_org).await;
+    let mut public = Vec::new();
+    for i in 0..400 {
+        let id = format!("urn:b:{i:03}");
+        let query = if i % 3 == 0 {
+            "?visibility=private"
+        } else {
+            public.push(id.clone());
+            ""
+        };
+        let status = b
+            .http
+            .post(format!("{}/agents{query}", b.http_url(1)))
+            .bearer_auth(ADMIN)
+            .json(&agent(&id, "listed"))
+            .send()
+            .await
+            .expect("register")
+            .status();
+        assert_eq!(status, 201, "{id}");
+    }
+    launch(
+        &mut a,
+        &a_org,
+        &peer_toml("b.example", b.nodes[&1].peer, &b_org.public, true),
+    );
+    eventually(
+        "a holds b's public records",
+        Duration::from_secs(60),
+        || async { copies_of_b(&a).await == public },
+    )
+    .await;
+}
+
 /// b.example is restored from a backup taken before some of its changes,
 /// so its revisions go back below what a.example has followed: a.example
 /// gets a full listing, drops what b.example lost, and keeps following.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_peer_restored_from_a_backup_is_listed_again() {
     let (a_org, b_org) = (Org::new("a.example"), Org::new("b.example"));
-    let mut a = Cluster::new(Options::default());
-    let mut b = Cluster::new(Options::default());
-    a.reserve(1);
-    b.reserve(1);
-    launch(&mut b, &b_org, "");
-    b.registry_info(1).await;
+    let (mut a, mut b) = a_and_running_b(&b_org).await;
     assert_eq!(b.register(1, "urn:b:kept", "kept").await.0, 201);
     b.kill(1);
     let backup = b.dir().join("b.backup");
