@@ -9,7 +9,7 @@ use futures::{Stream, StreamExt};
 use serde_json::Value;
 use tonic::{Request, Response, Status};
 
-use super::grpc::principal;
+use super::grpc::{client_address, principal};
 use super::invocation::{error_event, InvocationApi};
 use crate::pb::{self, agent_protocol_server::AgentProtocol};
 use crate::service::{ApEvents, ApReply, ServiceError};
@@ -110,12 +110,14 @@ impl AgentProtocol for InvocationApi {
         req: Request<pb::ApRunRequest>,
     ) -> Result<Response<pb::ApRunReply>, Status> {
         let who = principal(&req);
+        let client = client_address(&req);
         let r = req.into_inner();
         let request = request_json(&r.request)?;
         let a = self
             .service()
             .ap_run(
                 who.as_ref(),
+                client,
                 &r.agent_id,
                 request,
                 r.wait,
@@ -164,12 +166,14 @@ impl AgentProtocol for InvocationApi {
         req: Request<pb::ApRunRequest>,
     ) -> Result<Response<Self::StreamRequestStream>, Status> {
         let who = principal(&req);
+        let client = client_address(&req);
         let r = req.into_inner();
         let request = request_json(&r.request)?;
         let events = self
             .service()
             .ap_stream_request(
                 who.as_ref(),
+                client,
                 &r.agent_id,
                 request,
                 some(r.agent_authorization),

@@ -45,6 +45,14 @@ pub(crate) fn principal<T>(req: &Request<T>) -> Option<Principal> {
     req.extensions().get::<Identity>().and_then(|i| i.0.clone())
 }
 
+/// The caller's address as allowances count it (IPv6 by /64); none for a
+/// request made in the process itself.
+pub(crate) fn client_address<T>(req: &Request<T>) -> Option<std::net::IpAddr> {
+    req.extensions()
+        .get::<crate::listener::Peer>()
+        .map(|p| crate::listener::client_key(p.remote.ip()))
+}
+
 fn consistency(v: i32) -> Result<Consistency, ServiceError> {
     match pb::ReadConsistency::try_from(v) {
         Ok(pb::ReadConsistency::Unspecified | pb::ReadConsistency::Local) => Ok(Consistency::Local),

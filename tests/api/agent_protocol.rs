@@ -469,3 +469,91 @@ async fn a_run_nobody_answers_ends_with_an_error() {
     );
     s.stop().await;
 }
+
+/// Anonymous callers are held to their allowance of open runs (1,000 on a
+/// node) by address, as rate limits count them: one client that starts
+/// runs and leaves them waiting is refused its next, over HTTP and gRPC
+/// alike, while a client at another address still starts its own.
+#[tokio::test]
+async fn anonymous_callers_hold_open_runs_by_address() {
+    let agents = Agents::start().await;
+    let s = TestServer::start_with(|c| {
+        local_agents(c);
+        c.gateway.anonymous_invoke = true;
+        c.rate_limits.enabled = false;
+    })
+    .await;
+    let echo = json!({
+        "id": "echo", "name": "Echo", "description": "Echoes its input.",
+        "bindings": [{"protocol": "http", "endpoint": format!("{}/echo", agents.base)}],
+        "operations": [{"name": "echo", "description": "Echo a text.",
+            "inputs": {"type": "object", "properties": {"text": {"type": "string"}},
+                "required": ["text"]}}]
+    });
+    Http::new(&s.http)
+        .call(reqwest::Method::POST, "/agents", Some(ALICE), Some(echo))
+        .await
+        .unwrap();
+    let from = |ip: &str| {
+        reqwest::Client::builder()
+            .local_address(ip.parse::<std::net::IpAddr>().unwrap())
+            .build()
+            .unwrap()
+    };
+    let (one, other) = (from("127.0.0.1"), from("127.0.0.2"));
+    let url = format!("{}/agents/echo/run?wait=true", s.http);
+    // Each run asks for `text` and waits for it.
+    let start = |client: &reqwest::Client| {
+        let req = client.post(&url).json(&json!({"input": {}}));
+        async move {
+            let resp = req.send().await.unwrap();
+            let status = resp.status().as_u16();
+            (status, resp.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    };
+    let started: Vec<(u16, Value)> = futures::stream::iter(0..1000)
+        .map(|_| start(&one))
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    assert!(
+        started.iter().all(|(status, _)| *status == 200),
+        "{:?}",
+        started.iter().find(|(status, _)| *status != 200)
+    );
+    let (status, refused) = start(&one).await;
+    assert_eq!(
+        (status, refused["code"].as_str()),
+        (429, Some("rate_limited")),
+        "{refused}"
+    );
+    assert!(
+        refused["message"]
+            .as_str()
+            .unwrap()
+            .contains("runs are still open"),
+        "{refused}"
+    );
+    let mut grpc = AgentProtocolClient::connect(s.grpc.clone()).await.unwrap();
+    let refused = grpc
+        .run(pb::ApRunRequest {
+            agent_id: "echo".into(),
+            request: json!({"input": {}}).to_string(),
+            wait: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refused.code(),
+        tonic::Code::ResourceExhausted,
+        "{refused:?}"
+    );
+    let (status, started) = start(&other).await;
+    assert_eq!(
+        (status, started["type"].as_str()),
+        (200, Some("RunStarted")),
+        "{started}"
+    );
+    s.stop().await;
+}

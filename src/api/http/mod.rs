@@ -217,11 +217,14 @@ async fn plain_refusal(resp: Response) -> Response {
     ApiError(transport_refusal(status.as_u16(), message)).into_response()
 }
 
-/// Builds a tonic request carrying the caller's identity, as the gRPC
-/// gate layer would.
+/// Builds a tonic request carrying the caller's identity and connection,
+/// as the gRPC gate layer would.
 fn grpc_request<T>(caller: &Caller, msg: T) -> tonic::Request<T> {
     let mut req = tonic::Request::new(msg);
     req.extensions_mut().insert(caller.0.clone());
+    if let Some(peer) = &caller.1 {
+        req.extensions_mut().insert(peer.clone());
+    }
     req
 }
 

@@ -16,6 +16,8 @@ mod proxy;
 mod request;
 mod runs;
 
+use std::net::IpAddr;
+
 use futures::stream::BoxStream;
 use serde_json::{json, Value};
 
@@ -86,10 +88,13 @@ impl InvocationService {
     /// `run`: a ChatRequest, CancelRequest or ResumeWithInput. With `wait`
     /// the answer carries the response event (RunStarted, RunCompleted
     /// for a cancel, the run's status after a resume); without, it is
-    /// only accepted.
+    /// only accepted. `client` is the caller's address
+    /// (`listener::client_key`): an anonymous caller's open runs count
+    /// against it.
     pub async fn ap_run(
         &self,
         principal: Option<&Principal>,
+        client: Option<IpAddr>,
         id: &str,
         request: Value,
         wait: bool,
@@ -101,14 +106,7 @@ impl InvocationService {
             return self.proxy_run(&record, &base, &request, wait, auth).await;
         }
         let event = match parse_request(&request)? {
-            ApRequest::Chat {
-                input,
-                thread_id,
-                operation,
-            } => {
-                self.start_run(principal, &record, input, thread_id, operation, auth)?
-                    .1
-            }
+            ApRequest::Chat(chat) => self.start_run(principal, client, &record, chat, auth)?.1,
             ApRequest::Cancel { run_id } => self.cancel_run(principal, &record, &run_id)?,
             ApRequest::Resume { run_id, keys } => {
                 self.resume_run(principal, &record, &run_id, keys)?
@@ -175,10 +173,12 @@ impl InvocationService {
         Ok(runs::follow(run, since))
     }
 
-    /// `stream_request`: starts a run and streams its events.
+    /// `stream_request`: starts a run and streams its events (`client` as
+    /// for `ap_run`).
     pub async fn ap_stream_request(
         &self,
         principal: Option<&Principal>,
+        client: Option<IpAddr>,
         id: &str,
         request: Value,
         auth: Option<String>,
@@ -190,15 +190,10 @@ impl InvocationService {
                 .proxy_stream_request(&record, &base, &request, auth)
                 .await;
         }
-        let ApRequest::Chat {
-            input,
-            thread_id,
-            operation,
-        } = parse_request(&request)?
-        else {
+        let ApRequest::Chat(chat) = parse_request(&request)? else {
             return Err(bad_request("/type", "stream_request takes a ChatRequest"));
         };
-        let (run, _) = self.start_run(principal, &record, input, thread_id, operation, auth)?;
+        let (run, _) = self.start_run(principal, client, &record, chat, auth)?;
         Ok(runs::follow(run, None))
     }
 

@@ -8,11 +8,7 @@ use crate::domain::AgentRecord;
 
 /// AP's request types.
 pub(super) enum ApRequest {
-    Chat {
-        input: Option<Value>,
-        thread_id: Option<String>,
-        operation: Option<String>,
-    },
+    Chat(Chat),
     Cancel {
         run_id: String,
     },
@@ -20,6 +16,13 @@ pub(super) enum ApRequest {
         run_id: String,
         keys: Map<String, Value>,
     },
+}
+
+/// A ChatRequest: starts a run (in `thread_id`'s thread when given).
+pub(super) struct Chat {
+    pub input: Option<Value>,
+    pub thread_id: Option<String>,
+    pub operation: Option<String>,
 }
 
 pub(super) fn parse_request(v: &Value) -> Result<ApRequest> {
@@ -30,11 +33,11 @@ pub(super) fn parse_request(v: &Value) -> Result<ApRequest> {
     let run_id = || text("run_id").ok_or_else(|| bad_request("/run_id", "is required"));
     let kind = text("type").unwrap_or_else(|| "ChatRequest".into());
     match kind.as_str() {
-        "ChatRequest" => Ok(ApRequest::Chat {
+        "ChatRequest" => Ok(ApRequest::Chat(Chat {
             input: m.get("input").cloned(),
             thread_id: text("thread_id"),
             operation: text("operation"),
-        }),
+        })),
         "CancelRequest" => Ok(ApRequest::Cancel { run_id: run_id()? }),
         "ResumeWithInput" => Ok(ApRequest::Resume {
             run_id: run_id()?,
@@ -174,7 +177,7 @@ mod tests {
     fn requests_are_told_apart_by_type() {
         assert!(matches!(
             parse_request(&json!({"input": "x"})),
-            Ok(ApRequest::Chat { .. })
+            Ok(ApRequest::Chat(_))
         ));
         assert!(matches!(
             parse_request(&json!({"type": "CancelRequest", "run_id": "r"})),

@@ -13,9 +13,13 @@
 //! ever: a run nobody answers completes with an error after the configured
 //! wait (`gateway.run_input_wait_secs`), and one caller keeps at most
 //! [`MAX_OPEN_PER_CALLER`] runs open, so a client that starts runs and
-//! walks away cannot take the node's whole table from everyone else.
+//! walks away cannot take the node's whole table from everyone else. An
+//! anonymous caller is counted by its address (IPv6 by /64), as rate
+//! limits and stream slots count it, so one anonymous client cannot take
+//! the allowance of every other.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -24,7 +28,7 @@ use serde_json::{json, Map, Value};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::request::{chat_input, missing};
+use super::request::{chat_input, missing, Chat};
 use super::{bad_request, not_found, ApEvents, Result};
 use crate::domain::invoke::{select_operation, Target};
 use crate::domain::{AgentRecord, Principal, Protocol};
@@ -85,6 +89,16 @@ struct RunState {
     agent_authorization: Option<String>,
 }
 
+/// Whose allowance of open runs a run counts against.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Holder {
+    Principal(String),
+    /// An anonymous caller's address, IPv6 by /64 (`listener::client_key`).
+    Address(IpAddr),
+    /// An anonymous caller in the process itself (no connection).
+    Anonymous,
+}
+
 /// One run of a gateway-hosted agent.
 pub(super) struct Run {
     id: String,
@@ -92,25 +106,35 @@ pub(super) struct Run {
     agent_id: String,
     agent_name: String,
     owner: Option<Principal>,
+    holder: Holder,
     state: Mutex<RunState>,
     /// The number of events so far, for live readers.
     published: watch::Sender<usize>,
 }
 
 impl Run {
-    /// A new run of `record`'s agent, running, with no events yet.
+    /// A new run of `record`'s agent, running, with no events yet, started
+    /// by `owner` from `client` (its address as `listener::client_key`
+    /// gives it).
     fn new(
         thread_id: String,
         record: &AgentRecord,
         owner: Option<Principal>,
+        client: Option<IpAddr>,
         agent_authorization: Option<String>,
     ) -> Arc<Self> {
+        let holder = match (&owner, client) {
+            (Some(p), _) => Holder::Principal(p.name.clone()),
+            (None, Some(ip)) => Holder::Address(ip),
+            (None, None) => Holder::Anonymous,
+        };
         Arc::new(Run {
             id: uuid::Uuid::new_v4().to_string(),
             thread_id,
             agent_id: record.metadata.id.clone(),
             agent_name: record.metadata.name.clone(),
             owner,
+            holder,
             state: Mutex::new(RunState {
                 events: Vec::new(),
                 status: Status::Running,
@@ -126,10 +150,6 @@ impl Run {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, RunState> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn owner_name(&self) -> Option<&str> {
-        self.owner.as_ref().map(|p| p.name.as_str())
     }
 
     /// Whether the run is this principal's run of this agent.
@@ -265,7 +285,7 @@ impl ApRuns {
         let mut runs = self.runs.lock().unwrap_or_else(|e| e.into_inner());
         let open = runs
             .values()
-            .filter(|r| r.owner_name() == run.owner_name() && r.lock().status != Status::Completed)
+            .filter(|r| r.holder == run.holder && r.lock().status != Status::Completed)
             .count();
         if open >= MAX_OPEN_PER_CALLER {
             return Err(ServiceError::RateLimited {
@@ -387,12 +407,16 @@ impl InvocationService {
     pub(super) fn start_run(
         &self,
         principal: Option<&Principal>,
+        client: Option<IpAddr>,
         record: &AgentRecord,
-        input: Option<Value>,
-        thread_id: Option<String>,
-        operation: Option<String>,
+        chat: Chat,
         auth: Option<String>,
     ) -> Result<(Arc<Run>, Value)> {
+        let Chat {
+            input,
+            thread_id,
+            operation,
+        } = chat;
         let target = target(record, operation.as_deref())?;
         let runs = self.ap_runs();
         let thread_id = match thread_id {
@@ -408,7 +432,7 @@ impl InvocationService {
             None => uuid::Uuid::new_v4().to_string(),
         };
         let (input, missing) = chat_input(target.inputs, input);
-        let run = Run::new(thread_id, record, principal.cloned(), auth);
+        let run = Run::new(thread_id, record, principal.cloned(), client, auth);
         runs.insert(run.clone())?;
         let started = run.publish("RunStarted", "system", json!({}));
         let operation = target.name().map(String::from);
@@ -618,6 +642,11 @@ mod tests {
     use crate::domain::Role;
 
     fn run(owner: &str, thread: &str) -> Arc<Run> {
+        let owner = Principal::new(owner, Role::Publisher);
+        run_by(Some(owner), None, thread)
+    }
+
+    fn run_by(owner: Option<Principal>, client: Option<IpAddr>, thread: &str) -> Arc<Run> {
         let metadata = serde_json::from_value(json!({
             "id": "echo", "name": "Echo", "description": "Echoes its input."
         }))
@@ -626,8 +655,7 @@ mod tests {
             metadata,
             envelope: Default::default(),
         };
-        let owner = Principal::new(owner, Role::Publisher);
-        Run::new(thread.into(), &record, Some(owner), None)
+        Run::new(thread.into(), &record, owner, client, None)
     }
 
     fn ask(run: &Arc<Run>, wait: Duration) {
@@ -693,7 +721,7 @@ mod tests {
             .lock()
             .unwrap()
             .values()
-            .find(|r| r.owner_name() == Some("alice"))
+            .find(|r| r.holder == Holder::Principal("alice".into()))
             .cloned()
             .unwrap();
         first.publish(
@@ -702,6 +730,23 @@ mod tests {
             json!({"finish_reason": "success"}),
         );
         runs.insert(run("alice", "more")).unwrap();
+    }
+
+    #[test]
+    fn anonymous_callers_hold_open_runs_by_address() {
+        let runs = ApRuns::new(Duration::from_secs(600));
+        let (one, other): (IpAddr, IpAddr) =
+            ("192.0.2.1".parse().unwrap(), "2001:db8::".parse().unwrap());
+        for i in 0..MAX_OPEN_PER_CALLER {
+            runs.insert(run_by(None, Some(one), &format!("t{i}")))
+                .unwrap();
+        }
+        assert!(runs.insert(run_by(None, Some(one), "more")).is_err());
+        // Another address, an in-process caller and a principal each have
+        // their own allowance.
+        runs.insert(run_by(None, Some(other), "other")).unwrap();
+        runs.insert(run_by(None, None, "in-process")).unwrap();
+        runs.insert(run("alice", "alice")).unwrap();
     }
 
     #[test]
