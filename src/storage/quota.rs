@@ -28,16 +28,25 @@ enum Counted {
     Peer(String),
 }
 
+impl Counted {
+    /// Whom a live record counts against: the peer it was copied from
+    /// (`origin`), else its owner.
+    fn of(origin: Option<String>, owner: String, tenant: Option<String>) -> Self {
+        match origin {
+            Some(authority) => Self::Peer(authority),
+            None => Self::Owner((owner, tenant)),
+        }
+    }
+}
+
 /// Tombstones count for nobody.
 fn counted(record: Option<&AgentRecord>) -> Option<Counted> {
     let e = &record?.envelope;
     if e.deleted {
         return None;
     }
-    Some(match &e.provenance {
-        Some(p) => Counted::Peer(p.origin_authority.clone()),
-        None => Counted::Owner((e.owner.clone(), e.owner_tenant.clone())),
-    })
+    let origin = e.provenance.as_ref().map(|p| p.origin_authority.clone());
+    Some(Counted::of(origin, e.owner.clone(), e.owner_tenant.clone()))
 }
 
 /// What counting needs of a stored record: its envelope's owner facts,
@@ -68,13 +77,8 @@ impl RecordCounts {
     pub(super) fn add_stored(&mut self, json: &[u8]) -> Result<(), serde_json::Error> {
         let e = serde_json::from_slice::<Stored>(json)?.envelope;
         if !e.deleted {
-            self.shift(
-                match e.provenance {
-                    Some(p) => Counted::Peer(p.origin_authority),
-                    None => Counted::Owner((e.owner, e.owner_tenant)),
-                },
-                true,
-            );
+            let origin = e.provenance.map(|p| p.origin_authority);
+            self.shift(Counted::of(origin, e.owner, e.owner_tenant), true);
         }
         Ok(())
     }

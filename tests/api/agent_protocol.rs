@@ -418,17 +418,9 @@ async fn every_agent_runs_through_the_ap_surface() {
     s.stop().await;
 }
 
-/// A run that asks for input nobody sends ends by itself: its stream
-/// closes with an error instead of holding the connection and the run's
-/// memory for ever.
-#[tokio::test]
-async fn a_run_nobody_answers_ends_with_an_error() {
-    let agents = Agents::start().await;
-    let s = TestServer::start_with(|c| {
-        local_agents(c);
-        c.gateway.run_input_wait_secs = 1;
-    })
-    .await;
+/// Registers Alice's `echo` agent, whose one operation requires `text`:
+/// a ChatRequest without it waits for input.
+async fn register_echo(s: &TestServer, agents: &Agents) {
     let echo = json!({
         "id": "echo", "name": "Echo", "description": "Echoes its input.",
         "bindings": [{"protocol": "http", "endpoint": format!("{}/echo", agents.base)}],
@@ -440,6 +432,20 @@ async fn a_run_nobody_answers_ends_with_an_error() {
         .call(reqwest::Method::POST, "/agents", Some(ALICE), Some(echo))
         .await
         .unwrap();
+}
+
+/// A run that asks for input nobody sends ends by itself: its stream
+/// closes with an error instead of holding the connection and the run's
+/// memory for ever.
+#[tokio::test]
+async fn a_run_nobody_answers_ends_with_an_error() {
+    let agents = Agents::start().await;
+    let s = TestServer::start_with(|c| {
+        local_agents(c);
+        c.gateway.run_input_wait_secs = 1;
+    })
+    .await;
+    register_echo(&s, &agents).await;
     let ap = Ap::new(&s, "echo", ALICE);
     let asked = std::time::Instant::now();
     let events = ap
@@ -483,17 +489,7 @@ async fn anonymous_callers_hold_open_runs_by_address() {
         c.rate_limits.enabled = false;
     })
     .await;
-    let echo = json!({
-        "id": "echo", "name": "Echo", "description": "Echoes its input.",
-        "bindings": [{"protocol": "http", "endpoint": format!("{}/echo", agents.base)}],
-        "operations": [{"name": "echo", "description": "Echo a text.",
-            "inputs": {"type": "object", "properties": {"text": {"type": "string"}},
-                "required": ["text"]}}]
-    });
-    Http::new(&s.http)
-        .call(reqwest::Method::POST, "/agents", Some(ALICE), Some(echo))
-        .await
-        .unwrap();
+    register_echo(&s, &agents).await;
     let from = |ip: &str| {
         reqwest::Client::builder()
             .local_address(ip.parse::<std::net::IpAddr>().unwrap())

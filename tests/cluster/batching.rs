@@ -15,16 +15,9 @@ use crate::scenarios::SERIAL;
 
 /// A counter or gauge from node `id`'s `/metrics` (labels, if any, ignored).
 async fn metric(c: &Cluster, id: u64, name: &str) -> u64 {
-    let text = c
-        .http
-        .get(format!("{}/metrics", c.http_url(id)))
-        .send()
+    c.metrics(id)
         .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("metrics text");
-    text.lines()
+        .lines()
         .find(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse::<f64>().ok())

@@ -775,16 +775,9 @@ async fn copies_follow_the_trust_in_the_peer_across_restarts() {
 /// The records of b.example's feed a.example's limit refused (on the
 /// running process: counters start again at a restart).
 async fn refused_at_limit(c: &Cluster, node: u64) -> u64 {
-    let text = c
-        .http
-        .get(format!("{}/metrics", c.http_url(node)))
-        .send()
+    c.metrics(node)
         .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("metrics text");
-    text.lines()
+        .lines()
         .find(|l| {
             l.starts_with("agentry_federation_refused_records_total{")
                 && l.contains("peer=\"b.example\"")

@@ -545,6 +545,18 @@ impl Cluster {
         }
     }
 
+    /// Node `id`'s `/metrics`, as text.
+    pub async fn metrics(&self, id: u64) -> String {
+        self.http
+            .get(format!("{}/metrics", self.http_url(id)))
+            .send()
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("metrics text")
+    }
+
     /// `/.well-known/agentry.json` of node `id`, once the cluster has
     /// established its identity.
     pub async fn registry_info(&self, id: u64) -> Value {

@@ -250,15 +250,7 @@ async fn a_minority_cannot_commit_and_the_cluster_converges_after_healing() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let metrics = c
-        .http
-        .get(format!("{}/metrics", c.http_url(leader)))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = c.metrics(leader).await;
     let gauge = |name: &str| {
         metrics
             .lines()
