@@ -190,6 +190,12 @@ pub struct RateLimitConfig {
     /// limit. A stream keeps a task and its buffers for as long as the
     /// client keeps it, so the request rate alone does not bound them.
     pub max_open_streams: usize,
+    /// Streams every anonymous caller together holds open on this node; 0:
+    /// no limit. Addresses are cheap (an IPv6 /48 holds 65,536 /64s), so
+    /// without it a flood from many of them could hold as many streams as
+    /// it has addresses, and their memory, while authenticated callers
+    /// (operators, peers following the feed) keep their own allowance.
+    pub max_anonymous_streams: usize,
 }
 
 impl Default for RateLimitConfig {
@@ -212,6 +218,7 @@ impl Default for RateLimitConfig {
             },
             max_tracked_keys: 100_000,
             max_open_streams: 100,
+            max_anonymous_streams: 1000,
         }
     }
 }
@@ -320,18 +327,36 @@ enum StreamOwner {
     Address(IpAddr),
 }
 
-/// The streams each caller has open.
+/// The streams open on this node, and who holds them.
 struct OpenStreams {
+    /// Per caller; `usize::MAX` when streams are not limited (they are
+    /// still counted, for `/metrics`).
     max: usize,
-    open: std::sync::Mutex<HashMap<StreamOwner, usize>>,
+    /// All anonymous callers together.
+    anonymous_max: usize,
+    held: std::sync::Mutex<Held>,
+}
+
+#[derive(Default)]
+struct Held {
+    by_owner: HashMap<StreamOwner, usize>,
+    anonymous: usize,
 }
 
 impl OpenStreams {
-    fn counts(&self) -> std::sync::MutexGuard<'_, HashMap<StreamOwner, usize>> {
-        // The map is consistent after every statement; a panic elsewhere
-        // while it was held leaves nothing half done.
-        self.open.lock().unwrap_or_else(|e| e.into_inner())
+    fn held(&self) -> std::sync::MutexGuard<'_, Held> {
+        // The counts are consistent after every statement; a panic
+        // elsewhere while they were held leaves nothing half done.
+        self.held.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+/// Streams open on a node: `/metrics` shows them, so an operator sees how
+/// close anonymous callers are to their shared limit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StreamCounts {
+    pub anonymous: usize,
+    pub authenticated: usize,
 }
 
 /// One open stream of a caller, given back when dropped: it travels with
@@ -343,11 +368,14 @@ pub struct StreamSlot {
 
 impl Drop for StreamSlot {
     fn drop(&mut self) {
-        let mut counts = self.streams.counts();
-        if let Some(n) = counts.get_mut(&self.owner) {
+        let mut held = self.streams.held();
+        if matches!(self.owner, StreamOwner::Address(_)) {
+            held.anonymous = held.anonymous.saturating_sub(1);
+        }
+        if let Some(n) = held.by_owner.get_mut(&self.owner) {
             *n -= 1;
             if *n == 0 {
-                counts.remove(&self.owner);
+                held.by_owner.remove(&self.owner);
             }
         }
     }
@@ -372,7 +400,7 @@ where
 pub struct Gate {
     auth: Arc<Authenticator>,
     limiter: Option<Limiter>,
-    streams: Option<Arc<OpenStreams>>,
+    streams: Arc<OpenStreams>,
     audit: Option<Arc<AuditLog>>,
 }
 
@@ -390,11 +418,16 @@ impl Gate {
         let gate = Arc::new(Self {
             auth,
             limiter: limits.enabled.then(|| Limiter::new(limits)),
-            streams: (limits.enabled && limits.max_open_streams > 0).then(|| {
-                Arc::new(OpenStreams {
-                    max: limits.max_open_streams,
-                    open: Default::default(),
-                })
+            streams: Arc::new(OpenStreams {
+                max: match limits.max_open_streams {
+                    n if limits.enabled && n > 0 => n,
+                    _ => usize::MAX,
+                },
+                anonymous_max: match limits.max_anonymous_streams {
+                    n if limits.enabled && n > 0 => n,
+                    _ => usize::MAX,
+                },
+                held: Default::default(),
             }),
             audit,
         });
@@ -470,23 +503,32 @@ impl Gate {
     }
 
     /// A stream slot for a caller about to be answered with a stream, or
-    /// 429 `rate_limited` when it already holds `max_open_streams`. `None`
-    /// when streams are not limited, and for in-process callers.
+    /// 429 `rate_limited` when it already holds `max_open_streams`, or it
+    /// is anonymous and anonymous callers together hold
+    /// `max_anonymous_streams`. `None` for in-process callers.
     pub fn open_stream(
         &self,
         principal: Option<&Principal>,
         peer: Option<&Peer>,
     ) -> Result<Option<StreamSlot>, ServiceError> {
-        let Some(streams) = &self.streams else {
-            return Ok(None);
-        };
+        let streams = &self.streams;
         let owner = match (principal, peer) {
             (Some(p), _) => StreamOwner::Principal(p.name.clone()),
             (None, Some(peer)) => StreamOwner::Address(client_key(peer.remote.ip())),
             (None, None) => return Ok(None),
         };
-        let mut counts = streams.counts();
-        let open = counts.entry(owner.clone()).or_insert(0);
+        let anonymous = matches!(owner, StreamOwner::Address(_));
+        let mut held = streams.held();
+        if anonymous && held.anonymous >= streams.anonymous_max {
+            return Err(ServiceError::RateLimited {
+                message: format!(
+                    "anonymous callers already hold {} streams on this node, the most they may hold together; authenticate, or retry later",
+                    streams.anonymous_max
+                ),
+                retry_after: 5,
+            });
+        }
+        let open = held.by_owner.entry(owner.clone()).or_insert(0);
         if *open >= streams.max {
             let who = match &owner {
                 StreamOwner::Principal(name) => format!("principal '{name}'"),
@@ -501,11 +543,24 @@ impl Gate {
             });
         }
         *open += 1;
-        drop(counts);
+        if anonymous {
+            held.anonymous += 1;
+        }
+        drop(held);
         Ok(Some(StreamSlot {
             streams: streams.clone(),
             owner,
         }))
+    }
+
+    /// The streams open on this node now.
+    pub fn open_streams(&self) -> StreamCounts {
+        let held = self.streams.held();
+        let all: usize = held.by_owner.values().sum();
+        StreamCounts {
+            anonymous: held.anonymous,
+            authenticated: all - held.anonymous,
+        }
     }
 }
 
@@ -810,13 +865,19 @@ mod tests {
         let again = gate.open_stream(None, Some(&a)).unwrap();
         assert!(again.is_some());
         drop(again);
+        let counts = StreamCounts {
+            anonymous: 2,
+            authenticated: 2,
+        };
+        assert_eq!(gate.open_streams(), counts);
         drop(alices);
-        let open = gate.streams.as_ref().unwrap().counts().clone();
+        let open = gate.streams.held().by_owner.clone();
         assert_eq!(open.len(), 2, "{open:?}");
         assert!(!open.contains_key(&StreamOwner::Principal("alice".into())));
         drop((held, other));
+        assert_eq!(gate.open_streams(), StreamCounts::default());
 
-        // Off when rate limits are, or at 0.
+        // Not limited when rate limits are off, or at 0, but still counted.
         for limits in [
             RateLimitConfig {
                 enabled: false,
@@ -824,12 +885,53 @@ mod tests {
             },
             RateLimitConfig {
                 max_open_streams: 0,
+                max_anonymous_streams: 0,
                 ..Default::default()
             },
         ] {
             let gate = Gate::new(Arc::new(Authenticator::default()), &limits);
-            assert!(gate.open_stream(None, Some(&a)).unwrap().is_none());
+            let many: Vec<_> = (0..150)
+                .map(|_| gate.open_stream(None, Some(&a)).unwrap())
+                .collect();
+            assert!(many.iter().all(Option::is_some));
+            assert_eq!(gate.open_streams().anonymous, 150);
         }
+    }
+
+    #[tokio::test]
+    async fn anonymous_callers_together_hold_at_most_their_share() {
+        let limits = RateLimitConfig {
+            max_open_streams: 2,
+            max_anonymous_streams: 5,
+            ..Default::default()
+        };
+        let gate = Gate::new(Arc::new(Authenticator::default()), &limits);
+        let mut held: Vec<_> = (1..=5)
+            .map(|i| {
+                let who = peer(&format!("192.0.2.{i}"));
+                gate.open_stream(None, Some(&who)).unwrap().unwrap()
+            })
+            .collect();
+        // A sixth address, under its own limit, finds the anonymous share
+        // taken; a principal is served from its own allowance.
+        let e = gate.open_stream(None, Some(&peer("192.0.2.6"))).err();
+        assert!(
+            matches!(&e, Some(ServiceError::RateLimited { retry_after: 5, message }) if message.contains("anonymous callers already hold 5 streams")),
+            "{e:?}"
+        );
+        let operator = Principal::new("operator", Role::Admin);
+        let theirs = gate.open_stream(Some(&operator), Some(&peer("192.0.2.6")));
+        assert!(theirs.unwrap().is_some());
+        // A refusal took nothing; a closed stream frees a place in the share.
+        assert_eq!(gate.open_streams().anonymous, 5);
+        assert!(!gate
+            .streams
+            .held()
+            .by_owner
+            .contains_key(&StreamOwner::Address("192.0.2.6".parse().unwrap())));
+        drop(held.pop());
+        let sixth = gate.open_stream(None, Some(&peer("192.0.2.6"))).unwrap();
+        assert!(sixth.is_some());
     }
 
     #[tokio::test]

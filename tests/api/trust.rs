@@ -655,7 +655,15 @@ async fn floods_get_429_and_resource_exhausted_with_retry_after() {
 /// Opens `GET /changes` as an anonymous client would; the answer's status
 /// and, while the returned response lives, the stream.
 async fn follow_changes(http: &str) -> reqwest::Response {
-    reqwest::Client::new()
+    follow_changes_from(http, "127.0.0.1").await
+}
+
+/// `GET /changes` from the loopback address `from` (any of 127/8).
+async fn follow_changes_from(http: &str, from: &str) -> reqwest::Response {
+    reqwest::Client::builder()
+        .local_address(from.parse::<std::net::IpAddr>().unwrap())
+        .build()
+        .unwrap()
         .get(format!("{http}/changes"))
         .header("accept", "text/event-stream")
         .send()
@@ -676,6 +684,74 @@ async fn grpc_watch(
             .insert("authorization", format!("Bearer {key}").parse().unwrap());
     }
     client.watch(req).await.map(|r| r.into_inner())
+}
+
+/// Many anonymous addresses together hold at most `max_anonymous_streams`;
+/// callers with credentials keep their own allowance, and `/metrics` shows
+/// both.
+#[tokio::test]
+async fn anonymous_callers_together_hold_at_most_their_share_of_streams() {
+    let s = TestServer::start_with(|c| {
+        c.rate_limits.enabled = true;
+        c.rate_limits.max_open_streams = 2;
+        c.rate_limits.max_anonymous_streams = 3;
+    })
+    .await;
+    let mut held = vec![
+        follow_changes_from(&s.http, "127.0.0.1").await,
+        follow_changes_from(&s.http, "127.0.0.1").await,
+        follow_changes_from(&s.http, "127.0.0.2").await,
+    ];
+    for r in &held {
+        assert_eq!(r.status(), 200);
+    }
+    // 127.0.0.2 and 127.0.0.3 are under their own limit of 2, but the
+    // anonymous share is taken: 429 over HTTP, RESOURCE_EXHAUSTED over gRPC.
+    for from in ["127.0.0.2", "127.0.0.3"] {
+        let r = follow_changes_from(&s.http, from).await;
+        assert_eq!(r.status(), 429, "{from}");
+        assert_eq!(r.headers()["retry-after"], "5");
+        let body: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(body["code"], "rate_limited", "{body}");
+        assert!(
+            body["detail"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("anonymous callers already hold 3 streams"),
+            "{body}"
+        );
+    }
+    let e = grpc_watch(&s.grpc, None).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::ResourceExhausted);
+    // A caller with credentials is served from its own allowance.
+    let alices = grpc_watch(&s.grpc, Some(ALICE))
+        .await
+        .expect("a principal's stream");
+    let metrics = reqwest::get(format!("{}/metrics", s.http))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for sample in [
+        "agentry_open_streams{node_id=\"1\",caller=\"anonymous\"} 3\n",
+        "agentry_open_streams{node_id=\"1\",caller=\"authenticated\"} 1\n",
+    ] {
+        assert!(metrics.contains(sample), "{sample} in:\n{metrics}");
+    }
+    // A closed anonymous stream frees a place for another address.
+    drop(held.pop());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let again = loop {
+        let r = follow_changes_from(&s.http, "127.0.0.3").await;
+        if r.status() == 200 || Instant::now() > deadline {
+            break r;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(again.status(), 200, "the closed stream's place came back");
+    drop((held, again, alices));
+    s.stop().await;
 }
 
 #[tokio::test]

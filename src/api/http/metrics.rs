@@ -9,6 +9,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
+use crate::api::gate::StreamCounts;
 use crate::consensus::NodeStatus;
 use crate::index::IndexStats;
 
@@ -38,11 +39,18 @@ impl Page {
         self.registry.register(name, sentence(help), c);
     }
 
-    fn per_follower(&mut self, name: &str, help: &str, values: impl Iterator<Item = (u64, u64)>) {
+    /// A gauge with one sample per value of `label`.
+    fn labelled(
+        &mut self,
+        name: &str,
+        help: &str,
+        label: &'static str,
+        values: impl Iterator<Item = (String, u64)>,
+    ) {
         let g: Family<Labels, Gauge> = Family::default();
-        for (follower, value) in values {
+        for (value_of_label, value) in values {
             let mut labels = self.node.clone();
-            labels.push(("follower", follower.to_string()));
+            labels.push((label, value_of_label));
             g.get_or_create(&labels).set(clamp(value));
         }
         self.registry.register(name, sentence(help), g);
@@ -64,6 +72,7 @@ pub fn render(
     applied_revision: u64,
     oldest_revision: u64,
     index: &IndexStats,
+    streams: StreamCounts,
 ) -> String {
     let mut p = Page {
         registry: Registry::default(),
@@ -140,17 +149,32 @@ pub fn render(
         "Unix time of the last snapshot built or installed (0 when none).",
         s.last_snapshot_unix.unwrap_or(0),
     );
-    p.per_follower(
+    p.labelled(
         "agentry_raft_follower_matched_index",
         "Leader only: highest log index known to match on each follower.",
-        s.follower_matched.iter().copied(),
-    );
-    p.per_follower(
-        "agentry_raft_follower_lag_entries",
-        "Leader only: log entries each follower is behind.",
+        "follower",
         s.follower_matched
             .iter()
-            .map(|(id, idx)| (*id, s.last_log_index.saturating_sub(*idx))),
+            .map(|(id, idx)| (id.to_string(), *idx)),
+    );
+    p.labelled(
+        "agentry_raft_follower_lag_entries",
+        "Leader only: log entries each follower is behind.",
+        "follower",
+        s.follower_matched
+            .iter()
+            .map(|(id, idx)| (id.to_string(), s.last_log_index.saturating_sub(*idx))),
+    );
+    p.labelled(
+        "agentry_open_streams",
+        "Streamed answers open on this node (watches, event streams, peer feeds, backups), by caller: anonymous callers share max_anonymous_streams.",
+        "caller",
+        [
+            ("anonymous", streams.anonymous),
+            ("authenticated", streams.authenticated),
+        ]
+        .into_iter()
+        .map(|(who, n)| (who.to_string(), n as u64)),
     );
     p.gauge(
         "agentry_registry_applied_revision",
@@ -266,7 +290,12 @@ mod tests {
             },
             std::time::Duration::from_millis(3),
         );
-        let text = render(&s, 41, 1, &index);
+        let streams = StreamCounts {
+            anonymous: 4,
+            authenticated: 1,
+        };
+        let text = render(&s, 41, 1, &index, streams);
+        assert!(text.contains("agentry_open_streams{node_id=\"1\",caller=\"anonymous\"} 4\n"));
         assert!(text.contains("agentry_discovery_indexed_agents{node_id=\"1\"} 7\n"));
         assert!(text.contains("agentry_raft_refused_members{node_id=\"1\"} 1\n"));
         // Help texts end in one full stop (the encoding adds it).

@@ -923,6 +923,7 @@ async fn metrics_page(State(s): State<HttpState>) -> Response {
         reader.applied_revision(),
         reader.oldest_revision(),
         &service.index().stats(),
+        s.gate.open_streams(),
     );
     ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], body).into_response()
 }

@@ -16,7 +16,9 @@
 //! walks away cannot take the node's whole table from everyone else. An
 //! anonymous caller is counted by its address (IPv6 by /64), as rate
 //! limits and stream slots count it, so one anonymous client cannot take
-//! the allowance of every other.
+//! the allowance of every other, and anonymous callers together keep at
+//! most [`MAX_OPEN_ANONYMOUS`], so a flood from many addresses leaves the
+//! rest of the table to callers with credentials.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -45,6 +47,10 @@ const KEEP_COMPLETED: Duration = Duration::from_secs(3600);
 const MAX_RUNS: usize = 10_000;
 /// Runs one caller may have open (running or waiting) on one node.
 const MAX_OPEN_PER_CALLER: usize = MAX_RUNS / 10;
+/// Runs every anonymous caller together may have open on one node: many
+/// addresses are cheap, and the rest of the table stays for callers with
+/// credentials.
+const MAX_OPEN_ANONYMOUS: usize = MAX_RUNS / 2;
 /// The key an A2A agent's question is asked under.
 const A2A_ANSWER_KEY: &str = "input";
 
@@ -280,17 +286,33 @@ impl ApRuns {
 
     /// Adds a run, forgetting completed runs past their time (and the
     /// oldest completed ones when the node holds too many). A caller with
-    /// [`MAX_OPEN_PER_CALLER`] runs open is told to finish some first.
+    /// [`MAX_OPEN_PER_CALLER`] runs open is told to finish some first, and
+    /// so is an anonymous caller once anonymous callers together hold
+    /// [`MAX_OPEN_ANONYMOUS`].
     fn insert(&self, run: Arc<Run>) -> Result<()> {
         let mut runs = self.runs.lock().unwrap_or_else(|e| e.into_inner());
-        let open = runs
-            .values()
-            .filter(|r| r.holder == run.holder && r.lock().status != Status::Completed)
-            .count();
+        let by_address = matches!(run.holder, Holder::Address(_));
+        let (mut open, mut anonymous) = (0, 0);
+        for r in runs.values() {
+            let theirs = r.holder == run.holder;
+            let counted = theirs || (by_address && matches!(r.holder, Holder::Address(_)));
+            if counted && r.lock().status != Status::Completed {
+                open += usize::from(theirs);
+                anonymous += usize::from(matches!(r.holder, Holder::Address(_)));
+            }
+        }
         if open >= MAX_OPEN_PER_CALLER {
             return Err(ServiceError::RateLimited {
                 message: format!(
                     "{open} of your Agent Protocol runs are still open on this node; let them complete or cancel some first"
+                ),
+                retry_after: 5,
+            });
+        }
+        if by_address && anonymous >= MAX_OPEN_ANONYMOUS {
+            return Err(ServiceError::RateLimited {
+                message: format!(
+                    "anonymous callers already have {anonymous} Agent Protocol runs open on this node, the most they may have together; authenticate, or retry later"
                 ),
                 retry_after: 5,
             });
@@ -747,6 +769,46 @@ mod tests {
         runs.insert(run_by(None, Some(other), "other")).unwrap();
         runs.insert(run_by(None, None, "in-process")).unwrap();
         runs.insert(run("alice", "alice")).unwrap();
+    }
+
+    #[test]
+    fn anonymous_callers_together_hold_at_most_their_share_of_runs() {
+        let runs = ApRuns::new(Duration::from_secs(600));
+        let address = |i: usize| IpAddr::from([10, 0, (i >> 8) as u8, i as u8]);
+        // Filled directly: through `insert`, each would scan the table.
+        {
+            let mut table = runs.runs.lock().unwrap();
+            for i in 0..MAX_OPEN_ANONYMOUS {
+                let r = run_by(None, Some(address(i)), &format!("t{i}"));
+                table.insert(r.id.clone(), r);
+            }
+        }
+        let refused = runs
+            .insert(run_by(None, Some(address(MAX_OPEN_ANONYMOUS)), "more"))
+            .unwrap_err();
+        assert!(
+            matches!(&refused, ServiceError::RateLimited { retry_after: 5, message } if message.contains("anonymous callers already have")),
+            "{refused:?}"
+        );
+        // Callers with credentials, and in-process ones, are not held back.
+        runs.insert(run("alice", "alice")).unwrap();
+        runs.insert(run_by(None, None, "in-process")).unwrap();
+        // One anonymous run completes: another anonymous caller may start one.
+        let first = runs
+            .runs
+            .lock()
+            .unwrap()
+            .values()
+            .find(|r| matches!(r.holder, Holder::Address(_)))
+            .cloned()
+            .unwrap();
+        first.publish(
+            "RunCompleted",
+            "assistant",
+            json!({"finish_reason": "success"}),
+        );
+        runs.insert(run_by(None, Some(address(MAX_OPEN_ANONYMOUS)), "more"))
+            .unwrap();
     }
 
     #[test]
