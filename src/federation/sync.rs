@@ -4,7 +4,7 @@
 //! leader, or the same one after a restart, resumes exactly where the
 //! feed was left.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -162,9 +162,10 @@ async fn follow_once(
         listed.write(LISTING);
     }
     info!(from, "following the peer's feed");
-    // Ids accepted during a full listing; copies of any other are
-    // withdrawn.
-    let mut accepted: Option<HashSet<String>> = None;
+    // Ids accepted during a full listing, with their place in it; copies
+    // of any other are withdrawn, and so are those past the peer's record
+    // limit.
+    let mut accepted: Option<HashMap<String, usize>> = None;
     // Set once a new copy was refused at the peer's record limit: later
     // ones are refused here, without a write through Raft each, until a
     // copy of the peer is withdrawn.
@@ -186,11 +187,37 @@ async fn follow_once(
         }
         if event.listing_done {
             let seen = accepted.take().unwrap_or_default();
+            let mut kept = Vec::new();
             for (authority, id, copied) in service.federated_copies()? {
-                if authority == peer.authority && !seen.contains(&id) {
+                if authority != peer.authority {
+                    continue;
+                }
+                match seen.get(&id) {
+                    Some(place) => kept.push((*place, id, copied)),
+                    None => {
+                        let change = withdrawal(id, copied, event.revision);
+                        keep(service, &peer.authority, change, None, None).await?;
+                        at_limit = false;
+                    }
+                }
+            }
+            // A limit lowered since the copies were taken (it is part of
+            // the trust, so lowering it brings this listing): the copies
+            // past it go, those the listing brought first staying, so the
+            // choice is the peer's order and the same on every leader.
+            if let Some(max) = peer.max_records {
+                let max = usize::try_from(max).unwrap_or(usize::MAX);
+                kept.sort_unstable();
+                if kept.len() > max {
+                    warn!(
+                        max_records = max,
+                        copies = kept.len(),
+                        "more live copies of the peer than its max_records: withdrawing those past it"
+                    );
+                }
+                for (_, id, copied) in kept.drain(..).skip(max) {
                     let change = withdrawal(id, copied, event.revision);
                     keep(service, &peer.authority, change, None, None).await?;
-                    at_limit = false;
                 }
             }
             let skip = FederatedChange::Skip;
@@ -200,7 +227,11 @@ async fn follow_once(
         }
         let (change, id) = to_change(peer, &event, service.peers().max_record_bytes);
         if event.listing {
-            accepted.get_or_insert_with(HashSet::new).extend(id);
+            let accepted = accepted.get_or_insert_with(HashMap::new);
+            if let Some(id) = id {
+                let place = accepted.len();
+                accepted.entry(id).or_insert(place);
+            }
             // A listing repeats mostly what is kept already; only what
             // would change anything goes through Raft.
             if !service.federated_change_applies(&peer.authority, &change)? {

@@ -873,6 +873,22 @@ async fn a_peers_copies_are_kept_up_to_its_record_limit() {
         || async { copies_of_b(&a).await == all },
     )
     .await;
+
+    // A lowered limit: the peer is listed again and the copies past the
+    // limit are withdrawn, the first two of the listing (the peer's id
+    // order) staying.
+    a.kill(1);
+    a.configure(&format!(
+        "[federation]\ndeadline_ms = 3000\n{peer}max_records = 2\n"
+    ));
+    a.restart(1);
+    eventually(
+        "the copies past the lowered limit withdrawn",
+        Duration::from_secs(30),
+        || async { copies_of_b(&a).await == all[..2] },
+    )
+    .await;
+    assert!(a.log(1).contains("withdrawing those past it"));
 }
 
 /// b.example's listing is read and sent a page at a time: a.example,
