@@ -119,6 +119,12 @@ impl Listed {
     }
 }
 
+/// Changes refused at a peer's record limit after which the cursor is
+/// moved past them, and the quiet in the feed after which it is moved past
+/// fewer.
+const CURSOR_EVERY: usize = 1024;
+const CURSOR_QUIET: Duration = Duration::from_secs(1);
+
 /// One connection: from the replicated cursor on, until the stream ends;
 /// from the start, with a full listing, when the trust in the peer changed
 /// since its records were last listed.
@@ -170,9 +176,21 @@ async fn follow_once(
     // ones are refused here, without a write through Raft each, until a
     // copy of the peer is withdrawn.
     let mut at_limit = false;
+    // The latest change of the live feed refused here at the limit and
+    // not yet behind the replicated cursor: the cursor moves past such
+    // changes once the feed is quiet or many have gathered, not with a
+    // Raft write each, so a reconnection does not read them all again.
+    let mut refused_past: Option<(u64, usize)> = None;
     loop {
+        if refused_past.is_some_and(|(_, n)| n >= CURSOR_EVERY) {
+            move_past(service, &peer.authority, &mut refused_past).await?;
+        }
         let event = tokio::select! {
             e = stream.message() => e?,
+            () = tokio::time::sleep(CURSOR_QUIET), if refused_past.is_some() => {
+                move_past(service, &peer.authority, &mut refused_past).await?;
+                continue;
+            }
             _ = shutdown.changed() => return Err(FeedError::Shutdown),
             Ok(()) = revocations.changed() => {
                 info!("the peer revoked a key; reconnecting to list its records again");
@@ -240,9 +258,17 @@ async fn follow_once(
         }
         if at_limit && is_new_copy(service, &peer.authority, &change)? {
             crate::metrics::observe_federation_refusal(&peer.authority, "quota");
+            if !event.listing {
+                let n = refused_past.map_or(0, |(_, n)| n);
+                refused_past = Some((event.revision, n + 1));
+            }
             continue;
         }
         let cursor = (!event.listing).then_some(event.revision);
+        if cursor.is_some() {
+            // This change carries the cursor past any refused before it.
+            refused_past = None;
+        }
         match keep(service, &peer.authority, change, cursor, peer.max_records).await? {
             Kept::OverLimit => {
                 if !at_limit {
@@ -257,6 +283,22 @@ async fn follow_once(
             Kept::Changed(_) | Kept::Unchanged => {}
         }
     }
+}
+
+/// Moves `peer`'s cursor past the changes refused at its limit so far.
+async fn move_past(
+    service: &RegistryService,
+    peer: &str,
+    refused_past: &mut Option<(u64, usize)>,
+) -> Result<(), FeedError> {
+    if let Some((revision, refused)) = refused_past.take() {
+        service.advance_cursor(peer, revision).await?;
+        debug!(
+            revision,
+            refused, "the cursor moved past changes refused at the limit"
+        );
+    }
+    Ok(())
 }
 
 /// Withdraws, once this node leads, the copies of every authority it does

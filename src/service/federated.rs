@@ -126,6 +126,24 @@ impl RegistryService {
         }
     }
 
+    /// Moves the replicated cursor `name` (a peer's authority, or an
+    /// upstream the MCP mirror reads) forward to `value`; it never moves
+    /// back, so a late or repeated call is harmless.
+    #[instrument(skip(self))]
+    pub async fn advance_cursor(&self, name: &str, value: u64) -> Result<()> {
+        let command = Command::Cursor {
+            name: name.to_string(),
+            value,
+            now: crate::domain::time::now(),
+        };
+        match self.node().write(command).await? {
+            CommandResult::Internal => Ok(()),
+            other => Err(ServiceError::Internal(format!(
+                "a cursor command produced {other:?}"
+            ))),
+        }
+    }
+
     /// The live copies kept from peers: (origin authority, id, the
     /// origin's revision of the copy).
     pub fn federated_copies(&self) -> Result<Vec<(String, String, u64)>> {

@@ -35,7 +35,6 @@ use tracing::{debug, info, info_span, warn, Instrument};
 use super::audit::{AuditLog, Scope};
 use super::invocation::InvocationService;
 use super::{McpService, ServiceError};
-use crate::consensus::{Command, CommandResult};
 use crate::domain::mcp::{self, MirrorRefusal};
 use crate::domain::{AgentMetadata, AgentRecord, Principal, Role};
 
@@ -224,17 +223,10 @@ impl Mirror {
 
     /// Replicates the cursor (it only moves forward, in `apply`).
     async fn advance(&self, value: u64) -> Result<()> {
-        let command = Command::Cursor {
-            name: self.cursor_name.clone(),
-            value,
-            now: crate::domain::time::now(),
-        };
-        match self.gateway.registry().node().write(command).await? {
-            CommandResult::Internal => Ok(()),
-            other => Err(ServiceError::Internal(format!(
-                "a cursor command produced {other:?}"
-            ))),
-        }
+        self.gateway
+            .registry()
+            .advance_cursor(&self.cursor_name, value)
+            .await
     }
 
     /// One poll: every page from the cursor, then the cursor moves to the

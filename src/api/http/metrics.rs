@@ -73,6 +73,7 @@ pub fn render(
     oldest_revision: u64,
     index: &IndexStats,
     streams: StreamCounts,
+    peer_cursors: &[(String, u64)],
 ) -> String {
     let mut p = Page {
         registry: Registry::default(),
@@ -164,6 +165,12 @@ pub fn render(
         s.follower_matched
             .iter()
             .map(|(id, idx)| (id.to_string(), s.last_log_index.saturating_sub(*idx))),
+    );
+    p.labelled(
+        "agentry_federation_cursor_revision",
+        "The revision of each synced peer's feed this cluster has read up to (0: none yet); behind the peer's own revision while its changes are still arriving.",
+        "peer",
+        peer_cursors.iter().cloned(),
     );
     p.labelled(
         "agentry_open_streams",
@@ -294,7 +301,10 @@ mod tests {
             anonymous: 4,
             authenticated: 1,
         };
-        let text = render(&s, 41, 1, &index, streams);
+        let cursors = [("b.example".to_string(), 17)];
+        let text = render(&s, 41, 1, &index, streams, &cursors);
+        assert!(text
+            .contains("agentry_federation_cursor_revision{node_id=\"1\",peer=\"b.example\"} 17\n"));
         assert!(text.contains("agentry_open_streams{node_id=\"1\",caller=\"anonymous\"} 4\n"));
         assert!(text.contains("agentry_discovery_indexed_agents{node_id=\"1\"} 7\n"));
         assert!(text.contains("agentry_raft_refused_members{node_id=\"1\"} 1\n"));

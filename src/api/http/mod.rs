@@ -918,12 +918,24 @@ async fn readyz(State(s): State<HttpState>) -> Response {
 async fn metrics_page(State(s): State<HttpState>) -> Response {
     let service = s.api.service();
     let reader = service.reader();
+    let peer_cursors: Vec<(String, u64)> = service
+        .peers()
+        .all()
+        .iter()
+        .filter(|p| p.sync)
+        // A cursor that cannot be read is left out rather than shown as 0.
+        .filter_map(|p| {
+            let at = reader.federation_cursor(&p.authority).ok()?;
+            Some((p.authority.clone(), at))
+        })
+        .collect();
     let body = metrics::render(
         &service.node_status(),
         reader.applied_revision(),
         reader.oldest_revision(),
         &service.index().stats(),
         s.gate.open_streams(),
+        &peer_cursors,
     );
     ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], body).into_response()
 }
