@@ -731,9 +731,6 @@ async fn load_embedder(config: &crate::config::DiscoveryConfig) -> Result<Embedd
     loaded
 }
 
-/// How long a stopping leader tries to hand leadership over.
-const HAND_OFF_TIMEOUT: Duration = Duration::from_secs(5);
-
 pub async fn run(config: Config) -> Result<(), ServerError> {
     let data_dir = config.data_dir.clone();
     let server = start(config).await?;
@@ -759,7 +756,10 @@ pub async fn run(config: Config) -> Result<(), ServerError> {
         }
     }
     info!("shutting down");
-    server.node.hand_off_leadership(HAND_OFF_TIMEOUT).await;
+    server
+        .node
+        .hand_off_leadership(crate::consensus::HAND_OFF_TIMEOUT)
+        .await;
     server.shutdown().await;
     Ok(())
 }

@@ -148,6 +148,18 @@ impl Cluster for ClusterApi {
         self.answer(&req).await
     }
 
+    #[tracing::instrument(name = "grpc.Cluster.TransferLeader", skip_all, fields(id = req.get_ref().id))]
+    async fn transfer_leader(
+        &self,
+        req: Request<pb::TransferLeaderRequest>,
+    ) -> Result<Response<pb::ClusterStatus>, Status> {
+        let to = Some(req.get_ref().id).filter(|id| *id != 0);
+        self.service
+            .transfer_leader(principal(&req).as_ref(), to)
+            .await?;
+        self.answer(&req).await
+    }
+
     #[tracing::instrument(name = "grpc.Cluster.SetFaults", skip_all)]
     async fn set_faults(
         &self,

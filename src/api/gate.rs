@@ -86,7 +86,8 @@ pub fn grpc_class(path: &str) -> Option<OpClass> {
         ("agentry.v1.Cluster", "Status" | "ListAudit") => Read,
         (
             "agentry.v1.Cluster",
-            "Initialize" | "AddLearner" | "Promote" | "Remove" | "SetFaults" | "Backup",
+            "Initialize" | "AddLearner" | "Promote" | "Remove" | "TransferLeader" | "SetFaults"
+            | "Backup",
         ) => Admin,
         ("agentry.v1.Federation", "GetRegistryInfo" | "ListPublisherKeys") => Read,
         ("agentry.v1.Federation", "RotateKey" | "RetireKey" | "RevokeKey") => Admin,

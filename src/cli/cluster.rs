@@ -50,6 +50,10 @@ pub enum ClusterCommand {
     Promote { id: u64 },
     /// Remove a voter or learner.
     Remove { id: u64 },
+    /// Hand leadership to another voter (before maintenance on the
+    /// leader's machine): to ID, or without it to the most caught-up voter.
+    /// New writes wait meanwhile; none is lost.
+    TransferLeader { id: Option<u64> },
 }
 
 fn parse_member(m: &str) -> Result<pb::Member, CliError> {
@@ -217,6 +221,15 @@ pub async fn run_cluster(all: ClusterArgs) -> Result<(), CliError> {
         ClusterCommand::Remove { id } => {
             c.remove(args.request(pb::RemoveRequest { id: *id })?)
                 .await?
+        }
+        ClusterCommand::TransferLeader { id } => {
+            if *id == Some(0) {
+                return Err(local("node ids start at 1"));
+            }
+            let msg = pb::TransferLeaderRequest {
+                id: id.unwrap_or(0),
+            };
+            c.transfer_leader(args.request(msg)?).await?
         }
     };
     print_status(args, status.get_ref())

@@ -32,14 +32,21 @@ pub enum Forwarded {
     /// From a leader about to stop, to the follower it chose: start an
     /// election now (answered by that node, not forwarded).
     Campaign,
+    /// Hand leadership to the voter `to` (`None`: the most caught-up one),
+    /// as a stopping leader does; answered with the new leader.
+    TransferLeader { to: Option<NodeId> },
 }
 
 impl Forwarded {
     /// Whether executing it twice is harmless, so a send whose answer was
     /// lost may be retried. Client writes are not: a retried delete would
-    /// answer "gone" for its own success.
+    /// answer "gone" for its own success; nor is a transfer to whichever
+    /// voter is most caught up, which the new leader would pass on again.
     pub fn idempotent(&self) -> bool {
-        !matches!(self, Forwarded::Write(_))
+        !matches!(
+            self,
+            Forwarded::Write(_) | Forwarded::TransferLeader { to: None }
+        )
     }
 
     pub fn name(&self) -> &'static str {
@@ -52,6 +59,7 @@ impl Forwarded {
             Forwarded::Status => "status",
             Forwarded::Probe => "probe",
             Forwarded::Campaign => "campaign",
+            Forwarded::TransferLeader { .. } => "transfer_leader",
         }
     }
 }
@@ -63,5 +71,9 @@ pub enum ForwardReply {
     ReadIndex(u64),
     Done,
     Status(Box<NodeStatus>),
-    Probe { initialized: bool },
+    Probe {
+        initialized: bool,
+    },
+    /// The node that leads after a transfer.
+    Leader(NodeId),
 }

@@ -55,6 +55,10 @@ pub enum WriteError {
     Upgrading(String),
 }
 
+/// How long a leader tries to hand leadership over, before it stops or
+/// when asked to.
+pub const HAND_OFF_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Why a write needing newer apply rules than the cluster follows is
 /// refused rather than applied by rules a member would read differently.
 fn upgrading(needed: u32, follows: u32) -> WriteError {
@@ -201,9 +205,9 @@ pub struct RaftNode {
     snapshots: Arc<SnapshotStats>,
     request_timeout: Duration,
     space: DiskSpace,
-    /// Set while this leader hands leadership over before it stops: new
-    /// writes wait for the next leader instead of growing the log the
-    /// successor must match.
+    /// Set while this leader hands leadership over (before it stops, or
+    /// asked to): new writes wait for the next leader instead of growing
+    /// the log the successor must match. One hand-off at a time.
     handing_off: Arc<AtomicBool>,
     /// Client writes proposed on this node and not answered yet.
     writes_in_flight: Arc<AtomicUsize>,
@@ -687,6 +691,27 @@ impl RaftNode {
             .map(|_| ())
     }
 
+    /// Hands leadership to the voter `to` (`None`: the most caught-up
+    /// voter), wherever the leader is, and answers the new leader once
+    /// this node knows it too.
+    pub async fn transfer_leadership(&self, to: Option<NodeId>) -> Result<NodeId, WriteError> {
+        let reply = self
+            .route(Forwarded::TransferLeader { to }, self.request_timeout)
+            .await?;
+        let ForwardReply::Leader(leader) = reply else {
+            return Err(WriteError::Fatal(format!(
+                "a leadership transfer was answered {reply:?}"
+            )));
+        };
+        // So the status read right after names the new leader.
+        let _ = self
+            .raft
+            .wait(Some(Duration::from_secs(2)))
+            .metrics(|m| m.current_leader == Some(leader), "the new leader")
+            .await;
+        Ok(leader)
+    }
+
     /// Removes a member.
     pub async fn remove(&self, id: NodeId) -> Result<(), WriteError> {
         self.route(Forwarded::Remove { id }, self.request_timeout)
@@ -895,6 +920,10 @@ impl RaftNode {
             Forwarded::Probe => Ok(ForwardReply::Probe {
                 initialized: self.status().initialized,
             }),
+            Forwarded::TransferLeader { to } => self
+                .hand_off(to, HAND_OFF_TIMEOUT)
+                .await
+                .map(ForwardReply::Leader),
             Forwarded::Status => {
                 let status = self.status();
                 if status.is_leader {
@@ -1006,19 +1035,75 @@ impl RaftNode {
 
     /// Before this node stops: if it leads, hands leadership to the most
     /// caught-up voter so the cluster does not wait an election timeout.
-    /// openraft 0.9 has no transfer call; instead new writes wait here, the
-    /// chosen follower is waited for until it holds the whole log, and then
-    /// asked to campaign (this leader grants its vote, as its own lease has
-    /// run out, and steps down). Gives up after `timeout`; the cluster then
-    /// elects a leader by itself once this node is gone.
-    #[instrument(skip(self), fields(node_id = self.id))]
+    /// Gives up after `timeout`; the cluster then elects a leader by itself
+    /// once this node is gone.
     pub async fn hand_off_leadership(&self, timeout: Duration) -> Option<NodeId> {
         let status = self.status();
         if !status.is_leader || status.voters.len() < 2 {
             return None;
         }
+        match self.hand_off(None, timeout).await {
+            Ok(new) => {
+                info!(new_leader = new, "handed leadership over before stopping");
+                Some(new)
+            }
+            Err(e) => {
+                warn!(error = %e, "leadership hand-off did not complete; stopping anyway");
+                None
+            }
+        }
+    }
+
+    /// Hands this leader's leadership to the voter `to`, or to the most
+    /// caught-up voter. openraft 0.9 has no transfer call; instead new
+    /// writes wait here, the successor is waited for until it holds the
+    /// whole log, and then asked to campaign (this leader grants its vote,
+    /// as its own lease has run out, and steps down). Answers the new
+    /// leader, or why there is none after `timeout`.
+    #[instrument(skip(self), fields(node_id = self.id))]
+    async fn hand_off(&self, to: Option<NodeId>, timeout: Duration) -> Result<NodeId, WriteError> {
+        let status = self.status();
+        if !status.is_leader {
+            return Err(WriteError::NotLeader {
+                leader_id: status.leader,
+                leader: status.leader_addr().map(String::from),
+            });
+        }
+        match to {
+            Some(id) if id == self.id => return Ok(id),
+            Some(id) if !status.voters.contains(&id) => {
+                return Err(WriteError::Membership(format!(
+                    "node {id} is not a voter of the cluster; only a voter can lead"
+                )));
+            }
+            _ if status.voters.len() < 2 => {
+                return Err(WriteError::Membership(
+                    "the cluster has one voter; there is no other to hand leadership to".into(),
+                ));
+            }
+            _ => {}
+        }
+        if self.handing_off.swap(true, Ordering::AcqRel) {
+            return Err(WriteError::Membership(
+                "a leadership hand-off is already in progress".into(),
+            ));
+        }
+        let handed = self.hand_off_to(to, timeout).await;
+        // Writes waiting meanwhile now find the new leader, or, when none
+        // took over, this one again.
+        self.handing_off.store(false, Ordering::Release);
+        handed.ok_or_else(|| {
+            let who = to.map_or_else(|| "no voter".to_string(), |id| format!("node {id}"));
+            WriteError::Unavailable(format!(
+                "{who} took over leadership within {} s (a successor must hold the whole log and win an election); this node still leads",
+                timeout.as_secs()
+            ))
+        })
+    }
+
+    /// The hand-off's work, with new writes already held back.
+    async fn hand_off_to(&self, to: Option<NodeId>, timeout: Duration) -> Option<NodeId> {
         let deadline = Instant::now() + timeout;
-        self.handing_off.store(true, Ordering::Release);
         // Proposals already made finish first, so the log's end is known
         // (the metrics' last index can trail entries just appended).
         while self.writes_in_flight.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
@@ -1036,11 +1121,16 @@ impl RaftNode {
                 }
                 continue;
             }
-            // A voter holding the whole log; one not asked yet first.
+            // A voter holding the whole log (the one asked for, if any);
+            // one not asked yet first.
             let mut caught_up: Vec<NodeId> = s
                 .follower_matched
                 .iter()
-                .filter(|(id, matched)| s.voters.contains(id) && *matched >= s.last_log_index)
+                .filter(|(id, matched)| {
+                    s.voters.contains(id)
+                        && to.is_none_or(|t| t == *id)
+                        && *matched >= s.last_log_index
+                })
                 .map(|(id, _)| *id)
                 .collect();
             caught_up.sort_by_key(|id| asked.contains(id));
@@ -1074,12 +1164,6 @@ impl RaftNode {
                 )
                 .await;
             handed = self.status().leader.filter(|l| *l != self.id);
-        }
-        if handed.is_none() {
-            warn!("leadership hand-off did not complete in time; stopping anyway");
-        }
-        if let Some(new) = handed {
-            info!(new_leader = new, "handed leadership over before stopping");
         }
         handed
     }

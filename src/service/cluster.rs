@@ -284,6 +284,21 @@ impl ClusterService {
         self.recorded().await
     }
 
+    /// Hands leadership to the voter `to` (`None`: the most caught-up);
+    /// answers the new leader.
+    pub async fn transfer_leader(
+        &self,
+        principal: Option<&Principal>,
+        to: Option<NodeId>,
+    ) -> Result<NodeId> {
+        let target = to.map(|id| id.to_string());
+        super::audit::begin("cluster.transfer_leader", target.as_deref());
+        require_admin(principal)?;
+        let leader = self.node.transfer_leadership(to).await?;
+        self.recorded().await?;
+        Ok(leader)
+    }
+
     pub async fn remove(&self, principal: Option<&Principal>, id: NodeId) -> Result<()> {
         super::audit::begin("cluster.remove", Some(&id.to_string()));
         require_admin(principal)?;

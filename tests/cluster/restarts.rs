@@ -1,6 +1,7 @@
 //! Stopping and restarting nodes the way an operator does: SIGTERM on the
-//! leader hands leadership over before the process exits, and a rolling
-//! restart of every node under a steady write load loses nothing. The
+//! leader hands leadership over before the process exits, leadership moves
+//! on request, and a rolling restart of every node under a steady write
+//! load loses nothing. The
 //! longest time no write succeeded is printed (the figure is reported in
 //! docs/operations.md; timing is not asserted here).
 
@@ -142,4 +143,151 @@ async fn a_rolling_restart_under_write_load_loses_nothing() {
             assert!(contents.contains_key(agent), "node {id} lacks {agent}");
         }
     }
+}
+
+/// `POST /cluster/transfer-leader` (any node) and `agentry cluster
+/// transfer-leader` hand leadership to the voter asked for, or to the most
+/// caught-up one, while a client writes; no acknowledged write is lost, a
+/// request that cannot be met is refused with the error body, and the
+/// trail records each transfer.
+#[tokio::test(flavor = "multi_thread")]
+async fn leadership_is_transferred_on_request_under_writes() {
+    let _serial = SERIAL.lock().await;
+    let c = three_nodes().await;
+    let leader = c.wait_for_leader(Duration::from_secs(30)).await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let followers: Vec<u64> = (1..=3).filter(|id| *id != leader).collect();
+    let (via, target) = (followers[0], followers[1]);
+
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (stop, url) = (stop.clone(), c.http_url(via));
+        tokio::spawn(async move {
+            let http = reqwest::Client::new();
+            let mut acked = Vec::new();
+            let mut i = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let id = format!("during-{i}");
+                i += 1;
+                let r = http
+                    .post(format!("{url}/agents"))
+                    .bearer_auth(ADMIN)
+                    .json(&agent(&id, "Written during a transfer."))
+                    .send()
+                    .await;
+                if r.is_ok_and(|r| r.status() == 201) {
+                    acked.push((id, Instant::now()));
+                }
+            }
+            acked
+        })
+    };
+    let http = reqwest::Client::new();
+    let transfer = |node: u64, body: Option<serde_json::Value>, key: Option<&str>| {
+        let mut req = http.post(format!("{}/cluster/transfer-leader", c.http_url(node)));
+        if let Some(body) = body {
+            req = req.json(&body);
+        }
+        if let Some(key) = key {
+            req = req.bearer_auth(key);
+        }
+        async move {
+            let r = req.send().await.expect("answered");
+            let status = r.status().as_u16();
+            (
+                status,
+                r.json::<serde_json::Value>().await.unwrap_or_default(),
+            )
+        }
+    };
+
+    // To the voter asked for, through a follower.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (status, body) = transfer(via, Some(serde_json::json!({"id": target})), Some(ADMIN)).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["leader_id"], target, "{body}");
+    assert_eq!(c.wait_for_leader(Duration::from_secs(10)).await, target);
+
+    // Refused, with the error body, and nothing moves: a node that is not
+    // a voter, a node id of 0, a caller without the admin key.
+    for (body, key, code) in [
+        (serde_json::json!({"id": 9}), Some(ADMIN), 409),
+        (serde_json::json!({"id": 0}), Some(ADMIN), 400),
+        (serde_json::json!({"id": leader}), None, 401),
+    ] {
+        let (status, answer) = transfer(via, Some(body.clone()), key).await;
+        assert_eq!(status, code, "{body}: {answer}");
+        assert!(answer["code"].is_string(), "{answer}");
+    }
+    assert_eq!(c.wait_for_leader(Duration::from_secs(10)).await, target);
+
+    // Without a voter named, from the CLI: the most caught-up voter takes
+    // over (the new leader grants its vote once its lease has passed).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
+        .args([
+            "cluster",
+            "transfer-leader",
+            "--server",
+            &c.grpc_url(target),
+        ])
+        .env("AGENTRY_API_KEY", ADMIN)
+        .env("AGENTRY_LOG", "warn")
+        .output()
+        .await
+        .expect("the CLI runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let now = c.wait_for_leader(Duration::from_secs(10)).await;
+    assert_ne!(now, target);
+
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let acked = writer.await.unwrap();
+    assert!(acked.len() > 10, "only {} writes", acked.len());
+    let longest = acked
+        .windows(2)
+        .map(|w| w[1].1 - w[0].1)
+        .max()
+        .unwrap_or_default();
+    eprintln!(
+        "two leadership transfers: {} writes acknowledged; longest time between two: {} ms",
+        acked.len(),
+        longest.as_millis()
+    );
+    let acked: Vec<String> = acked.into_iter().map(|(id, _)| id).collect();
+    c.wait_applied_as(now, Duration::from_secs(20)).await;
+    for id in 1..=3 {
+        let contents = c.contents(id).await;
+        let lost: Vec<&String> = acked
+            .iter()
+            .filter(|a| !contents.contains_key(*a))
+            .collect();
+        assert!(lost.is_empty(), "node {id} lacks {lost:?}");
+    }
+    let trail = http
+        .get(format!(
+            "{}/audit?operation=cluster.transfer_leader",
+            c.http_url(now)
+        ))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .expect("answered")
+        .json::<serde_json::Value>()
+        .await
+        .expect("json");
+    let outcomes: Vec<&str> = trail["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["outcome"].as_str())
+        .collect();
+    assert!(
+        outcomes.iter().filter(|o| **o == "ok").count() >= 2,
+        "{trail}"
+    );
 }

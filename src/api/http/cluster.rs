@@ -107,6 +107,38 @@ pub(super) async fn promote(
     ok(s.cluster.promote(grpc_request(&caller, msg)).await?)
 }
 
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct TransferBody {
+    #[serde(default)]
+    id: Option<u64>,
+}
+
+/// `POST /cluster/transfer-leader`, with `{"id": N}` for a chosen voter or
+/// no body for the most caught-up one.
+pub(super) async fn transfer_leader(
+    State(s): State<HttpState>,
+    caller: Caller,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult {
+    let has_body = headers.contains_key(axum::http::header::CONTENT_TYPE);
+    let body: TransferBody = if has_body {
+        parse(json_body(&s, &headers, body).await?)?
+    } else {
+        TransferBody::default()
+    };
+    if body.id == Some(0) {
+        return Err(invalid(Some("/id"), "/id: node ids start at 1"));
+    }
+    let msg = pb::TransferLeaderRequest {
+        id: body.id.unwrap_or(0),
+    };
+    ok(s.cluster
+        .transfer_leader(grpc_request(&caller, msg))
+        .await?)
+}
+
 pub(super) async fn remove(
     State(s): State<HttpState>,
     caller: Caller,

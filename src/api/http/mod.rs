@@ -1233,6 +1233,12 @@ pub fn routes() -> Routes {
         routing::delete(cluster::remove),
     )
     .add(
+        OpClass::Admin,
+        "POST",
+        "/cluster/transfer-leader",
+        routing::post(cluster::transfer_leader),
+    )
+    .add(
         OpClass::Read,
         "GET",
         "/.well-known/agentry.json",
