@@ -206,6 +206,7 @@ async fn follow_once(
         if event.listing_done {
             let seen = accepted.take().unwrap_or_default();
             let mut kept = Vec::new();
+            let mut withdrawn = 0;
             for (authority, id, copied) in service.federated_copies()? {
                 if authority != peer.authority {
                     continue;
@@ -215,6 +216,7 @@ async fn follow_once(
                     None => {
                         let change = withdrawal(id, copied, event.revision);
                         keep(service, &peer.authority, change, None, None).await?;
+                        withdrawn += 1;
                         at_limit = false;
                     }
                 }
@@ -225,7 +227,6 @@ async fn follow_once(
             // choice is the peer's order and the same on every leader.
             if let Some(max) = peer.max_records {
                 let max = usize::try_from(max).unwrap_or(usize::MAX);
-                kept.sort_unstable();
                 if kept.len() > max {
                     warn!(
                         max_records = max,
@@ -233,28 +234,39 @@ async fn follow_once(
                         "more live copies of the peer than its max_records: withdrawing those past it"
                     );
                 }
-                for (_, id, copied) in kept.drain(..).skip(max) {
+                kept.sort_unstable();
+                for (_, id, copied) in kept.drain(max.min(kept.len())..) {
                     let change = withdrawal(id, copied, event.revision);
                     keep(service, &peer.authority, change, None, None).await?;
+                    withdrawn += 1;
                 }
             }
+            info!(
+                noted = seen.len(),
+                copies = kept.len(),
+                withdrawn,
+                "the peer's listing is done"
+            );
             let skip = FederatedChange::Skip;
             keep(service, &peer.authority, skip, Some(event.revision), None).await?;
             listed.write(&trust);
             continue;
         }
         let (change, id) = to_change(peer, &event, service.peers().max_record_bytes);
-        if event.listing {
-            let accepted = accepted.get_or_insert_with(HashMap::new);
-            if let Some(id) = id {
-                let place = accepted.len();
-                accepted.entry(id).or_insert(place);
-            }
-            // A listing repeats mostly what is kept already; only what
-            // would change anything goes through Raft.
-            if !service.federated_change_applies(&peer.authority, &change)? {
-                continue;
-            }
+        // A listed id is noted unless the limit refuses its copy: only
+        // noted ids can be kept copies, so a peer that lists far more
+        // than its limit costs no memory past it.
+        let listed = if event.listing {
+            accepted.get_or_insert_with(HashMap::new);
+            id
+        } else {
+            None
+        };
+        // A listing repeats mostly what is kept already; only what would
+        // change anything goes through Raft.
+        if event.listing && !service.federated_change_applies(&peer.authority, &change)? {
+            note(&mut accepted, listed);
+            continue;
         }
         if at_limit && is_new_copy(service, &peer.authority, &change)? {
             crate::metrics::observe_federation_refusal(&peer.authority, "quota");
@@ -279,9 +291,20 @@ async fn follow_once(
                 }
                 at_limit = true;
             }
-            Kept::Changed(ChangeKind::Deleted) => at_limit = false,
-            Kept::Changed(_) | Kept::Unchanged => {}
+            Kept::Changed(ChangeKind::Deleted) => {
+                note(&mut accepted, listed);
+                at_limit = false;
+            }
+            Kept::Changed(_) | Kept::Unchanged => note(&mut accepted, listed),
         }
+    }
+}
+
+/// Notes `id` as brought by the listing, in its order.
+fn note(accepted: &mut Option<HashMap<String, usize>>, id: Option<String>) {
+    if let (Some(accepted), Some(id)) = (accepted.as_mut(), id) {
+        let place = accepted.len();
+        accepted.entry(id).or_insert(place);
     }
 }
 

@@ -641,7 +641,11 @@ async fn three_organisations_federate_discovery_and_sync() {
 /// a.example's one-node cluster, not started yet, and b.example's, up
 /// with its identity established.
 async fn a_and_running_b(b_org: &Org) -> (Cluster, Cluster) {
-    let mut a = Cluster::new(Options::default());
+    // a.example's sync says what each listing kept.
+    let mut a = Cluster::new(Options {
+        log: Some("warn,agentry::federation::sync=info"),
+        ..Default::default()
+    });
     let mut b = Cluster::new(Options::default());
     a.reserve(1);
     b.reserve(1);
@@ -837,6 +841,15 @@ async fn a_peers_copies_are_kept_up_to_its_record_limit() {
     let first = copies_of_b(&a).await;
     assert_eq!(first.len(), 2, "{first:?}");
     assert!(refused_at_limit(&a, 1).await >= 1);
+    // The listing noted only the ids it kept, not the one refused.
+    let done = |log: String| {
+        log.lines()
+            .any(|l| l.contains("the peer's listing is done") && l.contains("noted=2 copies=2"))
+    };
+    eventually("the listing done", Duration::from_secs(30), || async {
+        done(a.log(1))
+    })
+    .await;
 
     // A live record past the limit is refused too, and counted.
     let before = refused_at_limit(&a, 1).await;
