@@ -73,6 +73,11 @@ struct StoredProvenance {
 }
 
 impl RecordCounts {
+    /// The live copies kept from the peer `authority`.
+    pub(super) fn of_peer(&self, authority: &str) -> u64 {
+        self.peers.get(authority).copied().unwrap_or(0)
+    }
+
     /// Counts one record as stored (its JSON).
     pub(super) fn add_stored(&mut self, json: &[u8]) -> Result<(), serde_json::Error> {
         let e = serde_json::from_slice::<Stored>(json)?.envelope;

@@ -155,6 +155,9 @@ impl AppliedState {
 pub struct Reader {
     pub(crate) db: Arc<DB>,
     pub(crate) applied: Arc<AppliedState>,
+    /// The state machine's live-record counts (`/metrics` shows each
+    /// peer's).
+    pub(super) counts: Arc<std::sync::Mutex<super::quota::RecordCounts>>,
 }
 
 impl Reader {
@@ -226,6 +229,12 @@ impl Reader {
     /// The identity's signing key, once established.
     pub fn signer(&self) -> Option<Arc<Signer>> {
         self.applied.signer()
+    }
+
+    /// The live copies kept from `peer` (its authority), as applied.
+    pub fn peer_copies(&self, peer: &str) -> u64 {
+        let counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        counts.of_peer(peer)
     }
 
     /// The peer revision the federation follower of `peer` has consumed

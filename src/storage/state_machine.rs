@@ -433,6 +433,7 @@ impl StateMachine {
         Reader {
             db: self.db.clone(),
             applied: self.applied.clone(),
+            counts: self.counts.clone(),
         }
     }
 

@@ -850,6 +850,16 @@ async fn a_peers_copies_are_kept_up_to_its_record_limit() {
         done(a.log(1))
     })
     .await;
+    // /metrics shows how close the peer is to its limit.
+    let b_label = ["peer=\"b.example\""];
+    assert_eq!(
+        sample(&a, 1, "agentry_federation_copies", &b_label).await,
+        2
+    );
+    assert_eq!(
+        sample(&a, 1, "agentry_federation_max_records", &b_label).await,
+        2
+    );
 
     // A live record past the limit is refused too, and counted.
     let before = refused_at_limit(&a, 1).await;
@@ -906,6 +916,12 @@ async fn a_peers_copies_are_kept_up_to_its_record_limit() {
         || async { copies_of_b(&a).await == all },
     )
     .await;
+    let copies = sample(&a, 1, "agentry_federation_copies", &b_label).await;
+    assert_eq!(copies, all.len() as u64);
+    assert_eq!(
+        sample(&a, 1, "agentry_federation_max_records", &b_label).await,
+        0
+    );
 
     // A lowered limit: the peer is listed again and the copies past the
     // limit are withdrawn, the first two of the listing (the peer's id

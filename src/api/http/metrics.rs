@@ -18,6 +18,17 @@ pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; cha
 
 type Labels = Vec<(&'static str, String)>;
 
+/// A synced peer's state, as this node has applied it.
+pub struct PeerSync {
+    pub authority: String,
+    /// The revision of the peer's feed read up to.
+    pub cursor: u64,
+    /// Live copies of the peer's records kept.
+    pub copies: u64,
+    /// Its `max_records` (0: none).
+    pub max_records: u64,
+}
+
 /// A scrape's worth of values read from the node.
 struct Page {
     registry: Registry,
@@ -73,7 +84,7 @@ pub fn render(
     oldest_revision: u64,
     index: &IndexStats,
     streams: StreamCounts,
-    peer_cursors: &[(String, u64)],
+    peers: &[PeerSync],
 ) -> String {
     let mut p = Page {
         registry: Registry::default(),
@@ -166,11 +177,25 @@ pub fn render(
             .iter()
             .map(|(id, idx)| (id.to_string(), s.last_log_index.saturating_sub(*idx))),
     );
+    let of_peers =
+        |value: fn(&PeerSync) -> u64| peers.iter().map(move |p| (p.authority.clone(), value(p)));
     p.labelled(
         "agentry_federation_cursor_revision",
         "The revision of each synced peer's feed this cluster has read up to (0: none yet); behind the peer's own revision while its changes are still arriving.",
         "peer",
-        peer_cursors.iter().cloned(),
+        of_peers(|p| p.cursor),
+    );
+    p.labelled(
+        "agentry_federation_copies",
+        "Live copies of each synced peer's records kept here; new ones are refused at its max_records.",
+        "peer",
+        of_peers(|p| p.copies),
+    );
+    p.labelled(
+        "agentry_federation_max_records",
+        "Each synced peer's max_records (0: no limit).",
+        "peer",
+        of_peers(|p| p.max_records),
     );
     p.labelled(
         "agentry_open_streams",
@@ -301,10 +326,20 @@ mod tests {
             anonymous: 4,
             authenticated: 1,
         };
-        let cursors = [("b.example".to_string(), 17)];
-        let text = render(&s, 41, 1, &index, streams, &cursors);
-        assert!(text
-            .contains("agentry_federation_cursor_revision{node_id=\"1\",peer=\"b.example\"} 17\n"));
+        let peers = [PeerSync {
+            authority: "b.example".into(),
+            cursor: 17,
+            copies: 5,
+            max_records: 100,
+        }];
+        let text = render(&s, 41, 1, &index, streams, &peers);
+        for sample in [
+            "agentry_federation_cursor_revision{node_id=\"1\",peer=\"b.example\"} 17\n",
+            "agentry_federation_copies{node_id=\"1\",peer=\"b.example\"} 5\n",
+            "agentry_federation_max_records{node_id=\"1\",peer=\"b.example\"} 100\n",
+        ] {
+            assert!(text.contains(sample), "{sample}");
+        }
         assert!(text.contains("agentry_open_streams{node_id=\"1\",caller=\"anonymous\"} 4\n"));
         assert!(text.contains("agentry_discovery_indexed_agents{node_id=\"1\"} 7\n"));
         assert!(text.contains("agentry_raft_refused_members{node_id=\"1\"} 1\n"));

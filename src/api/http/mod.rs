@@ -918,15 +918,20 @@ async fn readyz(State(s): State<HttpState>) -> Response {
 async fn metrics_page(State(s): State<HttpState>) -> Response {
     let service = s.api.service();
     let reader = service.reader();
-    let peer_cursors: Vec<(String, u64)> = service
+    let peers: Vec<metrics::PeerSync> = service
         .peers()
         .all()
         .iter()
         .filter(|p| p.sync)
-        // A cursor that cannot be read is left out rather than shown as 0.
+        // A cursor that cannot be read leaves the peer out rather than
+        // showing 0.
         .filter_map(|p| {
-            let at = reader.federation_cursor(&p.authority).ok()?;
-            Some((p.authority.clone(), at))
+            Some(metrics::PeerSync {
+                cursor: reader.federation_cursor(&p.authority).ok()?,
+                copies: reader.peer_copies(&p.authority),
+                max_records: p.max_records.unwrap_or(0),
+                authority: p.authority.clone(),
+            })
         })
         .collect();
     let body = metrics::render(
@@ -935,7 +940,7 @@ async fn metrics_page(State(s): State<HttpState>) -> Response {
         reader.oldest_revision(),
         &service.index().stats(),
         s.gate.open_streams(),
-        &peer_cursors,
+        &peers,
     );
     ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], body).into_response()
 }
