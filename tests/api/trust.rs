@@ -658,6 +658,17 @@ async fn follow_changes(http: &str) -> reqwest::Response {
     follow_changes_from(http, "127.0.0.1").await
 }
 
+/// Asserts `r` refused a stream: 429 with a retry and the problem body,
+/// whose detail says `why`.
+async fn stream_refused(r: reqwest::Response, why: &str) {
+    assert_eq!(r.status(), 429);
+    assert_eq!(r.headers()["retry-after"], "5");
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(body["code"], "rate_limited", "{body}");
+    let detail = body["detail"].as_str().unwrap_or_default();
+    assert!(detail.contains(why), "{body}");
+}
+
 /// `GET /changes` from the loopback address `from` (any of 127/8).
 async fn follow_changes_from(http: &str, from: &str) -> reqwest::Response {
     reqwest::Client::builder()
@@ -709,17 +720,7 @@ async fn anonymous_callers_together_hold_at_most_their_share_of_streams() {
     // anonymous share is taken: 429 over HTTP, RESOURCE_EXHAUSTED over gRPC.
     for from in ["127.0.0.2", "127.0.0.3"] {
         let r = follow_changes_from(&s.http, from).await;
-        assert_eq!(r.status(), 429, "{from}");
-        assert_eq!(r.headers()["retry-after"], "5");
-        let body: serde_json::Value = r.json().await.unwrap();
-        assert_eq!(body["code"], "rate_limited", "{body}");
-        assert!(
-            body["detail"]
-                .as_str()
-                .unwrap_or_default()
-                .contains("anonymous callers already hold 3 streams"),
-            "{body}"
-        );
+        stream_refused(r, "anonymous callers already hold 3 streams").await;
     }
     let e = grpc_watch(&s.grpc, None).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::ResourceExhausted);
@@ -771,18 +772,7 @@ async fn one_caller_holds_at_most_its_share_of_open_streams() {
     let watch = grpc_watch(&s.grpc, None).await.expect("a third stream");
 
     // A fourth is refused on either, with the problem body and a retry.
-    let r = follow_changes(&s.http).await;
-    assert_eq!(r.status(), 429);
-    assert_eq!(r.headers()["retry-after"], "5");
-    let body: serde_json::Value = r.json().await.unwrap();
-    assert_eq!(body["code"], "rate_limited", "{body}");
-    assert!(
-        body["detail"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("3 streams"),
-        "{body}"
-    );
+    stream_refused(follow_changes(&s.http).await, "3 streams").await;
     let e = grpc_watch(&s.grpc, None).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::ResourceExhausted);
     assert_eq!(agentry::api::error::detail_of(&e).code, "rate_limited");

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::harness::*;
-use crate::scenarios::SERIAL;
+use crate::scenarios::{cli, SERIAL};
 
 /// Three nodes that log Agentry's consensus info lines (the hand-off).
 async fn three_nodes() -> Cluster {
@@ -224,23 +224,8 @@ async fn leadership_is_transferred_on_request_under_writes() {
     // Without a voter named, from the CLI: the most caught-up voter takes
     // over (the new leader grants its vote once its lease has passed).
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
-        .args([
-            "cluster",
-            "transfer-leader",
-            "--server",
-            &c.grpc_url(target),
-        ])
-        .env("AGENTRY_API_KEY", ADMIN)
-        .env("AGENTRY_LOG", "warn")
-        .output()
-        .await
-        .expect("the CLI runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let grpc = c.grpc_url(target);
+    cli(&["cluster", "transfer-leader", "--server", &grpc]).await;
     let now = c.wait_for_leader(Duration::from_secs(10)).await;
     assert_ne!(now, target);
 

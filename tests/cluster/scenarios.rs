@@ -531,7 +531,8 @@ fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
     }
 }
 
-async fn cli(args: &[&str]) -> String {
+/// Runs the `agentry` CLI as the admin; its output, once it succeeded.
+pub(crate) async fn cli(args: &[&str]) -> String {
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
         .args(args)
         .env("AGENTRY_API_KEY", ADMIN)

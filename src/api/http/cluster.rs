@@ -8,7 +8,8 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::{
-    grpc_request, invalid, json_body, json_response, ApiError, ApiResult, Caller, HttpState,
+    grpc_request, invalid, json_body, json_response, optional_body, ApiError, ApiResult, Caller,
+    HttpState,
 };
 use crate::convert::cluster_status_to_json;
 use crate::pb::{self, cluster_server::Cluster};
@@ -55,12 +56,7 @@ pub(super) async fn initialize(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult {
-    let has_body = headers.contains_key(axum::http::header::CONTENT_TYPE);
-    let body: InitBody = if has_body {
-        parse(json_body(&s, &headers, body).await?)?
-    } else {
-        InitBody::default()
-    };
+    let body: InitBody = optional_body(&s, &headers, body).await?;
     let msg = pb::InitializeRequest {
         members: body
             .members
@@ -122,12 +118,7 @@ pub(super) async fn transfer_leader(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult {
-    let has_body = headers.contains_key(axum::http::header::CONTENT_TYPE);
-    let body: TransferBody = if has_body {
-        parse(json_body(&s, &headers, body).await?)?
-    } else {
-        TransferBody::default()
-    };
+    let body: TransferBody = optional_body(&s, &headers, body).await?;
     if body.id == Some(0) {
         return Err(invalid(Some("/id"), "/id: node ids start at 1"));
     }

@@ -7,7 +7,9 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use serde::Deserialize;
 
-use super::{grpc_request, invalid, json_body, json_response, ApiResult, Caller, HttpState};
+use super::{
+    grpc_request, invalid, json_body, json_response, optional_body, ApiResult, Caller, HttpState,
+};
 use crate::api::federation::{publisher_key_to_json, registry_info_to_json};
 use crate::pb::{self, federation_server::Federation};
 
@@ -39,13 +41,7 @@ pub(super) async fn rotate_key(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult {
-    let has_body = headers.contains_key(axum::http::header::CONTENT_TYPE);
-    let body: RotateBody = if has_body {
-        crate::convert::from_json(json_body(&s, &headers, body).await?)
-            .map_err(|e| invalid(Some(&e.pointer), e.message))?
-    } else {
-        RotateBody::default()
-    };
+    let body: RotateBody = optional_body(&s, &headers, body).await?;
     let msg = pb::RotateKeyRequest {
         not_after: body.not_after,
     };

@@ -291,6 +291,21 @@ async fn json_body(state: &HttpState, headers: &HeaderMap, body: Body) -> Result
         .map_err(|e| invalid(None, format!("request body is not valid JSON: {e}")))
 }
 
+/// Reads the JSON body of a route whose body may be left out (no
+/// `Content-Type`): `T`'s default then, else the body as `T`, a member
+/// that does not fit named in the error.
+async fn optional_body<T: serde::de::DeserializeOwned + Default>(
+    state: &HttpState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<T, ApiError> {
+    if !headers.contains_key(header::CONTENT_TYPE) {
+        return Ok(T::default());
+    }
+    crate::convert::from_json(json_body(state, headers, body).await?)
+        .map_err(|e| invalid(Some(&e.pointer), e.message))
+}
+
 /// Reads a body declared as JSON, within the size limit, unparsed.
 async fn json_bytes(state: &HttpState, headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
     let ctype = headers

@@ -724,6 +724,23 @@ mod tests {
         assert_eq!(st.events.len(), 2, "no event after WaitForInput");
     }
 
+    /// Completes one of the runs whose holder `held_by` accepts.
+    fn complete_one(runs: &ApRuns, held_by: impl Fn(&Holder) -> bool) {
+        let run = runs
+            .runs
+            .lock()
+            .unwrap()
+            .values()
+            .find(|r| held_by(&r.holder))
+            .cloned()
+            .unwrap();
+        run.publish(
+            "RunCompleted",
+            "assistant",
+            json!({"finish_reason": "success"}),
+        );
+    }
+
     #[test]
     fn one_caller_holds_at_most_its_share_of_open_runs() {
         let runs = ApRuns::new(Duration::from_secs(600));
@@ -738,19 +755,7 @@ mod tests {
         // Others are not held back by alice's runs.
         runs.insert(run("bob", "b")).unwrap();
         // One of alice's completes: she may start another.
-        let first = runs
-            .runs
-            .lock()
-            .unwrap()
-            .values()
-            .find(|r| r.holder == Holder::Principal("alice".into()))
-            .cloned()
-            .unwrap();
-        first.publish(
-            "RunCompleted",
-            "assistant",
-            json!({"finish_reason": "success"}),
-        );
+        complete_one(&runs, |h| *h == Holder::Principal("alice".into()));
         runs.insert(run("alice", "more")).unwrap();
     }
 
@@ -794,19 +799,7 @@ mod tests {
         runs.insert(run("alice", "alice")).unwrap();
         runs.insert(run_by(None, None, "in-process")).unwrap();
         // One anonymous run completes: another anonymous caller may start one.
-        let first = runs
-            .runs
-            .lock()
-            .unwrap()
-            .values()
-            .find(|r| matches!(r.holder, Holder::Address(_)))
-            .cloned()
-            .unwrap();
-        first.publish(
-            "RunCompleted",
-            "assistant",
-            json!({"finish_reason": "success"}),
-        );
+        complete_one(&runs, |h| matches!(h, Holder::Address(_)));
         runs.insert(run_by(None, Some(address(MAX_OPEN_ANONYMOUS)), "more"))
             .unwrap();
     }
