@@ -560,7 +560,7 @@ impl Gate {
         let all: usize = held.by_owner.values().sum();
         StreamCounts {
             anonymous: held.anonymous,
-            authenticated: all - held.anonymous,
+            authenticated: all.saturating_sub(held.anonymous),
         }
     }
 }

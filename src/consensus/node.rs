@@ -1093,9 +1093,12 @@ impl RaftNode {
         // took over, this one again.
         self.handing_off.store(false, Ordering::Release);
         handed.ok_or_else(|| {
-            let who = to.map_or_else(|| "no voter".to_string(), |id| format!("node {id}"));
+            let what = match to {
+                Some(id) => format!("node {id} did not take over leadership"),
+                None => "no voter took over leadership".into(),
+            };
             WriteError::Unavailable(format!(
-                "{who} took over leadership within {} s (a successor must hold the whole log and win an election); this node still leads",
+                "{what} within {} s (a successor must hold the whole log and win an election); this node still leads",
                 timeout.as_secs()
             ))
         })
