@@ -15,13 +15,9 @@ use crate::scenarios::SERIAL;
 
 /// A counter or gauge from node `id`'s `/metrics` (labels, if any, ignored).
 async fn metric(c: &Cluster, id: u64, name: &str) -> u64 {
-    c.metrics(id)
+    c.sample(id, name, &[])
         .await
-        .lines()
-        .find(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse::<f64>().ok())
-        .unwrap_or_else(|| panic!("{name} missing from node {id}'s /metrics")) as u64
+        .unwrap_or_else(|| panic!("{name} missing from node {id}'s /metrics"))
 }
 
 /// Registers `count` agents named `{prefix}-{n}`, `clients` at a time,

@@ -777,15 +777,9 @@ async fn copies_follow_the_trust_in_the_peer_across_restarts() {
 }
 
 /// The value of node `node`'s sample `name` whose labels include every
-/// one of `labels` (0 when there is none).
+/// one of `labels` (0 when there is none: a counter not counted yet).
 async fn sample(c: &Cluster, node: u64, name: &str, labels: &[&str]) -> u64 {
-    c.metrics(node)
-        .await
-        .lines()
-        .find(|l| l.starts_with(&format!("{name}{{")) && labels.iter().all(|x| l.contains(x)))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse::<f64>().ok())
-        .unwrap_or(0.0) as u64
+    c.sample(node, name, labels).await.unwrap_or(0)
 }
 
 /// The records of b.example's feed a.example's limit refused (on the

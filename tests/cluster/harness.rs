@@ -557,6 +557,22 @@ impl Cluster {
             .expect("metrics text")
     }
 
+    /// The value of node `id`'s sample `name` whose labels include every
+    /// one of `labels` (`peer="b.example"`), if `/metrics` has one.
+    pub async fn sample(&self, id: u64, name: &str, labels: &[&str]) -> Option<u64> {
+        self.metrics(id)
+            .await
+            .lines()
+            .find(|l| {
+                l.starts_with(name)
+                    && l[name.len()..].starts_with([' ', '{'])
+                    && labels.iter().all(|x| l.contains(x))
+            })
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+            .map(|v| v as u64)
+    }
+
     /// `/.well-known/agentry.json` of node `id`, once the cluster has
     /// established its identity.
     pub async fn registry_info(&self, id: u64) -> Value {

@@ -5,19 +5,13 @@ use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use serde::Deserialize;
-use serde_json::Value;
 
 use super::{
-    grpc_request, invalid, json_body, json_response, optional_body, ApiError, ApiResult, Caller,
+    grpc_request, invalid, json_response, optional_body, typed_body, ApiError, ApiResult, Caller,
     HttpState,
 };
 use crate::convert::cluster_status_to_json;
 use crate::pb::{self, cluster_server::Cluster};
-
-/// Parses a JSON body into `T`, naming the offending member on error.
-fn parse<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, ApiError> {
-    crate::convert::from_json(v).map_err(|e| invalid(Some(&e.pointer), e.message))
-}
 
 fn ok(resp: tonic::Response<pb::ClusterStatus>) -> ApiResult {
     Ok(json_response(
@@ -85,7 +79,7 @@ pub(super) async fn add_learner(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult {
-    let b: LearnerBody = parse(json_body(&s, &headers, body).await?)?;
+    let b: LearnerBody = typed_body(&s, &headers, body).await?;
     let msg = pb::AddLearnerRequest {
         id: b.id,
         raft_addr: b.raft_addr,

@@ -7,9 +7,7 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use serde::Deserialize;
 
-use super::{
-    grpc_request, invalid, json_body, json_response, optional_body, ApiResult, Caller, HttpState,
-};
+use super::{grpc_request, json_response, optional_body, typed_body, ApiResult, Caller, HttpState};
 use crate::api::federation::{publisher_key_to_json, registry_info_to_json};
 use crate::pb::{self, federation_server::Federation};
 
@@ -89,8 +87,7 @@ pub(super) async fn add_publisher_key(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult {
-    let b: PublisherKeyBody = crate::convert::from_json(json_body(&s, &headers, body).await?)
-        .map_err(|e| invalid(Some(&e.pointer), e.message))?;
+    let b: PublisherKeyBody = typed_body(&s, &headers, body).await?;
     let msg = pb::AddPublisherKeyRequest {
         public_key: b.public_key,
         namespaces: b.namespaces,

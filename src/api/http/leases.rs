@@ -10,8 +10,8 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::{
-    consistency_param, grpc_request, invalid, json_bytes, json_response, query_params, ApiError,
-    ApiResult, Caller, HttpState,
+    consistency_param, grpc_request, invalid, json_bytes, json_response, query_params, typed,
+    ApiError, ApiResult, Caller, HttpState,
 };
 use crate::pb::{self, registry_server::Registry};
 
@@ -47,7 +47,7 @@ async fn refresh_body(
     }
     let v: Value = serde_json::from_slice(&bytes)
         .map_err(|e| invalid(None, format!("request body is not valid JSON: {e}")))?;
-    crate::convert::from_json(v).map_err(|e| invalid(Some(&e.pointer), e.message))
+    typed(v)
 }
 
 fn state_json(r: &pb::LeaseResponse) -> Value {

@@ -291,9 +291,22 @@ async fn json_body(state: &HttpState, headers: &HeaderMap, body: Body) -> Result
         .map_err(|e| invalid(None, format!("request body is not valid JSON: {e}")))
 }
 
+/// `v` as `T`, a member that does not fit named in the error.
+fn typed<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, ApiError> {
+    crate::convert::from_json(v).map_err(|e| invalid(Some(&e.pointer), e.message))
+}
+
+/// Reads a JSON body (as `json_body` does) as `T`.
+async fn typed_body<T: serde::de::DeserializeOwned>(
+    state: &HttpState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<T, ApiError> {
+    typed(json_body(state, headers, body).await?)
+}
+
 /// Reads the JSON body of a route whose body may be left out (no
-/// `Content-Type`): `T`'s default then, else the body as `T`, a member
-/// that does not fit named in the error.
+/// `Content-Type`): `T`'s default then, else the body as `T`.
 async fn optional_body<T: serde::de::DeserializeOwned + Default>(
     state: &HttpState,
     headers: &HeaderMap,
@@ -302,8 +315,7 @@ async fn optional_body<T: serde::de::DeserializeOwned + Default>(
     if !headers.contains_key(header::CONTENT_TYPE) {
         return Ok(T::default());
     }
-    crate::convert::from_json(json_body(state, headers, body).await?)
-        .map_err(|e| invalid(Some(&e.pointer), e.message))
+    typed_body(state, headers, body).await
 }
 
 /// Reads a body declared as JSON, within the size limit, unparsed.
