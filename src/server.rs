@@ -222,15 +222,22 @@ fn listener_tls(
         .map_err(|e| ServerError::Tls(format!("{what}: {e}")))
 }
 
-/// A gRPC server with the limits every listener shares: the request
-/// deadline, the header size limit and the HTTP/2 stream cap.
-fn grpc_builder(config: &Config) -> tonic::transport::Server {
+/// A gRPC server with the limits every listener shares: the gate (which
+/// also holds requests to their deadline), the header size limit and the
+/// HTTP/2 stream cap.
+fn grpc_builder(
+    config: &Config,
+    gate: &Arc<Gate>,
+) -> tonic::transport::Server<tower::layer::util::Stack<GateLayer, tower::layer::util::Identity>> {
     let c = &config.connections;
     tonic::transport::Server::builder()
-        .timeout(Duration::from_secs(config.request_timeout_secs))
         .http2_max_header_list_size(u32::try_from(c.max_header_bytes).unwrap_or(u32::MAX))
         .max_concurrent_streams(c.max_streams_per_connection)
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .layer(GateLayer {
+            gate: gate.clone(),
+            request_timeout: Duration::from_secs(config.request_timeout_secs),
+        })
 }
 
 /// The descriptors reflection serves: the public services only. The Raft
@@ -573,12 +580,10 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
         config.connections,
         shutdown_rx.clone(),
     );
-    let peer_router = grpc_builder(&config)
-        .layer(GateLayer(gate.clone()))
-        .add_service(
-            PeeringServer::new(federation.clone())
-                .max_encoding_message_size(crate::federation::MAX_PEER_MESSAGE),
-        );
+    let peer_router = grpc_builder(&config, &gate).add_service(
+        PeeringServer::new(federation.clone())
+            .max_encoding_message_size(crate::federation::MAX_PEER_MESSAGE),
+    );
     let peer_rx = shutdown_rx.clone();
     let peer_task = tokio::spawn(async move {
         if let Err(e) = peer_router
@@ -604,8 +609,7 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
     );
     // Every service behind one gate: a service added here is gated (and
     // a method the gate cannot classify is refused) without more code.
-    let grpc = grpc_builder(&config)
-        .layer(GateLayer(gate.clone()))
+    let grpc = grpc_builder(&config, &gate)
         .add_service(health_service)
         .add_service(reflection)
         .add_service(reflection_alpha)

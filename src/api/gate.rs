@@ -3,9 +3,10 @@
 //! bucket charged, and a stream it opens counted against its share, before
 //! any handler runs. gRPC services get it as a tower layer over the whole
 //! server (a service added later is gated without anyone remembering to),
-//! the HTTP facade as a route layer; both call `Gate::admit`. Deadlines and size limits are the listeners' and the
-//! servers' (`listener`, `server`); entitlements on records are the
-//! service layer's, decided with the identity found here.
+//! the HTTP facade as a route layer; both call `Gate::admit`. The gate
+//! also says how long each operation may run (`deadline`); size limits are
+//! the listeners' and the servers' (`listener`, `server`); entitlements on
+//! records are the service layer's, decided with the identity found here.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -19,6 +20,7 @@ use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use serde::Deserialize;
 
 use super::auth::{Authenticator, Identity};
+use crate::consensus::CATCH_UP_TIMEOUT;
 use crate::domain::Principal;
 use crate::listener::{client_key, Peer};
 use crate::service::audit::Scope;
@@ -121,6 +123,23 @@ pub fn grpc_streams(path: &str) -> bool {
             | "grpc.reflection.v1.ServerReflection/ServerReflectionInfo"
             | "grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"
     )
+}
+
+/// How long an operation (`package.Service/Method` on gRPC, `METHOD
+/// /route` over HTTP) may run before it is answered with a timeout: the
+/// configured request deadline, except for adding a learner, which may be
+/// asked to wait until the learner caught up (a snapshot and the log tail,
+/// minutes for a large directory). The leader bounds that wait
+/// (`CATCH_UP_TIMEOUT`) and a follower passing it on allows one request
+/// timeout more; the deadline leaves one more again, so the operation's
+/// own answer arrives first.
+pub fn deadline(operation: &str, request_timeout: Duration) -> Duration {
+    match operation.trim_start_matches('/') {
+        "agentry.v1.Cluster/AddLearner" | "POST /cluster/learners" => {
+            CATCH_UP_TIMEOUT + 2 * request_timeout
+        }
+        _ => request_timeout,
+    }
 }
 
 /// Whether an HTTP route ("METHOD /route/{param}") always answers with
@@ -643,16 +662,22 @@ fn with_transport_detail(
     }
 }
 
-/// The gate as a tower layer over a whole gRPC server.
+/// The gate as a tower layer over a whole gRPC server, with the request
+/// deadline it holds handlers to (`deadline`; tonic's own server-wide
+/// timeout would cut short the one operation allowed to run longer).
 #[derive(Clone)]
-pub struct GateLayer(pub Arc<Gate>);
+pub struct GateLayer {
+    pub gate: Arc<Gate>,
+    pub request_timeout: Duration,
+}
 
 impl<S> tower::Layer<S> for GateLayer {
     type Service = GateService<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
         GateService {
-            gate: self.0.clone(),
+            gate: self.gate.clone(),
+            request_timeout: self.request_timeout,
             inner,
         }
     }
@@ -661,6 +686,7 @@ impl<S> tower::Layer<S> for GateLayer {
 #[derive(Clone)]
 pub struct GateService<S> {
     gate: Arc<Gate>,
+    request_timeout: Duration,
     inner: S,
 }
 
@@ -686,6 +712,7 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let gate = self.gate.clone();
+        let request_timeout = self.request_timeout;
         Box::pin(async move {
             let Some(class) = grpc_class(req.uri().path()) else {
                 let unknown =
@@ -694,6 +721,7 @@ where
             };
             let peer = req.extensions().get::<Peer>().cloned();
             let operation = req.uri().path().trim_start_matches('/').to_string();
+            let limit = deadline(&operation, request_timeout);
             let started = std::time::Instant::now();
             let (admitted, audited) = gate
                 .admit_audited(req.headers(), peer.as_ref(), class, &operation)
@@ -711,7 +739,15 @@ where
                                 None
                             };
                             req.extensions_mut().insert(identity);
-                            let response = inner.call(req).await.map(with_transport_detail)?;
+                            let Ok(response) = tokio::time::timeout(limit, inner.call(req)).await
+                            else {
+                                let late = ServiceError::Timeout(format!(
+                                    "the request did not finish within {} s",
+                                    limit.as_secs()
+                                ));
+                                return Ok(tonic::Status::from(late).into_http());
+                            };
+                            let response = response.map(with_transport_detail)?;
                             Ok(match slot {
                                 Some(slot) => {
                                     response.map(|b| tonic::body::Body::new(holding(b, slot)))
@@ -747,6 +783,23 @@ mod tests {
         Peer {
             remote: format!("{ip}:1234").parse().unwrap(),
             client_cert: None,
+        }
+    }
+
+    #[test]
+    fn adding_a_learner_may_outlast_the_request_deadline_and_its_own_wait() {
+        let request = Duration::from_secs(30);
+        for op in ["agentry.v1.Cluster/AddLearner", "POST /cluster/learners"] {
+            // The leader's wait, then a follower's forwarding, answer first.
+            assert!(deadline(op, request) > CATCH_UP_TIMEOUT + request, "{op}");
+        }
+        for op in [
+            "agentry.v1.Cluster/Promote",
+            "agentry.v1.Registry/Register",
+            "GET /cluster/learners",
+            "POST /cluster/members/4/promote",
+        ] {
+            assert_eq!(deadline(op, request), request, "{op}");
         }
     }
 

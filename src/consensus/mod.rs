@@ -20,7 +20,10 @@ pub use faults::{Faults, LinkFault};
 pub use forward::Forwarded;
 pub use membership_check::{ClusterRecord, MembershipCheck, SharedRecord};
 pub use network::{Network, WINDOW};
-pub use node::{Bootstrap, NodeSettings, NodeStatus, RaftNode, Role, WriteError, HAND_OFF_TIMEOUT};
+pub use node::{
+    Bootstrap, NodeSettings, NodeStatus, RaftNode, Role, WriteError, CATCH_UP_TIMEOUT,
+    HAND_OFF_TIMEOUT,
+};
 pub use transport::RaftService;
 
 openraft::declare_raft_types!(

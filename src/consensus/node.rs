@@ -20,7 +20,7 @@ use super::faults::Faults;
 use super::forward::{ForwardReply, Forwarded};
 use super::membership_check::MembershipCheck;
 use super::network::TransportError;
-use super::{Command, CommandResult, Network, NodeId, Proposal, Raft};
+use super::{Command, CommandResult, LogId, Network, NodeId, Proposal, Raft};
 use crate::storage::{DiskSpace, LogStore, NoSpace, SnapshotStats, SnapshotWeight, StateMachine};
 
 /// Why a request could not be carried out. Crosses the internal transport
@@ -58,6 +58,19 @@ pub enum WriteError {
 /// How long a leader tries to hand leadership over, before it stops or
 /// when asked to.
 pub const HAND_OFF_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long the leader waits for a learner added with `wait` to catch up
+/// (a snapshot and the log tail). A follower passing the request on, and
+/// the public listeners' deadline (`api::gate::deadline`), each allow one
+/// request timeout more, so the leader's own answer arrives first.
+pub const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// How many log entries a learner may be behind the leader and still be
+/// promoted. etcd refuses to promote a learner that is not in sync, for
+/// the same reason: a voter that cannot acknowledge yet enlarges the
+/// quorum without adding to availability (a three-voter cluster that
+/// promotes a stopped learner loses its quorum at the next failure).
+const PROMOTE_LAG: u64 = 1_000;
 
 /// Why a write needing newer apply rules than the cluster follows is
 /// refused rather than applied by rules a member would read differently.
@@ -673,9 +686,8 @@ impl RaftNode {
         addr: String,
         wait: bool,
     ) -> Result<(), WriteError> {
-        // Catching up may take a while: a snapshot plus the log tail.
         let timeout = if wait {
-            self.request_timeout.max(Duration::from_secs(300))
+            CATCH_UP_TIMEOUT + self.request_timeout
         } else {
             self.request_timeout
         };
@@ -879,16 +891,25 @@ impl RaftNode {
             Forwarded::AddLearner { id, addr, wait } => {
                 self.refuse_older_release(id, &addr).await?;
                 self.network.forget_acknowledged(id);
-                self.raft
-                    .add_learner(id, BasicNode { addr }, wait)
+                // openraft's own wait counts a learner as caught up while
+                // it is within 5,000 entries, so a learner that never
+                // answered passed it in any cluster with a shorter log.
+                let added = self
+                    .raft
+                    .add_learner(id, BasicNode { addr }, false)
+                    .await
+                    .map_err(write_error)?;
+                if wait && id != self.id {
+                    self.wait_caught_up(id, added.log_id).await?;
+                }
+                Ok(ForwardReply::Done)
+            }
+            Forwarded::Promote { id } => {
+                self.refuse_lagging_learner(id)?;
+                self.change(ChangeMembers::AddVoterIds(BTreeSet::from([id])))
                     .await
                     .map(|_| ForwardReply::Done)
-                    .map_err(write_error)
             }
-            Forwarded::Promote { id } => self
-                .change(ChangeMembers::AddVoterIds(BTreeSet::from([id])))
-                .await
-                .map(|_| ForwardReply::Done),
             Forwarded::Remove { id } => {
                 let status = self.status();
                 let change = if status.voters.contains(&id) {
@@ -935,6 +956,94 @@ impl RaftNode {
                     })
                 }
             }
+        }
+    }
+
+    /// Waits until learner `id` holds the log up to the entry that added
+    /// it (`added`): everything committed before it joined, whether sent
+    /// entry by entry or as a snapshot.
+    async fn wait_caught_up(&self, id: NodeId, added: LogId) -> Result<(), WriteError> {
+        let mut metrics = self.raft.metrics();
+        let caught_up = async {
+            loop {
+                let matched = {
+                    let m = metrics.borrow_and_update();
+                    if m.membership_config.log_id() >= &Some(added)
+                        && m.membership_config.membership().get_node(&id).is_none()
+                    {
+                        return Err(WriteError::Membership(format!(
+                            "node {id} was removed while it was catching up"
+                        )));
+                    }
+                    let Some(replication) = m.replication.as_ref() else {
+                        // Asking again re-adds it and waits on the new leader.
+                        return Err(WriteError::Unavailable(format!(
+                            "leadership moved while node {id} was catching up"
+                        )));
+                    };
+                    replication.get(&id).copied().flatten()
+                };
+                if matched.is_some_and(|l| l.index >= added.index) {
+                    return Ok(());
+                }
+                if metrics.changed().await.is_err() {
+                    return Err(WriteError::Fatal("Raft stopped".into()));
+                }
+            }
+        };
+        match tokio::time::timeout(CATCH_UP_TIMEOUT, caught_up).await {
+            Ok(done) => done,
+            Err(_) => Err(WriteError::Indeterminate(format!(
+                "node {id} was added as a learner but has not caught up within {} s ({}); \
+                 the leader keeps sending it the log: check that it runs and that its Raft \
+                 address is right",
+                CATCH_UP_TIMEOUT.as_secs(),
+                self.learner_progress(id)
+            ))),
+        }
+    }
+
+    /// How far learner `id` has come, for an operator: "has received
+    /// nothing yet" or "holds N of M entries".
+    fn learner_progress(&self, id: NodeId) -> String {
+        let m = self.raft.metrics().borrow().clone();
+        let last = m.last_log_index.unwrap_or(0);
+        match m
+            .replication
+            .as_ref()
+            .and_then(|r| r.get(&id).copied().flatten())
+        {
+            None => "it has received nothing yet".into(),
+            Some(l) => format!("it holds {} of {last} entries", l.index),
+        }
+    }
+
+    /// Refuses to promote a learner that is more than `PROMOTE_LAG` entries
+    /// behind this leader (or has received nothing). Ids that are no
+    /// learner are left to the membership change to judge, and so is
+    /// everything on a follower (which passes the change to the leader).
+    fn refuse_lagging_learner(&self, id: NodeId) -> Result<(), WriteError> {
+        let m = self.raft.metrics().borrow().clone();
+        let Some(replication) = m.replication.as_ref() else {
+            return Ok(());
+        };
+        if !m
+            .membership_config
+            .membership()
+            .learner_ids()
+            .any(|l| l == id)
+        {
+            return Ok(());
+        }
+        let last = m.last_log_index.unwrap_or(0);
+        let matched = replication.get(&id).copied().flatten().map(|l| l.index);
+        match matched {
+            Some(i) if last.saturating_sub(i) <= PROMOTE_LAG => Ok(()),
+            _ => Err(WriteError::Membership(format!(
+                "node {id} is not in step with the leader ({}); promote it once it has \
+                 caught up (`agentry cluster add --wait` waits for that)",
+                self.learner_progress(id)
+            ))),
         }
     }
 

@@ -1268,6 +1268,52 @@ async fn a_stalled_body_gets_408() {
     assert_eq!(status, 404, "nothing stored from the half body");
 }
 
+/// A gRPC request whose message never arrives is answered at the request
+/// deadline with `DEADLINE_EXCEEDED` and the error detail, and the
+/// connection goes on serving.
+#[tokio::test]
+async fn a_stalled_grpc_request_gets_deadline_exceeded() {
+    use agentry::pb;
+    let s = TestServer::start_with(|c| c.request_timeout_secs = 1).await;
+    let channel = tonic::transport::Channel::from_shared(s.grpc.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut raw = tonic::client::Grpc::new(channel.clone());
+    raw.ready().await.unwrap();
+    let mut stalled = tonic::Request::new(futures::stream::pending::<pb::GetRequest>());
+    stalled
+        .metadata_mut()
+        .insert("authorization", format!("Bearer {ALICE}").parse().unwrap());
+    let started = std::time::Instant::now();
+    let e = raw
+        .client_streaming::<_, pb::GetRequest, pb::GetResponse, _>(
+            stalled,
+            http::uri::PathAndQuery::from_static("/agentry.v1.Registry/Get"),
+            tonic_prost::ProstCodec::default(),
+        )
+        .await
+        .expect_err("no message, no answer");
+    assert_eq!(e.code(), tonic::Code::DeadlineExceeded, "{e:?}");
+    assert_eq!(agentry::api::error::detail_of(&e).code, "timeout", "{e:?}");
+    assert!(e.message().contains("within 1 s"), "{e:?}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    // The same connection still answers.
+    let mut client = agentry::pb::registry_client::RegistryClient::new(channel);
+    let missing = client
+        .get(Grpc::req(
+            Some(ALICE),
+            pb::GetRequest {
+                id: "nobody".into(),
+                ..Default::default()
+            },
+        ))
+        .await
+        .expect_err("not there");
+    assert_eq!(missing.code(), tonic::Code::NotFound);
+}
+
 /// gRPC can carry an unknown member (`extensions`) named like a member the
 /// record defines, which JSON cannot. Written, the record's JSON held that
 /// member twice and no node could decode the log entry again: the node

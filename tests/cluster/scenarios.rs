@@ -680,4 +680,72 @@ async fn manual_bootstrap_snapshot_catch_up_and_membership_changes_under_writes(
     for id in &acked {
         assert!(reference.contains_key(id), "acknowledged {id} was lost");
     }
+
+    // Adding a learner and waiting for it to catch up may take longer
+    // than the request deadline (5 s here; a large snapshot takes minutes):
+    // nodes 5 and 6 start only after 6 s, one added from the CLI (gRPC),
+    // the other over HTTP, and both waits end in success.
+    c.reserve(5);
+    c.reserve(6);
+    let raft5 = format!("127.0.0.1:{}", c.nodes[&5].raft);
+    let server = c.grpc_url(leader);
+    let by_grpc = tokio::spawn(async move {
+        cli(&["cluster", "add", "5", &raft5, "--wait", "--server", &server]).await
+    });
+    let by_http = c
+        .http
+        .post(format!("{}/cluster/learners", c.http_url(leader)))
+        .bearer_auth(ADMIN)
+        .json(&serde_json::json!({
+            "id": 6,
+            "raft_addr": format!("127.0.0.1:{}", c.nodes[&6].raft),
+            "wait_caught_up": true,
+        }))
+        .send();
+    let by_http = tokio::spawn(by_http);
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert!(!by_grpc.is_finished() && !by_http.is_finished());
+    // Meanwhile a learner that has received nothing is not promoted: it
+    // would enlarge the quorum without adding a working voter.
+    let resp = c
+        .http
+        .post(format!("{}/cluster/members/6/promote", c.http_url(leader)))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 409);
+    let body: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "conflict", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("node 6 is not in step") && m.contains("received nothing")),
+        "{body}"
+    );
+    c.spawn(5, &["--bootstrap", "manual"]);
+    c.spawn(6, &["--bootstrap", "manual"]);
+    by_grpc.await.unwrap();
+    let resp = by_http.await.unwrap().unwrap();
+    assert_eq!(resp.status().as_u16(), 200, "{:?}", resp.text().await);
+    let ls = c.status(leader).await.unwrap();
+    let learners: BTreeSet<u64> = ls
+        .members
+        .iter()
+        .filter(|m| m.role == "learner")
+        .map(|m| m.id)
+        .collect();
+    assert_eq!(learners, BTreeSet::from([5, 6]), "{ls:?}");
+    c.wait_applied(ls.node.unwrap().last_log_index, LONG).await;
+    for n in [5, 6] {
+        assert_eq!(c.contents(n).await, reference, "learner {n} caught up");
+    }
+    // Caught up, it is promoted.
+    let server = c.grpc_url(leader);
+    cli(&["cluster", "promote", "6", "--server", &server]).await;
+    let ls = c.status(leader).await.unwrap();
+    assert!(
+        ls.members.iter().any(|m| m.id == 6 && m.role == "voter"),
+        "{ls:?}"
+    );
 }

@@ -1335,13 +1335,16 @@ pub fn routes() -> Routes {
     )
 }
 
-/// Fails a request that runs past the deadline with a problem body: 408
-/// when its body had not all arrived by then (the client stalled), else 504.
+/// Fails a request that runs past its deadline (`gate::deadline`) with a
+/// problem body: 408 when its body had not all arrived by then (the client
+/// stalled), else 504.
 async fn enforce_timeout(
-    State(limit): State<std::time::Duration>,
+    State(request_timeout): State<std::time::Duration>,
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
+    let operation = format!("{} {}", req.method(), req.uri().path());
+    let limit = crate::api::gate::deadline(&operation, request_timeout);
     let received = Arc::new(AtomicBool::new(false));
     let req = req.map(|inner| {
         received.store(HttpBody::is_end_stream(&inner), Ordering::Relaxed);
