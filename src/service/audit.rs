@@ -193,6 +193,35 @@ pub fn correlation_id() -> Option<String> {
     SCOPE.try_with(|s| s.correlation_id.clone()).ok()
 }
 
+/// Records a request that was dropped before it answered (its deadline
+/// passed, or the client went away, and the server stopped its work), when
+/// it had proposed nothing: without this such an attempt left no entry.
+/// A change proposed and committed before the drop also has its own
+/// entry, written by `apply`.
+struct Unanswered<'a> {
+    log: &'a AuditLog,
+    /// `None` once the request answered.
+    scope: Option<Arc<Scope>>,
+}
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        let Some(scope) = self.scope.take() else {
+            return;
+        };
+        if scope.state().proposed {
+            return;
+        }
+        let outcome = Outcome::refused(
+            "cancelled",
+            "the request ended before it was answered: its deadline passed or the client went \
+             away"
+                .into(),
+        );
+        self.log.record(&scope, outcome);
+    }
+}
+
 /// The audit trail of this node: runs audited requests, records what they
 /// did not propose, lists the trail.
 pub struct AuditLog {
@@ -210,10 +239,16 @@ impl AuditLog {
     }
 
     /// Runs `fut` as the audited request `scope`; if it proposed nothing,
-    /// records its outcome on this node.
+    /// records its outcome on this node, also when `fut` is dropped before
+    /// it answers (`Unanswered`).
     pub async fn run<F: Future>(&self, scope: Scope, fut: F) -> F::Output {
         let scope = Arc::new(scope);
+        let mut unanswered = Unanswered {
+            log: self,
+            scope: Some(scope.clone()),
+        };
         let out = SCOPE.scope(scope.clone(), fut).await;
+        unanswered.scope = None;
         let (proposed, error) = {
             let s = scope.state();
             (s.proposed, s.error.clone())

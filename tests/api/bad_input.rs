@@ -1266,6 +1266,21 @@ async fn a_stalled_body_gets_408() {
         .send(Method::GET, "/agents/half", Some(ALICE), None, &[])
         .await;
     assert_eq!(status, 404, "nothing stored from the half body");
+    // The abandoned write is in the audit trail all the same.
+    let (status, _, page) = h
+        .send(
+            Method::GET,
+            "/audit?outcome=cancelled",
+            Some(ADMIN),
+            None,
+            &[],
+        )
+        .await;
+    assert_eq!(status, 200, "{page}");
+    let entries = page["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), 1, "{page}");
+    assert_eq!(entries[0]["operation"], "POST /agents", "{page}");
+    assert!(entries[0]["principal"].is_string(), "{page}");
 }
 
 /// A gRPC request whose message never arrives is answered at the request
