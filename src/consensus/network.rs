@@ -92,6 +92,9 @@ pub struct Network {
     channels: Arc<Mutex<ChannelCache>>,
     /// Leader: what each peer has acknowledged, to notice one that lost it.
     acknowledged: Arc<Mutex<HashMap<NodeId, Acknowledged>>>,
+    /// Leader: when each peer last answered an AppendEntries (heartbeats
+    /// included), and was not refused.
+    heard: Arc<Mutex<HashMap<NodeId, std::time::Instant>>>,
     faults: Faults,
     max_message: usize,
     auth: ClusterAuth,
@@ -143,6 +146,20 @@ impl Network {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&node);
+        self.heard
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&node);
+    }
+
+    /// Whether `node` answered this leader's AppendEntries (heartbeats
+    /// included) within `within`, as one in step with it.
+    pub fn heard_within(&self, node: NodeId, within: Duration) -> bool {
+        self.heard
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&node)
+            .is_some_and(|at| at.elapsed() <= within)
     }
 
     /// Whether `node` was refused for losing entries it acknowledged. A
@@ -208,6 +225,7 @@ impl Network {
             me,
             channels: Arc::default(),
             acknowledged: Arc::default(),
+            heard: Arc::default(),
             faults,
             max_message,
             auth,
@@ -651,6 +669,12 @@ impl RaftNetwork<TypeConfig> for Connection {
             _ => {}
         }
         table.insert(self.target, seen);
+        drop(table);
+        self.network
+            .heard
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(self.target, std::time::Instant::now());
         Ok(answer)
     }
 

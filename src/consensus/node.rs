@@ -72,6 +72,10 @@ pub const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(300);
 /// promotes a stopped learner loses its quorum at the next failure).
 const PROMOTE_LAG: u64 = 1_000;
 
+/// How recently a member must have answered the leader to count as up in
+/// a membership change's checks (etcd's health interval: 5 s).
+const ANSWERED_WITHIN: Duration = Duration::from_secs(5);
+
 /// Why a write needing newer apply rules than the cluster follows is
 /// refused rather than applied by rules a member would read differently.
 fn upgrading(needed: u32, follows: u32) -> WriteError {
@@ -918,6 +922,13 @@ impl RaftNode {
                             "cannot remove the last voter".into(),
                         ));
                     }
+                    if status.is_leader {
+                        let remaining = status.voters.iter().copied().filter(|&v| v != id);
+                        self.refuse_quorum_loss(
+                            remaining.collect(),
+                            &format!("removing node {id}"),
+                        )?;
+                    }
                     ChangeMembers::RemoveVoters(BTreeSet::from([id]))
                 } else if status.learners.contains(&id) {
                     ChangeMembers::RemoveNodes(BTreeSet::from([id]))
@@ -1037,6 +1048,15 @@ impl RaftNode {
         }
         let last = m.last_log_index.unwrap_or(0);
         let matched = replication.get(&id).copied().flatten().map(|l| l.index);
+        if matched.is_some() && !self.network.heard_within(id, ANSWERED_WITHIN) {
+            return Err(WriteError::Membership(format!(
+                "node {id} has not answered the leader for {} s; promote it once it is up and \
+                 has caught up",
+                ANSWERED_WITHIN.as_secs()
+            )));
+        }
+        let voters = m.membership_config.membership().voter_ids().chain([id]);
+        self.refuse_quorum_loss(voters.collect(), &format!("promoting node {id}"))?;
         match matched {
             Some(i) if last.saturating_sub(i) <= PROMOTE_LAG => Ok(()),
             _ => Err(WriteError::Membership(format!(
@@ -1045,6 +1065,28 @@ impl RaftNode {
                 self.learner_progress(id)
             ))),
         }
+    }
+
+    /// etcd's strict reconfiguration check: refuses a change after which
+    /// fewer than a majority of `voters` answer this leader (itself, and
+    /// those heard from within `ANSWERED_WITHIN`). Such a change could not
+    /// commit without members that are down, and the cluster, caught
+    /// between the old and the new membership, would take no writes until
+    /// they came back. Leader only.
+    fn refuse_quorum_loss(&self, voters: Vec<NodeId>, what: &str) -> Result<(), WriteError> {
+        let (up, down): (Vec<NodeId>, Vec<NodeId>) = voters
+            .iter()
+            .partition(|&&v| v == self.id || self.network.heard_within(v, ANSWERED_WITHIN));
+        let majority = voters.len() / 2 + 1;
+        if up.len() >= majority {
+            return Ok(());
+        }
+        Err(WriteError::Membership(format!(
+            "{what} would leave voters {voters:?}, of which {down:?} have not answered the \
+             leader for {} s: without a majority of {majority} up, the cluster would stop taking \
+             writes. Bring those nodes back (or remove the ones that are gone for good) first",
+            ANSWERED_WITHIN.as_secs()
+        )))
     }
 
     async fn change(&self, change: ChangeMembers<NodeId, BasicNode>) -> Result<(), WriteError> {

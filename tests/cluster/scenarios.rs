@@ -531,6 +531,91 @@ fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
     }
 }
 
+/// etcd's strict reconfiguration check: a membership change after which
+/// the voters that answer the leader would be no majority is refused, as is
+/// promoting a learner that stopped answering; the cluster keeps taking
+/// writes, and removing the member that is gone works.
+#[tokio::test]
+async fn membership_changes_that_would_cost_the_quorum_are_refused() {
+    let _serial = SERIAL.lock().await;
+    let mut c = Cluster::start(3, Options::default()).await;
+    let leader = c.wait_for_leader(LONG).await;
+    let followers: Vec<u64> = c.running().into_iter().filter(|&n| n != leader).collect();
+    let (gone, kept) = (followers[0], followers[1]);
+    c.reserve(4);
+    c.spawn(4, &["--bootstrap", "manual"]);
+    let server = c.grpc_url(leader);
+    let raft4 = format!("127.0.0.1:{}", c.nodes[&4].raft);
+    cli(&["cluster", "add", "4", &raft4, "--wait", "--server", &server]).await;
+    c.kill(gone);
+    c.kill(4);
+    // Past the 5 s in which a member counts as up.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+
+    let refused = |resp: reqwest::Response| async move {
+        assert_eq!(resp.status().as_u16(), 409);
+        let body: serde_json::Value = resp.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "conflict", "{body}");
+        body["error"]["message"].as_str().unwrap_or("").to_string()
+    };
+    // Removing the follower that is up (through it) would leave the
+    // leader and the stopped node: no majority up.
+    let resp = c
+        .http
+        .delete(format!("{}/cluster/members/{kept}", c.http_url(kept)))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    let message = refused(resp).await;
+    assert!(
+        message.contains(&format!("removing node {kept}"))
+            && message.contains(&format!("[{gone}]"))
+            && message.contains("have not answered"),
+        "{message}"
+    );
+    // The stopped learner is not promoted, though it holds the log.
+    let resp = c
+        .http
+        .post(format!("{}/cluster/members/4/promote", c.http_url(leader)))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    let message = refused(resp).await;
+    assert!(
+        message.contains("node 4 has not answered the leader"),
+        "{message}"
+    );
+    let status = c.status(leader).await.unwrap();
+    let voters: BTreeSet<u64> = status
+        .members
+        .iter()
+        .filter(|m| m.role == "voter")
+        .map(|m| m.id)
+        .collect();
+    assert_eq!(voters, BTreeSet::from([1, 2, 3]), "{status:?}");
+    let (s, b) = c.register(kept, "still-writable", "x").await;
+    assert_eq!(s, 201, "{b}");
+
+    // Removing the stopped voter and the stopped learner works.
+    cli(&["cluster", "remove", &gone.to_string(), "--server", &server]).await;
+    cli(&["cluster", "remove", "4", "--server", &server]).await;
+    let status = c.status(leader).await.unwrap();
+    let members: BTreeSet<(u64, String)> = status
+        .members
+        .iter()
+        .map(|m| (m.id, m.role.clone()))
+        .collect();
+    assert_eq!(
+        members,
+        BTreeSet::from([(leader, "voter".into()), (kept, "voter".into())]),
+        "{status:?}"
+    );
+    let (s, b) = c.register(kept, "after-removal", "x").await;
+    assert_eq!(s, 201, "{b}");
+}
+
 /// Runs the `agentry` CLI as the admin; its output, once it succeeded.
 pub(crate) async fn cli(args: &[&str]) -> String {
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentry"))
