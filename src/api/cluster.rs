@@ -69,6 +69,7 @@ fn view_to_pb(v: ClusterView) -> pb::ClusterStatus {
                 matched_index: m.matched_index,
                 lag: m.lag,
                 refused: m.refused,
+                unreachable: m.unreachable,
             })
             .collect(),
         replication_known: v.replication_known,

@@ -133,6 +133,13 @@ fn print_status(args: &ClientArgs, s: &pb::ClusterStatus) -> Result<(), CliError
             lag
         );
     }
+    for m in s.members.iter().filter(|m| m.unreachable && !m.refused) {
+        out!(
+            "node {} has not answered the leader for 5 s (stopped or cut off); membership changes \
+             that would leave no majority of answering voters are refused until it is back or removed",
+            m.id
+        );
+    }
     for m in s.members.iter().filter(|m| m.refused) {
         out!(
             "node {} is refused: it lost log entries it had acknowledged (its data directory was \

@@ -166,6 +166,10 @@ pub struct NodeStatus {
     /// Members refused for losing log entries they had acknowledged.
     #[serde(default)]
     pub refused: Vec<NodeId>,
+    /// Leader only: members that have not answered it within
+    /// `ANSWERED_WITHIN`.
+    #[serde(default)]
+    pub unreachable: Vec<NodeId>,
 }
 
 impl NodeStatus {
@@ -584,6 +588,15 @@ impl RaftNode {
             _ => Role::Learner,
         };
         let (built, installed, last_at) = self.snapshots.read();
+        let unreachable = if m.state == ServerState::Leader {
+            membership
+                .nodes()
+                .map(|(id, _)| *id)
+                .filter(|&id| id != m.id && !self.network.heard_within(id, ANSWERED_WITHIN))
+                .collect()
+        } else {
+            Vec::new()
+        };
         NodeStatus {
             node_id: m.id,
             raft_addr: self.advertise_addr.clone(),
@@ -619,6 +632,7 @@ impl RaftNode {
                 .collect(),
             cluster_id: self.check.cluster_id(),
             refused: self.network.refused(),
+            unreachable,
         }
     }
 

@@ -25,6 +25,8 @@ pub struct MemberView {
     /// Refused for losing log entries it had acknowledged: sent nothing
     /// until an operator removes it and adds it back.
     pub refused: bool,
+    /// Has not answered the leader for 5 s.
+    pub unreachable: bool,
 }
 
 /// What `Cluster.Status` answers.
@@ -208,6 +210,7 @@ impl ClusterService {
                         0
                     },
                     refused: view.refused.contains(id),
+                    unreachable: view.unreachable.contains(id),
                 }
             })
             .collect();

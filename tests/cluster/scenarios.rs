@@ -551,6 +551,25 @@ async fn membership_changes_that_would_cost_the_quorum_are_refused() {
     c.kill(4);
     // Past the 5 s in which a member counts as up.
     tokio::time::sleep(Duration::from_secs(6)).await;
+    // The leader's status and metrics say which members are not answering.
+    let status = c.status(kept).await.unwrap();
+    let unreachable: BTreeSet<u64> = status
+        .members
+        .iter()
+        .filter(|m| m.unreachable)
+        .map(|m| m.id)
+        .collect();
+    assert_eq!(unreachable, BTreeSet::from([gone, 4]), "{status:?}");
+    assert_eq!(
+        c.sample(leader, "agentry_raft_unreachable_members", &[])
+            .await,
+        Some(2)
+    );
+    let printed = cli(&["cluster", "status", "--server", &server]).await;
+    assert!(
+        printed.contains(&format!("node {gone} has not answered the leader for 5 s")),
+        "{printed}"
+    );
 
     let refused = |resp: reqwest::Response| async move {
         assert_eq!(resp.status().as_u16(), 409);

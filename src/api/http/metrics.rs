@@ -146,6 +146,11 @@ pub fn render(
         "Members refused for losing log entries they had acknowledged (remove and add them back).",
         s.refused.len() as u64,
     );
+    p.gauge(
+        "agentry_raft_unreachable_members",
+        "Leader only: members that have not answered it for 5 s.",
+        s.unreachable.len() as u64,
+    );
     p.counter(
         "agentry_raft_snapshots_built",
         "Snapshots this node built since it started.",
@@ -306,6 +311,7 @@ mod tests {
             follower_matched: vec![(2, 40)],
             voters: vec![1, 2, 3],
             refused: vec![3],
+            unreachable: vec![2, 3],
             ..Default::default()
         };
         let index = IndexStats {
@@ -343,6 +349,7 @@ mod tests {
         assert!(text.contains("agentry_open_streams{node_id=\"1\",caller=\"anonymous\"} 4\n"));
         assert!(text.contains("agentry_discovery_indexed_agents{node_id=\"1\"} 7\n"));
         assert!(text.contains("agentry_raft_refused_members{node_id=\"1\"} 1\n"));
+        assert!(text.contains("agentry_raft_unreachable_members{node_id=\"1\"} 2\n"));
         // Help texts end in one full stop (the encoding adds it).
         let doubled: Vec<&str> = text
             .lines()
