@@ -571,22 +571,13 @@ async fn membership_changes_that_would_cost_the_quorum_are_refused() {
         "{printed}"
     );
 
-    let refused = |resp: reqwest::Response| async move {
-        assert_eq!(resp.status().as_u16(), 409);
-        let body: serde_json::Value = resp.json().await.unwrap();
-        assert_eq!(body["error"]["code"], "conflict", "{body}");
-        body["error"]["message"].as_str().unwrap_or("").to_string()
-    };
     // Removing the follower that is up (through it) would leave the
     // leader and the stopped node: no majority up.
-    let resp = c
-        .http
-        .delete(format!("{}/cluster/members/{kept}", c.http_url(kept)))
-        .bearer_auth(ADMIN)
-        .send()
-        .await
-        .unwrap();
-    let message = refused(resp).await;
+    let message = conflict(
+        c.http
+            .delete(format!("{}/cluster/members/{kept}", c.http_url(kept))),
+    )
+    .await;
     assert!(
         message.contains(&format!("removing node {kept}"))
             && message.contains(&format!("[{gone}]"))
@@ -594,14 +585,11 @@ async fn membership_changes_that_would_cost_the_quorum_are_refused() {
         "{message}"
     );
     // The stopped learner is not promoted, though it holds the log.
-    let resp = c
-        .http
-        .post(format!("{}/cluster/members/4/promote", c.http_url(leader)))
-        .bearer_auth(ADMIN)
-        .send()
-        .await
-        .unwrap();
-    let message = refused(resp).await;
+    let message = conflict(
+        c.http
+            .post(format!("{}/cluster/members/4/promote", c.http_url(leader))),
+    )
+    .await;
     assert!(
         message.contains("node 4 has not answered the leader"),
         "{message}"
@@ -633,6 +621,16 @@ async fn membership_changes_that_would_cost_the_quorum_are_refused() {
     );
     let (s, b) = c.register(kept, "after-removal", "x").await;
     assert_eq!(s, 201, "{b}");
+}
+
+/// Sends `request` as the admin, expects 409 `conflict` and returns the
+/// error's message.
+async fn conflict(request: reqwest::RequestBuilder) -> String {
+    let resp = request.bearer_auth(ADMIN).send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 409);
+    let body: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "conflict", "{body}");
+    body["error"]["message"].as_str().unwrap_or("").to_string()
 }
 
 /// Runs the `agentry` CLI as the admin; its output, once it succeeded.
@@ -811,21 +809,14 @@ async fn manual_bootstrap_snapshot_catch_up_and_membership_changes_under_writes(
     assert!(!by_grpc.is_finished() && !by_http.is_finished());
     // Meanwhile a learner that has received nothing is not promoted: it
     // would enlarge the quorum without adding a working voter.
-    let resp = c
-        .http
-        .post(format!("{}/cluster/members/6/promote", c.http_url(leader)))
-        .bearer_auth(ADMIN)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status().as_u16(), 409);
-    let body: serde_json::Value = resp.json().await.unwrap();
-    assert_eq!(body["error"]["code"], "conflict", "{body}");
+    let message = conflict(
+        c.http
+            .post(format!("{}/cluster/members/6/promote", c.http_url(leader))),
+    )
+    .await;
     assert!(
-        body["error"]["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("node 6 is not in step") && m.contains("received nothing")),
-        "{body}"
+        message.contains("node 6 is not in step") && message.contains("received nothing"),
+        "{message}"
     );
     c.spawn(5, &["--bootstrap", "manual"]);
     c.spawn(6, &["--bootstrap", "manual"]);
