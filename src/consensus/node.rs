@@ -1069,16 +1069,15 @@ impl RaftNode {
                 ANSWERED_WITHIN.as_secs()
             )));
         }
-        let voters = m.membership_config.membership().voter_ids().chain([id]);
-        self.refuse_quorum_loss(voters.collect(), &format!("promoting node {id}"))?;
-        match matched {
-            Some(i) if last.saturating_sub(i) <= PROMOTE_LAG => Ok(()),
-            _ => Err(WriteError::Membership(format!(
+        if !matched.is_some_and(|i| last.saturating_sub(i) <= PROMOTE_LAG) {
+            return Err(WriteError::Membership(format!(
                 "node {id} is not in step with the leader ({}); promote it once it has \
                  caught up (`agentry cluster add --wait` waits for that)",
                 self.learner_progress(id)
-            ))),
+            )));
         }
+        let voters = m.membership_config.membership().voter_ids().chain([id]);
+        self.refuse_quorum_loss(voters.collect(), &format!("promoting node {id}"))
     }
 
     /// etcd's strict reconfiguration check: refuses a change after which

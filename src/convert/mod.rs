@@ -711,6 +711,7 @@ pub fn cluster_status_to_json(s: &pb::ClusterStatus) -> Value {
             "matched_index": m.matched_index,
             "lag": m.lag,
             "refused": m.refused,
+            "unreachable": m.unreachable,
         })).collect::<Vec<_>>(),
     })
 }

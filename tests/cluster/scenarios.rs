@@ -560,6 +560,24 @@ async fn membership_changes_that_would_cost_the_quorum_are_refused() {
         .map(|m| m.id)
         .collect();
     assert_eq!(unreachable, BTreeSet::from([gone, 4]), "{status:?}");
+    let over_http: serde_json::Value = c
+        .http
+        .get(format!("{}/cluster", c.http_url(leader)))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let marked: BTreeSet<u64> = over_http["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["unreachable"] == true)
+        .filter_map(|m| m["id"].as_u64())
+        .collect();
+    assert_eq!(marked, unreachable, "{over_http}");
     assert_eq!(
         c.sample(leader, "agentry_raft_unreachable_members", &[])
             .await,
