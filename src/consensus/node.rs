@@ -1069,7 +1069,7 @@ impl RaftNode {
                 ANSWERED_WITHIN.as_secs()
             )));
         }
-        if !matched.is_some_and(|i| last.saturating_sub(i) <= PROMOTE_LAG) {
+        if matched.is_none_or(|i| last.saturating_sub(i) > PROMOTE_LAG) {
             return Err(WriteError::Membership(format!(
                 "node {id} is not in step with the leader ({}); promote it once it has \
                  caught up (`agentry cluster add --wait` waits for that)",
