@@ -596,8 +596,13 @@ impl Cluster {
 
     /// One record as node `id` serves it.
     pub async fn get(&self, id: u64, agent: &str) -> Value {
+        self.get_json(id, &format!("/agents/{agent}")).await
+    }
+
+    /// The JSON body of node `id`'s answer to an admin's GET of `path`.
+    pub async fn get_json(&self, id: u64, path: &str) -> Value {
         self.http
-            .get(format!("{}/agents/{agent}", self.http_url(id)))
+            .get(format!("{}{path}", self.http_url(id)))
             .bearer_auth(ADMIN)
             .send()
             .await

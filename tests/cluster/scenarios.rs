@@ -560,16 +560,7 @@ async fn membership_changes_that_would_cost_the_quorum_are_refused() {
         .map(|m| m.id)
         .collect();
     assert_eq!(unreachable, BTreeSet::from([gone, 4]), "{status:?}");
-    let over_http: serde_json::Value = c
-        .http
-        .get(format!("{}/cluster", c.http_url(leader)))
-        .bearer_auth(ADMIN)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let over_http = c.get_json(leader, "/cluster").await;
     let marked: BTreeSet<u64> = over_http["members"]
         .as_array()
         .unwrap()
