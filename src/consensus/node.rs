@@ -76,6 +76,15 @@ const PROMOTE_LAG: u64 = 1_000;
 /// a membership change's checks (etcd's health interval: 5 s).
 const ANSWERED_WITHIN: Duration = Duration::from_secs(5);
 
+/// A learner's progress in words: "it has received nothing yet" or "it
+/// holds N of M entries".
+fn progress(matched: Option<u64>, last: u64) -> String {
+    match matched {
+        None => "it has received nothing yet".into(),
+        Some(i) => format!("it holds {i} of {last} entries"),
+    }
+}
+
 /// Why a write needing newer apply rules than the cluster follows is
 /// refused rather than applied by rules a member would read differently.
 fn upgrading(needed: u32, follows: u32) -> WriteError {
@@ -1032,15 +1041,11 @@ impl RaftNode {
     /// nothing yet" or "holds N of M entries".
     fn learner_progress(&self, id: NodeId) -> String {
         let m = self.raft.metrics().borrow().clone();
-        let last = m.last_log_index.unwrap_or(0);
-        match m
+        let matched = m
             .replication
             .as_ref()
-            .and_then(|r| r.get(&id).copied().flatten())
-        {
-            None => "it has received nothing yet".into(),
-            Some(l) => format!("it holds {} of {last} entries", l.index),
-        }
+            .and_then(|r| r.get(&id).copied().flatten());
+        progress(matched.map(|l| l.index), m.last_log_index.unwrap_or(0))
     }
 
     /// Refuses to promote a learner that is more than `PROMOTE_LAG` entries
@@ -1073,7 +1078,7 @@ impl RaftNode {
             return Err(WriteError::Membership(format!(
                 "node {id} is not in step with the leader ({}); promote it once it has \
                  caught up (`agentry cluster add --wait` waits for that)",
-                self.learner_progress(id)
+                progress(matched, last)
             )));
         }
         let voters = m.membership_config.membership().voter_ids().chain([id]);
