@@ -130,10 +130,7 @@ fn ard_error(status: u16, body: &Value, want_status: u16, code: &str) -> String 
 }
 
 fn schema() -> Value {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/ard/ai-catalog.schema.json"
-    );
+    let path = fixture("ard/ai-catalog.schema.json");
     serde_json::from_str(&std::fs::read_to_string(path).expect("schema fixture")).expect("JSON")
 }
 

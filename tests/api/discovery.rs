@@ -755,13 +755,11 @@ async fn a_python_client_finds_and_calls_the_services_through_reflection() {
     let server = TestServer::start().await;
     let h = Http::new(&server.http);
     register(&h, ALICE, summariser("reflected")).await;
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/grpc_reflection_client.py"
-    );
+    let script = fixture("grpc_reflection_client.py");
     let target = server.grpc.trim_start_matches("http://").to_string();
     let out = tokio::process::Command::new(super::mcp::mcp_python())
-        .args([script, &target, "summarise"])
+        .arg(&script)
+        .args([target.as_str(), "summarise"])
         .output()
         .await
         .expect("the Python client runs");

@@ -16,6 +16,19 @@ pub const ALICE: &str = "alice-key-for-tests-0001";
 pub const BOB: &str = "bob-key-for-tests-000001";
 pub const CAROL_READER: &str = "carol-key-for-tests-0001";
 
+/// `tests/fixtures/<name>` in the checkout the tests run from. Cargo sets
+/// `CARGO_MANIFEST_DIR` when it runs a test as well as when it builds one;
+/// the value built in names the checkout that compiled the binary, and a
+/// target directory shared between clones (`.ci/run` reuses one) keeps a
+/// binary built from another clone when the sources are the same.
+pub fn fixture(name: &str) -> std::path::PathBuf {
+    let root = std::env::var_os("CARGO_MANIFEST_DIR").map_or_else(
+        || env!("CARGO_MANIFEST_DIR").into(),
+        std::path::PathBuf::from,
+    );
+    root.join("tests/fixtures").join(name)
+}
+
 pub struct TestServer {
     pub http: String,
     pub grpc: String,

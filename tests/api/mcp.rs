@@ -30,9 +30,7 @@ pub fn mcp_python() -> std::path::PathBuf {
 /// child is dropped.
 pub async fn python_fixture(script: &str, args: &[&str]) -> (tokio::process::Child, u16) {
     use tokio::io::AsyncBufReadExt;
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(script);
+    let path = super::harness::fixture(script);
     // Port 0: the fixture binds a free port itself and prints it. A port
     // picked here and released could be taken by a parallel test's server
     // before the fixture binds it, and the test would talk to that one.

@@ -50,10 +50,7 @@ async fn call(
 }
 
 fn shapes() -> Value {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/mcp-registry/shapes.schema.json"
-    );
+    let path = fixture("mcp-registry/shapes.schema.json");
     serde_json::from_str(&std::fs::read_to_string(path).expect("fixture")).expect("JSON")
 }
 

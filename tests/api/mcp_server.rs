@@ -44,7 +44,7 @@ fn node_tool(name: &str) -> tokio::process::Command {
 
 /// Runs the Python SDK client with `steps`; one JSON answer per step.
 async fn python_client(url: &str, key: Option<&str>, steps: Value) -> Vec<Value> {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/mcp_client.py");
+    let script = super::harness::fixture("mcp_client.py");
     let mut cmd = tokio::process::Command::new(mcp_python());
     cmd.arg(script).arg(url);
     if let Some(k) = key {
