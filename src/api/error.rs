@@ -135,12 +135,16 @@ pub fn transport_refusal(http_status: u16, message: String) -> Status {
 }
 
 fn refusal(grpc: Code, http_status: u16, message: String) -> Status {
+    // Inside an audited request the trail records the refusal (and shares
+    // its correlation id), as it does for a service error.
+    crate::service::audit::note_error("invalid_request", &message);
     let detail = pb::ErrorDetail {
         code: "invalid_request".into(),
         message,
         field: None,
         http_status: u32::from(http_status),
-        correlation_id: uuid::Uuid::new_v4().to_string(),
+        correlation_id: crate::service::audit::correlation_id()
+            .unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
         retry_after: None,
     };
     detail_status(grpc, detail)

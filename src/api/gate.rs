@@ -142,6 +142,14 @@ pub fn deadline(operation: &str, request_timeout: Duration) -> Duration {
     }
 }
 
+/// The error of a request still working at its deadline `limit`.
+pub fn late(limit: Duration) -> ServiceError {
+    ServiceError::Timeout(format!(
+        "the request did not finish within {} s",
+        limit.as_secs()
+    ))
+}
+
 /// Whether an HTTP route ("METHOD /route/{param}") always answers with
 /// server-sent events that stay open: those hold a stream slot, taken here
 /// before the handler starts any work. `invoke` and `get_events` stream
@@ -741,11 +749,7 @@ where
                             req.extensions_mut().insert(identity);
                             let Ok(response) = tokio::time::timeout(limit, inner.call(req)).await
                             else {
-                                let late = ServiceError::Timeout(format!(
-                                    "the request did not finish within {} s",
-                                    limit.as_secs()
-                                ));
-                                return Ok(tonic::Status::from(late).into_http());
+                                return Ok(tonic::Status::from(late(limit)).into_http());
                             };
                             let response = response.map(with_transport_detail)?;
                             Ok(match slot {

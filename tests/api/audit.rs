@@ -13,7 +13,11 @@ async fn attempts_are_listed_and_copied_to_the_audit_file() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("audit.jsonl");
     let path = file.clone();
-    let s = TestServer::start_with(move |c| c.audit.file = Some(path)).await;
+    let s = TestServer::start_with(move |c| {
+        c.audit.file = Some(path);
+        c.max_record_bytes = 64 * 1024;
+    })
+    .await;
     let h = Http::new(&s.http);
     h.register(Some(ALICE), minimal("audit-a")).await.unwrap();
     // Refused in apply (Alice's id), refused before proposing (a reader).
@@ -103,6 +107,38 @@ async fn attempts_are_listed_and_copied_to_the_audit_file() {
     assert_eq!(
         (e["correlation_id"].as_str(), e["operation"].as_str()),
         (Some("trace-7"), Some("POST /agents"))
+    );
+    // A body refused before any handler read it (too large) is recorded as
+    // refused, not as done.
+    let mut oversize = minimal("audit-e");
+    oversize["x-blob"] = Value::String("a".repeat(300 * 1024));
+    let resp = reqwest::Client::new()
+        .post(format!("{}/agents", s.http))
+        .bearer_auth(ALICE)
+        .header("x-request-id", "trace-8")
+        .json(&oversize)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 413);
+    let (_, page) = h
+        .call(
+            reqwest::Method::GET,
+            "/audit?outcome=invalid_request",
+            Some(ADMIN),
+            None,
+        )
+        .await
+        .unwrap();
+    let e = &page["entries"][0];
+    assert_eq!(
+        (e["correlation_id"].as_str(), e["principal"].as_str()),
+        (Some("trace-8"), Some("alice")),
+        "{page}"
+    );
+    assert!(
+        e["message"].as_str().unwrap_or("").contains("larger than"),
+        "{page}"
     );
     let anonymous = reqwest::Client::new()
         .post(format!("{}/agents", s.http))

@@ -1266,11 +1266,12 @@ async fn a_stalled_body_gets_408() {
         .send(Method::GET, "/agents/half", Some(ALICE), None, &[])
         .await;
     assert_eq!(status, 404, "nothing stored from the half body");
-    // The abandoned write is in the audit trail all the same.
+    // The refused write is in the audit trail with the answer's reason,
+    // under the correlation id the caller was given.
     let (status, _, page) = h
         .send(
             Method::GET,
-            "/audit?outcome=cancelled",
+            "/audit?outcome=invalid_request",
             Some(ADMIN),
             None,
             &[],
@@ -1281,6 +1282,13 @@ async fn a_stalled_body_gets_408() {
     assert_eq!(entries.len(), 1, "{page}");
     assert_eq!(entries[0]["operation"], "POST /agents", "{page}");
     assert!(entries[0]["principal"].is_string(), "{page}");
+    let message = entries[0]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("did not arrive within 1 s"), "{page}");
+    let correlation = entries[0]["correlation_id"].as_str().unwrap_or_default();
+    assert!(
+        !correlation.is_empty() && answer.contains(correlation),
+        "{page} / {answer}"
+    );
 }
 
 /// A gRPC request whose message never arrives is answered at the request

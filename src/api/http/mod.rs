@@ -1335,39 +1335,18 @@ pub fn routes() -> Routes {
     )
 }
 
-/// Fails a request that runs past its deadline (`gate::deadline`) with a
-/// problem body: 408 when its body had not all arrived by then (the client
-/// stalled), else 504.
-async fn enforce_timeout(
-    State(request_timeout): State<std::time::Duration>,
-    req: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> Response {
-    let operation = format!("{} {}", req.method(), req.uri().path());
-    let limit = crate::api::gate::deadline(&operation, request_timeout);
-    let received = Arc::new(AtomicBool::new(false));
-    let req = req.map(|inner| {
-        received.store(HttpBody::is_end_stream(&inner), Ordering::Relaxed);
-        Body::new(Received {
-            inner,
-            received: received.clone(),
-        })
-    });
-    match tokio::time::timeout(limit, next.run(req)).await {
-        Ok(resp) => resp,
-        Err(_) if !received.load(Ordering::Relaxed) => ApiError(transport_refusal(
-            408,
-            format!(
-                "the request body did not arrive within {} s",
-                limit.as_secs()
-            ),
-        ))
-        .into_response(),
-        Err(_) => {
-            let message = format!("the request did not finish within {} s", limit.as_secs());
-            ApiError::from(ServiceError::Timeout(message)).into_response()
-        }
+/// The answer to a request still unanswered at its deadline `limit`: the
+/// client's fault (408) if its body had not all arrived, else the server's
+/// (504).
+fn late_answer(limit: std::time::Duration, body_received: bool) -> Response {
+    if body_received {
+        return ApiError::from(crate::api::gate::late(limit)).into_response();
     }
+    let message = format!(
+        "the request body did not arrive within {} s",
+        limit.as_secs()
+    );
+    ApiError(transport_refusal(408, message)).into_response()
 }
 
 /// A request body that notes when its last byte has been read.
@@ -1402,9 +1381,16 @@ impl HttpBody for Received {
 
 /// Passes every routed request through the gate (the same `Gate::admit`
 /// the gRPC layer calls) with its route's class, and hands the identity on
-/// in the request's extensions.
+/// in the request's extensions. An admitted request that runs past its
+/// deadline (`gate::deadline`) is answered inside its audit scope, so the
+/// trail records why: 408 when its body had not all arrived by then (the
+/// client stalled), else 504.
 async fn gate_http(
-    State((state, classes)): State<(HttpState, Arc<RouteClasses>)>,
+    State((state, classes, request_timeout)): State<(
+        HttpState,
+        Arc<RouteClasses>,
+        std::time::Duration,
+    )>,
     matched: Option<axum::extract::MatchedPath>,
     mut req: axum::extract::Request,
     next: axum::middleware::Next,
@@ -1433,6 +1419,7 @@ async fn gate_http(
         .admit_audited(req.headers(), peer.as_ref(), class, &operation)
         .await;
     let streams = crate::api::gate::http_streams(&operation);
+    let limit = crate::api::gate::deadline(&operation, request_timeout);
     let response = audited
         .run(async move {
             match admitted {
@@ -1446,7 +1433,17 @@ async fn gate_http(
                         None
                     };
                     req.extensions_mut().insert(identity);
-                    let response = next.run(req).await;
+                    let received = Arc::new(AtomicBool::new(false));
+                    let req = req.map(|inner| {
+                        received.store(HttpBody::is_end_stream(&inner), Ordering::Relaxed);
+                        Body::new(Received {
+                            inner,
+                            received: received.clone(),
+                        })
+                    });
+                    let Ok(response) = tokio::time::timeout(limit, next.run(req)).await else {
+                        return late_answer(limit, received.load(Ordering::Relaxed));
+                    };
                     match slot {
                         Some(slot) => response
                             .map(|b| axum::body::Body::new(crate::api::gate::holding(b, slot))),
@@ -1540,15 +1537,11 @@ pub fn router(state: HttpState, request_timeout: std::time::Duration) -> Router 
     routes
         .router
         .route_layer(axum::middleware::from_fn_with_state(
-            (state.clone(), classes),
+            (state.clone(), classes, request_timeout),
             gate_http,
         ))
         .fallback(no_route)
         .method_not_allowed_fallback(wrong_method)
-        .layer(axum::middleware::from_fn_with_state(
-            request_timeout,
-            enforce_timeout,
-        ))
         .layer(axum::middleware::from_fn(set_problem_instance))
         // Failed answers are logged once, with their correlation id, where
         // the error is mapped (api::error); not a second time here.
