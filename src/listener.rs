@@ -58,6 +58,10 @@ pub struct ConnectionLimits {
     pub max_connections_per_client: usize,
     /// Concurrent HTTP/2 streams per connection.
     pub max_streams_per_connection: u32,
+    /// A connection with no request open for this long is closed (HTTP/2
+    /// and gRPC connections; HTTP/1.1 keep-alive waits are bounded by
+    /// `header_timeout_ms`). 0: never. The Raft listener ignores it.
+    pub idle_timeout_secs: u64,
 }
 
 impl Default for ConnectionLimits {
@@ -68,6 +72,7 @@ impl Default for ConnectionLimits {
             max_connections: 4096,
             max_connections_per_client: 200,
             max_streams_per_connection: 256,
+            idle_timeout_secs: 300,
         }
     }
 }
@@ -77,12 +82,29 @@ impl ConnectionLimits {
         Duration::from_millis(self.header_timeout_ms)
     }
 
+    fn idle_timeout(&self) -> Option<Duration> {
+        (self.idle_timeout_secs > 0).then(|| Duration::from_secs(self.idle_timeout_secs))
+    }
+
+    /// The same limits without the idle timeout: for a listener whose
+    /// requests are not counted (Raft's, whose connections are never idle
+    /// for long anyway: heartbeats).
+    pub fn never_idle(self) -> Self {
+        Self {
+            idle_timeout_secs: 0,
+            ..self
+        }
+    }
+
     pub fn validate(&self) -> Result<(), String> {
         if !(100..=120_000).contains(&self.header_timeout_ms) {
             return Err("limits.connections.header_timeout_ms must be 100..=120000".into());
         }
         if !(8 * 1024..=1024 * 1024).contains(&self.max_header_bytes) {
             return Err("limits.connections.max_header_bytes must be 8 KiB..=1 MiB".into());
+        }
+        if self.idle_timeout_secs > 86_400 {
+            return Err("limits.connections.idle_timeout_secs must be at most 86400".into());
         }
         if self.max_connections == 0 || self.max_streams_per_connection == 0 {
             return Err(
@@ -302,6 +324,51 @@ pub struct Peer {
     /// The client's end-entity certificate, already verified against the
     /// listener's client CA.
     pub client_cert: Option<CertificateDer<'static>>,
+    /// The connection's open requests; each request holds a `Busy` of it.
+    pub activity: Arc<Activity>,
+}
+
+/// How many requests are open on a connection and since when none has
+/// been: what the idle timeout reads. The gate (gRPC) and `serve_http`
+/// count requests; the connection itself only reads.
+#[derive(Debug)]
+pub struct Activity(Mutex<(usize, tokio::time::Instant)>);
+
+impl Default for Activity {
+    fn default() -> Self {
+        Self(Mutex::new((0, tokio::time::Instant::now())))
+    }
+}
+
+impl Activity {
+    /// Counts a request as open until the returned guard is dropped (with
+    /// its answer's body, or when the request is abandoned).
+    pub fn busy(self: &Arc<Self>) -> Busy {
+        self.state().0 += 1;
+        Busy(self.clone())
+    }
+
+    /// When the connection has been idle for `limit`, if no request starts
+    /// before then; `None` while one is open.
+    fn idle_at(&self, limit: Duration) -> Option<tokio::time::Instant> {
+        let (open, quiet_since) = *self.state();
+        (open == 0).then_some(quiet_since + limit)
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, (usize, tokio::time::Instant)> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// One open request on a connection (`Activity::busy`).
+pub struct Busy(Arc<Activity>);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        let mut state = self.0.state();
+        state.0 = state.0.saturating_sub(1);
+        state.1 = tokio::time::Instant::now();
+    }
 }
 
 enum Io {
@@ -319,6 +386,9 @@ pub struct Conn {
     /// HTTP/2 preface is 24 bytes; HTTP/1.1 headers are then covered by
     /// hyper's own header timeout.
     pending: Option<(usize, Pin<Box<tokio::time::Sleep>>)>,
+    /// The idle timeout and its timer, which sleeps until the connection
+    /// could first have been idle that long.
+    idle: Option<(Duration, Pin<Box<tokio::time::Sleep>>)>,
     _permit: OwnedSemaphorePermit,
     _client: Option<ClientSlot>,
 }
@@ -385,6 +455,24 @@ impl Conn {
     pub fn peer(&self) -> &Peer {
         &self.peer
     }
+
+    /// Whether the connection has had no open request for its idle
+    /// timeout; until then the timer is set (and polled, so this task
+    /// wakes) for the next moment that could be true.
+    fn idle_expired(&mut self, cx: &mut Context<'_>) -> bool {
+        let Some((limit, timer)) = &mut self.idle else {
+            return false;
+        };
+        while timer.as_mut().poll(cx).is_ready() {
+            let now = tokio::time::Instant::now();
+            match self.peer.activity.idle_at(*limit) {
+                Some(at) if at <= now => return true,
+                Some(at) => timer.as_mut().reset(at),
+                None => timer.as_mut().reset(now + *limit),
+            }
+        }
+        false
+    }
 }
 
 impl AsyncRead for Conn {
@@ -412,6 +500,14 @@ impl AsyncRead for Conn {
                     )));
                 }
             }
+        }
+        // Only a connection waiting for its client is checked: one with
+        // bytes arriving is not idle.
+        if result.is_pending() && this.idle_expired(cx) {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the connection was idle for the idle timeout",
+            )));
         }
         result
     }
@@ -578,8 +674,12 @@ pub fn accept(
                     peer: Peer {
                         remote,
                         client_cert,
+                        activity: Arc::default(),
                     },
                     pending: Some((FIRST_BYTES, Box::pin(tokio::time::sleep_until(deadline)))),
+                    idle: limits
+                        .idle_timeout()
+                        .map(|limit| (limit, Box::pin(tokio::time::sleep(limit)))),
                     _permit: permit,
                     _client: client.flatten(),
                 };
@@ -636,8 +736,17 @@ pub async fn serve_http(
         let app = app.clone();
         let service =
             hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+                // Open from the request's head until its answer's body is
+                // sent (or the request abandoned): the idle timeout waits.
+                let busy = peer.activity.busy();
                 req.extensions_mut().insert(peer.clone());
-                app.clone().oneshot(req.map(axum::body::Body::new))
+                let answer = app.clone().oneshot(req.map(axum::body::Body::new));
+                async move {
+                    let response = answer.await?;
+                    Ok::<_, std::convert::Infallible>(
+                        response.map(|b| axum::body::Body::new(crate::api::gate::holding(b, busy))),
+                    )
+                }
             });
         let connection = builder
             .serve_connection_with_upgrades(TokioIo::new(conn), service)

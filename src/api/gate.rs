@@ -409,17 +409,14 @@ impl Drop for StreamSlot {
     }
 }
 
-/// `body` that gives `slot` back when it is dropped (finished, or its
-/// client gone).
-pub fn holding<B>(
-    body: B,
-    slot: StreamSlot,
-) -> impl http_body::Body<Data = B::Data, Error = B::Error>
+/// `body` that keeps `held` (a stream slot, a connection's `Busy`) until it
+/// is dropped: finished, or its client gone.
+pub fn holding<B, H>(body: B, held: H) -> impl http_body::Body<Data = B::Data, Error = B::Error>
 where
     B: http_body::Body,
 {
     http_body_util::BodyExt::map_frame(body, move |frame| {
-        let _held = &slot;
+        let _held = &held;
         frame
     })
 }
@@ -728,6 +725,8 @@ where
                 return Ok(tonic::Status::from(unknown).into_http());
             };
             let peer = req.extensions().get::<Peer>().cloned();
+            // The connection is not idle until the answer has been sent.
+            let busy = peer.as_ref().map(|p| p.activity.busy());
             let operation = req.uri().path().trim_start_matches('/').to_string();
             let limit = deadline(&operation, request_timeout);
             let started = std::time::Instant::now();
@@ -752,12 +751,7 @@ where
                                 return Ok(tonic::Status::from(late(limit)).into_http());
                             };
                             let response = response.map(with_transport_detail)?;
-                            Ok(match slot {
-                                Some(slot) => {
-                                    response.map(|b| tonic::body::Body::new(holding(b, slot)))
-                                }
-                                None => response,
-                            })
+                            Ok(response.map(|b| tonic::body::Body::new(holding(b, (slot, busy)))))
                         }
                         Err(e) => Ok(tonic::Status::from(e).into_http()),
                     }
@@ -787,6 +781,7 @@ mod tests {
         Peer {
             remote: format!("{ip}:1234").parse().unwrap(),
             client_cert: None,
+            activity: Default::default(),
         }
     }
 

@@ -570,6 +570,66 @@ async fn slow_oversized_and_excess_connections_are_cut_off() {
     s.stop().await;
 }
 
+/// A connection with no request open for the idle timeout is closed, on
+/// the HTTP and the gRPC listener alike; streams open for longer keep
+/// their connections and go on delivering.
+#[tokio::test]
+async fn idle_connections_are_closed_and_open_streams_keep_theirs() {
+    use futures::StreamExt;
+    let s = TestServer::start_with(|c| c.connections.idle_timeout_secs = 1).await;
+    let server = s.server.as_ref().unwrap();
+    // The HTTP/2 preface and an empty SETTINGS frame, then nothing.
+    const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0";
+    for addr in [server.http_addr, server.grpc_addr] {
+        let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        tcp.write_all(PREFACE).await.unwrap();
+        let took = closed_within(&mut tcp, Duration::from_secs(5))
+            .await
+            .unwrap_or_else(|| panic!("{addr}: an idle connection was kept"));
+        assert!(
+            took >= Duration::from_millis(900),
+            "{addr}: closed after {took:?}"
+        );
+    }
+
+    // A gRPC watch and the HTTP change feed, both quiet for 2.5 s.
+    let g = Grpc::connect(&s.grpc).await;
+    let mut watch = g
+        .client
+        .clone()
+        .watch(pb::WatchRequest { from_revision: 0 })
+        .await
+        .unwrap()
+        .into_inner();
+    let feed = reqwest::Client::new()
+        .get(format!("{}/changes", s.http))
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(feed.status(), 200);
+    let mut feed = feed.bytes_stream();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let h = Http::new(&s.http);
+    h.register(Some(ALICE), minimal("idle-a")).await.unwrap();
+    let change = tokio::time::timeout(Duration::from_secs(5), watch.next())
+        .await
+        .expect("the watch delivers")
+        .expect("the watch is open")
+        .expect("no error");
+    assert_eq!(change.record.unwrap().metadata.unwrap().id, "idle-a");
+    let mut text = String::new();
+    while !text.contains("idle-a") {
+        let chunk = tokio::time::timeout(Duration::from_secs(5), feed.next())
+            .await
+            .expect("the feed delivers")
+            .expect("the feed is open")
+            .expect("no transport error");
+        text.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    s.stop().await;
+}
+
 #[tokio::test]
 async fn floods_get_429_and_resource_exhausted_with_retry_after() {
     let s = TestServer::start_with(|c| {
