@@ -62,6 +62,11 @@ pub struct ConnectionLimits {
     /// and gRPC connections; HTTP/1.1 keep-alive waits are bounded by
     /// `header_timeout_ms`). 0: never. The Raft listener ignores it.
     pub idle_timeout_secs: u64,
+    /// A connection whose client has taken none of what the server is
+    /// sending for this long is closed: a client that stopped reading
+    /// would otherwise hold its answer, and the connection, for ever.
+    /// 0: never. The Raft listener ignores it.
+    pub write_timeout_secs: u64,
 }
 
 impl Default for ConnectionLimits {
@@ -73,6 +78,7 @@ impl Default for ConnectionLimits {
             max_connections_per_client: 200,
             max_streams_per_connection: 256,
             idle_timeout_secs: 300,
+            write_timeout_secs: 60,
         }
     }
 }
@@ -86,12 +92,18 @@ impl ConnectionLimits {
         (self.idle_timeout_secs > 0).then(|| Duration::from_secs(self.idle_timeout_secs))
     }
 
-    /// The same limits without the idle timeout: for a listener whose
-    /// requests are not counted (Raft's, whose connections are never idle
-    /// for long anyway: heartbeats).
-    pub fn never_idle(self) -> Self {
+    fn write_timeout(&self) -> Option<Duration> {
+        (self.write_timeout_secs > 0).then(|| Duration::from_secs(self.write_timeout_secs))
+    }
+
+    /// The same limits without the idle and write timeouts: for Raft's
+    /// listener, whose requests are not counted, whose connections are
+    /// never idle for long anyway (heartbeats), and whose callers are
+    /// members proven by the cluster's credentials.
+    pub fn for_members(self) -> Self {
         Self {
             idle_timeout_secs: 0,
+            write_timeout_secs: 0,
             ..self
         }
     }
@@ -103,8 +115,11 @@ impl ConnectionLimits {
         if !(8 * 1024..=1024 * 1024).contains(&self.max_header_bytes) {
             return Err("limits.connections.max_header_bytes must be 8 KiB..=1 MiB".into());
         }
-        if self.idle_timeout_secs > 86_400 {
-            return Err("limits.connections.idle_timeout_secs must be at most 86400".into());
+        if self.idle_timeout_secs > 86_400 || self.write_timeout_secs > 86_400 {
+            return Err(
+                "limits.connections: idle_timeout_secs and write_timeout_secs must be at most 86400"
+                    .into(),
+            );
         }
         if self.max_connections == 0 || self.max_streams_per_connection == 0 {
             return Err(
@@ -389,6 +404,9 @@ pub struct Conn {
     /// The idle timeout and its timer, which sleeps until the connection
     /// could first have been idle that long.
     idle: Option<(Duration, Pin<Box<tokio::time::Sleep>>)>,
+    /// The write timeout, and its timer while a write waits for the client
+    /// to take data (`None` while writes go through).
+    write_stall: Option<(Duration, Option<Pin<Box<tokio::time::Sleep>>>)>,
     _permit: OwnedSemaphorePermit,
     _client: Option<ClientSlot>,
 }
@@ -473,6 +491,30 @@ impl Conn {
         }
         false
     }
+
+    /// `written`, or an error once writes have waited for the client to
+    /// take data for the whole write timeout.
+    fn unless_stalled<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        written: Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        let Some((limit, stalled)) = &mut self.write_stall else {
+            return written;
+        };
+        if written.is_ready() {
+            *stalled = None;
+            return written;
+        }
+        let timer = stalled.get_or_insert_with(|| Box::pin(tokio::time::sleep(*limit)));
+        if timer.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the client took nothing of the answer for the write timeout",
+            )));
+        }
+        written
+    }
 }
 
 impl AsyncRead for Conn {
@@ -519,10 +561,11 @@ impl AsyncWrite for Conn {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        match &mut self.io {
+        let written = match &mut self.io {
             Io::Plain(s) => Pin::new(s).poll_write(cx, buf),
             Io::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
-        }
+        };
+        self.unless_stalled(cx, written)
     }
 
     fn poll_write_vectored(
@@ -530,10 +573,11 @@ impl AsyncWrite for Conn {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        match &mut self.io {
+        let written = match &mut self.io {
             Io::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
             Io::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
-        }
+        };
+        self.unless_stalled(cx, written)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -544,10 +588,11 @@ impl AsyncWrite for Conn {
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match &mut self.io {
+        let flushed = match &mut self.io {
             Io::Plain(s) => Pin::new(s).poll_flush(cx),
             Io::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
-        }
+        };
+        self.unless_stalled(cx, flushed)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -680,6 +725,7 @@ pub fn accept(
                     idle: limits
                         .idle_timeout()
                         .map(|limit| (limit, Box::pin(tokio::time::sleep(limit)))),
+                    write_stall: limits.write_timeout().map(|limit| (limit, None)),
                     _permit: permit,
                     _client: client.flatten(),
                 };
@@ -759,4 +805,67 @@ pub async fn serve_http(
         });
     }
     graceful.shutdown().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// The server's end of a fresh loopback connection with `write_timeout`,
+    /// and the client's end.
+    async fn pair(write_timeout: Duration) -> (Conn, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (server, remote) = listener.accept().await.unwrap();
+        let conn = Conn {
+            io: Io::Plain(server),
+            peer: Peer {
+                remote,
+                client_cert: None,
+                activity: Arc::default(),
+            },
+            pending: None,
+            idle: None,
+            write_stall: Some((write_timeout, None)),
+            _permit: Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap(),
+            _client: None,
+        };
+        (conn, client)
+    }
+
+    #[tokio::test]
+    async fn a_client_that_stops_reading_is_cut_off_and_one_that_reads_is_not() {
+        let limit = Duration::from_secs(1);
+        let chunk = vec![7u8; 64 * 1024];
+
+        // A client that reads everything gets 32 MiB without a stall error.
+        let (mut conn, mut client) = pair(limit).await;
+        let reader = tokio::spawn(async move {
+            let mut got = Vec::new();
+            client.read_to_end(&mut got).await.map(|_| got.len())
+        });
+        for _ in 0..512 {
+            conn.write_all(&chunk).await.unwrap();
+        }
+        conn.shutdown().await.unwrap();
+        drop(conn);
+        assert_eq!(reader.await.unwrap().unwrap(), 512 * chunk.len());
+
+        // One that reads nothing: once the socket buffers are full, the
+        // next write fails after the limit instead of waiting for ever.
+        let (mut conn, _client) = pair(limit).await;
+        let started = Instant::now();
+        let error = loop {
+            match tokio::time::timeout(Duration::from_secs(30), conn.write_all(&chunk)).await {
+                Ok(Ok(())) => continue,
+                Ok(Err(e)) => break e,
+                Err(_) => panic!("a write waited 30 s for a client that does not read"),
+            }
+        };
+        assert_eq!(error.kind(), io::ErrorKind::TimedOut, "{error}");
+        assert!(started.elapsed() >= limit, "{:?}", started.elapsed());
+    }
 }

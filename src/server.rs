@@ -378,7 +378,7 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
         "raft",
         raft_listener,
         cluster_auth.server_tls(),
-        config.connections.never_idle(),
+        config.connections.for_members(),
         shutdown_rx.clone(),
     );
     let raft_server = tonic::transport::Server::builder()
