@@ -407,6 +407,12 @@ pub struct Conn {
     /// The write timeout, and its timer while a write waits for the client
     /// to take data (`None` while writes go through).
     write_stall: Option<(Duration, Option<Pin<Box<tokio::time::Sleep>>>)>,
+    /// The listener's name, for the metrics of why it was closed.
+    listener: &'static str,
+    /// Set once the connection has failed itself (a deadline, idle, a
+    /// stalled write), so the reason is counted once.
+    closed: bool,
+    _open: crate::metrics::OpenConnection,
     _permit: OwnedSemaphorePermit,
     _client: Option<ClientSlot>,
 }
@@ -492,6 +498,15 @@ impl Conn {
         false
     }
 
+    /// The error that ends the connection for `reason`, counted once.
+    fn closing(&mut self, reason: &'static str, message: &'static str) -> io::Error {
+        if !self.closed {
+            self.closed = true;
+            crate::metrics::observe_connection_closed(self.listener, reason);
+        }
+        io::Error::new(io::ErrorKind::TimedOut, message)
+    }
+
     /// `written`, or an error once writes have waited for the client to
     /// take data for the whole write timeout.
     fn unless_stalled<T>(
@@ -508,8 +523,8 @@ impl Conn {
         }
         let timer = stalled.get_or_insert_with(|| Box::pin(tokio::time::sleep(*limit)));
         if timer.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(Err(io::Error::new(
-                io::ErrorKind::TimedOut,
+            return Poll::Ready(Err(self.closing(
+                "write_timeout",
                 "the client took nothing of the answer for the write timeout",
             )));
         }
@@ -536,8 +551,8 @@ impl AsyncRead for Conn {
             } else {
                 *missing -= got;
                 if result.is_pending() && deadline.as_mut().poll(cx).is_ready() {
-                    return Poll::Ready(Err(io::Error::new(
-                        io::ErrorKind::TimedOut,
+                    return Poll::Ready(Err(this.closing(
+                        "header_timeout",
                         "the client sent no complete request in time",
                     )));
                 }
@@ -546,10 +561,9 @@ impl AsyncRead for Conn {
         // Only a connection waiting for its client is checked: one with
         // bytes arriving is not idle.
         if result.is_pending() && this.idle_expired(cx) {
-            return Poll::Ready(Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "the connection was idle for the idle timeout",
-            )));
+            return Poll::Ready(Err(
+                this.closing("idle", "the connection was idle for the idle timeout")
+            ));
         }
         result
     }
@@ -663,6 +677,7 @@ pub fn accept(
                     );
                     last_full_warning = Some(Instant::now());
                 }
+                crate::metrics::observe_connection_closed(name, "connection_cap");
                 drop(tcp);
                 continue;
             };
@@ -678,9 +693,11 @@ pub fn accept(
                     );
                     last_client_warning = Some(Instant::now());
                 }
+                crate::metrics::observe_connection_closed(name, "client_cap");
                 drop(tcp);
                 continue;
             }
+            let open = crate::metrics::connection_opened(name);
             // Small answers must not wait for the client's delayed ACK.
             if let Err(e) = tcp.set_nodelay(true) {
                 tracing::debug!(error = %e, "cannot set TCP_NODELAY");
@@ -705,10 +722,12 @@ pub fn accept(
                             }
                             Ok(Err(e)) => {
                                 tracing::debug!(listener = name, %remote, error = %e, "TLS handshake failed");
+                                crate::metrics::observe_connection_closed(name, "tls_handshake");
                                 return;
                             }
                             Err(_) => {
                                 tracing::debug!(listener = name, %remote, "TLS handshake timed out");
+                                crate::metrics::observe_connection_closed(name, "header_timeout");
                                 return;
                             }
                         }
@@ -726,6 +745,9 @@ pub fn accept(
                         .idle_timeout()
                         .map(|limit| (limit, Box::pin(tokio::time::sleep(limit)))),
                     write_stall: limits.write_timeout().map(|limit| (limit, None)),
+                    listener: name,
+                    closed: false,
+                    _open: open,
                     _permit: permit,
                     _client: client.flatten(),
                 };
@@ -801,6 +823,13 @@ pub async fn serve_http(
         tokio::spawn(async move {
             if let Err(e) = connection.await {
                 tracing::debug!(error = %e, "HTTP connection ended with an error");
+                // hyper's own header deadline (HTTP/1.1 request heads after
+                // the first bytes, and keep-alive waits).
+                if e.downcast_ref::<hyper::Error>()
+                    .is_some_and(hyper::Error::is_timeout)
+                {
+                    crate::metrics::observe_connection_closed("http", "header_timeout");
+                }
             }
         });
     }
@@ -830,6 +859,9 @@ mod tests {
             pending: None,
             idle: None,
             write_stall: Some((write_timeout, None)),
+            listener: "test",
+            closed: false,
+            _open: crate::metrics::connection_opened("test"),
             _permit: Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap(),
             _client: None,
         };
@@ -838,7 +870,9 @@ mod tests {
 
     #[tokio::test]
     async fn a_client_that_stops_reading_is_cut_off_and_one_that_reads_is_not() {
-        let limit = Duration::from_secs(1);
+        // Long enough that a test thread descheduled under load does not
+        // look like a client that stopped reading.
+        let limit = Duration::from_secs(3);
         let chunk = vec![7u8; 64 * 1024];
 
         // A client that reads everything gets 32 MiB without a stall error.

@@ -12,6 +12,7 @@ use std::time::Duration;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
@@ -45,6 +46,21 @@ pub struct RefusalLabels {
     pub reason: &'static str,
 }
 
+/// One of the node's listeners (`http`, `grpc`, `peer`, `raft`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ListenerLabels {
+    pub listener: &'static str,
+}
+
+/// A connection the node closed on a listener, and why.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClosedLabels {
+    pub listener: &'static str,
+    /// `connection_cap`, `client_cap`, `header_timeout`, `tls_handshake`,
+    /// `idle`, `write_timeout`.
+    pub reason: &'static str,
+}
+
 struct Instruments {
     requests: Family<RequestLabels, Counter>,
     request_seconds: Family<RequestLabels, Histogram, fn() -> Histogram>,
@@ -64,6 +80,8 @@ struct Instruments {
     backup_seconds: Histogram,
     backup_bytes: Counter,
     federation_refused: Family<RefusalLabels, Counter>,
+    open_connections: Family<ListenerLabels, Gauge>,
+    connections_closed: Family<ClosedLabels, Counter>,
 }
 
 /// 0.25 ms to about 8 s, doubling.
@@ -98,6 +116,8 @@ fn instruments() -> &'static Instruments {
         backup_seconds: long(),
         backup_bytes: Counter::default(),
         federation_refused: Family::default(),
+        open_connections: Family::default(),
+        connections_closed: Family::default(),
     })
 }
 
@@ -183,6 +203,34 @@ pub fn observe_federation_refusal(peer: &str, reason: &'static str) {
             reason,
         })
         .inc();
+}
+
+/// Counts a connection the node closed on `listener` for `reason`.
+pub fn observe_connection_closed(listener: &'static str, reason: &'static str) {
+    instruments()
+        .connections_closed
+        .get_or_create(&ClosedLabels { listener, reason })
+        .inc();
+}
+
+/// Counts a connection accepted on `listener` as open until the returned
+/// guard is dropped with it.
+pub fn connection_opened(listener: &'static str) -> OpenConnection {
+    let gauge = instruments()
+        .open_connections
+        .get_or_create(&ListenerLabels { listener })
+        .clone();
+    gauge.inc();
+    OpenConnection(gauge)
+}
+
+/// An open connection in `agentry_open_connections`.
+pub struct OpenConnection(Gauge);
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 /// Registers the instruments (shared, not copied) in `registry`. Help
@@ -278,5 +326,15 @@ pub fn register(registry: &mut Registry) {
         "agentry_federation_refused_records",
         "Leader: records of a peer's feed not kept here, by peer and reason (a bad signature, the trust policy, the peer's record limit, ...)",
         i.federation_refused.clone(),
+    );
+    registry.register(
+        "agentry_open_connections",
+        "Connections open on each listener of this node (each listener closes new ones beyond [connections] max_connections)",
+        i.open_connections.clone(),
+    );
+    registry.register(
+        "agentry_connections_closed",
+        "Connections this node closed, by listener and reason (a connection or client cap, a header or TLS deadline, idle, a client that stopped reading)",
+        i.connections_closed.clone(),
     );
 }

@@ -468,6 +468,29 @@ async fn closed_within(stream: &mut tokio::net::TcpStream, limit: Duration) -> O
     }
 }
 
+/// The value of the Prometheus sample `name` (up to its labels) with all of
+/// `labels`.
+fn sample(metrics: &str, name: &str, labels: &[&str]) -> f64 {
+    metrics
+        .lines()
+        .find(|l| l.starts_with(name) && labels.iter().all(|x| l.contains(x)))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} {labels:?} in\n{metrics}"))
+}
+
+/// Connections the node closed on `listener` for `reason`, from its
+/// metrics (process-wide: other tests' servers count too).
+fn closed_for(metrics: &str, listener: &str, reason: &str) -> f64 {
+    sample(
+        metrics,
+        "agentry_connections_closed_total{",
+        &[
+            &format!("listener=\"{listener}\""),
+            &format!("reason=\"{reason}\""),
+        ],
+    )
+}
+
 /// A connection to `to` from the loopback address `local` (a client of
 /// its own: every 127/8 address reaches the loopback listeners).
 async fn from(local: &str, to: std::net::SocketAddr) -> tokio::net::TcpStream {
@@ -556,6 +579,25 @@ async fn slow_oversized_and_excess_connections_are_cut_off() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     let (status, _) = h.call(Method::GET, "/healthz", None, None).await.unwrap();
     assert_eq!(status, 200);
+    // The metrics count each kind of closing.
+    let metrics = h
+        .client
+        .get(format!("{}/metrics", s.http))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for (listener, reason) in [
+        ("http", "header_timeout"),
+        ("grpc", "header_timeout"),
+        ("http", "client_cap"),
+        ("http", "connection_cap"),
+    ] {
+        let closed = closed_for(&metrics, listener, reason);
+        assert!(closed >= 1.0, "{listener} {reason}: {closed}");
+    }
 
     // The empty id is refused, and nothing is stored.
     let before = agent_count(&h).await;
@@ -591,6 +633,28 @@ async fn idle_connections_are_closed_and_open_streams_keep_theirs() {
             "{addr}: closed after {took:?}"
         );
     }
+    // The metrics say why, per listener, and how many are open (at least
+    // the one asking).
+    let h = Http::new(&s.http);
+    let metrics = h
+        .client
+        .get(format!("{}/metrics", s.http))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for listener in ["http", "grpc"] {
+        let closed = closed_for(&metrics, listener, "idle");
+        assert!(closed >= 1.0, "{listener}: {closed}");
+    }
+    let open = sample(
+        &metrics,
+        "agentry_open_connections{",
+        &["listener=\"http\""],
+    );
+    assert!(open >= 1.0, "{open}");
 
     // A gRPC watch and the HTTP change feed, both quiet for 2.5 s.
     let g = Grpc::connect(&s.grpc).await;
@@ -610,7 +674,6 @@ async fn idle_connections_are_closed_and_open_streams_keep_theirs() {
     assert_eq!(feed.status(), 200);
     let mut feed = feed.bytes_stream();
     tokio::time::sleep(Duration::from_millis(2500)).await;
-    let h = Http::new(&s.http);
     h.register(Some(ALICE), minimal("idle-a")).await.unwrap();
     let change = tokio::time::timeout(Duration::from_secs(5), watch.next())
         .await
