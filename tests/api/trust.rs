@@ -468,6 +468,23 @@ async fn closed_within(stream: &mut tokio::net::TcpStream, limit: Duration) -> O
     }
 }
 
+/// Connects to `addr`, sends `bytes` and nothing more, and expects the
+/// server to close the connection after `at_least` and within 5 s.
+async fn closed_after_sending(addr: std::net::SocketAddr, bytes: &[u8], at_least: Duration) {
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(bytes).await.unwrap();
+    let took = closed_within(&mut tcp, Duration::from_secs(5))
+        .await
+        .unwrap_or_else(|| panic!("{addr}: the connection was kept"));
+    assert!(took >= at_least, "{addr}: closed after {took:?}");
+}
+
+/// The node's `/metrics` page.
+async fn metrics_page(h: &Http) -> String {
+    let page = h.client.get(format!("{}/metrics", h.base)).send().await;
+    page.unwrap().text().await.unwrap()
+}
+
 /// The value of the Prometheus sample `name` (up to its labels) with all of
 /// `labels`.
 fn sample(metrics: &str, name: &str, labels: &[&str]) -> f64 {
@@ -520,15 +537,7 @@ async fn slow_oversized_and_excess_connections_are_cut_off() {
         (http_addr, &b"GET /healthz HTTP/1.1\r\nHost: x\r\n"[..]),
         (grpc_addr, &b"PRI * HTTP/2.0\r\n"[..]),
     ] {
-        let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-        tcp.write_all(partial).await.unwrap();
-        let took = closed_within(&mut tcp, Duration::from_secs(5))
-            .await
-            .unwrap_or_else(|| panic!("{addr}: a slow client kept its connection"));
-        assert!(
-            took >= Duration::from_millis(400),
-            "{addr}: closed after {took:?}"
-        );
+        closed_after_sending(addr, partial, Duration::from_millis(400)).await;
     }
 
     // A 100 KiB header: 431, and the server carries on.
@@ -580,15 +589,7 @@ async fn slow_oversized_and_excess_connections_are_cut_off() {
     let (status, _) = h.call(Method::GET, "/healthz", None, None).await.unwrap();
     assert_eq!(status, 200);
     // The metrics count each kind of closing.
-    let metrics = h
-        .client
-        .get(format!("{}/metrics", s.http))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics_page(&h).await;
     for (listener, reason) in [
         ("http", "header_timeout"),
         ("grpc", "header_timeout"),
@@ -623,28 +624,12 @@ async fn idle_connections_are_closed_and_open_streams_keep_theirs() {
     // The HTTP/2 preface and an empty SETTINGS frame, then nothing.
     const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0";
     for addr in [server.http_addr, server.grpc_addr] {
-        let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-        tcp.write_all(PREFACE).await.unwrap();
-        let took = closed_within(&mut tcp, Duration::from_secs(5))
-            .await
-            .unwrap_or_else(|| panic!("{addr}: an idle connection was kept"));
-        assert!(
-            took >= Duration::from_millis(900),
-            "{addr}: closed after {took:?}"
-        );
+        closed_after_sending(addr, PREFACE, Duration::from_millis(900)).await;
     }
     // The metrics say why, per listener, and how many are open (at least
     // the one asking).
     let h = Http::new(&s.http);
-    let metrics = h
-        .client
-        .get(format!("{}/metrics", s.http))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics_page(&h).await;
     for listener in ["http", "grpc"] {
         let closed = closed_for(&metrics, listener, "idle");
         assert!(closed >= 1.0, "{listener}: {closed}");
