@@ -8,6 +8,16 @@ use serde_json::Value;
 
 use crate::harness::{minimal, Http, TestServer, Transport, ADMIN, ALICE, BOB, CAROL_READER};
 
+/// The oldest entry of the node's trail with `outcome` (an admin's view).
+async fn oldest_with_outcome(h: &Http, outcome: &str) -> Value {
+    let path = format!("/audit?outcome={outcome}");
+    let (_, page) = h
+        .call(reqwest::Method::GET, &path, Some(ADMIN), None)
+        .await
+        .unwrap();
+    page["entries"][0].clone()
+}
+
 #[tokio::test]
 async fn attempts_are_listed_and_copied_to_the_audit_file() {
     let dir = tempfile::tempdir().unwrap();
@@ -94,16 +104,7 @@ async fn attempts_are_listed_and_copied_to_the_audit_file() {
     );
     let body: Value = resp.json().await.unwrap();
     assert_eq!(body["correlation_id"], "trace-7");
-    let (_, page) = h
-        .call(
-            reqwest::Method::GET,
-            "/audit?outcome=unauthorized",
-            Some(ADMIN),
-            None,
-        )
-        .await
-        .unwrap();
-    let e = &page["entries"][0];
+    let e = oldest_with_outcome(&h, "unauthorized").await;
     assert_eq!(
         (e["correlation_id"].as_str(), e["operation"].as_str()),
         (Some("trace-7"), Some("POST /agents"))
@@ -121,24 +122,15 @@ async fn attempts_are_listed_and_copied_to_the_audit_file() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 413);
-    let (_, page) = h
-        .call(
-            reqwest::Method::GET,
-            "/audit?outcome=invalid_request",
-            Some(ADMIN),
-            None,
-        )
-        .await
-        .unwrap();
-    let e = &page["entries"][0];
+    let e = oldest_with_outcome(&h, "invalid_request").await;
     assert_eq!(
         (e["correlation_id"].as_str(), e["principal"].as_str()),
         (Some("trace-8"), Some("alice")),
-        "{page}"
+        "{e}"
     );
     assert!(
         e["message"].as_str().unwrap_or("").contains("larger than"),
-        "{page}"
+        "{e}"
     );
     let anonymous = reqwest::Client::new()
         .post(format!("{}/agents", s.http))
