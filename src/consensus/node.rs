@@ -538,6 +538,18 @@ impl RaftNode {
                 self.id
             )));
         }
+        // Asked first so that a repeated `cluster init` is a plain conflict
+        // for its caller, not an ERROR line from openraft in the node's log
+        // and a message in openraft's internal notation.
+        if self.raft.is_initialized().await.map_err(fatal)? {
+            let m = self.raft.metrics().borrow().clone();
+            return Err(WriteError::Membership(format!(
+                "this node is already part of a cluster (term {}, last log index {}); \
+                 `agentry cluster status` shows its members",
+                m.current_term,
+                m.last_log_index.unwrap_or_default()
+            )));
+        }
         let nodes: BTreeMap<NodeId, BasicNode> = members
             .into_iter()
             .map(|(id, addr)| (id, BasicNode { addr }))

@@ -1094,6 +1094,16 @@ async fn bad_input_is_refused_and_changes_nothing() {
     }
     let cluster_after = membership(&h).await;
     assert_eq!(cluster_after, cluster_before, "membership unchanged");
+    // A repeated init says so in the operator's terms, not openraft's.
+    let (_, _, again) = h
+        .send(post.clone(), "/cluster/init", Some(ADMIN), None, &[])
+        .await;
+    let said = again["message"].as_str().unwrap_or_default();
+    assert!(
+        said.starts_with("this node is already part of a cluster (term ")
+            && !said.contains("LogId"),
+        "{said}"
+    );
     s.stop().await;
 }
 
