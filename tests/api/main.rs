@@ -22,6 +22,7 @@ mod peer_tls;
 mod restart;
 mod scenario;
 mod signatures;
+mod sweep;
 mod tenants;
 mod tokens;
 mod trust;
