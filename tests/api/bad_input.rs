@@ -1057,12 +1057,7 @@ async fn bad_input_is_refused_and_changes_nothing() {
         }
         let resp = req.send().await.unwrap();
         let status = resp.status().as_u16();
-        let ctype = resp
-            .headers()
-            .get("content-type")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
-            .to_string();
+        let ctype = content_type(&resp);
         let body: Value = resp.json().await.unwrap_or(Value::Null);
         assert_eq!(status, c.status, "{}: {body}", c.name);
         assert_eq!(ctype, "application/problem+json", "{}", c.name);

@@ -150,6 +150,15 @@ pub trait Transport {
     ) -> Outcome<(Vec<String>, String, u64)>;
 }
 
+/// A response's content type, empty when it has none.
+pub fn content_type(resp: &reqwest::Response) -> String {
+    resp.headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string()
+}
+
 pub struct Http {
     pub base: String,
     pub client: reqwest::Client,
@@ -221,12 +230,7 @@ impl Http {
         }
         let resp = req.send().await.expect("HTTP request is sent");
         let status = resp.status().as_u16();
-        let ctype = resp
-            .headers()
-            .get("content-type")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
-            .to_string();
+        let ctype = content_type(&resp);
         let body: Value = resp.json().await.unwrap_or(Value::Null);
         if status >= 400 {
             assert_eq!(

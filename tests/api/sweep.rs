@@ -65,12 +65,7 @@ async fn check(h: &Http, method: &Method, url: &str, body: Option<&str>, what: &
         Err(e) => panic!("{what}: no answer ({e})"),
     };
     let status = resp.status().as_u16();
-    let ctype = resp
-        .headers()
-        .get("content-type")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_string();
+    let ctype = content_type(&resp);
     // A request hostile in ways the operation ignores may be a valid one;
     // on a streaming route it opens its stream, which is an answer.
     if status < 400 && ctype.starts_with("text/event-stream") {
