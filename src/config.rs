@@ -572,7 +572,8 @@ pub struct Config {
 }
 
 /// `[storage]`: writes are refused (507) while the data directory's
-/// filesystem has less than `reserve_bytes` free, so a full disk never
+/// filesystem has less than `reserve_bytes` free on top of the room a
+/// compaction of the largest column family may take, so a full disk never
 /// stops the Raft core (0 turns the check off); RocksDB's WAL is kept
 /// below `max_wal_bytes`, which bounds what a restart writes before the
 /// node serves. Keep the reserve above the WAL bound. Up to

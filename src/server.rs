@@ -317,7 +317,10 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
     // Every node keeps the committed trail (written by apply) and its own
     // refusals; the gate records through this log.
     let audit_sink = config.audit.sink().await?;
-    let space = config.storage.space(&config.data_dir);
+    let space = config
+        .storage
+        .space(&config.data_dir)
+        .with_database(db.clone());
     let audit = Arc::new(crate::service::AuditLog::new(
         storage::AuditStore::open(
             db.clone(),

@@ -99,6 +99,44 @@ const BLOCK_CACHE_BYTES: usize = 128 << 20;
 /// Default bound of the WAL (`[storage] max_wal_bytes`).
 pub const DEFAULT_MAX_WAL_BYTES: u64 = 32 << 20;
 
+/// Upper bound of what one compaction reads (RocksDB's default is 1.6 GiB
+/// with its default table size); it also bounds the room the free-space
+/// check keeps for compactions of a large column family.
+const MAX_COMPACTION_BYTES: u64 = 1 << 30;
+
+/// The column families, in the order they are opened.
+const COLUMN_FAMILIES: [&str; 9] = [
+    CF_LOG,
+    CF_RAFT,
+    CF_SM,
+    CF_AGENTS,
+    CF_CHANGES,
+    CF_AUDIT,
+    CF_AUDIT_LOCAL,
+    CF_LEASES,
+    CF_INDEX_VECTORS,
+];
+
+/// What compacting the largest column family may write before it deletes
+/// its inputs. While a column family is smaller than RocksDB's base level
+/// target (256 MiB) its tables all sit in one level, and a compaction of
+/// newly flushed tables rewrites every one of them: the room is its whole
+/// size. Larger ones compact a part at a time, bounded by
+/// [`MAX_COMPACTION_BYTES`].
+pub(crate) fn compaction_headroom(db: &DB) -> u64 {
+    COLUMN_FAMILIES
+        .iter()
+        .filter_map(|name| db.cf_handle(name))
+        .filter_map(|cf| {
+            db.property_int_value_cf(cf, rocksdb::properties::LIVE_SST_FILES_SIZE)
+                .ok()
+                .flatten()
+        })
+        .max()
+        .unwrap_or(0)
+        .min(MAX_COMPACTION_BYTES)
+}
+
 /// Opens (or creates) the node's database under `dir`.
 pub fn open(dir: &Path, max_wal_bytes: u64) -> Result<Arc<DB>, StorageError> {
     std::fs::create_dir_all(dir)?;
@@ -132,20 +170,9 @@ pub fn open(dir: &Path, max_wal_bytes: u64) -> Result<Arc<DB>, StorageError> {
     records.set_data_block_index_type(rocksdb::DataBlockIndexType::BinaryAndHash);
     records.set_data_block_hash_ratio(0.75);
     records.set_bloom_filter(10.0, false);
-    let cfs = [
-        CF_LOG,
-        CF_RAFT,
-        CF_SM,
-        CF_AGENTS,
-        CF_CHANGES,
-        CF_AUDIT,
-        CF_AUDIT_LOCAL,
-        CF_LEASES,
-        CF_INDEX_VECTORS,
-    ]
-    .into_iter()
-    .map(|name| {
+    let cfs = COLUMN_FAMILIES.into_iter().map(|name| {
         let mut o = Options::default();
+        o.set_max_compaction_bytes(MAX_COMPACTION_BYTES);
         // Compression is an option of each column family: the database's
         // own options reach only the default one, which holds nothing.
         // The history (log, changes, audit) is written once and read in

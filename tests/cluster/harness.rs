@@ -266,12 +266,9 @@ impl Cluster {
             .expect("ready line");
         if !line.starts_with("agentry ready") {
             let _ = child.wait();
-            let log = self.log(id);
-            let tail: Vec<&str> = log.lines().rev().take(40).collect();
-            let tail: Vec<&str> = tail.into_iter().rev().collect();
             return Err(format!(
                 "node {id} did not start: {line:?}; its log ends:\n{}",
-                tail.join("\n")
+                tail(&self.log(id), 40)
             ));
         }
         self.nodes.get_mut(&id).expect("reserved").child = Some(child);
@@ -670,16 +667,40 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
+        let failed = std::thread::panicking();
+        let mut report = String::new();
         for n in self.nodes.values_mut() {
             if let Some(mut c) = n.child.take() {
+                if let Ok(Some(exit)) = c.try_wait() {
+                    report.push_str(&format!("node {} had exited: {exit}\n", n.id));
+                }
                 let _ = c.kill();
                 let _ = c.wait();
             }
         }
+        if failed {
+            // CI keeps the test's output but not its temporary directory:
+            // what each node last logged, and RocksDB's own errors (its
+            // LOG sits on a mount that is gone once the test ends).
+            for id in self.nodes.keys() {
+                let db_log =
+                    std::fs::read_to_string(self.data_dir(*id).join("db/LOG")).unwrap_or_default();
+                let db_errors: Vec<&str> = db_log
+                    .lines()
+                    .filter(|l| l.contains("error") || l.contains("Error"))
+                    .collect();
+                report.push_str(&format!(
+                    "node {id}'s log ends:\n{}\nRocksDB's last errors on node {id}:\n{}\n",
+                    tail(&self.log(*id), 30),
+                    tail(&db_errors.join("\n"), 10)
+                ));
+            }
+            eprintln!("{report}");
+        }
         for dir in &self.mounts {
             let _ = Command::new("umount").arg("-l").arg(dir).status();
         }
-        if std::thread::panicking() {
+        if failed {
             // Keep the logs of a failed run.
             let path = self.dir.path().to_path_buf();
             eprintln!("cluster logs kept in {}", path.display());
@@ -689,6 +710,12 @@ impl Drop for Cluster {
             ));
         }
     }
+}
+
+/// The last `lines` lines of `text`.
+fn tail(text: &str, lines: usize) -> String {
+    let skip = text.lines().count().saturating_sub(lines);
+    text.lines().skip(skip).collect::<Vec<_>>().join("\n")
 }
 
 /// A small valid agent record.
