@@ -272,6 +272,147 @@ pub fn problem_body(d: &pb::ErrorDetail, instance: &str) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::audit::OUTCOMES;
+    use crate::domain::write::{QuotaScope, Rejection};
+
+    /// The audit trail records the code a caller was answered with, and its
+    /// listing refuses an outcome filter outside `OUTCOMES`: every code an
+    /// error can be answered with is in that list, and a rejection applied
+    /// by the state machine (recorded by its own `code`) reads the same as
+    /// the answer its caller got.
+    #[test]
+    fn every_answered_code_is_a_listed_audit_outcome() {
+        let s = || "m".to_string();
+        let errors = [
+            ServiceError::InvalidRequest {
+                field: None,
+                message: s(),
+            },
+            ServiceError::Unauthorized(s()),
+            ServiceError::Forbidden(s()),
+            ServiceError::Denied {
+                field: None,
+                message: s(),
+            },
+            ServiceError::NotFound(s()),
+            ServiceError::Gone(s()),
+            ServiceError::Conflict(s()),
+            ServiceError::PreconditionFailed(s()),
+            ServiceError::Stale(s()),
+            ServiceError::RevisionCompacted {
+                requested: 1,
+                oldest: 2,
+            },
+            ServiceError::Unavailable {
+                message: s(),
+                leader: None,
+            },
+            ServiceError::InsufficientStorage(s()),
+            ServiceError::Timeout(s()),
+            ServiceError::BadUpstream(s()),
+            ServiceError::Overloaded {
+                message: s(),
+                retry_after: None,
+            },
+            ServiceError::RateLimited {
+                message: s(),
+                retry_after: 1,
+            },
+            ServiceError::Unsupported(s()),
+            ServiceError::Internal(s()),
+        ];
+        for e in &errors {
+            // A variant added to the error type fails to compile here
+            // until it is listed above.
+            match e {
+                ServiceError::InvalidRequest { .. }
+                | ServiceError::Unauthorized(_)
+                | ServiceError::Forbidden(_)
+                | ServiceError::Denied { .. }
+                | ServiceError::NotFound(_)
+                | ServiceError::Gone(_)
+                | ServiceError::Conflict(_)
+                | ServiceError::PreconditionFailed(_)
+                | ServiceError::Stale(_)
+                | ServiceError::RevisionCompacted { .. }
+                | ServiceError::Unavailable { .. }
+                | ServiceError::InsufficientStorage(_)
+                | ServiceError::Timeout(_)
+                | ServiceError::BadUpstream(_)
+                | ServiceError::Overloaded { .. }
+                | ServiceError::RateLimited { .. }
+                | ServiceError::Unsupported(_)
+                | ServiceError::Internal(_) => {}
+            }
+            let code = classify(e).0;
+            assert!(OUTCOMES.contains(&code), "{code} is not an audit outcome");
+        }
+        let rejections = [
+            Rejection::NotFound { id: s() },
+            Rejection::Deleted {
+                id: s(),
+                revision: 1,
+            },
+            Rejection::OwnedByOther { id: s() },
+            Rejection::Forbidden {
+                id: s(),
+                principal: s(),
+            },
+            Rejection::IncompatibleBindings {
+                id: s(),
+                stored: s(),
+            },
+            Rejection::Stale {
+                id: s(),
+                detail: s(),
+            },
+            Rejection::KeyNotFound { key_id: s() },
+            Rejection::KeyForbidden { key_id: s() },
+            Rejection::KeyConflict { key_id: s() },
+            Rejection::Unchanged { id: s() },
+            Rejection::Federated {
+                id: s(),
+                authority: s(),
+            },
+            Rejection::RevisionChanged {
+                id: s(),
+                expected: 1,
+                actual: 2,
+            },
+            Rejection::LeaseNotFound { lease: s() },
+            Rejection::LeaseForbidden {
+                lease: s(),
+                principal: s(),
+            },
+            Rejection::QuotaExceeded {
+                id: s(),
+                scope: QuotaScope::Owner,
+                limit: 1,
+            },
+        ];
+        for r in rejections {
+            match &r {
+                Rejection::NotFound { .. }
+                | Rejection::Deleted { .. }
+                | Rejection::OwnedByOther { .. }
+                | Rejection::Forbidden { .. }
+                | Rejection::IncompatibleBindings { .. }
+                | Rejection::Stale { .. }
+                | Rejection::KeyNotFound { .. }
+                | Rejection::KeyForbidden { .. }
+                | Rejection::KeyConflict { .. }
+                | Rejection::Unchanged { .. }
+                | Rejection::Federated { .. }
+                | Rejection::RevisionChanged { .. }
+                | Rejection::LeaseNotFound { .. }
+                | Rejection::LeaseForbidden { .. }
+                | Rejection::QuotaExceeded { .. } => {}
+            }
+            let recorded = r.code();
+            let answered = classify(&ServiceError::from(r.clone())).0;
+            assert_eq!(recorded, answered, "{r}");
+        }
+    }
 
     #[test]
     fn status_and_problem_agree() {

@@ -769,11 +769,23 @@ pub fn audit_query_from_pb(
             .map(Some)
             .ok_or_else(|| FieldError::new(field, format!("'{s}' is not an RFC 3339 time")))
     };
+    let outcome = text(&r.outcome);
+    if let Some(o) = &outcome {
+        if !domain::audit::OUTCOMES.contains(&o.as_str()) {
+            return Err(FieldError::new(
+                "/outcome",
+                format!(
+                    "'{o}' is no outcome; one of {}",
+                    domain::audit::OUTCOMES.join(", ")
+                ),
+            ));
+        }
+    }
     Ok(crate::domain::audit::AuditQuery {
         principal: text(&r.principal),
         target: text(&r.target),
         operation: text(&r.operation),
-        outcome: text(&r.outcome),
+        outcome,
         since: time(&r.since, "/since")?,
         until: time(&r.until, "/until")?,
     })
@@ -783,6 +795,30 @@ pub fn audit_query_from_pb(
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// An outcome filter names a recorded outcome, or is refused with the
+    /// list of those it could name.
+    #[test]
+    fn an_audit_outcome_filter_must_name_an_outcome() {
+        let query = |outcome: &str| {
+            audit_query_from_pb(&pb::ListAuditRequest {
+                outcome: outcome.into(),
+                ..Default::default()
+            })
+        };
+        assert_eq!(
+            query("forbidden").unwrap().outcome.as_deref(),
+            Some("forbidden")
+        );
+        assert_eq!(query("").unwrap().outcome, None);
+        let e = query("denied").unwrap_err();
+        assert_eq!(e.pointer, "/outcome");
+        assert!(
+            e.message.contains("'denied'") && e.message.contains("cancelled"),
+            "{}",
+            e.message
+        );
+    }
 
     /// Signatures cover the record as served; the facade's JSON (built
     /// from protobuf) must therefore be exactly `crypto`'s served form.

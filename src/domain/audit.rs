@@ -86,6 +86,32 @@ impl AuditContext {
     }
 }
 
+/// The outcome of a request that ended before it was answered.
+pub const CANCELLED: &str = "cancelled";
+
+/// Every outcome an entry can record: `ok`, or the error code the caller
+/// was answered with (`api::error`'s codes and [`CANCELLED`]). A listing's
+/// `outcome` filter must name one, so a misspelt filter is refused instead
+/// of silently matching nothing; unit tests hold every code the API and
+/// the state machine answer with to this list.
+pub const OUTCOMES: [&str; 15] = [
+    "ok",
+    "invalid_request",
+    "unauthorized",
+    "forbidden",
+    "not_found",
+    "conflict",
+    "stale_metadata",
+    "unavailable",
+    "insufficient_storage",
+    "timeout",
+    "bad_gateway",
+    "rate_limited",
+    "unsupported",
+    "internal",
+    CANCELLED,
+];
+
 /// What came of an attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outcome {

@@ -213,7 +213,7 @@ impl Drop for Unanswered<'_> {
             return;
         }
         let outcome = Outcome::refused(
-            "cancelled",
+            crate::domain::audit::CANCELLED,
             "the request ended before it was answered: its deadline passed or the client went \
              away"
                 .into(),
