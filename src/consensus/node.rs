@@ -21,7 +21,9 @@ use super::forward::{ForwardReply, Forwarded};
 use super::membership_check::MembershipCheck;
 use super::network::TransportError;
 use super::{Command, CommandResult, LogId, Network, NodeId, Proposal, Raft};
-use crate::storage::{DiskSpace, LogStore, NoSpace, SnapshotStats, SnapshotWeight, StateMachine};
+use crate::storage::{
+    DiskSpace, LogStore, NoSpace, SnapshotStats, SnapshotWeight, SpaceStats, StateMachine,
+};
 
 /// Why a request could not be carried out. Crosses the internal transport
 /// when a follower passes a request to the leader.
@@ -1172,6 +1174,11 @@ impl RaftNode {
     /// Whether the data directory has room for more writes.
     pub fn space(&self) -> Result<(), NoSpace> {
         self.space.check()
+    }
+
+    /// The data directory's free space and what is kept free.
+    pub fn space_stats(&self) -> SpaceStats {
+        self.space.stats()
     }
 
     /// Why the Raft core stopped, when it has (a storage failure it could

@@ -247,6 +247,10 @@ impl RegistryService {
         self.node.status()
     }
 
+    pub fn space_stats(&self) -> crate::storage::SpaceStats {
+        self.node.space_stats()
+    }
+
     pub(crate) fn require_reader(&self, principal: Option<&Principal>) -> Result<()> {
         if principal.is_none() && !self.anonymous_reads {
             return Err(ServiceError::Unauthorized(

@@ -27,7 +27,7 @@ pub use format::DATA_FORMAT;
 pub use log_store::LogStore;
 pub use reader::{Applied, FollowEnd, HoldsChanged, HoldsListener, Reader};
 pub use record_cache::DEFAULT_RECORD_CACHE_BYTES;
-pub use space::{DiskSpace, NoSpace, DEFAULT_RESERVE_BYTES};
+pub use space::{DiskSpace, NoSpace, SpaceStats, DEFAULT_RESERVE_BYTES};
 pub use state_machine::{outgoing_snapshot, SnapshotStats, SnapshotWeight, StateMachine};
 
 use std::path::Path;

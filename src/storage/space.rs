@@ -43,6 +43,18 @@ pub struct DiskSpace {
     headroom: Arc<Mutex<Option<(Instant, u64)>>>,
 }
 
+/// What the check compares, for the metrics page: an operator alerts on
+/// free space nearing what is kept free before writes are refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpaceStats {
+    /// None when the filesystem cannot be asked.
+    pub available: Option<u64>,
+    pub reserve: u64,
+    pub compaction_headroom: u64,
+    /// Free bytes below which writes are refused; 0 with the check off.
+    pub kept_free: u64,
+}
+
 /// The filesystem has less free space than the reserve.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error(
@@ -96,13 +108,29 @@ impl DiskSpace {
         Ok(s.f_bavail.saturating_mul(s.f_frsize))
     }
 
+    /// The free space and what the check keeps free.
+    pub fn stats(&self) -> SpaceStats {
+        let compaction_headroom = self.compaction_headroom();
+        SpaceStats {
+            available: self.available().ok(),
+            reserve: self.reserve,
+            compaction_headroom,
+            kept_free: self.kept_free(compaction_headroom),
+        }
+    }
+
+    /// The reserve and the room for compactions; 0 with the check off.
+    fn kept_free(&self, compaction_headroom: u64) -> u64 {
+        match self.reserve {
+            0 => 0,
+            reserve => reserve.saturating_add(compaction_headroom),
+        }
+    }
+
     /// Whether a restarted node could open its database (flush its WAL),
     /// even with the reserve turned off, and then pass [`Self::check`].
     pub fn has_room_to_restart(&self) -> bool {
-        let kept = match self.reserve {
-            0 => 0,
-            reserve => reserve.saturating_add(self.compaction_headroom()),
-        };
+        let kept = self.kept_free(self.compaction_headroom());
         self.available()
             .map(|a| a >= kept.max(self.restart_need))
             .unwrap_or(true)
@@ -130,7 +158,7 @@ impl DiskSpace {
     /// Why `available` free bytes are too few for a write, if they are.
     fn short_of(&self, available: u64) -> Option<NoSpace> {
         let compaction = self.compaction_headroom();
-        (available < self.reserve.saturating_add(compaction)).then_some(NoSpace {
+        (available < self.kept_free(compaction)).then_some(NoSpace {
             available,
             reserve: self.reserve,
             compaction,

@@ -687,7 +687,9 @@ impl Drop for Cluster {
                     std::fs::read_to_string(self.data_dir(*id).join("db/LOG")).unwrap_or_default();
                 let db_errors: Vec<&str> = db_log
                     .lines()
-                    .filter(|l| l.contains("error") || l.contains("Error"))
+                    .filter(|l| {
+                        l.contains("[ERROR]") || l.contains("[WARN]") || l.contains(" error:")
+                    })
                     .collect();
                 report.push_str(&format!(
                     "node {id}'s log ends:\n{}\nRocksDB's last errors on node {id}:\n{}\n",

@@ -12,6 +12,7 @@ use prometheus_client::registry::Registry;
 use crate::api::gate::StreamCounts;
 use crate::consensus::NodeStatus;
 use crate::index::IndexStats;
+use crate::storage::SpaceStats;
 
 /// Content type of the OpenMetrics text format.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -85,6 +86,7 @@ pub fn render(
     index: &IndexStats,
     streams: StreamCounts,
     peers: &[PeerSync],
+    space: SpaceStats,
 ) -> String {
     let mut p = Page {
         registry: Registry::default(),
@@ -213,6 +215,23 @@ pub fn render(
         .into_iter()
         .map(|(who, n)| (who.to_string(), n as u64)),
     );
+    if let Some(free) = space.available {
+        p.gauge(
+            "agentry_storage_free_bytes",
+            "Free bytes on the data directory's filesystem.",
+            free,
+        );
+    }
+    p.gauge(
+        "agentry_storage_kept_free_bytes",
+        "Free bytes below which writes are refused with 507: the reserve plus the room compacting the largest column family may take (0: the check is off).",
+        space.kept_free,
+    );
+    p.gauge(
+        "agentry_storage_compaction_headroom_bytes",
+        "Room compacting the largest column family may take before it deletes its inputs.",
+        space.compaction_headroom,
+    );
     p.gauge(
         "agentry_registry_applied_revision",
         "Revision of the applied registry state.",
@@ -338,8 +357,17 @@ mod tests {
             copies: 5,
             max_records: 100,
         }];
-        let text = render(&s, 41, 1, &index, streams, &peers);
+        let space = SpaceStats {
+            available: Some(900),
+            reserve: 64,
+            compaction_headroom: 300,
+            kept_free: 364,
+        };
+        let text = render(&s, 41, 1, &index, streams, &peers, space);
         for sample in [
+            "agentry_storage_free_bytes{node_id=\"1\"} 900\n",
+            "agentry_storage_kept_free_bytes{node_id=\"1\"} 364\n",
+            "agentry_storage_compaction_headroom_bytes{node_id=\"1\"} 300\n",
             "agentry_federation_cursor_revision{node_id=\"1\",peer=\"b.example\"} 17\n",
             "agentry_federation_copies{node_id=\"1\",peer=\"b.example\"} 5\n",
             "agentry_federation_max_records{node_id=\"1\",peer=\"b.example\"} 100\n",

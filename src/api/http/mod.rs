@@ -968,6 +968,7 @@ async fn metrics_page(State(s): State<HttpState>) -> Response {
         &service.index().stats(),
         s.gate.open_streams(),
         &peers,
+        service.space_stats(),
     );
     ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], body).into_response()
 }
