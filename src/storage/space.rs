@@ -20,7 +20,8 @@ use std::time::{Duration, Instant};
 use rocksdb::DB;
 
 /// Default reserve: twice the default WAL bound (a restart's flush of it,
-/// and compactions' slack).
+/// and of the state written beside it without the WAL). Compactions get
+/// their room on top of it.
 pub const DEFAULT_RESERVE_BYTES: u64 = 64 << 20;
 
 /// Room a restarting node needs besides its WAL's flush: RocksDB's options
