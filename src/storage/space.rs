@@ -56,7 +56,8 @@ pub struct SpaceStats {
     pub kept_free: u64,
 }
 
-/// The filesystem has less free space than the reserve.
+/// The filesystem has less free space than the reserve and the room for
+/// compactions.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error(
     "the data directory's filesystem has {available} bytes free, below the {reserve}-byte reserve \
