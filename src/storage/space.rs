@@ -50,7 +50,6 @@ pub struct DiskSpace {
 pub struct SpaceStats {
     /// None when the filesystem cannot be asked.
     pub available: Option<u64>,
-    pub reserve: u64,
     pub compaction_headroom: u64,
     /// Free bytes below which writes are refused; 0 with the check off.
     pub kept_free: u64,
@@ -115,7 +114,6 @@ impl DiskSpace {
         let compaction_headroom = self.compaction_headroom();
         SpaceStats {
             available: self.available().ok(),
-            reserve: self.reserve,
             compaction_headroom,
             kept_free: self.kept_free(compaction_headroom),
         }
@@ -146,10 +144,7 @@ impl DiskSpace {
             return Ok(());
         }
         match self.available() {
-            Ok(available) => match self.short_of(available) {
-                Some(short) => Err(short),
-                None => Ok(()),
-            },
+            Ok(available) => self.short_of(available).map_or(Ok(()), Err),
             Err(e) => {
                 tracing::debug!(error = %e, dir = %self.dir.display(), "statvfs failed");
                 Ok(())

@@ -359,7 +359,6 @@ mod tests {
         }];
         let space = SpaceStats {
             available: Some(900),
-            reserve: 64,
             compaction_headroom: 300,
             kept_free: 364,
         };
