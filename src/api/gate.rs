@@ -594,14 +594,23 @@ impl Gate {
     /// trail records it (writes, admin actions and imports): the answer to
     /// an admitted request and a refusal alike, so the trail and the error
     /// body share the correlation id. Both transports call this.
+    ///
+    /// Admission counts against the request's deadline `limit`: checking a
+    /// token may mean fetching the issuer's keys, and an issuer that does
+    /// not answer must not hold the request for the outbound client's own
+    /// timeout on top of the handler's. The caller gives the handler what
+    /// is left of `limit`.
     pub async fn admit_audited(
         &self,
         headers: &http::HeaderMap,
         peer: Option<&Peer>,
         class: OpClass,
         operation: &str,
+        limit: Duration,
     ) -> (Result<Identity, ServiceError>, Audited) {
-        let admitted = self.admit(headers, peer, class).await;
+        let admitted = tokio::time::timeout(limit, self.admit(headers, peer, class))
+            .await
+            .unwrap_or_else(|_| Err(late(limit)));
         let audited = matches!(class, OpClass::Write | OpClass::Admin)
             || operation.ends_with("/Import")
             || operation.starts_with("POST /import/");
@@ -730,8 +739,9 @@ where
             let operation = req.uri().path().trim_start_matches('/').to_string();
             let limit = deadline(&operation, request_timeout);
             let started = std::time::Instant::now();
+            let due = tokio::time::Instant::now() + limit;
             let (admitted, audited) = gate
-                .admit_audited(req.headers(), peer.as_ref(), class, &operation)
+                .admit_audited(req.headers(), peer.as_ref(), class, &operation, limit)
                 .await;
             let response = audited
                 .run(async move {
@@ -746,7 +756,7 @@ where
                                 None
                             };
                             req.extensions_mut().insert(identity);
-                            let Ok(response) = tokio::time::timeout(limit, inner.call(req)).await
+                            let Ok(response) = tokio::time::timeout_at(due, inner.call(req)).await
                             else {
                                 return Ok(tonic::Status::from(late(limit)).into_http());
                             };

@@ -172,7 +172,7 @@ impl JwtVerifier {
     }
 
     /// The principal a valid token names.
-    pub async fn verify(&self, token: &str) -> Result<Principal, JwtError> {
+    pub async fn verify(self: &Arc<Self>, token: &str) -> Result<Principal, JwtError> {
         self.reload_file();
         let digest: [u8; 32] = sha2::Sha256::digest(token.as_bytes()).into();
         let now = unix_now();
@@ -199,7 +199,7 @@ impl JwtVerifier {
     }
 
     /// Checks the signature and claims of a token not seen before.
-    async fn verify_signed(&self, token: &str) -> Result<Verified, JwtError> {
+    async fn verify_signed(self: &Arc<Self>, token: &str) -> Result<Verified, JwtError> {
         let header = jsonwebtoken::decode_header(token)
             .map_err(|e| refused(format!("malformed token: {e}")))?;
         if !ALLOWED.contains(&header.alg) {
@@ -212,7 +212,12 @@ impl JwtVerifier {
         let key = match self.key(&kid, header.alg) {
             Some(k) => k,
             None => {
-                self.refresh().await;
+                // The fetch runs in a task of its own: a request given up
+                // at its deadline does not cancel it, so the keys and the
+                // time of the fetch are still recorded, and the requests
+                // after it wait for that fetch instead of starting another.
+                let this = self.clone();
+                let _ = tokio::spawn(async move { this.refresh().await }).await;
                 self.key(&kid, header.alg)
                     .ok_or_else(|| refused(format!("unknown signing key '{kid}'")))?
             }

@@ -389,3 +389,93 @@ async fn the_issuers_jwks_url_is_fetched_again_for_an_unknown_key() {
     assert_eq!(body["registry"]["owner"], "rita");
     s.stop().await;
 }
+
+#[tokio::test]
+async fn an_issuer_that_does_not_answer_holds_a_request_only_to_its_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let k = keys(dir.path()).await;
+    // The issuer's host accepts connections and never answers: the
+    // outbound client would wait its own 30 s for the key set.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/jwks.json", silent.local_addr().unwrap());
+    let accepted = Arc::new(Mutex::new(0usize));
+    let counted = accepted.clone();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = silent.accept().await {
+            *counted.lock().unwrap() += 1;
+            held.push(socket);
+        }
+    });
+    let s = TestServer::start_with(|c| {
+        c.jwt = Some(config(None, Some(url)));
+        c.gateway.outbound.allow = vec!["127.0.0.1".into()];
+        c.gateway.outbound.allow_http = true;
+        c.request_timeout_secs = 2;
+    })
+    .await;
+    let h = Http::new(&s.http);
+    let rsa = EncodingKey::from_rsa_pem(&k.rsa_pem).unwrap();
+    let token = sign(Algorithm::RS256, "rsa-1", &rsa, &claims("rita"));
+
+    let started = std::time::Instant::now();
+    let e = h
+        .call(
+            Method::POST,
+            "/agents",
+            Some(&token),
+            Some(minimal("by-rita")),
+        )
+        .await
+        .expect_err("no key could be fetched");
+    let waited = started.elapsed();
+    assert_eq!((e.http, e.code.as_str()), (504, "timeout"));
+    assert!(
+        waited < Duration::from_secs(15),
+        "answered after {waited:?}, not at the 2 s deadline"
+    );
+    let mut g = agentry::pb::registry_client::RegistryClient::connect(s.grpc.clone())
+        .await
+        .unwrap();
+    let mut req = tonic::Request::new(agentry::pb::GetRequest {
+        id: "by-rita".into(),
+        ..Default::default()
+    });
+    req.metadata_mut()
+        .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    let started = std::time::Instant::now();
+    let status = g.get(req).await.expect_err("no key could be fetched");
+    assert_eq!(status.code(), tonic::Code::DeadlineExceeded, "{status:?}");
+    assert!(started.elapsed() < Duration::from_secs(15));
+    // The fetch the first request started outlived it and is not started
+    // again by the next request with the same unknown key.
+    assert_eq!(*accepted.lock().unwrap(), 1, "one fetch at a time");
+
+    // Callers with API keys are not held up by the silent issuer.
+    let (status, _) = h
+        .call(
+            Method::POST,
+            "/agents",
+            Some(ALICE),
+            Some(minimal("by-alice")),
+        )
+        .await
+        .unwrap();
+    assert_eq!(status, 201);
+    // Nothing was stored for the refused write, and the trail says why.
+    assert_eq!(
+        h.call(Method::GET, "/agents/by-rita", Some(ALICE), None)
+            .await
+            .unwrap_err()
+            .http,
+        404
+    );
+    let (_, page) = h
+        .call(Method::GET, "/audit?outcome=timeout", Some(ADMIN), None)
+        .await
+        .unwrap();
+    let entry = &page["entries"][0];
+    assert_eq!(entry["operation"], "POST /agents", "{page}");
+    assert_eq!(entry["principal"].as_str().unwrap_or(""), "", "{entry}");
+    s.stop().await;
+}

@@ -1415,12 +1415,13 @@ async fn gate_http(
     };
     let peer = req.extensions().get::<Peer>().cloned();
     let started = std::time::Instant::now();
+    let limit = crate::api::gate::deadline(&operation, request_timeout);
+    let due = tokio::time::Instant::now() + limit;
     let (admitted, audited) = state
         .gate
-        .admit_audited(req.headers(), peer.as_ref(), class, &operation)
+        .admit_audited(req.headers(), peer.as_ref(), class, &operation, limit)
         .await;
     let streams = crate::api::gate::http_streams(&operation);
-    let limit = crate::api::gate::deadline(&operation, request_timeout);
     let response = audited
         .run(async move {
             match admitted {
@@ -1442,7 +1443,7 @@ async fn gate_http(
                             received: received.clone(),
                         })
                     });
-                    let Ok(response) = tokio::time::timeout(limit, next.run(req)).await else {
+                    let Ok(response) = tokio::time::timeout_at(due, next.run(req)).await else {
                         return late_answer(limit, received.load(Ordering::Relaxed));
                     };
                     match slot {
