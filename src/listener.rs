@@ -17,6 +17,8 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime};
 
+use hyper::body::Bytes;
+
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
@@ -343,15 +345,33 @@ pub struct Peer {
     pub activity: Arc<Activity>,
 }
 
-/// How many requests are open on a connection and since when none has
-/// been: what the idle timeout reads. The gate (gRPC) and `serve_http`
-/// count requests; the connection itself only reads.
+/// How many requests are open on a connection, since when none has been
+/// (what the idle timeout reads), and which answers wait for the client
+/// to take them (what the write timeout reads on HTTP/2, where a client
+/// can starve one stream of flow-control window while the socket itself
+/// stays writable). The gate (gRPC) and `serve_http` count requests; the
+/// connection itself only reads.
 #[derive(Debug)]
-pub struct Activity(Mutex<(usize, tokio::time::Instant)>);
+pub struct Activity(Mutex<ActivityState>);
+
+#[derive(Debug)]
+struct ActivityState {
+    open: usize,
+    quiet_since: tokio::time::Instant,
+    /// Since when each answer handed to the connection has waited for the
+    /// client, by its request's number.
+    waiting: HashMap<u64, tokio::time::Instant>,
+    next: u64,
+}
 
 impl Default for Activity {
     fn default() -> Self {
-        Self(Mutex::new((0, tokio::time::Instant::now())))
+        Self(Mutex::new(ActivityState {
+            open: 0,
+            quiet_since: tokio::time::Instant::now(),
+            waiting: HashMap::new(),
+            next: 0,
+        }))
     }
 }
 
@@ -359,30 +379,163 @@ impl Activity {
     /// Counts a request as open until the returned guard is dropped (with
     /// its answer's body, or when the request is abandoned).
     pub fn busy(self: &Arc<Self>) -> Busy {
-        self.state().0 += 1;
-        Busy(self.clone())
+        let mut state = self.state();
+        state.open += 1;
+        state.next += 1;
+        Busy {
+            activity: self.clone(),
+            request: state.next,
+        }
     }
 
     /// When the connection has been idle for `limit`, if no request starts
     /// before then; `None` while one is open.
     fn idle_at(&self, limit: Duration) -> Option<tokio::time::Instant> {
-        let (open, quiet_since) = *self.state();
-        (open == 0).then_some(quiet_since + limit)
+        let state = self.state();
+        (state.open == 0).then_some(state.quiet_since + limit)
     }
 
-    fn state(&self) -> std::sync::MutexGuard<'_, (usize, tokio::time::Instant)> {
+    /// Since when the answer that has waited longest for the client has
+    /// waited; `None` while none waits.
+    fn waiting_since(&self) -> Option<tokio::time::Instant> {
+        self.state().waiting.values().min().copied()
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, ActivityState> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
 /// One open request on a connection (`Activity::busy`).
-pub struct Busy(Arc<Activity>);
+pub struct Busy {
+    activity: Arc<Activity>,
+    request: u64,
+}
+
+impl Busy {
+    /// Records that the request's answer waits for the client to take it,
+    /// from now (`true`: handed to the connection, or a part of it just
+    /// taken), or that it waits for the server itself (`false`: a stream
+    /// with nothing new to send).
+    fn waiting(&self, for_client: bool) {
+        let mut state = self.activity.state();
+        if for_client {
+            state
+                .waiting
+                .insert(self.request, tokio::time::Instant::now());
+        } else {
+            state.waiting.remove(&self.request);
+        }
+    }
+}
 
 impl Drop for Busy {
     fn drop(&mut self) {
-        let mut state = self.0.state();
-        state.0 = state.0.saturating_sub(1);
-        state.1 = tokio::time::Instant::now();
+        let mut state = self.activity.state();
+        state.open = state.open.saturating_sub(1);
+        state.quiet_since = tokio::time::Instant::now();
+        state.waiting.remove(&self.request);
+    }
+}
+
+/// The largest part of an answer handed to the connection at a time.
+/// HTTP/2 takes a part whole into its send buffer however little window
+/// the client gave, so parts bound what a client withholding window can
+/// leave buffered there; and the connection asks for the next part only
+/// when the client has room for it, which is what tells `Answer` that the
+/// client is still taking the answer.
+const ANSWER_PART: usize = 16 * 1024;
+
+/// An answer's body, holding its request's `Busy` until it is dropped
+/// (finished, or its client gone) and telling the connection whether it
+/// waits for the client: from the moment it is handed over, and after
+/// every part the connection takes from it, until it next has nothing to
+/// send. A client that stops taking it (HTTP/2 with no window for the
+/// stream, or a full socket) leaves it waiting, and the write timeout
+/// closes the connection; a stream quiet because nothing happens does not
+/// wait. Data is handed over in parts of at most `ANSWER_PART`.
+pub struct Answer<B> {
+    body: B,
+    busy: Option<Busy>,
+    /// Whether `busy` was last recorded as waiting for the client.
+    waiting: bool,
+    /// What is left of the body's last data frame.
+    rest: Option<Bytes>,
+}
+
+impl<B> Answer<B> {
+    pub fn new(body: B, busy: Option<Busy>) -> Self {
+        if let Some(busy) = &busy {
+            busy.waiting(true);
+        }
+        Self {
+            body,
+            busy,
+            waiting: true,
+            rest: None,
+        }
+    }
+
+    /// The next part of `data`, keeping what follows it for later.
+    fn part(&mut self, mut data: Bytes) -> Bytes {
+        if data.len() > ANSWER_PART {
+            self.rest = Some(data.split_off(ANSWER_PART));
+        }
+        data
+    }
+}
+
+impl<B: http_body::Body<Data = Bytes> + Unpin> http_body::Body for Answer<B> {
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, B::Error>>> {
+        let this = &mut *self;
+        let polled = match this.rest.take() {
+            Some(rest) => Poll::Ready(Some(Ok(http_body::Frame::data(this.part(rest))))),
+            None => match Pin::new(&mut this.body).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(match frame.into_data() {
+                    Ok(data) => http_body::Frame::data(this.part(data)),
+                    Err(frame) => frame,
+                }))),
+                other => other,
+            },
+        };
+        if let Some(busy) = &this.busy {
+            match &polled {
+                // Taken: the wait for the client starts again.
+                Poll::Ready(Some(Ok(_))) => {
+                    busy.waiting(true);
+                    this.waiting = true;
+                }
+                Poll::Pending if this.waiting => {
+                    busy.waiting(false);
+                    this.waiting = false;
+                }
+                // Ended: `busy` goes with the body.
+                _ => {}
+            }
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.rest.is_none() && self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        let mut hint = self.body.size_hint();
+        if let Some(rest) = &self.rest {
+            let rest = rest.len() as u64;
+            hint.set_lower(hint.lower().saturating_add(rest));
+            if let Some(upper) = hint.upper() {
+                hint.set_upper(upper.saturating_add(rest));
+            }
+        }
+        hint
     }
 }
 
@@ -407,6 +560,10 @@ pub struct Conn {
     /// The write timeout, and its timer while a write waits for the client
     /// to take data (`None` while writes go through).
     write_stall: Option<(Duration, Option<Pin<Box<tokio::time::Sleep>>>)>,
+    /// The write timeout again, and its timer for the answers that wait
+    /// for the client (`Answer`), which sleeps until the oldest could first
+    /// have waited that long.
+    answer_stall: Option<(Duration, Pin<Box<tokio::time::Sleep>>)>,
     /// The listener's name, for the metrics of why it was closed.
     listener: &'static str,
     /// Set once the connection has failed itself (a deadline, idle, a
@@ -475,6 +632,26 @@ impl Drop for ClientSlot {
     }
 }
 
+/// Whether the moment `due` names (`None`: not while things stay as they
+/// are) has come; until then `timer` is set, and polled so this task
+/// wakes, for the next moment it could: `due` itself, or `limit` from now.
+fn passed(
+    timer: &mut Pin<Box<tokio::time::Sleep>>,
+    limit: Duration,
+    cx: &mut Context<'_>,
+    due: impl Fn() -> Option<tokio::time::Instant>,
+) -> bool {
+    while timer.as_mut().poll(cx).is_ready() {
+        let now = tokio::time::Instant::now();
+        match due() {
+            Some(at) if at <= now => return true,
+            Some(at) => timer.as_mut().reset(at),
+            None => timer.as_mut().reset(now + limit),
+        }
+    }
+    false
+}
+
 impl Conn {
     pub fn peer(&self) -> &Peer {
         &self.peer
@@ -484,18 +661,21 @@ impl Conn {
     /// timeout; until then the timer is set (and polled, so this task
     /// wakes) for the next moment that could be true.
     fn idle_expired(&mut self, cx: &mut Context<'_>) -> bool {
-        let Some((limit, timer)) = &mut self.idle else {
-            return false;
-        };
-        while timer.as_mut().poll(cx).is_ready() {
-            let now = tokio::time::Instant::now();
-            match self.peer.activity.idle_at(*limit) {
-                Some(at) if at <= now => return true,
-                Some(at) => timer.as_mut().reset(at),
-                None => timer.as_mut().reset(now + *limit),
-            }
-        }
-        false
+        let activity = &self.peer.activity;
+        self.idle
+            .as_mut()
+            .is_some_and(|(limit, timer)| passed(timer, *limit, cx, || activity.idle_at(*limit)))
+    }
+
+    /// Whether an answer has waited for the client to take any of it for
+    /// the write timeout; the timer as for `idle_expired`.
+    fn answer_stalled(&mut self, cx: &mut Context<'_>) -> bool {
+        let activity = &self.peer.activity;
+        self.answer_stall.as_mut().is_some_and(|(limit, timer)| {
+            passed(timer, *limit, cx, || {
+                activity.waiting_since().map(|since| since + *limit)
+            })
+        })
     }
 
     /// The error that ends the connection for `reason`, counted once.
@@ -559,11 +739,20 @@ impl AsyncRead for Conn {
             }
         }
         // Only a connection waiting for its client is checked: one with
-        // bytes arriving is not idle.
-        if result.is_pending() && this.idle_expired(cx) {
-            return Poll::Ready(Err(
-                this.closing("idle", "the connection was idle for the idle timeout")
-            ));
+        // bytes arriving is not idle, and its client is still there to
+        // give the window it withholds.
+        if result.is_pending() {
+            if this.idle_expired(cx) {
+                return Poll::Ready(Err(
+                    this.closing("idle", "the connection was idle for the idle timeout")
+                ));
+            }
+            if this.answer_stalled(cx) {
+                return Poll::Ready(Err(this.closing(
+                    "write_timeout",
+                    "the client took nothing of an answer for the write timeout",
+                )));
+            }
         }
         result
     }
@@ -745,6 +934,9 @@ pub fn accept(
                         .idle_timeout()
                         .map(|limit| (limit, Box::pin(tokio::time::sleep(limit)))),
                     write_stall: limits.write_timeout().map(|limit| (limit, None)),
+                    answer_stall: limits
+                        .write_timeout()
+                        .map(|limit| (limit, Box::pin(tokio::time::sleep(limit)))),
                     listener: name,
                     closed: false,
                     _open: open,
@@ -812,7 +1004,7 @@ pub async fn serve_http(
                 async move {
                     let response = answer.await?;
                     Ok::<_, std::convert::Infallible>(
-                        response.map(|b| axum::body::Body::new(crate::api::gate::holding(b, busy))),
+                        response.map(|b| axum::body::Body::new(Answer::new(b, Some(busy)))),
                     )
                 }
             });
@@ -859,6 +1051,7 @@ mod tests {
             pending: None,
             idle: None,
             write_stall: Some((write_timeout, None)),
+            answer_stall: None,
             listener: "test",
             closed: false,
             _open: crate::metrics::connection_opened("test"),
@@ -866,6 +1059,48 @@ mod tests {
             _client: None,
         };
         (conn, client)
+    }
+
+    #[tokio::test]
+    async fn an_answer_goes_in_parts_and_waits_for_its_client_only_while_it_has_some() {
+        use http_body::Frame;
+        use http_body_util::BodyExt;
+        let activity = Arc::new(Activity::default());
+        let data = Bytes::from((0..40 * 1024).map(|i| i as u8).collect::<Vec<u8>>());
+        let mut answer = Answer::new(
+            http_body_util::Full::new(data.clone()),
+            Some(activity.busy()),
+        );
+        // Handed over: waiting for the client from the start.
+        assert!(activity.waiting_since().is_some());
+        let (mut parts, mut got) = (Vec::new(), Vec::new());
+        while let Some(frame) = answer.frame().await {
+            let part = frame.unwrap().into_data().unwrap();
+            parts.push(part.len());
+            got.extend_from_slice(&part);
+        }
+        assert_eq!(parts, [ANSWER_PART, ANSWER_PART, 8 * 1024]);
+        assert_eq!(got, data);
+        drop(answer);
+        assert!(activity.waiting_since().is_none());
+        assert!(activity.idle_at(Duration::ZERO).is_some());
+
+        // A stream with nothing to send waits for the server, not the
+        // client; each event it sends makes it wait for the client again.
+        let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, std::convert::Infallible>>(1);
+        let mut answer = Answer::new(
+            http_body_util::StreamBody::new(ReceiverStream::new(rx)),
+            Some(activity.busy()),
+        );
+        assert!(futures::poll!(answer.frame()).is_pending());
+        assert!(activity.waiting_since().is_none());
+        tx.send(Ok(Frame::data(Bytes::from_static(b"event"))))
+            .await
+            .unwrap();
+        let event = answer.frame().await.unwrap().unwrap();
+        assert_eq!(event.into_data().unwrap(), "event");
+        assert!(activity.waiting_since().is_some());
+        assert!(activity.idle_at(Duration::ZERO).is_none());
     }
 
     #[tokio::test]

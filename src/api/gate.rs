@@ -22,7 +22,7 @@ use serde::Deserialize;
 use super::auth::{Authenticator, Identity};
 use crate::consensus::CATCH_UP_TIMEOUT;
 use crate::domain::Principal;
-use crate::listener::{client_key, Peer};
+use crate::listener::{client_key, Answer, Peer};
 use crate::service::audit::Scope;
 use crate::service::{AuditLog, ServiceError};
 
@@ -409,8 +409,8 @@ impl Drop for StreamSlot {
     }
 }
 
-/// `body` that keeps `held` (a stream slot, a connection's `Busy`) until it
-/// is dropped: finished, or its client gone.
+/// `body` that keeps `held` (a stream slot) until it is dropped: finished,
+/// or its client gone.
 pub fn holding<B, H>(body: B, held: H) -> impl http_body::Body<Data = B::Data, Error = B::Error>
 where
     B: http_body::Body,
@@ -761,7 +761,9 @@ where
                                 return Ok(tonic::Status::from(late(limit)).into_http());
                             };
                             let response = response.map(with_transport_detail)?;
-                            Ok(response.map(|b| tonic::body::Body::new(holding(b, (slot, busy)))))
+                            Ok(response.map(|b| {
+                                tonic::body::Body::new(Answer::new(holding(b, slot), busy))
+                            }))
                         }
                         Err(e) => Ok(tonic::Status::from(e).into_http()),
                     }

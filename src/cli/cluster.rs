@@ -135,9 +135,10 @@ fn print_status(args: &ClientArgs, s: &pb::ClusterStatus) -> Result<(), CliError
     }
     for m in s.members.iter().filter(|m| m.unreachable && !m.refused) {
         out!(
-            "node {} has not answered the leader for 5 s (stopped or cut off); membership changes \
+            "node {} has not answered the leader for {} s (stopped or cut off); membership changes \
              that would leave no majority of answering voters are refused until it is back or removed",
-            m.id
+            m.id,
+            crate::consensus::ANSWERED_WITHIN.as_secs()
         );
     }
     for m in s.members.iter().filter(|m| m.refused) {

@@ -76,7 +76,7 @@ const PROMOTE_LAG: u64 = 1_000;
 
 /// How recently a member must have answered the leader to count as up in
 /// a membership change's checks (etcd's health interval: 5 s).
-const ANSWERED_WITHIN: Duration = Duration::from_secs(5);
+pub const ANSWERED_WITHIN: Duration = Duration::from_secs(5);
 
 /// A learner's progress in words: "it has received nothing yet" or "it
 /// holds N of M entries".

@@ -945,3 +945,107 @@ async fn one_caller_holds_at_most_its_share_of_open_streams() {
     drop((sse, alice_feeds));
     s.stop().await;
 }
+
+/// An HTTP/2 client that opens a request and then gives the server
+/// `window` bytes of flow-control window to answer it, and no more: the
+/// answer cannot all be sent, and without a limit it would hold its memory
+/// (and the connection) for as long as the client likes, as a stopped
+/// reader's would over TCP. How long the connection lasted.
+async fn starved(
+    addr: std::net::SocketAddr,
+    window: u32,
+    request: http::Request<()>,
+    body: &[u8],
+) -> Duration {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut client, connection) = h2::client::Builder::new()
+        .initial_window_size(window)
+        .handshake::<_, hyper::body::Bytes>(tcp)
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let connection = tokio::spawn(connection);
+    let (response, mut send) = client.send_request(request, body.is_empty()).unwrap();
+    if !body.is_empty() {
+        send.send_data(hyper::body::Bytes::copy_from_slice(body), true)
+            .unwrap();
+    }
+    // Headers are not flow-controlled; the body is.
+    let response = response.await.unwrap();
+    assert_eq!(response.status(), 200, "{addr}");
+    let _kept = response.into_body();
+    tokio::time::timeout(Duration::from_secs(15), connection)
+        .await
+        .unwrap_or_else(|_| panic!("{addr}: a starved answer kept its connection"))
+        .ok();
+    started.elapsed()
+}
+
+#[tokio::test]
+async fn an_answer_the_client_gives_no_window_for_ends_at_the_write_timeout() {
+    let s = TestServer::start_with(|c| c.connections.write_timeout_secs = 2).await;
+    let h = Http::new(&s.http);
+    // A page of the list well above the 16 KiB parts an answer is handed
+    // to the connection in.
+    for i in 0..40 {
+        let mut meta = minimal(&format!("starved-{i:02}"));
+        meta["description"] = json!(format!("Answers questions on topic {i}. ").repeat(30));
+        h.register(Some(ALICE), meta).await.unwrap();
+    }
+    let server = s.server.as_ref().unwrap();
+    // No window at all, and one byte of it (the server hands the
+    // connection a part whole; the next one then waits for room).
+    for window in [0, 1] {
+        let list = http::Request::get(format!("http://{}/agents", server.http_addr))
+            .body(())
+            .unwrap();
+        let took = starved(server.http_addr, window, list, b"").await;
+        assert!(
+            took >= Duration::from_millis(1500),
+            "http, {window}: {took:?}"
+        );
+    }
+    // gRPC `List` with an empty request: a 5-byte frame header and no
+    // message bytes.
+    let list = http::Request::post(format!(
+        "http://{}/agentry.v1.Registry/List",
+        server.grpc_addr
+    ))
+    .header("content-type", "application/grpc")
+    .header("te", "trailers")
+    .body(())
+    .unwrap();
+    let took = starved(server.grpc_addr, 1, list, &[0, 0, 0, 0, 0]).await;
+    assert!(took >= Duration::from_millis(1500), "grpc: {took:?}");
+    let metrics = metrics_page(&h).await;
+    for listener in ["http", "grpc"] {
+        let closed = closed_for(&metrics, listener, "write_timeout");
+        assert!(closed >= 1.0, "{listener}: {closed}");
+    }
+    // A client that reads is not cut off by any of this, and streams with
+    // nothing to send for longer than the write timeout are not waiting
+    // for their clients: they keep their connections and deliver.
+    let (_, page) = h
+        .call(Method::GET, "/agents", Some(ALICE), None)
+        .await
+        .unwrap();
+    assert_eq!(page["agents"].as_array().map(Vec::len), Some(40));
+    use futures::StreamExt;
+    let g = Grpc::connect(&s.grpc).await;
+    let mut watch = g
+        .client
+        .clone()
+        .watch(pb::WatchRequest { from_revision: 0 })
+        .await
+        .unwrap()
+        .into_inner();
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    h.register(Some(ALICE), minimal("quiet-b")).await.unwrap();
+    let change = tokio::time::timeout(Duration::from_secs(5), watch.next())
+        .await
+        .expect("the watch delivers")
+        .expect("the watch is open")
+        .expect("no error");
+    assert_eq!(change.record.unwrap().metadata.unwrap().id, "quiet-b");
+    s.stop().await;
+}
