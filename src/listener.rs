@@ -18,7 +18,6 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime};
 
 use hyper::body::Bytes;
-
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
