@@ -613,6 +613,29 @@ async fn slow_oversized_and_excess_connections_are_cut_off() {
     s.stop().await;
 }
 
+/// A gRPC watch of the changes from now on.
+async fn watch_from_now(s: &TestServer) -> tonic::Streaming<pb::WatchResponse> {
+    let g = Grpc::connect(&s.grpc).await;
+    g.client
+        .clone()
+        .watch(pb::WatchRequest { from_revision: 0 })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+/// The id of the agent the watch's next change is about, delivered within
+/// 5 s on a connection still open.
+async fn next_change(watch: &mut tonic::Streaming<pb::WatchResponse>) -> String {
+    use futures::StreamExt;
+    let change = tokio::time::timeout(Duration::from_secs(5), watch.next())
+        .await
+        .expect("the watch delivers")
+        .expect("the watch is open")
+        .expect("no error");
+    change.record.unwrap().metadata.unwrap().id
+}
+
 /// A connection with no request open for the idle timeout is closed, on
 /// the HTTP and the gRPC listener alike; streams open for longer keep
 /// their connections and go on delivering.
@@ -642,14 +665,7 @@ async fn idle_connections_are_closed_and_open_streams_keep_theirs() {
     assert!(open >= 1.0, "{open}");
 
     // A gRPC watch and the HTTP change feed, both quiet for 2.5 s.
-    let g = Grpc::connect(&s.grpc).await;
-    let mut watch = g
-        .client
-        .clone()
-        .watch(pb::WatchRequest { from_revision: 0 })
-        .await
-        .unwrap()
-        .into_inner();
+    let mut watch = watch_from_now(&s).await;
     let feed = reqwest::Client::new()
         .get(format!("{}/changes", s.http))
         .header("accept", "text/event-stream")
@@ -660,12 +676,7 @@ async fn idle_connections_are_closed_and_open_streams_keep_theirs() {
     let mut feed = feed.bytes_stream();
     tokio::time::sleep(Duration::from_millis(2500)).await;
     h.register(Some(ALICE), minimal("idle-a")).await.unwrap();
-    let change = tokio::time::timeout(Duration::from_secs(5), watch.next())
-        .await
-        .expect("the watch delivers")
-        .expect("the watch is open")
-        .expect("no error");
-    assert_eq!(change.record.unwrap().metadata.unwrap().id, "idle-a");
+    assert_eq!(next_change(&mut watch).await, "idle-a");
     let mut text = String::new();
     while !text.contains("idle-a") {
         let chunk = tokio::time::timeout(Duration::from_secs(5), feed.next())
@@ -1030,22 +1041,9 @@ async fn an_answer_the_client_gives_no_window_for_ends_at_the_write_timeout() {
         .await
         .unwrap();
     assert_eq!(page["agents"].as_array().map(Vec::len), Some(40));
-    use futures::StreamExt;
-    let g = Grpc::connect(&s.grpc).await;
-    let mut watch = g
-        .client
-        .clone()
-        .watch(pb::WatchRequest { from_revision: 0 })
-        .await
-        .unwrap()
-        .into_inner();
+    let mut watch = watch_from_now(&s).await;
     tokio::time::sleep(Duration::from_millis(3500)).await;
     h.register(Some(ALICE), minimal("quiet-b")).await.unwrap();
-    let change = tokio::time::timeout(Duration::from_secs(5), watch.next())
-        .await
-        .expect("the watch delivers")
-        .expect("the watch is open")
-        .expect("no error");
-    assert_eq!(change.record.unwrap().metadata.unwrap().id, "quiet-b");
+    assert_eq!(next_change(&mut watch).await, "quiet-b");
     s.stop().await;
 }
