@@ -155,6 +155,17 @@ fn config(jwks_file: Option<&Path>, jwks_url: Option<String>) -> JwtConfig {
     }
 }
 
+/// A gRPC `Get` of `id` sent with `token` as its bearer credential.
+fn get_as(id: &str, token: &str) -> tonic::Request<agentry::pb::GetRequest> {
+    let mut req = tonic::Request::new(agentry::pb::GetRequest {
+        id: id.into(),
+        ..Default::default()
+    });
+    req.metadata_mut()
+        .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    req
+}
+
 #[tokio::test]
 async fn tokens_of_the_issuer_are_principals_and_bad_tokens_get_401() {
     let dir = tempfile::tempdir().unwrap();
@@ -313,13 +324,7 @@ async fn tokens_of_the_issuer_are_principals_and_bad_tokens_get_401() {
             .await
             .expect_err(what);
         assert_eq!((e.http, e.code.as_str()), (401, "unauthorized"), "{what}");
-        let mut req = tonic::Request::new(agentry::pb::GetRequest {
-            id: "by-eve".into(),
-            ..Default::default()
-        });
-        req.metadata_mut()
-            .insert("authorization", format!("Bearer {token}").parse().unwrap());
-        let e = g.get(req).await.expect_err(what);
+        let e = g.get(get_as("by-eve", &token)).await.expect_err(what);
         assert_eq!(e.code(), tonic::Code::Unauthenticated, "{what}");
     }
     assert_eq!(count(&h).await, before, "a refused token stored something");
@@ -437,14 +442,11 @@ async fn an_issuer_that_does_not_answer_holds_a_request_only_to_its_deadline() {
     let mut g = agentry::pb::registry_client::RegistryClient::connect(s.grpc.clone())
         .await
         .unwrap();
-    let mut req = tonic::Request::new(agentry::pb::GetRequest {
-        id: "by-rita".into(),
-        ..Default::default()
-    });
-    req.metadata_mut()
-        .insert("authorization", format!("Bearer {token}").parse().unwrap());
     let started = std::time::Instant::now();
-    let status = g.get(req).await.expect_err("no key could be fetched");
+    let status = g
+        .get(get_as("by-rita", &token))
+        .await
+        .expect_err("no key could be fetched");
     assert_eq!(status.code(), tonic::Code::DeadlineExceeded, "{status:?}");
     assert!(started.elapsed() < Duration::from_secs(15));
     // The fetch the first request started outlived it and is not started
