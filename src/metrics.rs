@@ -71,6 +71,7 @@ struct Instruments {
     log_appended: Counter,
     replicate_seconds: Histogram,
     replicated: Counter,
+    append_handling_seconds: Histogram,
     applied: Counter,
     refresh_entries: Counter,
     refreshes: Counter,
@@ -107,6 +108,7 @@ fn instruments() -> &'static Instruments {
         log_appended: Counter::default(),
         replicate_seconds: latency(),
         replicated: Counter::default(),
+        append_handling_seconds: latency(),
         applied: Counter::default(),
         refresh_entries: Counter::default(),
         refreshes: Counter::default(),
@@ -177,6 +179,16 @@ pub fn observe_replicate(took: Duration, entries: u64) {
     let i = instruments();
     i.replicate_seconds.observe(took.as_secs_f64());
     i.replicated.inc_by(entries);
+}
+
+/// Follower: one AppendEntries that carried entries, from its arrival at
+/// the handler to its answer. Beside the leader's round trip it splits
+/// that round trip into what the follower spends and what the transport
+/// and the leader's own wake-ups spend.
+pub fn observe_append_handling(took: Duration) {
+    instruments()
+        .append_handling_seconds
+        .observe(took.as_secs_f64());
 }
 
 /// A Raft snapshot built or installed.
@@ -301,6 +313,11 @@ pub fn register(registry: &mut Registry) {
         "agentry_raft_replicated_entries",
         "Leader: entries sent to followers in AppendEntries",
         i.replicated.clone(),
+    );
+    registry.register(
+        "agentry_raft_append_handling_duration_seconds",
+        "Follower: one AppendEntries that carried entries, from its arrival to its answer (append and sync included)",
+        i.append_handling_seconds.clone(),
     );
     registry.register(
         "agentry_raft_applied_entries",

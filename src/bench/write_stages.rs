@@ -128,6 +128,9 @@ pub struct NodeStages {
     /// round trip.
     pub replicate_us: f64,
     pub entries_per_replicate: f64,
+    /// One AppendEntries with entries, arrival to answer (follower): the
+    /// part of the leader's round trip spent on the follower.
+    pub handling_us: f64,
     /// Client writes gathered into one log entry by the batcher (leader).
     pub writes_per_entry: f64,
     /// Applying, per entry.
@@ -179,6 +182,12 @@ pub fn stages(before: &Sample, after: &Sample, writes: usize) -> NodeStages {
         )),
         replicate_us: mean_us(before, after, "agentry_raft_replicate_duration_seconds", ""),
         entries_per_replicate: ratio(replicated, replications),
+        handling_us: mean_us(
+            before,
+            after,
+            "agentry_raft_append_handling_duration_seconds",
+            "",
+        ),
         writes_per_entry: ratio(
             delta(before, after, "agentry_batched_writes_total", ""),
             delta(before, after, "agentry_write_entries_total", ""),
@@ -241,6 +250,11 @@ pub fn render(clients: usize, leader: &NodeStages, follower: &NodeStages) -> Str
         follower.replicate_us,
     ));
     out.push_str(&row(
+        "AppendEntries handled in (µs)",
+        leader.handling_us,
+        follower.handling_us,
+    ));
+    out.push_str(&row(
         "entries per round trip",
         leader.entries_per_replicate,
         follower.entries_per_replicate,
@@ -288,7 +302,9 @@ mod tests {
              agentry_raft_applied_entries_total 100\n\
              agentry_write_entries_total 10\n\
              agentry_batched_writes_total 10\n\
-             agentry_raft_apply_duration_seconds_sum 0.1\n",
+             agentry_raft_apply_duration_seconds_sum 0.1\n\
+             agentry_raft_append_handling_duration_seconds_sum 0.2\n\
+             agentry_raft_append_handling_duration_seconds_count 10\n",
             1_000,
         );
         let after = sample(
@@ -300,7 +316,9 @@ mod tests {
              agentry_raft_applied_entries_total 300\n\
              agentry_write_entries_total 30\n\
              agentry_batched_writes_total 90\n\
-             agentry_raft_apply_duration_seconds_sum 0.2\n",
+             agentry_raft_apply_duration_seconds_sum 0.2\n\
+             agentry_raft_append_handling_duration_seconds_sum 0.6\n\
+             agentry_raft_append_handling_duration_seconds_count 20\n",
             1_500,
         );
         let s = stages(&before, &after, 100);
@@ -313,6 +331,8 @@ mod tests {
         assert!((s.cpu_us - 5_000.0).abs() < 1e-6, "{s:?}");
         // 500,000 bytes over 100 writes.
         assert!((s.disk_bytes - 5_000.0).abs() < 1e-6, "{s:?}");
+        // 0.4 s over 10 AppendEntries handled.
+        assert!((s.handling_us - 40_000.0).abs() < 1e-6, "{s:?}");
         // Nothing seen: zero, not a division by zero.
         assert_eq!(s.replicate_us, 0.0);
     }

@@ -33,6 +33,9 @@ fn setup(e: impl std::fmt::Display) -> BenchError {
     BenchError::Setup(e.to_string())
 }
 
+/// Local calls timed per system (`WriteBench::local_calls`).
+const LOCAL_CALLS: usize = 2000;
+
 /// What to run.
 #[derive(Debug, Clone)]
 pub struct WriteBench {
@@ -328,6 +331,21 @@ impl WriteBench {
         rows
     }
 
+    /// One client's calls that the leader answers by itself, with no write
+    /// and no Raft (Agentry: gRPC health `Check`; etcd: `Maintenance.Status`):
+    /// what a round trip through each system's gRPC stack costs here, the
+    /// floor under every write's latency. Shown as the `call` row.
+    async fn local_calls<F, Fut>(&self, system: &'static str, call: F, watched: &Watched) -> Row
+    where
+        F: Fn(usize) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Result<(), String>> + Send,
+    {
+        let before = watched.take().await;
+        let run = drive(1, LOCAL_CALLS, call).await;
+        let after = watched.take().await;
+        row(system, 0, run, &before, &after, false)
+    }
+
     /// Starts three Agentry nodes (this executable) and measures them.
     async fn agentry(&self) -> Result<Vec<Row>, BenchError> {
         let exe = std::env::current_exe()?;
@@ -440,7 +458,20 @@ impl WriteBench {
             key: key.to_string(),
         };
         let Some(load) = &self.refresh else {
-            let rows = self.measure("agentry", put, &watched).await;
+            let mut rows = self.measure("agentry", put, &watched).await;
+            let channel = pool[0].clone();
+            let check = move |_| {
+                let mut health =
+                    tonic_health::pb::health_client::HealthClient::new(channel.clone());
+                async move {
+                    health
+                        .check(tonic_health::pb::HealthCheckRequest::default())
+                        .await
+                        .map(|_| ())
+                        .map_err(|s| s.message().to_string())
+                }
+            };
+            rows.push(self.local_calls("agentry", check, &watched).await);
             drop(procs);
             return Ok(rows);
         };
@@ -543,8 +574,9 @@ impl WriteBench {
         let leader = self.etcd_leader(&urls).await.unwrap_or(0);
         let pool = Arc::new(channels(&[urls[leader].clone()], 16).await?);
         let bytes = self.value_bytes;
+        let put_pool = pool.clone();
         let put = move |prefix: String| {
-            let pool = pool.clone();
+            let pool = put_pool.clone();
             move |i: usize| {
                 let channel = pool[i % pool.len()].clone();
                 let id = format!("{prefix}-{i}");
@@ -570,7 +602,19 @@ impl WriteBench {
             follower: member((leader + 1) % ports.len()),
             key: String::new(),
         };
-        let rows = self.measure("etcd", put, &watched).await;
+        let channel = pool[0].clone();
+        let mut rows = self.measure("etcd", put, &watched).await;
+        let status = move |_| {
+            let mut maintenance = MaintenanceClient::new(channel.clone());
+            async move {
+                maintenance
+                    .status(StatusRequest {})
+                    .await
+                    .map(|_| ())
+                    .map_err(|s| s.message().to_string())
+            }
+        };
+        rows.push(self.local_calls("etcd", status, &watched).await);
         drop(procs);
         Ok(rows)
     }
@@ -615,9 +659,10 @@ pub fn report(rows: &[Row], value_bytes: usize) -> String {
         "follower disk"
     );
     for r in rows {
-        let clients = match r.system {
-            "paced" => "steady".to_string(),
-            _ => r.clients.to_string(),
+        let clients = match (r.system, r.clients) {
+            ("paced", _) => "steady".to_string(),
+            (_, 0) => "call".to_string(),
+            (_, n) => n.to_string(),
         };
         out.push_str(&format!(
             "{:<8} {:>7} {:>7} {:>6} {:>10.1} {:>8.2} {:>8.2} {:>9.0} µs {:>9.0} µs {:>9.1} KB {:>11.1} KB\n",
@@ -639,6 +684,14 @@ pub fn report(rows: &[Row], value_bytes: usize) -> String {
             .iter()
             .find(|r| r.system == "etcd" && r.clients == a.clients)
         {
+            if a.clients == 0 {
+                out.push_str(&format!(
+                    "local call (no write, no Raft): agentry p50 {:.0} µs, etcd p50 {:.0} µs\n",
+                    a.p50_ms * 1e3,
+                    e.p50_ms * 1e3,
+                ));
+                continue;
+            }
             out.push_str(&format!(
                 "clients {:>3}: agentry/etcd throughput {:.2}x, p50 latency {:.2}x, p99 latency {:.2}x\n",
                 a.clients,
@@ -647,6 +700,12 @@ pub fn report(rows: &[Row], value_bytes: usize) -> String {
                 a.p99_ms / e.p99_ms.max(f64::MIN_POSITIVE),
             ));
         }
+    }
+    if rows.iter().any(|r| r.clients == 0 && r.system != "paced") {
+        out.push_str(&format!(
+            "call: {LOCAL_CALLS} calls one after another that the leader answers by itself \
+             (Agentry: gRPC health Check; etcd: Maintenance.Status), the gRPC round trip under every write\n"
+        ));
     }
     if rows.iter().any(|r| r.system == "refresh") {
         out.push_str(
@@ -665,6 +724,48 @@ pub fn report(rows: &[Row], value_bytes: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn level(system: &'static str, clients: usize, per_sec: f64, p50_ms: f64) -> Row {
+        Row {
+            system,
+            clients,
+            writes: 100,
+            errors: 0,
+            per_sec,
+            p50_ms,
+            p99_ms: p50_ms * 2.0,
+            nodes: Default::default(),
+            staged: false,
+        }
+    }
+
+    #[test]
+    fn local_calls_are_their_own_row_and_get_no_throughput_ratio() {
+        let rows = [
+            level("agentry", 1, 600.0, 1.6),
+            level("agentry", 0, 6000.0, 0.157),
+            level("etcd", 1, 1000.0, 1.0),
+            level("etcd", 0, 4000.0, 0.212),
+        ];
+        let out = report(&rows, 2048);
+        assert!(
+            out.contains("clients   1: agentry/etcd throughput 0.60x"),
+            "{out}"
+        );
+        assert!(!out.contains("clients   0"), "{out}");
+        assert!(
+            out.contains("local call (no write, no Raft): agentry p50 157 µs, etcd p50 212 µs"),
+            "{out}"
+        );
+        let calls: Vec<&str> = out
+            .lines()
+            .filter(|l| {
+                let mut cells = l.split_whitespace();
+                matches!(cells.next(), Some("agentry" | "etcd")) && cells.next() == Some("call")
+            })
+            .collect();
+        assert_eq!(calls.len(), 2, "{out}");
+    }
 
     #[test]
     fn records_have_the_requested_size_and_percentiles_pick_ranks() {

@@ -176,6 +176,7 @@ impl RaftTransport for RaftService {
         &self,
         request: Request<RaftMessage>,
     ) -> Result<Response<RaftMessage>, Status> {
+        let arrived = std::time::Instant::now();
         let msg = self.admit_message(request, APPEND_ENTRIES)?;
         let rpc: AppendEntriesRequest<TypeConfig> = match msg.encoding {
             codec::JSON => decode(&msg.payload)?,
@@ -190,12 +191,17 @@ impl RaftTransport for RaftService {
         // Entries this node could not store would stop its Raft core; the
         // leader retries them once space is back. Heartbeats still pass, so
         // the node keeps its leader and does not start elections.
-        if !rpc.entries.is_empty() {
+        let carries_entries = !rpc.entries.is_empty();
+        if carries_entries {
             if let Err(e) = self.node.space() {
                 return Err(Status::resource_exhausted(e.to_string()));
             }
         }
-        self.answer(&self.node.raft.append_entries(rpc).await)
+        let answer = self.answer(&self.node.raft.append_entries(rpc).await);
+        if carries_entries {
+            crate::metrics::observe_append_handling(arrived.elapsed());
+        }
+        answer
     }
 
     #[instrument(level = "debug", skip_all, fields(node_id = self.node.id, from = request.get_ref().from))]
