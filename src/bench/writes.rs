@@ -641,6 +641,12 @@ impl WriteBench {
     }
 }
 
+/// Whether `r` is a system's `call` row (`WriteBench::local_calls`), not a
+/// level of writes; the paced refresh row has no concurrency either.
+fn is_local_call(r: &Row) -> bool {
+    r.clients == 0 && r.system != "paced"
+}
+
 /// The table the command prints.
 pub fn report(rows: &[Row], value_bytes: usize) -> String {
     let mut out = format!(
@@ -659,10 +665,10 @@ pub fn report(rows: &[Row], value_bytes: usize) -> String {
         "follower disk"
     );
     for r in rows {
-        let clients = match (r.system, r.clients) {
-            ("paced", _) => "steady".to_string(),
-            (_, 0) => "call".to_string(),
-            (_, n) => n.to_string(),
+        let clients = match r.system {
+            "paced" => "steady".to_string(),
+            _ if is_local_call(r) => "call".to_string(),
+            _ => r.clients.to_string(),
         };
         out.push_str(&format!(
             "{:<8} {:>7} {:>7} {:>6} {:>10.1} {:>8.2} {:>8.2} {:>9.0} µs {:>9.0} µs {:>9.1} KB {:>11.1} KB\n",
@@ -684,7 +690,7 @@ pub fn report(rows: &[Row], value_bytes: usize) -> String {
             .iter()
             .find(|r| r.system == "etcd" && r.clients == a.clients)
         {
-            if a.clients == 0 {
+            if is_local_call(a) {
                 out.push_str(&format!(
                     "local call (no write, no Raft): agentry p50 {:.0} µs, etcd p50 {:.0} µs\n",
                     a.p50_ms * 1e3,
@@ -701,7 +707,7 @@ pub fn report(rows: &[Row], value_bytes: usize) -> String {
             ));
         }
     }
-    if rows.iter().any(|r| r.clients == 0 && r.system != "paced") {
+    if rows.iter().any(is_local_call) {
         out.push_str(&format!(
             "call: {LOCAL_CALLS} calls one after another that the leader answers by itself \
              (Agentry: gRPC health Check; etcd: Maintenance.Status), the gRPC round trip under every write\n"
