@@ -18,6 +18,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime};
 
 use hyper::body::Bytes;
+use hyper_util::rt::TokioExecutor;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
@@ -553,9 +554,6 @@ pub struct Conn {
     /// HTTP/2 preface is 24 bytes; HTTP/1.1 headers are then covered by
     /// hyper's own header timeout.
     pending: Option<(usize, Pin<Box<tokio::time::Sleep>>)>,
-    /// The idle timeout and its timer, which sleeps until the connection
-    /// could first have been idle that long.
-    idle: Option<(Duration, Pin<Box<tokio::time::Sleep>>)>,
     /// The write timeout, and its timer while a write waits for the client
     /// to take data (`None` while writes go through).
     write_stall: Option<(Duration, Option<Pin<Box<tokio::time::Sleep>>>)>,
@@ -656,18 +654,9 @@ impl Conn {
         &self.peer
     }
 
-    /// Whether the connection has had no open request for its idle
-    /// timeout; until then the timer is set (and polled, so this task
-    /// wakes) for the next moment that could be true.
-    fn idle_expired(&mut self, cx: &mut Context<'_>) -> bool {
-        let activity = &self.peer.activity;
-        self.idle
-            .as_mut()
-            .is_some_and(|(limit, timer)| passed(timer, *limit, cx, || activity.idle_at(*limit)))
-    }
-
     /// Whether an answer has waited for the client to take any of it for
-    /// the write timeout; the timer as for `idle_expired`.
+    /// the write timeout; until then the timer is set (and polled, so this
+    /// task wakes) for the next moment that could be true.
     fn answer_stalled(&mut self, cx: &mut Context<'_>) -> bool {
         let activity = &self.peer.activity;
         self.answer_stall.as_mut().is_some_and(|(limit, timer)| {
@@ -738,20 +727,13 @@ impl AsyncRead for Conn {
             }
         }
         // Only a connection waiting for its client is checked: one with
-        // bytes arriving is not idle, and its client is still there to
-        // give the window it withholds.
-        if result.is_pending() {
-            if this.idle_expired(cx) {
-                return Poll::Ready(Err(
-                    this.closing("idle", "the connection was idle for the idle timeout")
-                ));
-            }
-            if this.answer_stalled(cx) {
-                return Poll::Ready(Err(this.closing(
-                    "write_timeout",
-                    "the client took nothing of an answer for the write timeout",
-                )));
-            }
+        // bytes arriving has its client still there to give the window it
+        // withholds.
+        if result.is_pending() && this.answer_stalled(cx) {
+            return Poll::Ready(Err(this.closing(
+                "write_timeout",
+                "the client took nothing of an answer for the write timeout",
+            )));
         }
         result
     }
@@ -929,9 +911,6 @@ pub fn accept(
                         activity: Arc::default(),
                     },
                     pending: Some((FIRST_BYTES, Box::pin(tokio::time::sleep_until(deadline)))),
-                    idle: limits
-                        .idle_timeout()
-                        .map(|limit| (limit, Box::pin(tokio::time::sleep(limit)))),
                     write_stall: limits.write_timeout().map(|limit| (limit, None)),
                     answer_stall: limits
                         .write_timeout()
@@ -951,17 +930,15 @@ pub fn accept(
 
 /// Serves an axum app on accepted connections: HTTP/1.1 and HTTP/2, with
 /// the header deadline and size limit (431), the HTTP/2 stream cap, and the
-/// connection's `Peer` in every request's extensions. Stops accepting at
-/// shutdown and lets open requests finish.
+/// connection's `Peer` in every request's extensions. Each request counts
+/// as open on its connection until its answer has been sent.
 pub async fn serve_http(
     app: axum::Router,
     incoming: Incoming,
     limits: ConnectionLimits,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) {
-    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-    use hyper_util::server::conn::auto::Builder;
-    use tokio_stream::StreamExt;
+    use hyper_util::rt::TokioTimer;
     use tower::ServiceExt;
 
     let mut builder = Builder::new(TokioExecutor::new());
@@ -970,61 +947,194 @@ pub async fn serve_http(
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout())
         .max_buf_size(limits.max_header_bytes.max(8192));
+    http2_limits(&mut builder, &limits);
+    let service_for = move |peer: Peer| {
+        let app = app.clone();
+        hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+            // Open from the request's head until its answer's body is
+            // sent (or the request abandoned): the idle timeout waits.
+            let busy = peer.activity.busy();
+            req.extensions_mut().insert(peer.clone());
+            let answer = app.clone().oneshot(req.map(axum::body::Body::new));
+            async move {
+                let response = answer.await?;
+                Ok::<_, std::convert::Infallible>(
+                    response.map(|b| axum::body::Body::new(Answer::new(b, Some(busy)))),
+                )
+            }
+        })
+    };
+    serve(builder, incoming, service_for, limits, shutdown).await;
+}
+
+/// Serves gRPC services on accepted connections, HTTP/2 only, with the
+/// same limits as `serve_http` and the connection's `Peer` in every
+/// request's extensions. `service` (the gate in front of the services)
+/// counts each request as open on its connection.
+pub async fn serve_grpc<S>(
+    service: S,
+    incoming: Incoming,
+    limits: ConnectionLimits,
+    shutdown: watch::Receiver<bool>,
+) where
+    S: tower::Service<
+            hyper::Request<hyper::body::Incoming>,
+            Response = hyper::Response<tonic::body::Body>,
+            Error = std::convert::Infallible,
+        > + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    use tower::ServiceExt;
+
+    let mut builder = Builder::new(TokioExecutor::new()).http2_only();
+    http2_limits(&mut builder, &limits);
+    let service_for = move |peer: Peer| {
+        hyper_util::service::TowerToHyperService::new(service.clone().map_request(
+            move |mut req: hyper::Request<hyper::body::Incoming>| {
+                req.extensions_mut().insert(peer.clone());
+                req
+            },
+        ))
+    };
+    serve(builder, incoming, service_for, limits, shutdown).await;
+}
+
+type Builder = hyper_util::server::conn::auto::Builder<TokioExecutor>;
+
+/// The HTTP/2 settings every public listener shares. A keep-alive PING
+/// every 30 s finds dead peers; one unanswered for 20 s ends the
+/// connection.
+fn http2_limits(builder: &mut Builder, limits: &ConnectionLimits) {
     builder
         .http2()
-        .timer(TokioTimer::new())
+        .timer(hyper_util::rt::TokioTimer::new())
         .max_concurrent_streams(limits.max_streams_per_connection)
         .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX))
-        .keep_alive_interval(Some(Duration::from_secs(30)));
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let mut incoming = incoming;
-    let stop = async move {
-        let _ = shutdown.wait_for(|s| *s).await;
-    };
-    tokio::pin!(stop);
+        .keep_alive_interval(Some(Duration::from_secs(30)))
+        .keep_alive_timeout(Duration::from_secs(20));
+}
+
+/// Serves each accepted connection with the service `service_for` makes
+/// for its peer, until shutdown; then closes every connection as below and
+/// returns once all have ended.
+///
+/// A connection is closed gracefully when it has had no open request for
+/// the idle timeout, and when the node stops: an HTTP/2 client gets a
+/// GOAWAY (NO_ERROR), so it knows which of its requests were taken and
+/// retries the rest on a new connection instead of seeing a reset (gRPC's
+/// MAX_CONNECTION_IDLE, A9); an idle HTTP/1.1 connection is closed between
+/// requests. Open requests may finish. A connection still open
+/// `header_timeout` after that (a client that does not answer the GOAWAY's
+/// PING, or a request that does not end) is dropped.
+async fn serve<S, B>(
+    builder: Builder,
+    mut incoming: Incoming,
+    service_for: impl Fn(Peer) -> S,
+    limits: ConnectionLimits,
+    mut shutdown: watch::Receiver<bool>,
+) where
+    S: hyper::service::Service<
+            hyper::Request<hyper::body::Incoming>,
+            Response = hyper::Response<B>,
+        > + Send
+        + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    use hyper_util::rt::TokioIo;
+    use tokio_stream::StreamExt;
+
+    // Every connection's task holds a sender; all are gone when the last
+    // connection has ended.
+    let (alive, mut all_ended) = mpsc::channel::<()>(1);
     loop {
         let conn = tokio::select! {
-            _ = &mut stop => break,
+            _ = stopped(&mut shutdown) => break,
             next = incoming.next() => match next {
                 Some(Ok(c)) => c,
                 Some(Err(_)) => continue,
                 None => break,
             },
         };
-        let peer = conn.peer.clone();
-        let app = app.clone();
-        let service =
-            hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
-                // Open from the request's head until its answer's body is
-                // sent (or the request abandoned): the idle timeout waits.
-                let busy = peer.activity.busy();
-                req.extensions_mut().insert(peer.clone());
-                let answer = app.clone().oneshot(req.map(axum::body::Body::new));
-                async move {
-                    let response = answer.await?;
-                    Ok::<_, std::convert::Infallible>(
-                        response.map(|b| axum::body::Body::new(Answer::new(b, Some(busy)))),
-                    )
-                }
-            });
-        let connection = builder
-            .serve_connection_with_upgrades(TokioIo::new(conn), service)
-            .into_owned();
-        let connection = graceful.watch(connection);
+        let listener = conn.listener;
+        let activity = conn.peer.activity.clone();
+        let service = service_for(conn.peer.clone());
+        let builder = builder.clone();
+        let mut stopping = shutdown.clone();
+        let alive = alive.clone();
         tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(error = %e, "HTTP connection ended with an error");
-                // hyper's own header deadline (HTTP/1.1 request heads after
-                // the first bytes, and keep-alive waits).
-                if e.downcast_ref::<hyper::Error>()
-                    .is_some_and(hyper::Error::is_timeout)
-                {
-                    crate::metrics::observe_connection_closed("http", "header_timeout");
+            let _alive = alive;
+            let connection = builder.serve_connection_with_upgrades(TokioIo::new(conn), service);
+            tokio::pin!(connection);
+            let idle_limit = limits.idle_timeout();
+            // Set once the connection is being closed: when it is dropped.
+            let mut closing: Option<Pin<Box<tokio::time::Sleep>>> = None;
+            loop {
+                tokio::select! {
+                    ended = connection.as_mut() => {
+                        if let Err(e) = ended {
+                            connection_error(listener, e.as_ref());
+                        }
+                        break;
+                    }
+                    _ = idle(&activity, idle_limit), if closing.is_none() => {
+                        crate::metrics::observe_connection_closed(listener, "idle");
+                        connection.as_mut().graceful_shutdown();
+                        closing = Some(Box::pin(tokio::time::sleep(limits.header_timeout())));
+                    }
+                    _ = stopped(&mut stopping), if closing.is_none() => {
+                        connection.as_mut().graceful_shutdown();
+                        closing = Some(Box::pin(tokio::time::sleep(limits.header_timeout())));
+                    }
+                    _ = async { closing.as_mut()?.as_mut().await; Some(()) }, if closing.is_some() => {
+                        tracing::debug!(listener, "a connection being closed did not end in time; dropped");
+                        break;
+                    }
                 }
             }
         });
     }
-    graceful.shutdown().await;
+    drop(alive);
+    let _ = all_ended.recv().await;
+}
+
+/// Resolves once the node is stopping (or its signal is gone).
+async fn stopped(shutdown: &mut watch::Receiver<bool>) {
+    let _ = shutdown.wait_for(|s| *s).await;
+}
+
+/// Resolves once the connection has had no open request for `limit`
+/// (never with no limit).
+async fn idle(activity: &Activity, limit: Option<Duration>) {
+    let Some(limit) = limit else {
+        return std::future::pending().await;
+    };
+    loop {
+        match activity.idle_at(limit) {
+            Some(at) if at <= tokio::time::Instant::now() => return,
+            Some(at) => tokio::time::sleep_until(at).await,
+            // A request is open: look again when it could first be over
+            // and idle for as long.
+            None => tokio::time::sleep(limit).await,
+        }
+    }
+}
+
+/// Logs how a connection ended with an error, and counts hyper's own
+/// header deadline (HTTP/1.1 request heads after the first bytes, and
+/// keep-alive waits) among the closes.
+fn connection_error(listener: &'static str, e: &(dyn std::error::Error + 'static)) {
+    tracing::debug!(listener, error = %e, "connection ended with an error");
+    if e.downcast_ref::<hyper::Error>()
+        .is_some_and(hyper::Error::is_timeout)
+    {
+        crate::metrics::observe_connection_closed(listener, "header_timeout");
+    }
 }
 
 #[cfg(test)]
@@ -1048,7 +1158,6 @@ mod tests {
                 activity: Arc::default(),
             },
             pending: None,
-            idle: None,
             write_stall: Some((write_timeout, None)),
             answer_stall: None,
             listener: "test",

@@ -13,7 +13,7 @@ use tracing::info;
 use crate::api::auth::{key_digest, Authenticator};
 use crate::api::cluster::ClusterApi;
 use crate::api::federation::FederationApi;
-use crate::api::gate::{Gate, GateLayer};
+use crate::api::gate::{Gate, GateLayer, GateService};
 use crate::api::grpc::RegistryApi;
 use crate::api::http::{router, HttpState};
 use crate::api::invocation::InvocationApi;
@@ -22,7 +22,7 @@ use crate::consensus::cluster_auth::SecretSource;
 use crate::consensus::{Bootstrap, ClusterAuth, Faults, NodeSettings, RaftNode, RaftService};
 use crate::domain::{Principal, Role};
 use crate::index::{Embedder, SearchIndex};
-use crate::listener::{accept, serve_http, ClientAuth, ReloadingTls};
+use crate::listener::{accept, serve_grpc, serve_http, ClientAuth, ReloadingTls};
 use crate::pb::agent_protocol_server::AgentProtocolServer;
 use crate::pb::ard_server::ArdServer;
 use crate::pb::cluster_server::ClusterServer;
@@ -222,22 +222,19 @@ fn listener_tls(
         .map_err(|e| ServerError::Tls(format!("{what}: {e}")))
 }
 
-/// A gRPC server with the limits every listener shares: the gate (which
-/// also holds requests to their deadline), the header size limit and the
-/// HTTP/2 stream cap.
-fn grpc_builder(
+/// A listener's gRPC services behind the gate, which also holds requests
+/// to their deadline; `listener::serve_grpc` adds the connection limits.
+fn gated(
     config: &Config,
     gate: &Arc<Gate>,
-) -> tonic::transport::Server<tower::layer::util::Stack<GateLayer, tower::layer::util::Identity>> {
-    let c = &config.connections;
-    tonic::transport::Server::builder()
-        .http2_max_header_list_size(u32::try_from(c.max_header_bytes).unwrap_or(u32::MAX))
-        .max_concurrent_streams(c.max_streams_per_connection)
-        .http2_keepalive_interval(Some(Duration::from_secs(30)))
-        .layer(GateLayer {
-            gate: gate.clone(),
-            request_timeout: Duration::from_secs(config.request_timeout_secs),
-        })
+    routes: tonic::service::Routes,
+) -> GateService<tonic::service::Routes> {
+    use tower::Layer;
+    GateLayer {
+        gate: gate.clone(),
+        request_timeout: Duration::from_secs(config.request_timeout_secs),
+    }
+    .layer(routes.prepare())
 }
 
 /// The descriptors reflection serves: the public services only. The Raft
@@ -583,19 +580,20 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
         config.connections,
         shutdown_rx.clone(),
     );
-    let peer_router = grpc_builder(&config, &gate).add_service(
-        PeeringServer::new(federation.clone())
-            .max_encoding_message_size(crate::federation::MAX_PEER_MESSAGE),
+    let peer_services = gated(
+        &config,
+        &gate,
+        tonic::service::Routes::new(
+            PeeringServer::new(federation.clone())
+                .max_encoding_message_size(crate::federation::MAX_PEER_MESSAGE),
+        ),
     );
-    let peer_rx = shutdown_rx.clone();
-    let peer_task = tokio::spawn(async move {
-        if let Err(e) = peer_router
-            .serve_with_incoming_shutdown(peer_incoming, stopped(peer_rx))
-            .await
-        {
-            tracing::error!(error = %e, "peer listener failed");
-        }
-    });
+    let peer_task = tokio::spawn(serve_grpc(
+        peer_services,
+        peer_incoming,
+        config.connections,
+        shutdown_rx.clone(),
+    ));
     let federation_service = FederationServer::new(federation.clone());
     let agent_protocol_service =
         AgentProtocolServer::new(invocation.clone()).max_decoding_message_size(max_message);
@@ -612,23 +610,26 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
     );
     // Every service behind one gate: a service added here is gated (and
     // a method the gate cannot classify is refused) without more code.
-    let grpc = grpc_builder(&config, &gate)
-        .add_service(health_service)
-        .add_service(reflection)
-        .add_service(reflection_alpha)
-        .add_service(registry)
-        .add_service(discovery)
-        .add_service(ard_service)
-        .add_service(cluster_service)
-        .add_service(federation_service)
-        .add_service(invocation_service)
-        .add_service(agent_protocol_service)
-        .serve_with_incoming_shutdown(grpc_incoming, stopped(shutdown_rx.clone()));
-    let grpc_task = tokio::spawn(async move {
-        if let Err(e) = grpc.await {
-            tracing::error!(error = %e, "gRPC listener failed");
-        }
-    });
+    let grpc_services = gated(
+        &config,
+        &gate,
+        tonic::service::Routes::new(health_service)
+            .add_service(reflection)
+            .add_service(reflection_alpha)
+            .add_service(registry)
+            .add_service(discovery)
+            .add_service(ard_service)
+            .add_service(cluster_service)
+            .add_service(federation_service)
+            .add_service(invocation_service)
+            .add_service(agent_protocol_service),
+    );
+    let grpc_task = tokio::spawn(serve_grpc(
+        grpc_services,
+        grpc_incoming,
+        config.connections,
+        shutdown_rx.clone(),
+    ));
 
     let state = HttpState {
         api,

@@ -144,10 +144,34 @@ pub fn deadline(operation: &str, request_timeout: Duration) -> Duration {
 
 /// The error of a request still working at its deadline `limit`.
 pub fn late(limit: Duration) -> ServiceError {
-    ServiceError::Timeout(format!(
-        "the request did not finish within {} s",
-        limit.as_secs()
-    ))
+    let within = if limit.subsec_millis() == 0 {
+        format!("{} s", limit.as_secs())
+    } else {
+        format!("{} ms", limit.as_millis())
+    };
+    ServiceError::Timeout(format!("the request did not finish within {within}"))
+}
+
+/// The deadline a gRPC client sent with its call (`grpc-timeout`: at most
+/// eight digits and a unit, H M S m u n). A malformed one is ignored, as
+/// if none had been sent: the server's own deadline still applies.
+pub fn client_deadline(headers: &http::HeaderMap) -> Option<Duration> {
+    let value = headers.get("grpc-timeout")?.to_str().ok()?;
+    let unit = value.chars().last()?;
+    let digits = &value[..value.len() - unit.len_utf8()];
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        'H' => Duration::from_secs(n * 3600),
+        'M' => Duration::from_secs(n * 60),
+        'S' => Duration::from_secs(n),
+        'm' => Duration::from_millis(n),
+        'u' => Duration::from_micros(n),
+        'n' => Duration::from_nanos(n),
+        _ => return None,
+    })
 }
 
 /// Whether an HTTP route ("METHOD /route/{param}") always answers with
@@ -676,9 +700,9 @@ fn with_transport_detail(
     }
 }
 
-/// The gate as a tower layer over a whole gRPC server, with the request
-/// deadline it holds handlers to (`deadline`; tonic's own server-wide
-/// timeout would cut short the one operation allowed to run longer).
+/// The gate as a tower layer over a listener's gRPC services, with the
+/// request deadline it holds handlers to (`deadline`, or the client's own
+/// `grpc-timeout` when sooner).
 #[derive(Clone)]
 pub struct GateLayer {
     pub gate: Arc<Gate>,
@@ -737,7 +761,10 @@ where
             // The connection is not idle until the answer has been sent.
             let busy = peer.as_ref().map(|p| p.activity.busy());
             let operation = req.uri().path().trim_start_matches('/').to_string();
+            // The client's own deadline, when it is the sooner: past it the
+            // client has given up, and the work would be wasted.
             let limit = deadline(&operation, request_timeout);
+            let limit = client_deadline(req.headers()).map_or(limit, |c| c.min(limit));
             let started = std::time::Instant::now();
             let due = tokio::time::Instant::now() + limit;
             let (admitted, audited) = gate
@@ -795,6 +822,28 @@ mod tests {
             client_cert: None,
             activity: Default::default(),
         }
+    }
+
+    #[test]
+    fn a_grpc_client_deadline_is_read_in_every_unit_and_a_malformed_one_ignored() {
+        let of = |value: &str| {
+            let mut headers = http::HeaderMap::new();
+            headers.insert("grpc-timeout", value.parse().unwrap());
+            client_deadline(&headers)
+        };
+        assert_eq!(of("2H"), Some(Duration::from_secs(7200)));
+        assert_eq!(of("3M"), Some(Duration::from_secs(180)));
+        assert_eq!(of("5S"), Some(Duration::from_secs(5)));
+        assert_eq!(of("250m"), Some(Duration::from_millis(250)));
+        assert_eq!(of("99999999u"), Some(Duration::from_micros(99_999_999)));
+        assert_eq!(of("7n"), Some(Duration::from_nanos(7)));
+        for bad in ["", "m", "100", "100x", "123456789S", "-1S", "1.5S", "1 S"] {
+            assert_eq!(of(bad), None, "{bad:?}");
+        }
+        assert_eq!(client_deadline(&http::HeaderMap::new()), None);
+        // A deadline under a second is said in milliseconds.
+        let late = late(Duration::from_millis(250)).to_string();
+        assert!(late.contains("250 ms"), "{late}");
     }
 
     #[test]

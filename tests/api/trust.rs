@@ -636,18 +636,75 @@ async fn next_change(watch: &mut tonic::Streaming<pb::WatchResponse>) -> String 
     change.record.unwrap().metadata.unwrap().id
 }
 
+/// Opens an HTTP/2 connection to `addr` and leaves it idle, speaking just
+/// enough of the protocol to be a well-behaved client: the preface, an
+/// empty SETTINGS, and an ACK for every SETTINGS and PING the server
+/// sends. Returns, once the server has closed the connection, how long
+/// after connecting its first GOAWAY came and that GOAWAY's error code.
+async fn idle_http2_until_goaway(addr: std::net::SocketAddr) -> (Duration, u32) {
+    const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0";
+    const SETTINGS: u8 = 0x4;
+    const PING: u8 = 0x6;
+    const GOAWAY: u8 = 0x7;
+    const ACK: u8 = 0x1;
+    let started = Instant::now();
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(PREFACE).await.unwrap();
+    let mut goaway = None;
+    loop {
+        let mut head = [0u8; 9];
+        let read = tokio::time::timeout(Duration::from_secs(10), tcp.read_exact(&mut head)).await;
+        match read.unwrap_or_else(|_| panic!("{addr}: no frame and no close for 10 s")) {
+            Ok(_) => {}
+            // The server closed the connection.
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break,
+            Err(e) => panic!("{addr}: the connection failed instead of closing: {e}"),
+        }
+        let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+        let (kind, flags) = (head[3], head[4]);
+        let mut payload = vec![0u8; len];
+        tcp.read_exact(&mut payload).await.unwrap();
+        match kind {
+            SETTINGS if flags & ACK == 0 => {
+                tcp.write_all(&[0, 0, 0, SETTINGS, ACK, 0, 0, 0, 0])
+                    .await
+                    .unwrap();
+            }
+            PING if flags & ACK == 0 => {
+                tcp.write_all(&[0, 0, 8, PING, ACK, 0, 0, 0, 0])
+                    .await
+                    .unwrap();
+                tcp.write_all(&payload).await.unwrap();
+            }
+            GOAWAY if goaway.is_none() => {
+                let code = u32::from_be_bytes([payload[4], payload[5], payload[6], payload[7]]);
+                goaway = Some((started.elapsed(), code));
+            }
+            _ => {}
+        }
+    }
+    goaway.unwrap_or_else(|| panic!("{addr}: closed without a GOAWAY"))
+}
+
 /// A connection with no request open for the idle timeout is closed, on
-/// the HTTP and the gRPC listener alike; streams open for longer keep
-/// their connections and go on delivering.
+/// the HTTP and the gRPC listener alike, with a GOAWAY that tells an
+/// HTTP/2 client so (gRPC's MAX_CONNECTION_IDLE); streams open for longer
+/// keep their connections and go on delivering.
 #[tokio::test]
 async fn idle_connections_are_closed_and_open_streams_keep_theirs() {
     use futures::StreamExt;
     let s = TestServer::start_with(|c| c.connections.idle_timeout_secs = 1).await;
     let server = s.server.as_ref().unwrap();
-    // The HTTP/2 preface and an empty SETTINGS frame, then nothing.
-    const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0";
     for addr in [server.http_addr, server.grpc_addr] {
-        closed_after_sending(addr, PREFACE, Duration::from_millis(900)).await;
+        let (after, code) = idle_http2_until_goaway(addr).await;
+        assert!(
+            after >= Duration::from_millis(900),
+            "{addr}: GOAWAY after {after:?}"
+        );
+        assert_eq!(
+            code, 0,
+            "{addr}: GOAWAY with error code {code}, not NO_ERROR"
+        );
     }
     // The metrics say why, per listener, and how many are open (at least
     // the one asking).
