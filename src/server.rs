@@ -111,6 +111,9 @@ impl RunningServer {
             }
         }
         self.node.shutdown().await;
+        // The node holds the database too (its storage, its free-space
+        // check): kept here, it would hold the wait below to its end.
+        drop(self.node);
         drop(self.service);
         // Background users (the log's sync thread, the indexer) let go of
         // the database shortly after; a restart in the same process must

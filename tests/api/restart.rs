@@ -270,3 +270,20 @@ async fn a_failed_first_start_keeps_no_admin_key() {
     let _ = node.kill();
     let _ = node.wait();
 }
+
+/// Stopping a node lets go of its database as soon as its own parts have
+/// stopped: a restart, a rolling upgrade or a test does not wait out the
+/// shutdown's grace period (10 s) for a database nothing uses any more.
+#[tokio::test]
+async fn a_stopped_node_closes_its_database_without_waiting_out_the_grace() {
+    let s = TestServer::start().await;
+    let h = Http::new(&s.http);
+    h.register(Some(ALICE), minimal("stops")).await.unwrap();
+    let started = std::time::Instant::now();
+    s.stop().await;
+    let took = started.elapsed();
+    assert!(
+        took < std::time::Duration::from_secs(5),
+        "shutdown took {took:?}"
+    );
+}
