@@ -339,6 +339,79 @@ async fn upstream_failures_map_to_gateway_statuses() {
     s.stop().await;
 }
 
+/// A gRPC client's own deadline (`grpc-timeout`) holds on the server: a
+/// call to an agent slower than it is answered DEADLINE_EXCEEDED once the
+/// client's deadline has passed, long before the gateway's own timeout.
+/// The call goes out over plain HTTP/2, since tonic's client would enforce
+/// the same deadline itself and race the server's answer.
+#[tokio::test]
+async fn a_grpc_clients_deadline_is_kept_by_the_server() {
+    use prost::Message;
+    let agents = Agents::start().await;
+    let s = TestServer::start_with(|c| {
+        local_agents(c);
+        c.gateway.outbound.timeout_ms = 10_000;
+    })
+    .await;
+    register(
+        &s,
+        agent("slow", format!("{}/slow", agents.base), json!({})),
+    )
+    .await;
+
+    let message = pb::InvokeRequest {
+        agent_id: "slow".into(),
+        body: br#"{"text":"x"}"#.to_vec(),
+        ..Default::default()
+    }
+    .encode_to_vec();
+    let mut frame = vec![0u8];
+    frame.extend((message.len() as u32).to_be_bytes());
+    frame.extend(message);
+    let addr = s.grpc.trim_start_matches("http://");
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut client, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(connection);
+    let request = http::Request::post(format!("{}/agentry.v1.Gateway/Invoke", s.grpc))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("grpc-timeout", "500m")
+        .header("authorization", format!("Bearer {ALICE}"))
+        .body(())
+        .unwrap();
+    let started = std::time::Instant::now();
+    let (response, mut body) = client.send_request(request, false).unwrap();
+    body.send_data(frame.into(), true).unwrap();
+    let response = response.await.unwrap();
+    // A status without a message comes in the headers alone
+    // (trailers-only); otherwise in the trailers.
+    let mut fields = response.headers().clone();
+    if !fields.contains_key("grpc-status") {
+        let mut answer = response.into_body();
+        while let Some(data) = answer.data().await {
+            data.unwrap();
+        }
+        fields = answer.trailers().await.unwrap().unwrap_or_default();
+    }
+    let field = |name: &str| {
+        fields
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string()
+    };
+    // 4: DEADLINE_EXCEEDED.
+    assert_eq!(field("grpc-status"), "4", "{fields:?}");
+    assert!(field("grpc-message").contains("500%20ms"), "{fields:?}");
+    // The slow agent answers after 5 s.
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
+    s.stop().await;
+}
+
 #[tokio::test]
 async fn declared_authentication_is_passed_through_or_injected() {
     let agents = Agents::start().await;
