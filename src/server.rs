@@ -721,7 +721,6 @@ fn gateway(
         .map_err(|e| crate::config::ConfigError::Invalid(e).into())
 }
 
-/// Runs until SIGINT or SIGTERM, then shuts down gracefully.
 /// Loads the configured embedder, or says why there is none (discovery
 /// then ranks by lexical and tag matches, and says so in its warnings).
 async fn load_embedder(config: &crate::config::DiscoveryConfig) -> Result<Embedder, String> {
@@ -742,6 +741,7 @@ async fn load_embedder(config: &crate::config::DiscoveryConfig) -> Result<Embedd
     loaded
 }
 
+/// Runs until SIGINT or SIGTERM, then shuts down gracefully.
 pub async fn run(config: Config) -> Result<(), ServerError> {
     let data_dir = config.data_dir.clone();
     let server = start(config).await?;
@@ -758,13 +758,21 @@ pub async fn run(config: Config) -> Result<(), ServerError> {
         server.peer_addr,
         data_dir.display()
     );
-    let node = server.node.clone();
-    tokio::select! {
-        signal = wait_for_signal() => signal?,
-        why = node.wait_until_restart_helps() => {
-            server.shutdown().await;
-            return Err(ServerError::CoreStopped(why));
+    // The clone watched here is dropped before shutdown: the node holds
+    // the database, which shutdown waits for everyone to let go of.
+    let core_stopped = {
+        let node = server.node.clone();
+        tokio::select! {
+            signal = wait_for_signal() => {
+                signal?;
+                None
+            }
+            why = node.wait_until_restart_helps() => Some(why),
         }
+    };
+    if let Some(why) = core_stopped {
+        server.shutdown().await;
+        return Err(ServerError::CoreStopped(why));
     }
     info!("shutting down");
     server

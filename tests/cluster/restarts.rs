@@ -45,6 +45,13 @@ async fn sigterm_on_the_leader_hands_leadership_over() {
         log.contains("handed leadership over before stopping"),
         "no hand-off:\n{log}"
     );
+    // Everything let go of the database before the node closed it: the
+    // stop did not wait out its grace for a holder that was never going
+    // to let go.
+    assert!(
+        !log.contains("the database was still in use"),
+        "the stop waited for its database:\n{log}"
+    );
     let next = c.wait_for_leader(Duration::from_secs(10)).await;
     assert_ne!(next, leader);
     let (status, body) = c.register(next, "after", "Written after.").await;
