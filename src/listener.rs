@@ -18,7 +18,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime};
 
 use hyper::body::Bytes;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
@@ -60,8 +60,8 @@ pub struct ConnectionLimits {
     pub max_connections_per_client: usize,
     /// Concurrent HTTP/2 streams per connection.
     pub max_streams_per_connection: u32,
-    /// A connection with no request open for this long is closed (HTTP/2
-    /// and gRPC connections; HTTP/1.1 keep-alive waits are bounded by
+    /// A connection with no request open for this long is closed, with a
+    /// GOAWAY on HTTP/2 and gRPC (HTTP/1.1 keep-alive waits are bounded by
     /// `header_timeout_ms`). 0: never. The Raft listener ignores it.
     pub idle_timeout_secs: u64,
     /// A connection whose client has taken none of what the server is
@@ -563,7 +563,7 @@ pub struct Conn {
     answer_stall: Option<(Duration, Pin<Box<tokio::time::Sleep>>)>,
     /// The listener's name, for the metrics of why it was closed.
     listener: &'static str,
-    /// Set once the connection has failed itself (a deadline, idle, a
+    /// Set once the connection has failed itself (a deadline, a
     /// stalled write), so the reason is counted once.
     closed: bool,
     _open: crate::metrics::OpenConnection,
@@ -938,7 +938,6 @@ pub async fn serve_http(
     limits: ConnectionLimits,
     shutdown: watch::Receiver<bool>,
 ) {
-    use hyper_util::rt::TokioTimer;
     use tower::ServiceExt;
 
     let mut builder = Builder::new(TokioExecutor::new());
@@ -1009,7 +1008,7 @@ type Builder = hyper_util::server::conn::auto::Builder<TokioExecutor>;
 fn http2_limits(builder: &mut Builder, limits: &ConnectionLimits) {
     builder
         .http2()
-        .timer(hyper_util::rt::TokioTimer::new())
+        .timer(TokioTimer::new())
         .max_concurrent_streams(limits.max_streams_per_connection)
         .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX))
         .keep_alive_interval(Some(Duration::from_secs(30)))

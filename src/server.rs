@@ -758,17 +758,14 @@ pub async fn run(config: Config) -> Result<(), ServerError> {
         server.peer_addr,
         data_dir.display()
     );
-    // The clone watched here is dropped before shutdown: the node holds
-    // the database, which shutdown waits for everyone to let go of.
-    let core_stopped = {
-        let node = server.node.clone();
-        tokio::select! {
-            signal = wait_for_signal() => {
-                signal?;
-                None
-            }
-            why = node.wait_until_restart_helps() => Some(why),
+    // Borrowed, not cloned: shutdown waits for every holder of the node
+    // (and so of the database) to let go.
+    let core_stopped = tokio::select! {
+        signal = wait_for_signal() => {
+            signal?;
+            None
         }
+        why = server.node.wait_until_restart_helps() => Some(why),
     };
     if let Some(why) = core_stopped {
         server.shutdown().await;
