@@ -57,6 +57,14 @@ use crate::type_config::TypeConfigExt;
 use crate::AsyncRuntime;
 use crate::LogId;
 use crate::MessageSummary;
+
+/// Patched: how long a leader waits for new entries to carry a newly
+/// committed index to a follower before it sends a heartbeat for it alone.
+/// Unpatched openraft sends that heartbeat at once, so every lone write cost
+/// two AppendEntries per follower; a write that follows within this time
+/// carries the index instead. Followers learn of a commit at most this much
+/// later; a read barrier's heartbeat is not delayed.
+const COMMIT_COALESCE: Duration = Duration::from_millis(2);
 use crate::RaftLogId;
 use crate::RaftTypeConfig;
 use crate::StorageError;
@@ -142,6 +150,10 @@ where
     /// Next replication action to run.
     next_action: Option<Data<C>>,
 
+    /// `committed` moved past what the follower was last sent, and no
+    /// message carrying it is due yet (patched: see `COMMIT_COALESCE`).
+    commit_unsent: bool,
+
     /// Appropriate number of entries to send.
     /// This is only used by AppendEntries RPC.
     entries_hint: ReplicationHint,
@@ -197,6 +209,7 @@ where
             rx_event,
             weak_tx_event: tx_event.downgrade(),
             next_action: None,
+            commit_unsent: false,
             entries_hint: Default::default(),
         };
 
@@ -214,9 +227,15 @@ where
             let action = self.next_action.take();
 
             let Some(d) = action else {
-                self.drain_events_with_backoff().await?;
+                if self.commit_unsent && self.backoff.is_none() {
+                    self.wait_for_data_to_carry_commit().await?;
+                } else {
+                    self.drain_events_with_backoff().await?;
+                }
                 continue;
             };
+            // Whatever is sent now carries `committed`.
+            self.commit_unsent = false;
 
             // Backup the log data for retrying.
             let mut log_data = None;
@@ -585,6 +604,27 @@ where
         }
     }
 
+    /// Waits up to `COMMIT_COALESCE` for new entries to send, which carry
+    /// the committed index the follower has not been sent yet; sends a
+    /// heartbeat for it when none come (patched).
+    async fn wait_for_data_to_carry_commit(&mut self) -> Result<(), ReplicationClosed> {
+        let until = C::now() + COMMIT_COALESCE;
+        while self.next_action.is_none() {
+            let sleep = C::sleep_until(until);
+            let recv = self.rx_event.recv();
+            select! {
+                _ = sleep => {
+                    self.next_action = Some(Data::new_heartbeat());
+                }
+                recv_res = recv => {
+                    let event = recv_res.ok_or(ReplicationClosed::new("RaftCore closed replication"))?;
+                    self.process_event(event);
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Drain all events in the channel in backoff mode, i.e., there was an un-retry-able error and
     /// should not send out anything before backoff interval expired.
     ///
@@ -635,7 +675,8 @@ where
             self.process_event(event);
         }
 
-        // Returning from process_event(), next_action is never None.
+        // Returning from process_event(), next_action is None only when a
+        // new committed index waits to be carried (`commit_unsent`).
 
         self.try_drain_events().await?;
 
@@ -679,9 +720,11 @@ where
 
                 self.committed = c;
 
-                // If there is no action, fill in an heartbeat action to send committed index.
+                // Patched: no heartbeat at once. The next message carries the
+                // new committed index; `main` sends a heartbeat for it when no
+                // entries follow within `COMMIT_COALESCE`.
                 if self.next_action.is_none() {
-                    self.next_action = Some(Data::new_heartbeat());
+                    self.commit_unsent = true;
                 }
             }
             Replicate::Heartbeat => {
