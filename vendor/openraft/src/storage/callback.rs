@@ -59,6 +59,15 @@ where C: RaftTypeConfig
         }
     }
 
+    /// True when a task waits for this completion before it goes on (a
+    /// follower's append, which it answers only once flushed); false for a
+    /// leader's own appends, which the core does not wait for. A log store
+    /// may sync such an append in the caller rather than hand it to another
+    /// thread, since nothing runs in the caller's place meanwhile.
+    pub fn is_awaited(&self) -> bool {
+        matches!(self.done, Completion::Waiting(_))
+    }
+
     /// Report log io completion event.
     ///
     /// It will be called when the log is successfully appended to the storage or an error occurs.
