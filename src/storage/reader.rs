@@ -495,7 +495,11 @@ impl Reader {
     }
 
     /// Stores (or, with None, deletes) agents' index vectors: derived data
-    /// the indexer keeps beside the records, written outside Raft.
+    /// the indexer keeps beside the records, written outside Raft. Not in
+    /// RocksDB's WAL either: a restart checks each stored vector against
+    /// the text it was made from and embeds again what is missing or stale,
+    /// so vectors a crash loses cost only their embedding, while logging
+    /// them made every write's WAL sync carry them.
     pub fn store_index_vectors(
         &self,
         entries: &[(String, Option<Vec<u8>>)],
@@ -508,7 +512,7 @@ impl Reader {
                 None => batch.delete_cf(vectors_cf, id.as_bytes()),
             }
         }
-        self.db.write(batch)?;
+        self.db.write_opt(batch, &super::unlogged())?;
         Ok(())
     }
 
