@@ -16,7 +16,8 @@
 //! flush before it answers the leader, which sends it one AppendEntries at
 //! a time, so there is nothing to gather and the hop to the syncer thread
 //! and back was two thread wake-ups per write. The core's worker thread
-//! waits out the fsync; the runtime's other workers serve everything else.
+//! waits out the fsync; the runtime's other workers serve everything else
+//! (a runtime of one worker keeps the syncer for followers too).
 
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
@@ -103,6 +104,14 @@ fn run_syncer(db: Arc<DB>, queue: mpsc::Receiver<LogFlushed<TypeConfig>>) {
             );
         }
     }
+}
+
+/// Whether the runtime has workers besides the one that would wait out an
+/// fsync in place. With a single worker (one CPU, or `TOKIO_WORKER_THREADS
+/// = 1`) that wait would stall every request the node serves, so its
+/// appends go to the syncer thread like a leader's.
+fn other_workers_serve() -> bool {
+    tokio::runtime::Handle::try_current().is_ok_and(|h| h.metrics().num_workers() > 1)
 }
 
 fn synced() -> WriteOptions {
@@ -293,7 +302,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         }
         self.db.write(batch).map_err(write_err)?;
         crate::metrics::observe_log_append(started.elapsed(), count);
-        if callback.is_awaited() {
+        if callback.is_awaited() && other_workers_serve() {
             // A follower's append: openraft waits for the flush before it
             // does anything else, so there is nothing to gather and nothing
             // the core could do meanwhile. Syncing here spares the hand-off
@@ -337,6 +346,40 @@ mod tests {
 
     use super::*;
     use crate::consensus::{Command, Proposal};
+
+    /// A follower's append (one openraft waits for) completes on a runtime
+    /// of several workers, where it is synced in place, and on one of a
+    /// single worker, where the syncer thread takes it so the worker is
+    /// never held by an fsync.
+    #[test]
+    fn an_awaited_append_completes_whichever_the_runtime() {
+        use openraft::storage::RaftLogStorageExt;
+        let one = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let two = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        for (runtime, inline) in [(one, false), (two, true)] {
+            runtime.block_on(async {
+                assert_eq!(other_workers_serve(), inline);
+                let dir = tempfile::tempdir().unwrap();
+                let db =
+                    super::super::open(dir.path(), super::super::DEFAULT_MAX_WAL_BYTES).unwrap();
+                let mut store = LogStore::new(db).unwrap();
+                let entries = (1..=3).map(|index| Entry::<TypeConfig> {
+                    log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+                    payload: EntryPayload::Blank,
+                });
+                store.blocking_append(entries).await.unwrap();
+                let state = store.get_log_state().await.unwrap();
+                assert_eq!(state.last_log_id.map(|l| l.index), Some(3));
+            });
+        }
+    }
 
     /// A data directory whose log was written by a version before the
     /// binary encoding, and then appended to by this one, reads whole.
