@@ -57,6 +57,11 @@ use crate::type_config::TypeConfigExt;
 use crate::AsyncRuntime;
 use crate::LogId;
 use crate::MessageSummary;
+use crate::RaftLogId;
+use crate::RaftTypeConfig;
+use crate::StorageError;
+use crate::StorageIOError;
+use crate::Vote;
 
 /// Patched: how long a leader waits for new entries to carry a newly
 /// committed index to a follower before it sends a heartbeat for it alone.
@@ -65,11 +70,6 @@ use crate::MessageSummary;
 /// carries the index instead. Followers learn of a commit at most this much
 /// later; a read barrier's heartbeat is not delayed.
 const COMMIT_COALESCE: Duration = Duration::from_millis(2);
-use crate::RaftLogId;
-use crate::RaftTypeConfig;
-use crate::StorageError;
-use crate::StorageIOError;
-use crate::Vote;
 
 /// The handle to a spawned replication stream.
 pub(crate) struct ReplicationHandle<C>
