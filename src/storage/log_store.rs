@@ -92,9 +92,7 @@ fn run_syncer(db: Arc<DB>, queue: mpsc::Receiver<LogFlushed<TypeConfig>>) {
     while let Ok(first) = queue.recv() {
         let mut waiting = vec![first];
         waiting.extend(queue.try_iter());
-        let started = std::time::Instant::now();
-        let synced = db.flush_wal(true);
-        crate::metrics::observe_log_sync(started.elapsed());
+        let synced = sync_wal(&db);
         for callback in waiting {
             callback.log_io_completed(
                 synced
@@ -104,6 +102,14 @@ fn run_syncer(db: Arc<DB>, queue: mpsc::Receiver<LogFlushed<TypeConfig>>) {
             );
         }
     }
+}
+
+/// Syncs the WAL (every append written so far), timed for the metrics.
+fn sync_wal(db: &DB) -> Result<(), rocksdb::Error> {
+    let started = std::time::Instant::now();
+    let synced = db.flush_wal(true);
+    crate::metrics::observe_log_sync(started.elapsed());
+    synced
 }
 
 /// Whether the runtime has workers besides the one that would wait out an
@@ -307,10 +313,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             // does anything else, so there is nothing to gather and nothing
             // the core could do meanwhile. Syncing here spares the hand-off
             // to the syncer thread and back (two thread wake-ups a write).
-            let started = std::time::Instant::now();
-            let synced = self.db.flush_wal(true);
-            crate::metrics::observe_log_sync(started.elapsed());
-            synced.map_err(write_err)?;
+            sync_wal(&self.db).map_err(write_err)?;
             callback.log_io_completed(Ok(()));
             return Ok(());
         }
