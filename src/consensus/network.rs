@@ -552,6 +552,72 @@ struct Acknowledged {
 }
 
 impl Connection {
+    /// Keeps what the peer acknowledged (to notice one that later lost it,
+    /// and refuse it) and when it last answered; false once it is refused.
+    fn record_answer(
+        &self,
+        rpc: &AppendEntriesRequest<TypeConfig>,
+        answer: &AppendEntriesResponse<NodeId>,
+    ) -> bool {
+        let sent_up_to = rpc.entries.last().map(|e| e.log_id).or(rpc.prev_log_id);
+        let mut table = self
+            .network
+            .acknowledged
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        // What was acknowledged under an earlier vote may since have been
+        // replaced by another leader, so it is not carried over. A refusal
+        // is: it was decided under one vote, where a lost entry can only
+        // mean lost data, and a re-election must not start feeding the
+        // node (`is_refused`).
+        let mut seen = match table.get(&self.target) {
+            Some(a) if a.vote == rpc.vote || a.refused => Acknowledged {
+                vote: rpc.vote,
+                ..*a
+            },
+            _ => Acknowledged {
+                vote: rpc.vote,
+                upto: None,
+                refused: false,
+            },
+        };
+        match answer {
+            AppendEntriesResponse::Success => seen.upto = seen.upto.max(sent_up_to),
+            AppendEntriesResponse::PartialSuccess(upto) => seen.upto = seen.upto.max(*upto),
+            // The peer no longer holds an entry it acknowledged: its data
+            // directory was wiped or replaced. It must not take part as if
+            // it still had them (and openraft's leader stops on a reverted
+            // follower log), so it is refused until an operator removes it
+            // and adds it back (`forget_acknowledged`).
+            AppendEntriesResponse::Conflict
+                if seen.refused || (rpc.prev_log_id.is_some() && rpc.prev_log_id <= seen.upto) =>
+            {
+                if !seen.refused {
+                    seen.refused = true;
+                    tracing::error!(
+                        node_id = self.target,
+                        acknowledged = ?seen.upto,
+                        "node {} lost log entries it had acknowledged (its data directory was wiped or replaced); \
+                         it is refused: remove it and add it back (agentry cluster remove / add / promote)",
+                        self.target
+                    );
+                    self.network.refusal_decided.notify_one();
+                }
+                table.insert(self.target, seen);
+                return false;
+            }
+            _ => {}
+        }
+        table.insert(self.target, seen);
+        drop(table);
+        self.network
+            .heard
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(self.target, std::time::Instant::now());
+        true
+    }
+
     async fn call<Resp: DeserializeOwned, E>(
         &self,
         rpc: Rpc,
@@ -616,65 +682,22 @@ impl RaftNetwork<TypeConfig> for Connection {
                 option.hard_ttl(),
             )
             .await?;
-        if entries > 0 {
+        // A follower short of space took none of the entries
+        // (`transport::append_entries`). openraft sends them again as soon
+        // as this returns; waiting out half the message's time budget first
+        // keeps that to a few tries a second, each of which still counts as
+        // a heartbeat there.
+        let took_none = entries > 0
+            && matches!(answer, AppendEntriesResponse::PartialSuccess(m) if m == rpc.prev_log_id);
+        if entries > 0 && !took_none {
             crate::metrics::observe_replicate(started.elapsed(), entries);
         }
-        let sent_up_to = rpc.entries.last().map(|e| e.log_id).or(rpc.prev_log_id);
-        let mut table = self
-            .network
-            .acknowledged
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        // What was acknowledged under an earlier vote may since have been
-        // replaced by another leader, so it is not carried over. A refusal
-        // is: it was decided under one vote, where a lost entry can only
-        // mean lost data, and a re-election must not start feeding the
-        // node (`is_refused`).
-        let mut seen = match table.get(&self.target) {
-            Some(a) if a.vote == rpc.vote || a.refused => Acknowledged {
-                vote: rpc.vote,
-                ..*a
-            },
-            _ => Acknowledged {
-                vote: rpc.vote,
-                upto: None,
-                refused: false,
-            },
-        };
-        match &answer {
-            AppendEntriesResponse::Success => seen.upto = seen.upto.max(sent_up_to),
-            AppendEntriesResponse::PartialSuccess(upto) => seen.upto = seen.upto.max(*upto),
-            // The peer no longer holds an entry it acknowledged: its data
-            // directory was wiped or replaced. It must not take part as if
-            // it still had them (and openraft's leader stops on a reverted
-            // follower log), so it is refused until an operator removes it
-            // and adds it back (`forget_acknowledged`).
-            AppendEntriesResponse::Conflict
-                if seen.refused || (rpc.prev_log_id.is_some() && rpc.prev_log_id <= seen.upto) =>
-            {
-                if !seen.refused {
-                    seen.refused = true;
-                    tracing::error!(
-                        node_id = self.target,
-                        acknowledged = ?seen.upto,
-                        "node {} lost log entries it had acknowledged (its data directory was wiped or replaced); \
-                         it is refused: remove it and add it back (agentry cluster remove / add / promote)",
-                        self.target
-                    );
-                    self.network.refusal_decided.notify_one();
-                }
-                table.insert(self.target, seen);
-                return Err(refused(self.target));
-            }
-            _ => {}
+        if !self.record_answer(&rpc, &answer) {
+            return Err(refused(self.target));
         }
-        table.insert(self.target, seen);
-        drop(table);
-        self.network
-            .heard
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(self.target, std::time::Instant::now());
+        if took_none {
+            tokio::time::sleep_until((started + option.hard_ttl() / 2).into()).await;
+        }
         Ok(answer)
     }
 

@@ -3,7 +3,7 @@
 //! internal listener, never next to the public API.
 
 use futures::StreamExt;
-use openraft::raft::{AppendEntriesRequest, VoteRequest};
+use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, VoteRequest};
 use openraft::{BasicNode, Snapshot, SnapshotMeta, Vote};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -188,13 +188,34 @@ impl RaftTransport for RaftService {
                 )))
             }
         };
-        // Entries this node could not store would stop its Raft core; the
-        // leader retries them once space is back. Heartbeats still pass, so
-        // the node keeps its leader and does not start elections.
+        // Entries this node could not store would stop its Raft core. Short
+        // of space, it takes the message as a heartbeat (it keeps its leader,
+        // does not start elections, and applies what it holds and the leader
+        // committed) and answers that it took none of the entries: the
+        // leader sends them again, paced (`network`), until space is back.
+        // An error here instead made openraft's leader retry at once, every
+        // few hundred microseconds, logging each try.
         let carries_entries = !rpc.entries.is_empty();
         if carries_entries {
             if let Err(e) = self.node.space() {
-                return Err(Status::resource_exhausted(e.to_string()));
+                tracing::debug!(error = %e, "entries refused for lack of space");
+                let matched = rpc.prev_log_id;
+                let heartbeat = AppendEntriesRequest {
+                    entries: Vec::new(),
+                    ..rpc
+                };
+                let answer = self
+                    .node
+                    .raft
+                    .append_entries(heartbeat)
+                    .await
+                    .map(|a| match a {
+                        AppendEntriesResponse::Success => {
+                            AppendEntriesResponse::PartialSuccess(matched)
+                        }
+                        other => other,
+                    });
+                return self.answer(&answer);
             }
         }
         let answer = self.answer(&self.node.raft.append_entries(rpc).await);

@@ -40,6 +40,11 @@ fn ballast(dir: &Path, bytes: u64) -> std::path::PathBuf {
     path
 }
 
+/// The Raft term node `id` is in.
+async fn term_of(c: &Cluster, id: u64) -> Option<u64> {
+    c.status(id).await.and_then(|s| s.node).map(|n| n.term)
+}
+
 async fn probe(c: &Cluster, id: u64, path: &str) -> u16 {
     c.http
         .get(format!("{}{path}", c.http_url(id)))
@@ -110,7 +115,14 @@ async fn all_present(c: &Cluster, id: u64, acked: &[String]) {
 #[tokio::test(flavor = "multi_thread")]
 async fn single_node_refuses_writes_while_short_of_space_and_recovers_by_itself() {
     let _serial = SERIAL.lock().await;
-    let (mut c, ballast) = one_node_on_a_small_disk(8 * MIB, 3 * MIB, 48 * MIB, 16 * MIB).await;
+    // Writes stop with tables of D and memtables of M not yet counted (up
+    // to what a 3 MiB WAL of log entries applied: each 16 KB record is also
+    // stored as itself and in its change), which become tables of D + M.
+    // Freeing the ballast must then leave the reserve plus a compaction of
+    // all of them, which takes a ballast of at least 2 M. With 16 MiB, two
+    // runs in ten kept writes refused after the space was freed, as the
+    // rule says they should be (25 MB free; 8 MiB + 22 MB kept).
+    let (mut c, ballast) = one_node_on_a_small_disk(8 * MIB, 3 * MIB, 48 * MIB, 24 * MIB).await;
 
     let (acked, status, body) = fill(&c, 1, "full").await;
     assert!(acked.len() > 50, "only {} writes fit", acked.len());
@@ -256,8 +268,11 @@ async fn a_follower_short_of_space_leaves_the_cluster_writing_and_catches_up() {
     let ballast = ballast(&dir, free.f_bavail * free.f_frsize - 4 * MIB);
     assert_eq!(probe(&c, 3, "/readyz").await, 507);
     assert_eq!(probe(&c, 3, "/healthz").await, 200);
+    let term_before = term_of(&c, 3).await;
 
-    // The two others still form a quorum; writes through node 3 too.
+    // The two others still form a quorum; writes through node 3 too. Each
+    // of those waits for node 3 to apply it, which it cannot: the phase
+    // lasts several election timeouts.
     let mut acked = Vec::new();
     for i in 0..60 {
         let via = [1, 2, 3][i % 3];
@@ -268,6 +283,35 @@ async fn a_follower_short_of_space_leaves_the_cluster_writing_and_catches_up() {
     }
     // Node 3 serves what it holds.
     all_present(&c, 3, &["before-full".to_string()]).await;
+    // It kept its leader all along: a refused append still counts as the
+    // leader's heartbeat, so it never stood for election.
+    assert_eq!(
+        term_of(&c, 3).await,
+        term_before,
+        "node 3 stood for election"
+    );
+    // The leader offers node 3 the entries a few times a second, not in a
+    // loop that logs every try (it once made thousands a second).
+    let leader = c.wait_for_leader(Duration::from_secs(10)).await;
+    let retries = c
+        .log(leader)
+        .matches("error replication to target=3")
+        .count();
+    assert!(
+        retries < 20,
+        "{retries} failed sends to node 3 logged by leader {leader}"
+    );
+    // The leader offers node 3 the entries a few times a second, not in a
+    // loop that logs every try (it once made tens of thousands a second).
+    let leader = c.wait_for_leader(Duration::from_secs(10)).await;
+    let retries = c
+        .log(leader)
+        .matches("error replication to target=3")
+        .count();
+    assert!(
+        retries < 20,
+        "{retries} failed sends to node 3 logged by leader {leader}"
+    );
     assert_eq!(
         probe(&c, 3, "/healthz").await,
         200,
