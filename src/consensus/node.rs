@@ -12,6 +12,7 @@ use openraft::error::{
 };
 use openraft::{BasicNode, ChangeMembers, Config, ServerState, SnapshotPolicy};
 use serde::{Deserialize, Serialize};
+use tokio::sync::broadcast::error::RecvError;
 use tracing::{info, instrument, warn};
 
 use super::batcher::Batcher;
@@ -22,7 +23,7 @@ use super::membership_check::MembershipCheck;
 use super::network::TransportError;
 use super::{Command, CommandResult, LogId, Network, NodeId, Proposal, Raft};
 use crate::storage::{
-    DiskSpace, LogStore, NoSpace, SnapshotStats, SnapshotWeight, SpaceStats, StateMachine,
+    DiskSpace, LogStore, NoSpace, Reader, SnapshotStats, SnapshotWeight, SpaceStats, StateMachine,
 };
 
 /// Why a request could not be carried out. Crosses the internal transport
@@ -253,6 +254,25 @@ pub struct RaftNode {
     /// stops vouching for itself as the leader (the longest election
     /// timeout: by then the others may have elected another).
     quorum_lease: Duration,
+    /// This node's applied state, which a write answered through it waits
+    /// for (`settle`).
+    applied: Reader,
+}
+
+/// How long a write answered through a follower waits for that follower to
+/// apply it. The leader sends the commit at once (`consensus::transport`),
+/// so a healthy follower takes about a millisecond; the bound only keeps a
+/// follower cut off from the leader from holding the answer near its
+/// deadline.
+const SETTLE_WAIT: Duration = Duration::from_millis(250);
+
+/// The revision a write result made, or the highest of a batch's.
+fn revision_of(result: &CommandResult) -> Option<u64> {
+    match result {
+        CommandResult::Applied(change) => Some(change.revision),
+        CommandResult::Batch(results) => results.iter().filter_map(revision_of).max(),
+        _ => None,
+    }
 }
 
 /// Counts a proposal as in flight for as long as it lives.
@@ -304,6 +324,7 @@ impl RaftNode {
         let committed = log_store.committed_index();
         let snapshots = state_machine.snapshot_stats();
         let weight = state_machine.snapshot_weight();
+        let applied = state_machine.reader();
         let check = MembershipCheck::new(
             settings.id,
             log_store.incarnation(),
@@ -344,6 +365,7 @@ impl RaftNode {
             writes_in_flight: Arc::default(),
             check,
             batcher,
+            applied,
         };
         node.bootstrap(bootstrap).await?;
         tokio::spawn(node.clone().record_members());
@@ -694,8 +716,39 @@ impl RaftNode {
             .route(Forwarded::Write(command), self.request_timeout)
             .await?
         {
-            ForwardReply::Written(r) => Ok(r),
+            ForwardReply::Written(r) => {
+                self.settle(&r).await;
+                Ok(r)
+            }
             other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Waits until this node has applied the change `result` made, up to
+    /// `SETTLE_WAIT`: a client that wrote through a follower then reads its
+    /// write there (a local read, discovery) as it would on the leader,
+    /// which answers only once applied. Past the bound the write is
+    /// answered all the same: it is committed.
+    async fn settle(&self, result: &CommandResult) {
+        let Some(revision) = revision_of(result) else {
+            return;
+        };
+        // Subscribed before the check, so no change slips between them; the
+        // revision is stored before its change is published.
+        let mut changes = self.applied.subscribe();
+        let deadline = tokio::time::Instant::now() + SETTLE_WAIT;
+        while self.applied.applied_revision() < revision {
+            match tokio::time::timeout_at(deadline, changes.recv()).await {
+                Ok(Ok(_)) | Ok(Err(RecvError::Lagged(_))) => {}
+                Ok(Err(RecvError::Closed)) | Err(_) => {
+                    tracing::debug!(
+                        revision,
+                        applied = self.applied.applied_revision(),
+                        "answering a write this node has not applied yet"
+                    );
+                    return;
+                }
+            }
         }
     }
 

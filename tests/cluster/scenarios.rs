@@ -102,6 +102,30 @@ fn assert_in_order_once(name: &str, seen: &[u64], expected: &[u64]) {
     );
 }
 
+/// A client that writes through a follower reads its write back there at
+/// once, with the default (local) consistency: the follower answers the
+/// write only once it has applied it. Lone writes are the case that needs
+/// it: the leader sends their commit on with the next entries, or after
+/// up to 2 ms on its own.
+#[tokio::test]
+async fn a_write_through_a_follower_is_read_back_there_at_once() {
+    let _serial = SERIAL.lock().await;
+    let c = Cluster::start(3, Options::default()).await;
+    let leader = c.wait_for_leader(LONG).await;
+    let follower = *c.running().iter().find(|&&n| n != leader).unwrap();
+    for i in 0..40 {
+        let id = format!("written-through-{i}");
+        let (status, body) = c.register(follower, &id, "a lone write").await;
+        assert_eq!(status, 201, "{body}");
+        let read = c.get(follower, &id).await;
+        assert_eq!(
+            read["id"],
+            serde_json::json!(id),
+            "write {i} not read back: {read}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn replication_failover_restart_and_watch_on_every_node() {
     let _serial = SERIAL.lock().await;
