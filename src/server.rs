@@ -312,7 +312,11 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
         info!(path = %path.display(), "generated the cluster secret; nodes that join this cluster need it (AGENTRY_CLUSTER_SECRET_FILE)");
     }
 
-    let db = storage::open(&config.data_dir, config.storage.max_wal_bytes)?;
+    let db = storage::open_bounded(
+        &config.data_dir,
+        config.storage.max_wal_bytes,
+        config.storage.reserve_bytes,
+    )?;
     let db_handle = db.clone();
     // Every node keeps the committed trail (written by apply) and its own
     // refusals; the gate records through this log.

@@ -137,8 +137,24 @@ pub(crate) fn compaction_headroom(db: &DB) -> u64 {
         .min(MAX_COMPACTION_BYTES)
 }
 
-/// Opens (or creates) the node's database under `dir`.
+/// Opens (or creates) the node's database under `dir`, its memtables
+/// unbounded but by the WAL's flushes (tools, tests, a restore).
 pub fn open(dir: &Path, max_wal_bytes: u64) -> Result<Arc<DB>, StorageError> {
+    open_bounded(dir, max_wal_bytes, 0)
+}
+
+/// [`open`], flushing every memtable once together they take
+/// `memtable_bytes` of memory (0: no bound). A serving node bounds them by
+/// its free-space reserve: their flush takes its room from the reserve
+/// (`DiskSpace`), and the WAL's bound alone does not bound them, since the
+/// state machine and the index's vectors are written without the WAL: a
+/// WAL of log entries leaves several times its size to flush (each record
+/// is also stored as itself and in its change).
+pub fn open_bounded(
+    dir: &Path,
+    max_wal_bytes: u64,
+    memtable_bytes: u64,
+) -> Result<Arc<DB>, StorageError> {
     std::fs::create_dir_all(dir)?;
     format::check_and_upgrade(dir)?;
     let mut opts = Options::default();
@@ -148,6 +164,7 @@ pub fn open(dir: &Path, max_wal_bytes: u64) -> Result<Arc<DB>, StorageError> {
     // serves; bounding the WAL bounds the space that takes (the reserve of
     // `DiskSpace` keeps it free), so a node whose disk filled up can start.
     opts.set_max_total_wal_size(max_wal_bytes);
+    opts.set_db_write_buffer_size(usize::try_from(memtable_bytes).unwrap_or(usize::MAX));
     // The state machine writes without the WAL (its WAL is the Raft log:
     // `StateMachine::apply_batch`); flushing every column family together
     // keeps what reaches disk one applied state, never records of one
