@@ -83,16 +83,12 @@ async fn concurrent_writes_share_entries_and_each_keeps_its_revision() {
         // Discovery on every node finds every batched agent: the index
         // follows the live change feed, which must carry each write of a
         // batch entry (it once carried none of them).
-        let found: Value = c
-            .http
-            .post(format!("{}/discover", c.http_url(id)))
-            .json(&serde_json::json!({"query": "batched write", "limit": 200, "detail": "minimal"}))
-            .send()
-            .await
-            .expect("discover")
-            .json()
-            .await
-            .expect("discover body");
+        let found = c
+            .discover(
+                id,
+                serde_json::json!({"query": "batched write", "limit": 200, "detail": "minimal"}),
+            )
+            .await;
         let candidates = found["candidates"].as_array().map_or(0, Vec::len);
         assert_eq!(candidates, 200, "node {id} found {candidates}: {found}");
         let indexed = metric(&c, id, "agentry_discovery_indexed_agents").await;

@@ -596,6 +596,19 @@ impl Cluster {
         self.get_json(id, &format!("/agents/{agent}")).await
     }
 
+    /// Node `id`'s answer to an anonymous `POST /discover` of `request`.
+    pub async fn discover(&self, id: u64, request: Value) -> Value {
+        self.http
+            .post(format!("{}/discover", self.http_url(id)))
+            .json(&request)
+            .send()
+            .await
+            .expect("discover")
+            .json()
+            .await
+            .expect("discover body")
+    }
+
     /// The JSON body of node `id`'s answer to an admin's GET of `path`.
     pub async fn get_json(&self, id: u64, path: &str) -> Value {
         self.http

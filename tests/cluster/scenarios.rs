@@ -126,18 +126,12 @@ async fn a_write_through_a_follower_is_read_back_there_at_once() {
         // Discovery there finds it too (docs/discovery.md): it waits for
         // what the node has applied to be indexed.
         if i % 10 == 9 {
-            let found: serde_json::Value = c
-                .http
-                .post(format!("{}/discover", c.http_url(follower)))
-                .json(
-                    &serde_json::json!({"query": "a lone write", "limit": 50, "detail": "minimal"}),
+            let found = c
+                .discover(
+                    follower,
+                    serde_json::json!({"query": "a lone write", "limit": 50, "detail": "minimal"}),
                 )
-                .send()
-                .await
-                .expect("discover")
-                .json()
-                .await
-                .expect("discover body");
+                .await;
             let ids: Vec<&str> = found["candidates"]
                 .as_array()
                 .map(|a| a.iter().filter_map(|c| c["id"].as_str()).collect())
