@@ -71,6 +71,11 @@ pub enum TransportError {
     /// (`membership_check`).
     #[error("node {target} refused: {reason}")]
     Refused { target: NodeId, reason: String },
+    /// The peer has no room to store the message now, and did not act on
+    /// it: a follower of the release before 209cad8 short of disk space
+    /// answers entries so (today's takes them as a heartbeat instead).
+    #[error("node {target} cannot store it now: {reason}")]
+    ShortOfSpace { target: NodeId, reason: String },
 }
 
 impl TransportError {
@@ -473,6 +478,7 @@ fn status_error(target: NodeId, s: tonic::Status) -> TransportError {
         tonic::Code::Unavailable if is_connect_error(&s) => {
             TransportError::NotSent { target, reason }
         }
+        tonic::Code::ResourceExhausted => TransportError::ShortOfSpace { target, reason },
         _ => TransportError::NoAnswer { target, reason },
     }
 }
@@ -628,6 +634,7 @@ impl Connection {
     where
         E: std::error::Error + DeserializeOwned,
     {
+        let started = tokio::time::Instant::now();
         let sent = match payload {
             Ok(p) => {
                 self.network
@@ -643,6 +650,16 @@ impl Connection {
                 return Err(RPCError::PayloadTooLarge(
                     PayloadTooLarge::new_entries_hint(entries / 2),
                 ))
+            }
+            // openraft sends the entries again as soon as this returns (a
+            // network error gets no backoff, and an unreachable peer's
+            // backoff would stop heartbeats too): waiting out half the
+            // message's time budget first keeps that to a few tries a
+            // second instead of thousands, as for today's followers
+            // (`append_entries`).
+            Err(e @ TransportError::ShortOfSpace { .. }) if entries > 0 => {
+                tokio::time::sleep_until(started + timeout / 2).await;
+                return Err(e.unreachable());
             }
             Err(e) => return Err(e.unreachable()),
         };
@@ -857,6 +874,107 @@ impl RaftNetwork<TypeConfig> for Connection {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pb::raft_transport_server::{RaftTransport, RaftTransportServer};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tonic::{Request, Response, Status, Streaming};
+
+    /// A follower of the release before 209cad8 whose disk is short of
+    /// space: it refuses every AppendEntries that carries entries.
+    #[derive(Default)]
+    struct FullOldFollower {
+        refused: Arc<AtomicUsize>,
+    }
+
+    #[tonic::async_trait]
+    impl RaftTransport for FullOldFollower {
+        async fn append_entries(
+            &self,
+            _: Request<RaftMessage>,
+        ) -> Result<Response<RaftMessage>, Status> {
+            self.refused.fetch_add(1, Ordering::SeqCst);
+            Err(Status::resource_exhausted("insufficient storage"))
+        }
+        async fn vote(&self, _: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
+            Err(Status::unimplemented("vote"))
+        }
+        async fn install_snapshot(
+            &self,
+            _: Request<Streaming<SnapshotChunk>>,
+        ) -> Result<Response<RaftMessage>, Status> {
+            Err(Status::unimplemented("install_snapshot"))
+        }
+        async fn forward(&self, _: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
+            Err(Status::unimplemented("forward"))
+        }
+    }
+
+    #[tokio::test]
+    async fn entries_refused_for_space_are_offered_again_at_a_paced_rate() {
+        let follower = FullOldFollower::default();
+        let refused = follower.refused.clone();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(RaftTransportServer::new(follower))
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        );
+        let record = super::super::membership_check::SharedRecord::new(Default::default());
+        let network = Network::new(
+            1,
+            Faults::default(),
+            4 << 20,
+            ClusterAuth::from_secret("a cluster secret of enough length").unwrap(),
+            MembershipCheck::new(1, "incarnation", record),
+            Encoding::default(),
+        );
+        let mut leader = Connection {
+            network,
+            target: 2,
+            addr,
+        };
+        let vote = Vote::new_committed(1, 1);
+        let log_id = |index| openraft::LogId::new(openraft::CommittedLeaderId::new(1, 1), index);
+        let budget = Duration::from_millis(400);
+        let started = std::time::Instant::now();
+        for _ in 0..3 {
+            let rpc = AppendEntriesRequest {
+                vote,
+                prev_log_id: Some(log_id(1)),
+                entries: vec![openraft::Entry {
+                    log_id: log_id(2),
+                    payload: openraft::EntryPayload::Blank,
+                }],
+                leader_commit: Some(log_id(1)),
+            };
+            let answer = leader.append_entries(rpc, RPCOption::new(budget)).await;
+            assert!(
+                matches!(answer, Err(RPCError::Network(_))),
+                "a refusal for space is an error openraft retries: {answer:?}"
+            );
+        }
+        // Each refusal was answered at once; without the pacing the three
+        // tries would take a few milliseconds, not half the budget each.
+        assert_eq!(refused.load(Ordering::SeqCst), 3);
+        assert!(
+            started.elapsed() >= budget * 3 / 2,
+            "{:?}",
+            started.elapsed()
+        );
+
+        // A heartbeat refused so is not held back: nothing is resent.
+        let heartbeat = AppendEntriesRequest {
+            vote,
+            prev_log_id: Some(log_id(1)),
+            entries: Vec::new(),
+            leader_commit: Some(log_id(1)),
+        };
+        let started = std::time::Instant::now();
+        let _ = leader
+            .append_entries(heartbeat, RPCOption::new(budget))
+            .await;
+        assert!(started.elapsed() < budget / 2, "{:?}", started.elapsed());
+    }
 
     #[test]
     fn rules_are_the_oldest_any_member_follows() {
