@@ -170,6 +170,13 @@ pub fn open_bounded(
     // keeps what reaches disk one applied state, never records of one
     // entry beside the applied log id of another.
     opts.set_atomic_flush(true);
+    // Compactions (RocksDB's low-priority pool) run at the lowest CPU
+    // priority: on a busy node they take the cores' idle time instead of
+    // time from requests and Raft. Flushes keep their normal priority:
+    // writes wait for them when memtables fill.
+    let mut env = rocksdb::Env::new()?;
+    env.lower_thread_pool_cpu_priority();
+    opts.set_env(&env);
     // One LRU block cache for every column family. RocksDB's default (a
     // small cache per table) leaves discovery reading the returned records
     // through the OS page cache, decompressing their blocks on every
