@@ -71,9 +71,11 @@ pub enum TransportError {
     /// (`membership_check`).
     #[error("node {target} refused: {reason}")]
     Refused { target: NodeId, reason: String },
-    /// The peer has no room to store the message now, and did not act on
-    /// it: a follower of the release before 209cad8 short of disk space
-    /// answers entries so (today's takes them as a heartbeat instead).
+    /// `RESOURCE_EXHAUSTED`: the peer has no room to store the message
+    /// now, and did not act on it. A follower of the release before 209cad8
+    /// short of disk space answers entries so (today's takes them as a
+    /// heartbeat instead); tonic also answers so for a message over a size
+    /// limit, which sending again cannot fix either.
     #[error("node {target} cannot store it now: {reason}")]
     ShortOfSpace { target: NodeId, reason: String },
 }
