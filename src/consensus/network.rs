@@ -636,7 +636,7 @@ impl Connection {
     where
         E: std::error::Error + DeserializeOwned,
     {
-        let started = tokio::time::Instant::now();
+        let started = std::time::Instant::now();
         let sent = match payload {
             Ok(p) => {
                 self.network
@@ -653,20 +653,25 @@ impl Connection {
                     PayloadTooLarge::new_entries_hint(entries / 2),
                 ))
             }
-            // openraft sends the entries again as soon as this returns (a
-            // network error gets no backoff, and an unreachable peer's
-            // backoff would stop heartbeats too): waiting out half the
-            // message's time budget first keeps that to a few tries a
-            // second instead of thousands, as for today's followers
-            // (`append_entries`).
+            // A follower of an earlier release short of space. A network
+            // error gets no backoff from openraft (an unreachable peer's
+            // backoff would stop its heartbeats too), so it is paced here.
             Err(e @ TransportError::ShortOfSpace { .. }) if entries > 0 => {
-                tokio::time::sleep_until(started + timeout / 2).await;
+                before_reoffering(started, timeout).await;
                 return Err(e.unreachable());
             }
             Err(e) => return Err(e.unreachable()),
         };
         answer.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
     }
+}
+
+/// Waits, after a follower short of space took none of the entries sent at
+/// `started`, until they may be offered again: half the message's time
+/// `budget`. openraft offers them again as soon as `append_entries`
+/// returns; this keeps that to a few tries a second instead of thousands.
+async fn before_reoffering(started: std::time::Instant, budget: Duration) {
+    tokio::time::sleep_until((started + budget / 2).into()).await;
 }
 
 impl RaftNetwork<TypeConfig> for Connection {
@@ -702,10 +707,8 @@ impl RaftNetwork<TypeConfig> for Connection {
             )
             .await?;
         // A follower short of space took none of the entries
-        // (`transport::append_entries`). openraft sends them again as soon
-        // as this returns; waiting out half the message's time budget first
-        // keeps that to a few tries a second, each of which still counts as
-        // a heartbeat there.
+        // (`transport::append_entries`); each offer still counts as a
+        // heartbeat there.
         let took_none = entries > 0
             && matches!(answer, AppendEntriesResponse::PartialSuccess(m) if m == rpc.prev_log_id);
         if entries > 0 && !took_none {
@@ -715,7 +718,7 @@ impl RaftNetwork<TypeConfig> for Connection {
             return Err(refused(self.target));
         }
         if took_none {
-            tokio::time::sleep_until((started + option.hard_ttl() / 2).into()).await;
+            before_reoffering(started, option.hard_ttl()).await;
         }
         Ok(answer)
     }
