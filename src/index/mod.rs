@@ -407,15 +407,29 @@ impl SearchIndex {
     /// Retrains the vector partitions when due, while searches go on: the
     /// indexer is the index's only writer, so nothing changes between
     /// training under the read lock and installing under the write lock.
+    /// The indexer waits for it, so its length (logged) is how long
+    /// discovery shows changes late at each doubling of the directory.
     async fn retrain_vectors(&self) {
         if !self.read().vectors_training_due() {
             return;
         }
         let this = self.clone();
         let done = tokio::task::spawn_blocking(move || {
+            let started = Instant::now();
             let trained = this.read().train_vectors();
             if let Some(t) = trained {
-                this.write().install_vectors(t);
+                let rows = t.rows;
+                let partitions = {
+                    let mut index = this.write();
+                    index.install_vectors(t);
+                    index.partitions()
+                };
+                info!(
+                    rows,
+                    partitions,
+                    ms = started.elapsed().as_millis() as u64,
+                    "vector partitions trained"
+                );
             }
         })
         .await;

@@ -80,7 +80,7 @@ pub struct Trained {
     centroids: Vec<f32>,
     lists: Vec<List>,
     at: Vec<(u32, u32)>,
-    rows: usize,
+    pub(crate) rows: usize,
 }
 
 pub struct VectorIndex {
