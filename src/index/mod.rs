@@ -61,6 +61,11 @@ pub struct IndexStats {
     pub last_rebuild_ms: u64,
     /// Agents whose stored vectors the last build reused (not embedded).
     pub last_rebuild_reused: u64,
+    /// Trainings of the vector partitions since start, and the length of
+    /// the last: the indexer waits for each, so discovery shows changes
+    /// that much later at each doubling of the directory.
+    pub trainings: u64,
+    pub last_training_ms: u64,
     /// False when ranking runs without vectors (no model loaded).
     pub embedder_loaded: bool,
     /// Agents indexed without vectors because the embedder failed.
@@ -79,6 +84,8 @@ struct Shared {
     indexed: watch::Sender<u64>,
     rebuilds: AtomicU64,
     last_rebuild_ms: AtomicU64,
+    trainings: AtomicU64,
+    last_training_ms: AtomicU64,
     last_rebuild_reused: AtomicU64,
     embed_failures: AtomicU64,
     /// Vectors of texts ranked in federated pools, by text: the same
@@ -168,6 +175,8 @@ impl SearchIndex {
                 indexed: watch::Sender::new(0),
                 rebuilds: AtomicU64::new(0),
                 last_rebuild_ms: AtomicU64::new(0),
+                trainings: AtomicU64::new(0),
+                last_training_ms: AtomicU64::new(0),
                 last_rebuild_reused: AtomicU64::new(0),
                 embed_failures: AtomicU64::new(0),
                 pool_vectors: Default::default(),
@@ -424,12 +433,10 @@ impl SearchIndex {
                     index.install_vectors(t);
                     index.partitions()
                 };
-                info!(
-                    rows,
-                    partitions,
-                    ms = started.elapsed().as_millis() as u64,
-                    "vector partitions trained"
-                );
+                let ms = started.elapsed().as_millis() as u64;
+                this.shared.trainings.fetch_add(1, Ordering::Relaxed);
+                this.shared.last_training_ms.store(ms, Ordering::Relaxed);
+                info!(rows, partitions, ms, "vector partitions trained");
             }
         })
         .await;
@@ -480,6 +487,8 @@ impl SearchIndex {
             indexed_revision: self.indexed_revision(),
             rebuilds: self.shared.rebuilds.load(Ordering::Relaxed),
             last_rebuild_ms: self.shared.last_rebuild_ms.load(Ordering::Relaxed),
+            trainings: self.shared.trainings.load(Ordering::Relaxed),
+            last_training_ms: self.shared.last_training_ms.load(Ordering::Relaxed),
             last_rebuild_reused: self.shared.last_rebuild_reused.load(Ordering::Relaxed),
             embedder_loaded: self.shared.embedder.is_some(),
         }

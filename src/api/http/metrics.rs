@@ -242,7 +242,7 @@ pub fn render(
         "Oldest revision still in the change history.",
         oldest_revision,
     );
-    let discovery: [(&str, &str, u64); 10] = [
+    let discovery: [(&str, &str, u64); 11] = [
         (
             "agentry_discovery_indexed_agents",
             "Agents in this node's discovery index.",
@@ -284,6 +284,11 @@ pub fn render(
             index.last_rebuild_reused,
         ),
         (
+            "agentry_discovery_last_vector_training_milliseconds",
+            "Duration of the last training of the vector partitions, which changes wait for before discovery shows them (0: none since start).",
+            index.last_training_ms,
+        ),
+        (
             "agentry_discovery_embedder_loaded",
             "1 when an embedding model is loaded (0: lexical and tags only).",
             u64::from(index.embedder_loaded),
@@ -301,6 +306,11 @@ pub fn render(
         "agentry_discovery_index_rebuilds",
         "Full index builds from storage (at start, and when the change feed no longer reaches back).",
         index.rebuilds,
+    );
+    p.counter(
+        "agentry_discovery_vector_trainings",
+        "Trainings of the vector partitions since start (each time the directory has doubled).",
+        index.trainings,
     );
     p.counter(
         "agentry_discovery_embed_failures",
@@ -336,6 +346,8 @@ mod tests {
         let index = IndexStats {
             agents: 7,
             rebuilds: 1,
+            trainings: 2,
+            last_training_ms: 143,
             embedder_loaded: true,
             ..Default::default()
         };
@@ -386,6 +398,9 @@ mod tests {
         assert!(text.contains("# TYPE agentry_discovery_index_rebuilds counter\n"));
         assert!(text.contains("agentry_discovery_index_rebuilds_total{node_id=\"1\"} 1\n"));
         assert!(text.contains("agentry_discovery_embedder_loaded{node_id=\"1\"} 1\n"));
+        assert!(text.contains("agentry_discovery_vector_trainings_total{node_id=\"1\"} 2\n"));
+        assert!(text
+            .contains("agentry_discovery_last_vector_training_milliseconds{node_id=\"1\"} 143\n"));
         assert!(
             text.contains("# TYPE agentry_raft_term gauge\nagentry_raft_term{node_id=\"1\"} 3\n"),
             "{text}"
