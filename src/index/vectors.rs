@@ -960,7 +960,7 @@ fn assign<'a>(
 /// % (there the i8 codes, not the probes, bound it), so 28 lose nothing.
 ///
 /// Partitions of a small directory hold few rows each (about 55 at 10k),
-/// and there 16 probes found 97.4-98.9 % over fourteen runs, varying with
+/// and there 16 probes found 97.5-99.2 % over twenty-one runs, varying with
 /// how the load order trained the partitions: the probes then read at
 /// least [`MIN_PROBED_ROWS`] (24 of 181 partitions at 10k found 99.0-99.6
 /// % in four runs, for 2-3 µs more a query). From about 25k rows the
