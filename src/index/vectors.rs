@@ -963,7 +963,7 @@ fn assign<'a>(
 /// and there 16 probes found 97.5-99.2 % over twenty-one runs, varying with
 /// how the load order trained the partitions: the probes then read at
 /// least [`MIN_PROBED_ROWS`] (24 of 181 partitions at 10k found 99.0-99.6
-/// % in four runs, for 2-3 µs more a query). From about 25k rows the
+/// % in seven runs, for 2-3 µs more a query). From about 25k rows the
 /// square root's share reads more than that anyway.
 fn nprobe(nlist: usize, live: usize) -> usize {
     let floor = match nlist {
