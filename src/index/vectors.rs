@@ -966,10 +966,7 @@ fn assign<'a>(
 /// % in seven runs, for 2-3 µs more a query). From about 25k rows the
 /// square root's share reads more than that anyway.
 fn nprobe(nlist: usize, live: usize) -> usize {
-    let floor = match nlist {
-        0 => 0,
-        n => (MIN_PROBED_ROWS * n).div_ceil(live.max(1)),
-    };
+    let floor = (MIN_PROBED_ROWS * nlist).div_ceil(live.max(1));
     root_share(nlist, 0.75).max(floor.min(64)).min(nlist)
 }
 
