@@ -8,7 +8,8 @@
 //! 1. admit: every hard filter, from indexed facts (no storage reads);
 //! 2. candidates: the best admitted agents of the vector index and of the
 //!    BM25 term heads, and holders of wanted tags (or every holder of a
-//!    selective required tag);
+//!    selective required tag, or every agent speaking a requested
+//!    protocol that few agents speak);
 //! 3. first stage: `context` (exact cosine to the profile vector) and
 //!    partial BM25 from the term heads, relative to the best candidate's;
 //!    the best `pool` go on;
@@ -75,6 +76,32 @@ pub const TAG_STUFFING_THRESHOLD: usize = 16;
 /// Units (examples + operations) embedded per agent; the rest are indexed
 /// for BM25 only, so one record cannot buy unlimited vector matches.
 pub const MAX_UNITS: usize = 64;
+/// Which filter confined a search to a list of agents ([`Index::confined`]).
+enum Confined<'f> {
+    /// A required tag's holders.
+    Tag(&'f String),
+    /// The agents with a binding of a requested protocol.
+    Protocols,
+}
+
+/// Adds `slot` to a slot list kept sorted.
+fn list_insert(list: &mut Vec<u32>, slot: u32) {
+    let at = list.partition_point(|&x| x < slot);
+    list.insert(at, slot);
+}
+
+/// Removes `slot` from `key`'s sorted slot list, and the list once empty.
+fn list_remove(lists: &mut FastMap<String, Vec<u32>>, key: &str, slot: u32) {
+    if let Some(list) = lists.get_mut(key) {
+        if let Ok(at) = list.binary_search(&slot) {
+            list.remove(at);
+        }
+        if list.is_empty() {
+            lists.remove(key);
+        }
+    }
+}
+
 /// Agents holding a required tag are all scored when they are at most this
 /// many, or no more than a vector-index query would read anyway.
 const EXHAUSTIVE_MIN: usize = 4096;
@@ -604,6 +631,9 @@ pub struct Index {
     lexical: super::lexical::LexicalIndex,
     /// Tag → slots.
     tags: FastMap<String, Vec<u32>>,
+    /// Binding protocol (lowercase) → slots, so a protocol filter few
+    /// agents pass is answered from its agents, as a required tag is.
+    protocols: FastMap<String, Vec<u32>>,
     /// Analyzed tag form → tags with that form (for query-derived tags).
     tag_forms: FastMap<String, Vec<String>>,
     vectors: VectorIndex,
@@ -740,6 +770,7 @@ impl Index {
             by_id: FastMap::default(),
             lexical: Default::default(),
             tags: FastMap::default(),
+            protocols: FastMap::default(),
             tag_forms: FastMap::default(),
             vectors: VectorIndex::new(dim),
             analyzer: Analyzer::default(),
@@ -809,9 +840,10 @@ impl Index {
         }
         self.lexical.insert(slot, doc.terms.iter());
         for t in &doc.facts.tags {
-            let list = self.tags.entry(t.clone()).or_default();
-            let at = list.partition_point(|&x| x < slot);
-            list.insert(at, slot);
+            list_insert(self.tags.entry(t.clone()).or_default(), slot);
+        }
+        for p in &doc.facts.protocols {
+            list_insert(self.protocols.entry(p.clone()).or_default(), slot);
         }
         for (tag, form) in doc.tag_forms {
             let tags = self.tag_forms.entry(form).or_default();
@@ -887,14 +919,10 @@ impl Index {
         self.by_id.remove(&doc.id);
         self.lexical.remove(slot);
         for t in &doc.facts.tags {
-            if let Some(list) = self.tags.get_mut(t) {
-                if let Ok(at) = list.binary_search(&slot) {
-                    list.remove(at);
-                }
-                if list.is_empty() {
-                    self.tags.remove(t);
-                }
-            }
+            list_remove(&mut self.tags, t, slot);
+        }
+        for p in &doc.facts.protocols {
+            list_remove(&mut self.protocols, p, slot);
         }
         self.vectors.clear(slot);
         if !doc.has_profile && self.vectors.dim() > 0 {
@@ -905,6 +933,51 @@ impl Index {
 
     /// Tags of the index that the query text names (by analyzed form,
     /// single words up to three-word phrases).
+    /// The smallest set of agents a filter confines the answer to, when
+    /// it has at most `rows` agents: a required tag's holders, or the
+    /// agents with a binding of one of the requested protocols (sorted by
+    /// slot, built only when small enough).
+    fn confined<'f>(
+        &self,
+        filters: &'f HardFilters,
+        rows: usize,
+    ) -> Option<(Confined<'f>, std::borrow::Cow<'_, [u32]>)> {
+        fn holders<'m>(map: &'m FastMap<String, Vec<u32>>, key: &str) -> &'m [u32] {
+            map.get(key).map_or(&[][..], Vec::as_slice)
+        }
+        let tag = filters
+            .required_tags
+            .iter()
+            .map(|t| (t, holders(&self.tags, t)))
+            .min_by_key(|(_, l)| l.len());
+        // Counted before any list is merged: agents speaking two of the
+        // protocols count twice, so the bound errs towards not merging.
+        let speakers = (!filters.protocols.is_empty()).then(|| {
+            filters
+                .protocols
+                .iter()
+                .map(|p| holders(&self.protocols, p).len())
+                .sum::<usize>()
+        });
+        let fewer_speakers = match (speakers, tag) {
+            (Some(n), Some((_, list))) => n < list.len() && n <= rows,
+            (Some(n), None) => n <= rows,
+            (None, _) => false,
+        };
+        if fewer_speakers {
+            let mut list: Vec<u32> = filters
+                .protocols
+                .iter()
+                .flat_map(|p| holders(&self.protocols, p).iter().copied())
+                .collect();
+            list.sort_unstable();
+            list.dedup();
+            return Some((Confined::Protocols, list.into()));
+        }
+        tag.filter(|(_, list)| list.len() <= rows)
+            .map(|(t, list)| (Confined::Tag(t), list.into()))
+    }
+
     fn query_tags(&self, terms: &[String]) -> Vec<String> {
         let mut out: Vec<String> = Vec::new();
         let mut phrase = String::new();
@@ -962,22 +1035,24 @@ impl Index {
         let lexical = self.lexical.query(&terms);
         let heads = lexical.accumulate();
 
-        // Candidates. A required tag held by few enough agents is scanned
-        // whole (filter first, exact); otherwise the vector index, BM25 and
-        // the wanted tags each contribute their best admitted agents.
-        let required = q
-            .filters
-            .required_tags
-            .iter()
-            .map(|t| (t, self.tags.get(t).map_or(&[][..], Vec::as_slice)))
-            .min_by_key(|(_, l)| l.len());
+        // Candidates. When a required tag, or the protocols asked for, are
+        // held by few enough agents, those agents are scanned whole (filter
+        // first, exact; none at all answers at once); otherwise the vector
+        // index, BM25 and the wanted tags each contribute their best
+        // admitted agents.
+        let scan_rows = self.vectors.tag_scan_rows().max(EXHAUSTIVE_MIN);
         let query_i8 = semantic.map(quantize);
-        let mut cands: Vec<u32> = match required {
-            Some((tag, list)) if list.len() <= self.vectors.tag_scan_rows().max(EXHAUSTIVE_MIN) => {
-                // Every agent of the list holds `tag`: the filters need not
-                // look it up again (a string read per agent).
+        let mut cands: Vec<u32> = match self.confined(q.filters, scan_rows) {
+            Some((confined, list)) => {
+                let list = &list[..];
+                // Every agent of the list passes the filter that made it:
+                // the filters need not check it again (a string read per
+                // agent).
                 let mut rest = q.filters.clone();
-                rest.required_tags.retain(|t| t != tag);
+                match confined {
+                    Confined::Tag(tag) => rest.required_tags.retain(|t| t != tag),
+                    Confined::Protocols => rest.protocols.clear(),
+                }
                 // Scored by the i8 rows and the term heads first, so only
                 // the head of the list pays for the filters.
                 let best = list.iter().map(|&s| heads.get(s)).fold(0.0f32, f32::max);
@@ -1019,7 +1094,7 @@ impl Index {
                 }
                 picked.into_iter().map(|(s, _)| s).collect()
             }
-            _ => {
+            None => {
                 let mut c = Vec::new();
                 if let (Some(v), Some(code)) = (semantic, &query_i8) {
                     c.extend(
@@ -1438,6 +1513,7 @@ impl Index {
     pub fn compact(&mut self) {
         super::simd::on_huge_pages(&mut self.docs);
         self.tags.values_mut().for_each(Vec::shrink_to_fit);
+        self.protocols.values_mut().for_each(Vec::shrink_to_fit);
         self.lexical.compact();
         self.vectors.compact();
     }
@@ -1892,6 +1968,66 @@ mod tests {
         let hits = ask_up_to(&index, "plan a delivery", &filters, &[], 50);
         assert_eq!(hits.len(), 31, "every admitted agent is found");
         assert!(hits.iter().all(|h| h.id[1..].parse().is_ok_and(kept)));
+    }
+
+    #[test]
+    fn a_protocol_few_agents_speak_is_answered_from_its_speakers() {
+        // 5,000 partitioned agents; 37 of them, scattered, also have an
+        // A2A binding. Asking for A2A finds every one of them (the query's
+        // words reach none in particular), and asking for a protocol no
+        // agent speaks answers with nothing.
+        let words = ["forecast", "invoice", "translate", "summarise", "schedule"];
+        let speaks = |i: usize| i % 135 == 7;
+        let records: Vec<AgentRecord> = (0..5000)
+            .map(|i| {
+                let mut bindings =
+                    vec![json!({"protocol": "https", "endpoint": "https://a.example/x"})];
+                if speaks(i) {
+                    bindings.push(json!({"protocol": "a2a", "endpoint": "https://a.example/a2a"}));
+                }
+                agent(
+                    &format!("a{i}"),
+                    &format!("{} {} agent {i}", words[i % 5], words[(i / 5) % 5]),
+                    json!({"bindings": bindings}),
+                )
+            })
+            .collect();
+        let mut index = index_of(&records);
+        index.maintain();
+        assert!(index.partitions() > 0);
+        let only = |protocols: &[&str]| HardFilters {
+            protocols: protocols.iter().map(|p| p.to_string()).collect(),
+            ..Default::default()
+        };
+        assert!(matches!(
+            index.confined(&only(&["a2a"]), EXHAUSTIVE_MIN),
+            Some((Confined::Protocols, list)) if list.len() == 37
+        ));
+        let hits = ask_up_to(&index, "plan a delivery", &only(&["a2a"]), &[], 50);
+        assert_eq!(hits.len(), 37, "every agent speaking A2A is found");
+        assert!(hits.iter().all(|h| h.id[1..].parse().is_ok_and(speaks)));
+        // Both protocols: every agent speaks one, too many to scan.
+        assert!(index
+            .confined(&only(&["a2a", "https"]), EXHAUSTIVE_MIN)
+            .is_none());
+        assert_eq!(
+            ask_up_to(&index, "plan a delivery", &only(&["a2a", "https"]), &[], 50).len(),
+            50
+        );
+        assert!(matches!(
+            index.confined(&only(&["mcp"]), EXHAUSTIVE_MIN),
+            Some((Confined::Protocols, list)) if list.is_empty()
+        ));
+        assert!(ask(&index, "plan a delivery", &only(&["mcp"]), &[]).is_empty());
+        // Removing a speaker takes it out of the protocol's list.
+        index.apply(Prepared {
+            id: "a7".into(),
+            revision: 5001,
+            doc: None,
+        });
+        let hits = ask_up_to(&index, "plan a delivery", &only(&["a2a"]), &[], 50);
+        assert_eq!(hits.len(), 36);
+        assert!(hits.iter().all(|h| h.id != "a7"));
     }
 
     #[test]
