@@ -76,6 +76,7 @@ pub const TAG_STUFFING_THRESHOLD: usize = 16;
 /// Units (examples + operations) embedded per agent; the rest are indexed
 /// for BM25 only, so one record cannot buy unlimited vector matches.
 pub const MAX_UNITS: usize = 64;
+
 /// Which filter confined a search to a list of agents ([`Index::confined`]).
 enum Confined<'f> {
     /// A required tag's holders.
@@ -931,8 +932,6 @@ impl Index {
         self.free.push(slot);
     }
 
-    /// Tags of the index that the query text names (by analyzed form,
-    /// single words up to three-word phrases).
     /// The smallest set of agents a filter confines the answer to, when
     /// it has at most `rows` agents: a required tag's holders, or the
     /// agents with a binding of one of the requested protocols (sorted by
@@ -978,6 +977,8 @@ impl Index {
             .map(|(t, list)| (Confined::Tag(t), list.into()))
     }
 
+    /// Tags of the index that the query text names (by analyzed form,
+    /// single words up to three-word phrases).
     fn query_tags(&self, terms: &[String]) -> Vec<String> {
         let mut out: Vec<String> = Vec::new();
         let mut phrase = String::new();
