@@ -964,14 +964,29 @@ impl Index {
             (None, _) => false,
         };
         if fewer_speakers {
-            let mut list: Vec<u32> = filters
+            let mut spoken = filters
                 .protocols
                 .iter()
-                .flat_map(|p| holders(&self.protocols, p).iter().copied())
-                .collect();
-            list.sort_unstable();
-            list.dedup();
-            return Some((Confined::Protocols, list.into()));
+                .map(|p| holders(&self.protocols, p))
+                .filter(|l| !l.is_empty());
+            // One spoken protocol (the usual request) is its list as it
+            // is, already sorted; several are merged.
+            let list = match (spoken.next(), spoken.next()) {
+                (None, _) => Vec::new().into(),
+                (Some(only), None) => only.into(),
+                (Some(a), Some(b)) => {
+                    let mut merged: Vec<u32> = [a, b]
+                        .into_iter()
+                        .chain(spoken)
+                        .flatten()
+                        .copied()
+                        .collect();
+                    merged.sort_unstable();
+                    merged.dedup();
+                    merged.into()
+                }
+            };
+            return Some((Confined::Protocols, list));
         }
         tag.filter(|(_, list)| list.len() <= rows)
             .map(|(t, list)| (Confined::Tag(t), list.into()))
@@ -1986,6 +2001,10 @@ mod tests {
                 if speaks(i) {
                     bindings.push(json!({"protocol": "a2a", "endpoint": "https://a.example/a2a"}));
                 }
+                // A few of the A2A speakers also speak gRPC.
+                if i % 270 == 7 {
+                    bindings.push(json!({"protocol": "grpc", "endpoint": "https://a.example/g"}));
+                }
                 agent(
                     &format!("a{i}"),
                     &format!("{} {} agent {i}", words[i % 5], words[(i / 5) % 5]),
@@ -2007,6 +2026,15 @@ mod tests {
         let hits = ask_up_to(&index, "plan a delivery", &only(&["a2a"]), &[], 50);
         assert_eq!(hits.len(), 37, "every agent speaking A2A is found");
         assert!(hits.iter().all(|h| h.id[1..].parse().is_ok_and(speaks)));
+        // Two protocols whose agents overlap: their agents once each, in
+        // slot order.
+        match index.confined(&only(&["a2a", "grpc"]), EXHAUSTIVE_MIN) {
+            Some((Confined::Protocols, list)) => {
+                assert_eq!(list.len(), 37);
+                assert!(list.windows(2).all(|w| w[0] < w[1]));
+            }
+            _ => panic!("two rare protocols confine the search"),
+        }
         // Both protocols: every agent speaks one, too many to scan.
         assert!(index
             .confined(&only(&["a2a", "https"]), EXHAUSTIVE_MIN)
