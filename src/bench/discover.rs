@@ -22,6 +22,9 @@ use crate::domain::discovery::DiscoveryRequest;
 use crate::pb::{self, discovery_client::DiscoveryClient, registry_client::RegistryClient};
 
 const TAG_CLASSES: usize = 50;
+/// Publishers the corpus's agents are spread over: one organisation's
+/// agents are 0.2 % of the directory.
+const PUBLISHERS: usize = 500;
 const SUFFIXES: [&str; 8] = [
     "",
     "Pro",
@@ -76,6 +79,7 @@ pub fn corpus_agent(src: &[Value], i: usize) -> Value {
         "name": format!("{} {suffix}", a["name"].as_str().unwrap_or("Agent")).trim(),
         "description": format!("{} {}", a["description"].as_str().unwrap_or(""), other),
         "tags": [format!("cat-{}", i % TAG_CLASSES)],
+        "publisher": format!("org-{}", i % PUBLISHERS),
         "examples": examples,
         "bindings": [{"protocol": "https", "endpoint": format!("https://a{i}.bench.invalid/invoke")}],
     })
@@ -523,6 +527,17 @@ async fn restart_in_own_process(
     })
 }
 
+/// What the server-side queries ask for besides their text and tag.
+#[derive(Clone, Copy)]
+enum Narrowing<'a> {
+    None,
+    /// ADP discover with these `protocols`.
+    Protocols(&'a [String]),
+    /// AIDIP semantic search for one publisher's agents (query `k`: the
+    /// corpus's publisher `k`), without the tag.
+    Publisher,
+}
+
 /// Loads `n` agents into a fresh node under `dir`, then measures.
 /// Server-side discovery: the service in-process, one request at a time,
 /// after one untimed pass (caches warm, the bulk load's compactions done).
@@ -532,7 +547,7 @@ async fn restart_in_own_process(
 async fn server_side(
     service: &crate::service::RegistryService,
     qs: &[(String, Option<String>)],
-    protocols: &[String],
+    narrowing: Narrowing<'_>,
 ) -> Result<(Vec<Duration>, Vec<Duration>, Duration), String> {
     let mut lat = Vec::with_capacity(qs.len());
     let mut embed = Vec::with_capacity(qs.len());
@@ -550,18 +565,37 @@ async fn server_side(
         let embedding = t.elapsed();
         embed.push(embedding);
         wall_embedding += embedding;
-        let req = DiscoveryRequest {
-            query: text.clone(),
-            required_tags: tag.iter().cloned().collect(),
-            protocols: protocols.to_vec(),
-            limit: 10,
-            ..Default::default()
-        };
         let t = Instant::now();
-        service
-            .discover(None, req)
-            .await
-            .map_err(|e| e.to_string())?;
+        match narrowing {
+            Narrowing::Publisher => {
+                let filters = crate::domain::filter::HardFilters {
+                    publisher: Some(format!("org-{}", (pass % qs.len()) % PUBLISHERS)),
+                    ..Default::default()
+                };
+                let local = crate::service::Consistency::Local;
+                service
+                    .ranked_search(None, text, filters, 10, 0, local)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+            Narrowing::None | Narrowing::Protocols(_) => {
+                let protocols = match narrowing {
+                    Narrowing::Protocols(p) => p.to_vec(),
+                    _ => Vec::new(),
+                };
+                let req = DiscoveryRequest {
+                    query: text.clone(),
+                    required_tags: tag.iter().cloned().collect(),
+                    protocols,
+                    limit: 10,
+                    ..Default::default()
+                };
+                service
+                    .discover(None, req)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+        }
         lat.push(t.elapsed());
     }
     Ok((lat, embed, wall.elapsed().saturating_sub(wall_embedding)))
@@ -599,7 +633,7 @@ pub async fn run_size(
     tracing::info!(agents = n, load_secs, "corpus indexed; measuring queries");
 
     let mut runs = Vec::new();
-    let (lat, embed, wall) = server_side(&service, &qs, &[]).await?;
+    let (lat, embed, wall) = server_side(&service, &qs, Narrowing::None).await?;
     let without: Vec<Duration> = lat
         .iter()
         .zip(&embed)
@@ -641,18 +675,26 @@ pub async fn run_size(
     // As after the load: the refreshes leave a snapshot due, which would
     // otherwise be built during the measured queries.
     server.snapshot_now().await.map_err(|e| e.to_string())?;
-    let (lat, _, wall) = server_side(&service, &qs, &[]).await?;
+    let (lat, _, wall) = server_side(&service, &qs, Narrowing::None).await?;
     runs.push(measured(
         "server-side, 1 client, every agent on a lease".into(),
         lat,
         wall,
     ));
-    // A filter that admits no agent (no corpus agent speaks A2A): the
-    // scan probes every partition before it can answer with nothing.
+    // A filter that admits no agent (no corpus agent speaks A2A).
     let few = &qs[..qs.len().min(NOTHING_ADMITTED_QUERIES)];
-    let (lat, _, wall) = server_side(&service, few, &["a2a".into()]).await?;
+    let a2a = ["a2a".to_string()];
+    let (lat, _, wall) = server_side(&service, few, Narrowing::Protocols(&a2a)).await?;
     runs.push(measured(
         "server-side, 1 client, a filter admitting no agent".into(),
+        lat,
+        wall,
+    ));
+    // One organisation's agents (AIDIP search by `publisher`): a filter
+    // 0.2 % of the directory passes.
+    let (lat, _, wall) = server_side(&service, &qs, Narrowing::Publisher).await?;
+    runs.push(measured(
+        "server-side, 1 client, one publisher's agents (AIDIP search)".into(),
         lat,
         wall,
     ));

@@ -34,6 +34,7 @@ use tracing::{error, info, info_span, warn, Instrument};
 pub use embed::{EmbedError, Embedder};
 pub use search::{Hit, Query, TagMatch, Unit, UnitKind, Weights};
 
+use crate::domain::filter::HardFilters;
 use crate::domain::lease::LeaseTable;
 use crate::domain::{AgentRecord, Change};
 use crate::storage::{FollowEnd, HoldsChanged, Reader, StorageError};
@@ -248,6 +249,12 @@ impl SearchIndex {
                 ))
             }
         }
+    }
+
+    /// Whether `filters` admit no agent at all, known without ranking
+    /// (see [`Index::admits_none`]): the query then needs no vector.
+    pub fn admits_none(&self, filters: &HardFilters) -> bool {
+        self.read().admits_none(filters)
     }
 
     /// Ranks agents for `q` (whose vector, if any, the caller computed

@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 // How a tag or a unit matched is part of a discovery result's vocabulary,
 // so it is defined with the results in `domain`.
 pub use crate::domain::discovery::{TagMatch, UnitKind};
-use crate::domain::filter::{AgentFacts, HardFilters};
+use crate::domain::filter::{AgentFacts, FilterKey, HardFilters};
 use crate::domain::lease::LeaseTable;
 use crate::domain::{AgentRecord, AgentStatus, Principal};
 
@@ -78,27 +78,143 @@ pub const TAG_STUFFING_THRESHOLD: usize = 16;
 pub const MAX_UNITS: usize = 64;
 
 /// Which filter confined a search to a list of agents ([`Index::confined`]).
+#[derive(Debug, PartialEq)]
 enum Confined<'f> {
     /// A required tag's holders.
     Tag(&'f String),
     /// The agents with a binding of a requested protocol.
     Protocols,
+    /// The agents of the requested AIDIP `publisher`.
+    Publisher,
+    /// The agents of the requested `owner`.
+    Owner,
+    /// The agents matching one of an ARD clause's values (`any_of[i]`).
+    Clause(usize),
 }
 
-/// Adds `slot` to a slot list kept sorted.
-fn list_insert(list: &mut Vec<u32>, slot: u32) {
-    let at = list.partition_point(|&x| x < slot);
-    list.insert(at, slot);
+/// A fact the index keeps each value's agents of ([`FactLists`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fact {
+    Tag,
+    Protocol,
+    Publisher,
+    Owner,
+    UrnPublisher,
 }
 
-/// Removes `slot` from `key`'s sorted slot list, and the list once empty.
-fn list_remove(lists: &mut FastMap<String, Vec<u32>>, key: &str, slot: u32) {
-    if let Some(list) = lists.get_mut(key) {
-        if let Ok(at) = list.binary_search(&slot) {
-            list.remove(at);
+/// The key under which an agent whose id is not an ARD URN is listed
+/// among the URN publishers: it has the registry's own publisher, which a
+/// request names ([`HardFilters::local_publisher`]).
+const LOCAL_URN_PUBLISHER: &str = "";
+
+/// Each value's agents (slots, sorted) of the facts a filter names
+/// exactly, so a filter few agents pass is answered from those agents
+/// rather than by checking agents one by one until enough pass
+/// ([`Index::confined`]).
+#[derive(Default)]
+struct FactLists {
+    tags: FastMap<String, Vec<u32>>,
+    /// Binding protocols, lowercase.
+    protocols: FastMap<String, Vec<u32>>,
+    publishers: FastMap<String, Vec<u32>>,
+    owners: FastMap<String, Vec<u32>>,
+    /// The `<publisher>` of URN ids, lowercase; other ids under
+    /// [`LOCAL_URN_PUBLISHER`].
+    urn_publishers: FastMap<String, Vec<u32>>,
+}
+
+impl FactLists {
+    fn map(&self, fact: Fact) -> &FastMap<String, Vec<u32>> {
+        match fact {
+            Fact::Tag => &self.tags,
+            Fact::Protocol => &self.protocols,
+            Fact::Publisher => &self.publishers,
+            Fact::Owner => &self.owners,
+            Fact::UrnPublisher => &self.urn_publishers,
         }
-        if list.is_empty() {
-            lists.remove(key);
+    }
+
+    fn map_mut(&mut self, fact: Fact) -> &mut FastMap<String, Vec<u32>> {
+        match fact {
+            Fact::Tag => &mut self.tags,
+            Fact::Protocol => &mut self.protocols,
+            Fact::Publisher => &mut self.publishers,
+            Fact::Owner => &mut self.owners,
+            Fact::UrnPublisher => &mut self.urn_publishers,
+        }
+    }
+
+    /// The agents with `key` as `fact` (none: an empty list).
+    fn holders(&self, fact: Fact, key: &str) -> &[u32] {
+        self.map(fact).get(key).map_or(&[][..], Vec::as_slice)
+    }
+
+    /// Every (fact, value) an agent is listed under.
+    fn keys(facts: &AgentFacts) -> impl Iterator<Item = (Fact, &str)> {
+        let tags = facts.tags.iter().map(|t| (Fact::Tag, t.as_str()));
+        let protocols = facts.protocols.iter().map(|p| (Fact::Protocol, p.as_str()));
+        let publisher = facts
+            .publisher
+            .iter()
+            .map(|p| (Fact::Publisher, p.as_str()));
+        let urn = facts
+            .urn_publisher
+            .as_deref()
+            .unwrap_or(LOCAL_URN_PUBLISHER);
+        tags.chain(protocols).chain(publisher).chain([
+            (Fact::Owner, facts.access.owner.as_str()),
+            (Fact::UrnPublisher, urn),
+        ])
+    }
+
+    /// Moves `slot` from the lists of `old`'s values to those of `new`'s.
+    /// A value both have is left alone: an agent re-indexed into the slot
+    /// it had (an update) costs nothing for what did not change, where a
+    /// value most agents share (an owner) has a list as long as the
+    /// directory.
+    fn update(&mut self, slot: u32, old: Option<&AgentFacts>, new: Option<&AgentFacts>) {
+        let listed = |facts: Option<&AgentFacts>, key: (Fact, &str)| {
+            facts.is_some_and(|f| Self::keys(f).any(|k| k == key))
+        };
+        for key in old.into_iter().flat_map(Self::keys) {
+            if !listed(new, key) {
+                let lists = self.map_mut(key.0);
+                if let Some(list) = lists.get_mut(key.1) {
+                    if let Ok(at) = list.binary_search(&slot) {
+                        list.remove(at);
+                    }
+                    if list.is_empty() {
+                        lists.remove(key.1);
+                    }
+                }
+            }
+        }
+        for key in new.into_iter().flat_map(Self::keys) {
+            if !listed(old, key) {
+                let lists = self.map_mut(key.0);
+                match lists.get_mut(key.1) {
+                    Some(list) => {
+                        let at = list.partition_point(|&x| x < slot);
+                        list.insert(at, slot);
+                    }
+                    None => {
+                        lists.insert(key.1.to_owned(), vec![slot]);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Gives back what the lists' growth reserved beyond their length.
+    fn compact(&mut self) {
+        for fact in [
+            Fact::Tag,
+            Fact::Protocol,
+            Fact::Publisher,
+            Fact::Owner,
+            Fact::UrnPublisher,
+        ] {
+            self.map_mut(fact).values_mut().for_each(Vec::shrink_to_fit);
         }
     }
 }
@@ -630,11 +746,8 @@ pub struct Index {
     free: Vec<u32>,
     by_id: FastMap<String, u32>,
     lexical: super::lexical::LexicalIndex,
-    /// Tag → slots.
-    tags: FastMap<String, Vec<u32>>,
-    /// Binding protocol (lowercase) → slots, so a protocol filter few
-    /// agents pass is answered from its agents, as a required tag is.
-    protocols: FastMap<String, Vec<u32>>,
+    /// Tag, protocol, publisher, ... → slots.
+    lists: FactLists,
     /// Analyzed tag form → tags with that form (for query-derived tags).
     tag_forms: FastMap<String, Vec<String>>,
     vectors: VectorIndex,
@@ -770,8 +883,7 @@ impl Index {
             free: Vec::new(),
             by_id: FastMap::default(),
             lexical: Default::default(),
-            tags: FastMap::default(),
-            protocols: FastMap::default(),
+            lists: FactLists::default(),
             tag_forms: FastMap::default(),
             vectors: VectorIndex::new(dim),
             analyzer: Analyzer::default(),
@@ -824,14 +936,20 @@ impl Index {
         if p.revision > self.revision {
             self.revision = p.revision;
         }
-        if let Some(&slot) = self.by_id.get(&p.id) {
-            let current = self.docs[slot as usize].as_ref().map_or(0, |d| d.revision);
-            if p.revision < current {
-                return;
+        let replaced = match self.by_id.get(&p.id) {
+            Some(&slot) => {
+                let current = self.docs[slot as usize].as_ref().map_or(0, |d| d.revision);
+                if p.revision < current {
+                    return;
+                }
+                self.remove(slot).map(|facts| (slot, facts))
             }
-            self.remove(slot);
-        }
+            None => None,
+        };
         let Some(doc) = p.doc else {
+            if let Some((slot, facts)) = replaced {
+                self.lists.update(slot, Some(&facts), None);
+            }
             return;
         };
         let slot = self.free.pop().unwrap_or(self.docs.len() as u32);
@@ -840,12 +958,17 @@ impl Index {
             self.docs.push(None);
         }
         self.lexical.insert(slot, doc.terms.iter());
-        for t in &doc.facts.tags {
-            list_insert(self.tags.entry(t.clone()).or_default(), slot);
-        }
-        for p in &doc.facts.protocols {
-            list_insert(self.protocols.entry(p.clone()).or_default(), slot);
-        }
+        // The slot just freed is the one taken again, so an update moves
+        // only the values that changed.
+        let kept = match replaced {
+            Some((old, facts)) if old == slot => Some(facts),
+            Some((old, facts)) => {
+                self.lists.update(old, Some(&facts), None);
+                None
+            }
+            None => None,
+        };
+        self.lists.update(slot, kept.as_ref(), Some(&doc.facts));
         for (tag, form) in doc.tag_forms {
             let tags = self.tag_forms.entry(form).or_default();
             if !tags.contains(&tag) {
@@ -912,84 +1035,110 @@ impl Index {
         }
     }
 
-    fn remove(&mut self, slot: u32) {
+    /// Frees `slot`; its agent's facts are returned, still in
+    /// [`Self::lists`] for the caller to move ([`FactLists::update`]).
+    fn remove(&mut self, slot: u32) -> Option<AgentFacts> {
         let s = slot as usize;
-        let Some(doc) = self.docs[s].take() else {
-            return;
-        };
+        let doc = self.docs[s].take()?;
         self.by_id.remove(&doc.id);
         self.lexical.remove(slot);
-        for t in &doc.facts.tags {
-            list_remove(&mut self.tags, t, slot);
-        }
-        for p in &doc.facts.protocols {
-            list_remove(&mut self.protocols, p, slot);
-        }
         self.vectors.clear(slot);
         if !doc.has_profile && self.vectors.dim() > 0 {
             self.without_vectors -= 1;
         }
         self.free.push(slot);
+        Some(doc.facts)
     }
 
     /// The smallest set of agents a filter confines the answer to, when
-    /// it has at most `rows` agents: a required tag's holders, or the
-    /// agents with a binding of one of the requested protocols (sorted by
-    /// slot, built only when small enough).
-    fn confined<'f>(
-        &self,
+    /// it has at most `rows` agents (sorted by slot, built only when small
+    /// enough): a required tag's holders, the agents with a binding of one
+    /// of the requested protocols, the requested publisher's or owner's
+    /// agents, or those matching an ARD clause on tags or URN publisher.
+    fn confined<'s, 'f>(
+        &'s self,
         filters: &'f HardFilters,
         rows: usize,
-    ) -> Option<(Confined<'f>, std::borrow::Cow<'_, [u32]>)> {
-        fn holders<'m>(map: &'m FastMap<String, Vec<u32>>, key: &str) -> &'m [u32] {
-            map.get(key).map_or(&[][..], Vec::as_slice)
-        }
-        let tag = filters
-            .required_tags
-            .iter()
-            .map(|t| (t, holders(&self.tags, t)))
-            .min_by_key(|(_, l)| l.len());
-        // Counted before any list is merged: agents speaking two of the
-        // protocols count twice, so the bound errs towards not merging.
-        let speakers = (!filters.protocols.is_empty()).then(|| {
-            filters
-                .protocols
-                .iter()
-                .map(|p| holders(&self.protocols, p).len())
-                .sum::<usize>()
-        });
-        let fewer_speakers = match (speakers, tag) {
-            (Some(n), Some((_, list))) => n < list.len() && n <= rows,
-            (Some(n), None) => n <= rows,
-            (None, _) => false,
+    ) -> Option<(Confined<'f>, std::borrow::Cow<'s, [u32]>)> {
+        let lists = &self.lists;
+        // Several lists are a union, counted before it is merged: agents
+        // in two of them count twice, so the bound errs towards not
+        // merging. On a tie the earlier filter confines.
+        let mut best: Option<(Confined<'f>, Vec<&'s [u32]>, usize)> = None;
+        let mut consider = |by: Confined<'f>, union: Vec<&'s [u32]>| {
+            let n = union.iter().map(|l| l.len()).sum::<usize>();
+            if best.as_ref().is_none_or(|(_, _, least)| n < *least) {
+                best = Some((by, union, n));
+            }
         };
-        if fewer_speakers {
-            let mut spoken = filters
+        for t in &filters.required_tags {
+            consider(Confined::Tag(t), vec![lists.holders(Fact::Tag, t)]);
+        }
+        if !filters.protocols.is_empty() {
+            let union = filters
                 .protocols
                 .iter()
-                .map(|p| holders(&self.protocols, p))
-                .filter(|l| !l.is_empty());
-            // One spoken protocol (the usual request) is its list as it
-            // is, already sorted; several are merged.
-            let list = match (spoken.next(), spoken.next()) {
-                (None, _) => Vec::new().into(),
-                (Some(only), None) => only.into(),
-                (Some(a), Some(b)) => {
-                    let mut merged: Vec<u32> = [a, b]
-                        .into_iter()
-                        .chain(spoken)
-                        .flatten()
-                        .copied()
-                        .collect();
-                    merged.sort_unstable();
-                    merged.dedup();
-                    merged.into()
-                }
-            };
-            return Some((Confined::Protocols, list));
+                .map(|p| lists.holders(Fact::Protocol, p))
+                .collect();
+            consider(Confined::Protocols, union);
         }
-        tag.filter(|(_, list)| list.len() <= rows)
-            .map(|(t, list)| (Confined::Tag(t), list.into()))
+        if let Some(p) = &filters.publisher {
+            consider(Confined::Publisher, vec![lists.holders(Fact::Publisher, p)]);
+        }
+        if let Some(o) = &filters.owner {
+            consider(Confined::Owner, vec![lists.holders(Fact::Owner, o)]);
+        }
+        for (i, clause) in filters.any_of.iter().enumerate() {
+            let union = match clause.key {
+                FilterKey::Tags => clause
+                    .values
+                    .iter()
+                    .map(|v| lists.holders(Fact::Tag, v))
+                    .collect(),
+                FilterKey::UrnPublisher => {
+                    let local = filters.local_publisher.as_deref().is_some_and(|local| {
+                        clause.values.iter().any(|v| v.eq_ignore_ascii_case(local))
+                    });
+                    clause
+                        .values
+                        .iter()
+                        .map(|v| lists.holders(Fact::UrnPublisher, &v.to_ascii_lowercase()))
+                        .chain(
+                            local.then(|| lists.holders(Fact::UrnPublisher, LOCAL_URN_PUBLISHER)),
+                        )
+                        .collect()
+                }
+                _ => continue,
+            };
+            consider(Confined::Clause(i), union);
+        }
+        let (by, union, _) = best.filter(|(_, _, n)| *n <= rows)?;
+        let mut nonempty = union.into_iter().filter(|l| !l.is_empty());
+        // One list (the usual request) is used as it is, already sorted;
+        // several are merged.
+        let list = match (nonempty.next(), nonempty.next()) {
+            (None, _) => Vec::new().into(),
+            (Some(only), None) => only.into(),
+            (Some(a), Some(b)) => {
+                let mut merged: Vec<u32> = [a, b]
+                    .into_iter()
+                    .chain(nonempty)
+                    .flatten()
+                    .copied()
+                    .collect();
+                merged.sort_unstable();
+                merged.dedup();
+                merged.into()
+            }
+        };
+        Some((by, list))
+    }
+
+    /// Whether the filters admit no agent at all, known from the lists
+    /// alone (a tag, protocol, publisher or owner nobody has): the query
+    /// then needs no vector.
+    pub fn admits_none(&self, filters: &HardFilters) -> bool {
+        self.confined(filters, 0).is_some()
     }
 
     /// Tags of the index that the query text names (by analyzed form,
@@ -1008,7 +1157,7 @@ impl Index {
                 }
                 if let Some(tags) = self.tag_forms.get(phrase.as_str()) {
                     for t in tags {
-                        if self.tags.contains_key(t) && !out.contains(t) {
+                        if self.lists.tags.contains_key(t) && !out.contains(t) {
                             out.push(t.clone());
                         }
                     }
@@ -1020,6 +1169,14 @@ impl Index {
 
     /// Ranks the admitted agents for `q`.
     pub fn search(&self, weights: &Weights, q: &Query) -> Vec<Hit> {
+        // When a required tag, or another filter naming agents exactly, is
+        // held by few enough agents, those agents are the candidates; when
+        // by none, the answer is empty before the query is analysed.
+        let scan_rows = self.vectors.tag_scan_rows().max(EXHAUSTIVE_MIN);
+        let confined = self.confined(q.filters, scan_rows);
+        if confined.as_ref().is_some_and(|(_, list)| list.is_empty()) {
+            return Vec::new();
+        }
         let terms = self.analyzer.terms(q.text);
         let dim = self.vectors.dim();
         let semantic = q.vector.as_deref().filter(|v| dim > 0 && v.len() == dim);
@@ -1051,14 +1208,11 @@ impl Index {
         let lexical = self.lexical.query(&terms);
         let heads = lexical.accumulate();
 
-        // Candidates. When a required tag, or the protocols asked for, are
-        // held by few enough agents, those agents are scanned whole (filter
-        // first, exact; none at all answers at once); otherwise the vector
-        // index, BM25 and the wanted tags each contribute their best
-        // admitted agents.
-        let scan_rows = self.vectors.tag_scan_rows().max(EXHAUSTIVE_MIN);
+        // Candidates. The agents a filter confines the answer to are
+        // scanned (filter first, exact); otherwise the vector index, BM25
+        // and the wanted tags each contribute their best admitted agents.
         let query_i8 = semantic.map(quantize);
-        let mut cands: Vec<u32> = match self.confined(q.filters, scan_rows) {
+        let mut cands: Vec<u32> = match confined {
             Some((confined, list)) => {
                 let list = &list[..];
                 // Every agent of the list passes the filter that made it:
@@ -1068,6 +1222,11 @@ impl Index {
                 match confined {
                     Confined::Tag(tag) => rest.required_tags.retain(|t| t != tag),
                     Confined::Protocols => rest.protocols.clear(),
+                    Confined::Publisher => rest.publisher = None,
+                    Confined::Owner => rest.owner = None,
+                    Confined::Clause(i) => {
+                        rest.any_of.remove(i);
+                    }
                 }
                 // Scored by the i8 rows and the term heads first, so only
                 // the head of the list pays for the filters.
@@ -1130,7 +1289,7 @@ impl Index {
                     .map(|(s, _)| s),
                 );
                 for (t, _) in &wanted_tags {
-                    if let Some(list) = self.tags.get(t) {
+                    if let Some(list) = self.lists.tags.get(t) {
                         c.extend(list.iter().copied().filter(|&s| admit(s)).take(pool));
                     }
                 }
@@ -1528,8 +1687,7 @@ impl Index {
     /// holds the whole directory in the least memory.
     pub fn compact(&mut self) {
         super::simd::on_huge_pages(&mut self.docs);
-        self.tags.values_mut().for_each(Vec::shrink_to_fit);
-        self.protocols.values_mut().for_each(Vec::shrink_to_fit);
+        self.lists.compact();
         self.lexical.compact();
         self.vectors.compact();
     }
@@ -1575,7 +1733,7 @@ impl Index {
         let lists: Vec<(&Vec<f32>, &[u32], Vec<u32>)> = queries
             .iter()
             .filter_map(|(q, tag)| {
-                let list = self.tags.get(tag)?.as_slice();
+                let list = self.lists.tags.get(tag)?.as_slice();
                 let scored = list
                     .iter()
                     .filter_map(|&s| Some((cosine(s, q)?, s)))
@@ -1724,6 +1882,7 @@ fn snippet(description: &str, query_terms: &[String], analyzer: &Analyzer) -> Op
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::filter::AnyOf;
     use serde_json::json;
 
     fn record(metadata: serde_json::Value) -> AgentRecord {
@@ -2057,6 +2216,147 @@ mod tests {
         let hits = ask_up_to(&index, "plan a delivery", &only(&["a2a"]), &[], 50);
         assert_eq!(hits.len(), 36);
         assert!(hits.iter().all(|h| h.id != "a7"));
+    }
+
+    #[test]
+    fn a_publisher_owner_or_urn_publisher_few_agents_have_confines_the_search() {
+        // 5,000 partitioned agents: 40 of them, scattered, are Acme's
+        // (publisher, owner and URN publisher), the rest Globex's; 25
+        // have ids that are no URN and count as this registry's own.
+        let words = ["forecast", "invoice", "translate", "summarise", "schedule"];
+        let acme = |i: usize| i % 125 == 3;
+        let local = |i: usize| i % 200 == 11;
+        let records: Vec<AgentRecord> = (0..5000)
+            .map(|i| {
+                let org = if acme(i) { "acme" } else { "globex" };
+                let id = if local(i) {
+                    format!("a{i}")
+                } else {
+                    format!("urn:air:{org}.example:tools:a{i}")
+                };
+                let mut r = agent(
+                    &id,
+                    &format!("{} {} agent {i}", words[i % 5], words[(i / 5) % 5]),
+                    json!({"publisher": org}),
+                );
+                r.envelope.owner = org.into();
+                r
+            })
+            .collect();
+        let mut index = index_of(&records);
+        index.maintain();
+        assert!(index.partitions() > 0);
+        let n_of = |i: &str| -> usize {
+            i.rsplit(['a', ':'])
+                .next()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(usize::MAX)
+        };
+        let found = |index: &Index, f: &HardFilters| -> Vec<usize> {
+            let mut ns: Vec<usize> = ask_up_to(index, "plan a delivery", f, &[], 100)
+                .iter()
+                .map(|h| n_of(&h.id))
+                .collect();
+            ns.sort_unstable();
+            ns
+        };
+        let acme_agents: Vec<usize> = (0..5000).filter(|&i| acme(i)).collect();
+        let publisher = HardFilters {
+            publisher: Some("acme".into()),
+            ..Default::default()
+        };
+        assert!(matches!(
+            index.confined(&publisher, EXHAUSTIVE_MIN),
+            Some((Confined::Publisher, list)) if list.len() == 40
+        ));
+        assert_eq!(found(&index, &publisher), acme_agents);
+        let owner = HardFilters {
+            owner: Some("acme".into()),
+            ..Default::default()
+        };
+        assert!(matches!(
+            index.confined(&owner, EXHAUSTIVE_MIN),
+            Some((Confined::Owner, list)) if list.len() == 40
+        ));
+        assert_eq!(found(&index, &owner), acme_agents);
+        // ARD's publisher: by URN, plus the registry's own agents when the
+        // request names this registry's authority.
+        let urn = |values: &[&str]| HardFilters {
+            any_of: vec![AnyOf {
+                key: FilterKey::UrnPublisher,
+                values: values.iter().map(|v| v.to_string()).collect(),
+            }],
+            local_publisher: Some("registry.example".into()),
+            ..Default::default()
+        };
+        let acme_by_urn: Vec<usize> = (0..5000).filter(|&i| acme(i) && !local(i)).collect();
+        assert!(matches!(
+            index.confined(&urn(&["acme.example"]), EXHAUSTIVE_MIN),
+            Some((Confined::Clause(0), list)) if list.len() == acme_by_urn.len()
+        ));
+        assert_eq!(found(&index, &urn(&["ACME.example"])), acme_by_urn);
+        let mine: Vec<usize> = (0..5000)
+            .filter(|&i| local(i) || (acme(i) && !local(i)))
+            .collect();
+        assert_eq!(
+            found(&index, &urn(&["acme.example", "registry.example"])),
+            mine
+        );
+        // Nobody's: known from the lists, without a vector.
+        let nobody = HardFilters {
+            publisher: Some("initech".into()),
+            ..Default::default()
+        };
+        assert!(index.admits_none(&nobody));
+        assert!(!index.admits_none(&publisher));
+        assert!(found(&index, &nobody).is_empty());
+        // Globex's agents are too many to scan: the usual path, which the
+        // filter still holds to.
+        let globex = HardFilters {
+            publisher: Some("globex".into()),
+            ..Default::default()
+        };
+        assert!(index.confined(&globex, EXHAUSTIVE_MIN).is_none());
+        assert!(found(&index, &globex).iter().all(|&i| !acme(i)));
+        // An update that moves an agent from Globex to Acme moves it
+        // between the lists; one that keeps its publisher keeps its place.
+        let mut moved = records[4].clone();
+        moved.metadata.publisher = Some("acme".into());
+        let at = "2026-11-26T00:00:00Z";
+        let prepared = |r: &AgentRecord, revision: u64| {
+            let vectors = vector_texts(r).iter().map(|t| stub(t)).collect();
+            prepare(
+                r,
+                revision,
+                Some(vectors),
+                &Analyzer::default(),
+                &Weights::default(),
+                at,
+            )
+        };
+        index.apply(prepared(&moved, 6000));
+        index.apply(prepared(&records[3], 6001));
+        let mut expected = acme_agents.clone();
+        expected.push(4);
+        expected.sort_unstable();
+        assert_eq!(found(&index, &publisher), expected);
+        assert_eq!(
+            found(&index, &owner),
+            acme_agents,
+            "the owner did not change"
+        );
+        // A deleted agent leaves every list.
+        index.apply(Prepared {
+            id: records[3].metadata.id.clone(),
+            revision: 6002,
+            doc: None,
+        });
+        expected.retain(|&i| i != 3);
+        assert_eq!(found(&index, &publisher), expected);
+        assert_eq!(
+            index.confined(&owner, EXHAUSTIVE_MIN).map(|(_, l)| l.len()),
+            Some(39)
+        );
     }
 
     #[test]

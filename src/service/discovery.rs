@@ -125,7 +125,11 @@ impl RegistryService {
         self.require_reader(principal)?;
         let plan = request.plan()?;
         let mut warnings = self.discovery_warnings(&plan).await?;
-        let vector = self.query_vector(&plan.query, &mut warnings).await;
+        // A filter nobody passes is answered without embedding the query.
+        let vector = match self.index().admits_none(&plan.filters) {
+            true => None,
+            false => self.query_vector(&plan.query, &mut warnings).await,
+        };
         let now = time::OffsetDateTime::now_utc();
         let hits = self.index().search(Query {
             text: &plan.query,
@@ -201,7 +205,10 @@ impl RegistryService {
         }
         .plan()?;
         self.index_ready(consistency).await?;
-        let vector = self.index().query_vector(&plan.query).await.unwrap_or(None);
+        let vector = match self.index().admits_none(&filters) {
+            true => None,
+            false => self.index().query_vector(&plan.query).await.unwrap_or(None),
+        };
         let hits = self.index().search(Query {
             text: &plan.query,
             vector,
