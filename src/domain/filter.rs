@@ -27,6 +27,8 @@
 //!   lists every status but deleted, ADP active and deprecated), so each
 //!   surface sets it explicitly.
 
+use std::sync::Arc;
+
 use serde_json::{Map, Value};
 
 use super::record::{AgentMetadata, AgentRecord, AgentStatus, Principal};
@@ -509,21 +511,24 @@ impl HardFilters {
         self.required_tags.iter().all(|t| facts.has_tag(t))
             && !self.excluded_tags.iter().any(|t| facts.has_tag(t))
             && (self.protocols.is_empty()
-                || facts.protocols.iter().any(|p| self.protocols.contains(p)))
+                || facts
+                    .protocols
+                    .iter()
+                    .any(|p| self.protocols.iter().any(|q| **p == **q)))
             && (self.regions.is_empty()
                 || facts.regions.is_empty()
                 || facts.regions.iter().any(|r| self.regions.contains(r)))
             && (facts.languages.is_empty()
                 || self.languages.iter().all(|l| facts.languages.contains(l)))
-            && self
-                .capabilities
-                .iter()
-                .all(|c| facts.capabilities.contains(c))
+            && self.capabilities.iter().all(|c| facts.has_capability(c))
             && self
                 .publisher
                 .as_ref()
-                .is_none_or(|p| facts.publisher.as_ref() == Some(p))
-            && self.owner.as_ref().is_none_or(|o| &facts.access.owner == o)
+                .is_none_or(|p| facts.publisher.as_deref() == Some(p.as_str()))
+            && self
+                .owner
+                .as_ref()
+                .is_none_or(|o| *facts.access.owner == **o)
             && self.created_after.is_none_or(|t| facts.created_unix > t)
             && self.updated_after.is_none_or(|t| facts.updated_unix > t)
             && self
@@ -542,11 +547,13 @@ pub struct AgentFacts {
     pub access: super::record::Access,
     pub status: AgentStatus,
     /// Tags and capabilities together, sorted (ADP tags; AIDIP capabilities
-    /// are capability tags too).
-    pub tags: Vec<String>,
-    pub capabilities: Vec<String>,
-    pub publisher: Option<String>,
-    pub protocols: Vec<String>,
+    /// are capability tags too). The values a filter names exactly are
+    /// shared strings: the discovery index keeps one copy of each value
+    /// for all the agents that have it.
+    pub tags: Vec<Arc<str>>,
+    pub capabilities: Vec<Arc<str>>,
+    pub publisher: Option<Arc<str>>,
+    pub protocols: Vec<Arc<str>>,
     pub regions: Vec<String>,
     pub languages: Vec<String>,
     pub expires_unix: Option<i64>,
@@ -563,7 +570,7 @@ pub struct AgentFacts {
     /// among an entry's capabilities).
     pub operations: Vec<String>,
     /// The `<publisher>` of an id that is an ARD URN, lowercase.
-    pub urn_publisher: Option<String>,
+    pub urn_publisher: Option<Arc<str>>,
     /// When the registry first stored the record.
     pub created_unix: i64,
 }
@@ -571,13 +578,18 @@ pub struct AgentFacts {
 impl AgentFacts {
     pub fn of(record: &AgentRecord) -> Self {
         let m = &record.metadata;
-        let mut tags: Vec<String> = m.tags.iter().chain(&m.capabilities).cloned().collect();
+        let mut tags: Vec<Arc<str>> = m
+            .tags
+            .iter()
+            .chain(&m.capabilities)
+            .map(|t| t.as_str().into())
+            .collect();
         tags.sort();
         tags.dedup();
-        let mut protocols: Vec<String> = m
+        let mut protocols: Vec<Arc<str>> = m
             .bindings
             .iter()
-            .map(|b| b.protocol.to_ascii_lowercase())
+            .map(|b| b.protocol.to_ascii_lowercase().into())
             .collect();
         protocols.sort();
         protocols.dedup();
@@ -590,8 +602,8 @@ impl AgentFacts {
             access: super::record::Access::of(&record.envelope),
             status: m.effective_status(),
             tags,
-            capabilities: m.capabilities.clone(),
-            publisher: m.publisher.clone(),
+            capabilities: m.capabilities.iter().map(|c| c.as_str().into()).collect(),
+            publisher: m.publisher.as_deref().map(Arc::from),
             protocols,
             regions: declared_regions(m),
             languages: m.supported_languages.clone(),
@@ -610,14 +622,19 @@ impl AgentFacts {
                 .iter()
                 .map(|o| o.name.trim().to_lowercase())
                 .collect(),
-            urn_publisher: super::urn::parse(&m.id).map(|u| u.publisher.to_ascii_lowercase()),
+            urn_publisher: super::urn::parse(&m.id)
+                .map(|u| u.publisher.to_ascii_lowercase().into()),
             created_unix: super::time::parse(&record.envelope.registered_at)
                 .map_or(0, |t| t.unix_timestamp()),
         }
     }
 
+    pub fn has_capability(&self, capability: &str) -> bool {
+        self.capabilities.iter().any(|c| **c == *capability)
+    }
+
     pub fn has_tag(&self, tag: &str) -> bool {
-        self.tags.binary_search_by(|t| t.as_str().cmp(tag)).is_ok()
+        self.tags.binary_search_by(|t| (**t).cmp(tag)).is_ok()
     }
 
     /// Whether an ARD clause holds: any of its values matches. A record
@@ -628,7 +645,7 @@ impl AgentFacts {
             FilterKey::Tags => values.iter().any(|v| self.has_tag(v)),
             FilterKey::Capabilities => values
                 .iter()
-                .any(|v| self.capabilities.contains(v) || self.operations.contains(v)),
+                .any(|v| self.has_capability(v) || self.operations.contains(v)),
             FilterKey::MediaType => values.iter().any(|v| v == self.media_type),
             FilterKey::Version => self.version.as_ref().is_some_and(|x| values.contains(x)),
             FilterKey::DisplayName => values.iter().any(|v| self.name.contains(v.as_str())),
@@ -821,7 +838,7 @@ mod tests {
     fn filters_use_indexed_facts() {
         let r = record("alice");
         let f = AgentFacts::of(&r);
-        assert_eq!(f.protocols, vec!["https"]);
+        assert_eq!(f.protocols, vec![Arc::from("https")]);
         assert_eq!(f.regions, vec!["apac"]);
         let now = 1_800_000_000;
         let mut h = HardFilters {

@@ -136,7 +136,9 @@ pub struct Sharing {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Access {
     pub public: bool,
-    pub owner: String,
+    /// Shared: the discovery index holds one copy per owner, not per
+    /// agent.
+    pub owner: std::sync::Arc<str>,
     pub owner_tenant: Option<String>,
     pub readers: Vec<ReadGrant>,
 }
@@ -145,7 +147,7 @@ impl Access {
     pub fn of(envelope: &Envelope) -> Self {
         Self {
             public: envelope.visibility == Visibility::Public,
-            owner: envelope.owner.clone(),
+            owner: envelope.owner.as_str().into(),
             owner_tenant: envelope.owner_tenant.clone(),
             readers: envelope.readers.clone(),
         }
