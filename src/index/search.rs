@@ -632,7 +632,8 @@ impl PreparedDoc {
 /// description) are read from the stored record instead, which keeps a
 /// million agents in a few GiB.
 struct Doc {
-    id: String,
+    /// The same string as its key in [`Index::by_id`].
+    id: Arc<str>,
     revision: u64,
     facts: AgentFacts,
     /// i8 unit vectors, in the order of [`units_of`].
@@ -767,7 +768,7 @@ fn pool_size(limit: usize) -> usize {
 pub struct Index {
     docs: Vec<Option<Doc>>,
     free: Vec<u32>,
-    by_id: FastMap<String, u32>,
+    by_id: FastMap<Arc<str>, u32>,
     lexical: super::lexical::LexicalIndex,
     /// Tag, protocol, publisher, ... → slots.
     lists: FactLists,
@@ -959,7 +960,7 @@ impl Index {
         if p.revision > self.revision {
             self.revision = p.revision;
         }
-        let replaced = match self.by_id.get(&p.id) {
+        let replaced = match self.by_id.get(p.id.as_str()) {
             Some(&slot) => {
                 let current = self.docs[slot as usize].as_ref().map_or(0, |d| d.revision);
                 if p.revision < current {
@@ -1021,12 +1022,13 @@ impl Index {
         } else {
             UnitCodes::new(&doc.unit_vectors)
         };
-        self.by_id.insert(p.id.clone(), slot);
+        let id: Arc<str> = p.id.into();
+        self.by_id.insert(id.clone(), slot);
         if *self.indexed_at != *doc.indexed_at {
             self.indexed_at = std::sync::Arc::from(doc.indexed_at.as_str());
         }
         self.docs[s] = Some(Doc {
-            id: p.id,
+            id,
             revision: p.revision,
             facts,
             unit_vectors,
@@ -1065,7 +1067,7 @@ impl Index {
     fn remove(&mut self, slot: u32) -> Option<AgentFacts> {
         let s = slot as usize;
         let doc = self.docs[s].take()?;
-        self.by_id.remove(&doc.id);
+        self.by_id.remove(&*doc.id);
         self.lexical.remove(slot);
         self.vectors.clear(slot);
         if !doc.has_profile && self.vectors.dim() > 0 {
@@ -1419,7 +1421,7 @@ impl Index {
                 #[cfg(test)]
                 assert!(p.duplicate_of.is_some() || h.score.to_bits() == p.score.to_bits());
                 if let Some(original) = p.duplicate_of {
-                    let original = self.docs[original as usize].as_ref()?.id.clone();
+                    let original = self.docs[original as usize].as_ref()?.id.to_string();
                     h.score = p.score;
                     if let Some(c) = h.components.iter_mut().find(|c| c.0 == "policy") {
                         c.1 -= DUPLICATE_PENALTY;
@@ -1636,7 +1638,7 @@ impl Index {
             _ => Vec::new(),
         };
         Hit {
-            id: d.id.clone(),
+            id: d.id.to_string(),
             score: c.score,
             components,
             matched_tags,
@@ -1686,7 +1688,7 @@ impl Index {
     /// The order of an answer, for (score, slot) pairs: best score first;
     /// equal scores in id order, so rankings are stable.
     fn ranked(&self, a: (f32, u32), b: (f32, u32)) -> std::cmp::Ordering {
-        let id = |slot: u32| self.docs[slot as usize].as_ref().map(|d| d.id.as_str());
+        let id = |slot: u32| self.docs[slot as usize].as_ref().map(|d| &*d.id);
         b.0.total_cmp(&a.0).then_with(|| id(a.1).cmp(&id(b.1)))
     }
 
@@ -1728,7 +1730,7 @@ impl Index {
         let by_slot: Vec<Option<&Vec<f32>>> = self
             .docs
             .iter()
-            .map(|d| d.as_ref().and_then(|d| exact.get(&d.id)))
+            .map(|d| d.as_ref().and_then(|d| exact.get(&*d.id)))
             .collect();
         let truth = |slot: u32, q: &[f32]| {
             let v = by_slot.get(slot as usize).copied().flatten()?;
@@ -1753,7 +1755,7 @@ impl Index {
         let pool = pool_size(limit);
         let cosine = |slot: u32, q: &[f32]| {
             let d = self.docs.get(slot as usize)?.as_ref()?;
-            Some(super::simd::dot_f32(q, exact.get(&d.id)?))
+            Some(super::simd::dot_f32(q, exact.get(&*d.id)?))
         };
         let lists: Vec<(&Vec<f32>, &[u32], Vec<u32>)> = queries
             .iter()
@@ -2346,7 +2348,7 @@ mod tests {
         // The agents with a value share one copy of it.
         {
             let facts = |i: usize| {
-                let slot = index.by_id[&records[i].metadata.id];
+                let slot = index.by_id[records[i].metadata.id.as_str()];
                 &index.docs[slot as usize].as_ref().unwrap().facts
             };
             let (a, b) = (facts(3), facts(128));
