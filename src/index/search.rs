@@ -1126,9 +1126,12 @@ impl Index {
                     let local = filters.local_publisher.as_deref().is_some_and(|local| {
                         clause.values.iter().any(|v| v.eq_ignore_ascii_case(local))
                     });
+                    // The registry's own agents are listed under a key no
+                    // URN publisher has; a value equal to it names none.
                     clause
                         .values
                         .iter()
+                        .filter(|v| v.as_str() != LOCAL_URN_PUBLISHER)
                         .map(|v| lists.holders(Fact::UrnPublisher, &v.to_ascii_lowercase()))
                         .chain(
                             local.then(|| lists.holders(Fact::UrnPublisher, LOCAL_URN_PUBLISHER)),
@@ -2329,6 +2332,9 @@ mod tests {
             found(&index, &urn(&["acme.example", "registry.example"])),
             mine
         );
+        // A value no URN publisher can have names no agent, not the
+        // registry's own (listed under the empty key).
+        assert!(found(&index, &urn(&[""])).is_empty());
         // Nobody's: known from the lists, without a vector.
         let nobody = HardFilters {
             publisher: Some("initech".into()),

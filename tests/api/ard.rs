@@ -391,6 +391,14 @@ async fn ard_search_explore_list_and_get_agree_over_http_and_grpc() {
         identifiers(&acme["results"]),
         ["urn:air:acme.com:travel:flights"]
     );
+    // No URN has an empty publisher: the registry's own agents (ids that
+    // are no URN) are not named by one either.
+    let empty = search(
+        &h,
+        json!({"query": {"text": "book my trip", "filter": {"publisher": ""}}, "federation": "none"}),
+    )
+    .await;
+    assert_eq!(empty["results"], json!([]));
 
     // Pages: disjoint, and a token belongs to its query.
     let first = search(
