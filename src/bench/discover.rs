@@ -530,8 +530,7 @@ async fn restart_in_own_process(
 /// What the server-side queries ask for besides their text and tag.
 #[derive(Clone, Copy)]
 enum Narrowing<'a> {
-    None,
-    /// ADP discover with these `protocols`.
+    /// ADP discover with these `protocols` (none: any).
     Protocols(&'a [String]),
     /// AIDIP semantic search for one publisher's agents (query `k`: the
     /// corpus's publisher `k`), without the tag.
@@ -578,15 +577,11 @@ async fn server_side(
                     .await
                     .map_err(|e| e.to_string())?;
             }
-            Narrowing::None | Narrowing::Protocols(_) => {
-                let protocols = match narrowing {
-                    Narrowing::Protocols(p) => p.to_vec(),
-                    _ => Vec::new(),
-                };
+            Narrowing::Protocols(protocols) => {
                 let req = DiscoveryRequest {
                     query: text.clone(),
                     required_tags: tag.iter().cloned().collect(),
-                    protocols,
+                    protocols: protocols.to_vec(),
                     limit: 10,
                     ..Default::default()
                 };
@@ -633,7 +628,7 @@ pub async fn run_size(
     tracing::info!(agents = n, load_secs, "corpus indexed; measuring queries");
 
     let mut runs = Vec::new();
-    let (lat, embed, wall) = server_side(&service, &qs, Narrowing::None).await?;
+    let (lat, embed, wall) = server_side(&service, &qs, Narrowing::Protocols(&[])).await?;
     let without: Vec<Duration> = lat
         .iter()
         .zip(&embed)
@@ -675,7 +670,7 @@ pub async fn run_size(
     // As after the load: the refreshes leave a snapshot due, which would
     // otherwise be built during the measured queries.
     server.snapshot_now().await.map_err(|e| e.to_string())?;
-    let (lat, _, wall) = server_side(&service, &qs, Narrowing::None).await?;
+    let (lat, _, wall) = server_side(&service, &qs, Narrowing::Protocols(&[])).await?;
     runs.push(measured(
         "server-side, 1 client, every agent on a lease".into(),
         lat,
