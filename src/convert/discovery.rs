@@ -167,11 +167,12 @@ pub fn discovery_result_to_pb(r: &DiscoveryResult) -> pb::DiscoverResponse {
         .map(|c| {
             let h = &c.hit;
             let evidence = r.include_evidence;
+            let metadata = c.metadata();
             pb::Candidate {
                 id: h.id.clone(),
-                name: c.metadata.name.clone(),
-                description: c.metadata.description.clone(),
-                bindings: super::bindings_to_pb(&c.metadata.bindings),
+                name: metadata.name.clone(),
+                description: metadata.description.clone(),
+                bindings: super::bindings_to_pb(&metadata.bindings),
                 score: round(h.score),
                 score_components: if evidence {
                     h.components
@@ -203,7 +204,7 @@ pub fn discovery_result_to_pb(r: &DiscoveryResult) -> pb::DiscoverResponse {
                 redacted: c.redacted,
                 status: h.status.as_str().into(),
                 freshness: Some(pb::Freshness {
-                    metadata_updated_at: c.metadata_updated_at.clone(),
+                    metadata_updated_at: c.metadata_updated_at().to_string(),
                     indexed_at: h.indexed_at.clone(),
                     expired: h.expired,
                     expires_at: c.expires_at.clone(),
@@ -223,11 +224,11 @@ pub fn discovery_result_to_pb(r: &DiscoveryResult) -> pb::DiscoverResponse {
                 } else {
                     Vec::new()
                 },
-                metadata: Some((&c.metadata).into()),
+                metadata: Some(metadata.into()),
                 notes: h.notes.clone(),
                 duplicate_of: h.duplicate_of.clone().unwrap_or_default(),
-                verification: verification_name(c.verification).into(),
-                record: c.record.as_ref().map(|r| super::record_to_pb(r, now)),
+                verification: verification_name(c.verification()).into(),
+                record: c.full_record().map(|r| super::record_to_pb(r, now)),
                 provenance: c.provenance.as_ref().map(super::provenance_to_pb),
             }
         })

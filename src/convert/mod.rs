@@ -249,26 +249,23 @@ pub fn bindings_to_pb(bindings: &[domain::Binding]) -> Vec<pb::Binding> {
 
 impl From<&domain::AgentMetadata> for pb::AgentMetadata {
     fn from(m: &domain::AgentMetadata) -> Self {
+        m.clone().into()
+    }
+}
+
+/// Moves the strings rather than copying them: a discovery answer builds
+/// each candidate's visible metadata only to encode it.
+impl From<domain::AgentMetadata> for pb::AgentMetadata {
+    fn from(m: domain::AgentMetadata) -> Self {
         let schema = |v: &Option<Value>| v.as_ref().map(json_to_pb);
         pb::AgentMetadata {
-            id: m.id.clone(),
-            name: m.name.clone(),
-            description: m.description.clone(),
-            version: m.version.clone(),
-            publisher: m.publisher.clone(),
-            capabilities: m.capabilities.clone(),
-            tags: m.tags.clone(),
-            endpoint: m.endpoint.clone(),
-            supported_languages: m.supported_languages.clone(),
             authentication: m.authentication.as_ref().map(auth_to_pb),
             auth: m.auth.as_ref().map(auth_to_pb),
             status: status_to_pb(m.status) as i32,
             operations: m
                 .operations
-                .iter()
+                .into_iter()
                 .map(|o| pb::Operation {
-                    name: o.name.clone(),
-                    description: o.description.clone(),
                     inputs: schema(&o.inputs),
                     outputs: schema(&o.outputs),
                     examples: o
@@ -281,29 +278,40 @@ impl From<&domain::AgentMetadata> for pb::AgentMetadata {
                         })
                         .collect(),
                     extensions: opt_struct(&o.extra),
+                    name: o.name,
+                    description: o.description,
                 })
                 .collect(),
             inputs: schema(&m.inputs),
             outputs: schema(&m.outputs),
             examples: m
                 .examples
-                .iter()
+                .into_iter()
                 .map(|e| pb::TaskExample {
-                    id: e.id.clone(),
-                    text: e.text.clone(),
-                    tags: e.tags.clone(),
                     input_schema: schema(&e.input_schema),
                     output_schema: schema(&e.output_schema),
-                    language: e.language.clone(),
                     extensions: opt_struct(&e.extra),
+                    id: e.id,
+                    text: e.text,
+                    tags: e.tags,
+                    language: e.language,
                 })
                 .collect(),
             bindings: bindings_to_pb(&m.bindings),
             constraints: m.constraints.as_ref().map(map_to_struct),
-            expires_at: m.expires_at.clone(),
-            updated_at: m.updated_at.clone(),
             signature: m.signature.as_ref().map(map_to_struct),
             extensions: opt_struct(&m.extra),
+            id: m.id,
+            name: m.name,
+            description: m.description,
+            version: m.version,
+            publisher: m.publisher,
+            capabilities: m.capabilities,
+            tags: m.tags,
+            endpoint: m.endpoint,
+            supported_languages: m.supported_languages,
+            expires_at: m.expires_at,
+            updated_at: m.updated_at,
         }
     }
 }

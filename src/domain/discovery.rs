@@ -6,6 +6,8 @@
 //! `convert` can turn them into messages without depending on the use cases
 //! that build them.
 
+use std::sync::Arc;
+
 use serde_json::{Map, Value};
 
 use super::filter::{self, HardFilters, Surface};
@@ -166,18 +168,67 @@ pub struct Ranked {
 }
 
 /// One discovered agent, with what the caller may see of it.
+///
+/// It holds the stored record itself (shared with the record cache) and
+/// how the caller may see it; the visible copy is made once, by whoever
+/// encodes the answer ([`Candidate::metadata`]), not here and again there.
 #[derive(Debug, Clone)]
 pub struct Candidate {
     pub hit: Ranked,
-    pub metadata: AgentMetadata,
+    record: Arc<AgentRecord>,
+    detail: Detail,
+    /// The caller manages the record, so nothing is withheld from it.
+    trusted: bool,
+    /// Policy withholds something of the record from the caller.
     pub redacted: bool,
-    pub metadata_updated_at: String,
     pub expires_at: Option<String>,
-    pub verification: VerificationState,
-    /// The signed record, at full detail when nothing was redacted.
-    pub record: Option<AgentRecord>,
     /// Where a record from another registry came from (ADP provenance).
     pub provenance: Option<Provenance>,
+}
+
+impl Candidate {
+    /// `record` as `principal` may see it at `detail`.
+    pub fn new(
+        hit: Ranked,
+        record: Arc<AgentRecord>,
+        detail: Detail,
+        principal: Option<&Principal>,
+        expires_at: Option<String>,
+    ) -> Self {
+        let trusted = principal.is_some_and(|p| record.managed_by(p));
+        Candidate {
+            hit,
+            redacted: redacts(&record, detail, trusted),
+            provenance: record.envelope.provenance.clone(),
+            record,
+            detail,
+            trusted,
+            expires_at,
+        }
+    }
+
+    /// What the caller may see of the record's metadata.
+    pub fn metadata(&self) -> AgentMetadata {
+        visible(&self.record, self.detail, self.trusted)
+    }
+
+    /// The signed record, at full detail when nothing was redacted.
+    pub fn full_record(&self) -> Option<&AgentRecord> {
+        (self.detail == Detail::Full && !self.redacted).then_some(&*self.record)
+    }
+
+    pub fn metadata_updated_at(&self) -> &str {
+        let r = &self.record;
+        r.metadata
+            .updated_at
+            .as_deref()
+            .unwrap_or(&r.envelope.modified_at)
+    }
+
+    pub fn verification(&self) -> VerificationState {
+        let publisher = self.record.envelope.publisher.as_ref();
+        publisher.map(|p| p.state).unwrap_or_default()
+    }
 }
 
 /// An ADP Discovery Response.
@@ -318,28 +369,73 @@ pub fn visible_metadata(
     detail: Detail,
     principal: Option<&Principal>,
 ) -> (AgentMetadata, bool) {
-    let m = &record.metadata;
     let trusted = principal.is_some_and(|p| record.managed_by(p));
-    let mut redacted = false;
+    (
+        visible(record, detail, trusted),
+        redacts(record, detail, trusted),
+    )
+}
+
+/// Whether [`visible`] withholds anything from an untrusted caller: the
+/// test of it without the copy, since every discovery answer asks it of
+/// every candidate before any of them is encoded.
+fn redacts(record: &AgentRecord, detail: Detail, trusted: bool) -> bool {
+    if trusted {
+        return false;
+    }
+    let m = &record.metadata;
+    let bindings = m
+        .bindings
+        .iter()
+        .any(|b| !b.extra.is_empty() || has_url_secrets(&b.endpoint));
+    bindings
+        || detail == Detail::Full
+            && (!m.extra.is_empty()
+                || m.signature.is_some()
+                || m.endpoint.as_deref().is_some_and(has_url_secrets)
+                || [&m.auth, &m.authentication]
+                    .into_iter()
+                    .flatten()
+                    .any(|a| a.instructions.is_some() || !a.extra.is_empty())
+                || m.constraints
+                    .as_ref()
+                    .is_some_and(|c| c.keys().any(|k| sensitive(k)))
+                || m.examples.iter().any(|ex| !ex.extra.is_empty()))
+}
+
+fn sensitive(constraint: &str) -> bool {
+    SENSITIVE_CONSTRAINTS.contains(&constraint.to_ascii_lowercase().as_str())
+}
+
+/// The copy of `record`'s metadata shown at `detail`, without what
+/// [`redacts`] names unless the caller is `trusted`.
+fn visible(record: &AgentRecord, detail: Detail, trusted: bool) -> AgentMetadata {
+    let m = &record.metadata;
     let bindings: Vec<Binding> = m
         .bindings
         .iter()
         .map(|b| {
-            let mut b = b.clone();
-            if !trusted {
-                let clean = strip_url_secrets(&b.endpoint);
-                redacted |= clean != b.endpoint || !b.extra.is_empty();
-                b.endpoint = clean;
-                b.extra.clear();
+            let minimal = detail == Detail::Minimal;
+            Binding {
+                protocol: b.protocol.clone(),
+                endpoint: match trusted {
+                    true => b.endpoint.clone(),
+                    false => strip_url_secrets(&b.endpoint),
+                },
+                media_types: match minimal {
+                    true => Vec::new(),
+                    false => b.media_types.clone(),
+                },
+                interaction_model: b.interaction_model.clone().filter(|_| !minimal),
+                priority: b.priority,
+                extra: match trusted {
+                    true => b.extra.clone(),
+                    false => Map::new(),
+                },
             }
-            if detail == Detail::Minimal {
-                b.media_types.clear();
-                b.interaction_model = None;
-            }
-            b
         })
         .collect();
-    let out = match detail {
+    match detail {
         Detail::Minimal => AgentMetadata {
             id: m.id.clone(),
             status: Some(m.effective_status()),
@@ -361,41 +457,31 @@ pub fn visible_metadata(
             ..Default::default()
         },
         Detail::Full => {
-            let mut full = m.clone();
-            full.bindings = bindings;
+            let mut full = AgentMetadata {
+                bindings,
+                ..m.clone()
+            };
             if !trusted {
-                redacted |= !full.extra.is_empty() || full.signature.is_some();
                 full.extra.clear();
                 full.signature = None;
-                if let Some(ep) = &full.endpoint {
-                    let clean = strip_url_secrets(ep);
-                    redacted |= &clean != ep;
-                    full.endpoint = Some(clean);
-                }
+                full.endpoint = full.endpoint.as_deref().map(strip_url_secrets);
                 for a in [&mut full.auth, &mut full.authentication]
                     .into_iter()
                     .flatten()
                 {
-                    redacted |= a.instructions.is_some() || !a.extra.is_empty();
                     a.instructions = None;
                     a.extra.clear();
                 }
                 if let Some(c) = &mut full.constraints {
-                    let before = c.len();
-                    c.retain(|k, _| {
-                        !SENSITIVE_CONSTRAINTS.contains(&k.to_ascii_lowercase().as_str())
-                    });
-                    redacted |= c.len() != before;
+                    c.retain(|k, _| !sensitive(k));
                 }
                 for ex in &mut full.examples {
-                    redacted |= !ex.extra.is_empty();
                     ex.extra.clear();
                 }
             }
             full
         }
-    };
-    (out, redacted)
+    }
 }
 
 /// A stored record (its JSON) with only what [`visible_metadata`] shows
@@ -457,6 +543,11 @@ pub fn parse_summary(stored: &[u8]) -> serde_json::Result<AgentRecord> {
         },
         envelope,
     })
+}
+
+/// Whether [`strip_url_secrets`] changes `endpoint`.
+fn has_url_secrets(endpoint: &str) -> bool {
+    endpoint.contains(['@', '?', '#']) && strip_url_secrets(endpoint) != endpoint
 }
 
 /// The URL without user information, query or fragment, which is where
@@ -578,6 +669,61 @@ pub(super) mod tests {
         assert_eq!(m, r.metadata);
         let (m, _) = visible_metadata(&r, Detail::Minimal, Some(&alice));
         assert!(m.name.is_empty() && m.bindings.len() == 1 && m.status.is_some());
+    }
+
+    /// `redacts` is asked of every candidate before anything is copied,
+    /// so it must name exactly what `visible` withholds: anything a
+    /// stranger's copy lacks that the owner's has, and nothing else.
+    #[test]
+    fn redaction_is_reported_exactly_when_a_stranger_sees_less_than_the_owner() {
+        let clean = json!({
+            "id": "a", "name": "A", "description": "d",
+            "endpoint": "https://a.example/legacy",
+            "bindings": [{"protocol": "HTTPS", "endpoint": "https://a.example/x",
+                          "media_types": ["application/json"], "interaction_model": "sync"}],
+            "auth": {"type": "bearer", "scopes": ["run"]},
+            "constraints": {"region": ["APAC"]},
+            "examples": [{"text": "run payroll"}]
+        });
+        let private: [(&str, Value); 9] = [
+            ("/bindings/0/endpoint", json!("https://u:p@a.example/x")),
+            ("/bindings/0/endpoint", json!("https://a.example/x#frag")),
+            ("/endpoint", json!("https://a.example/legacy?key=1")),
+            ("/auth/instructions", json!("ask bob")),
+            ("/auth/x-note", json!(1)),
+            ("/constraints/Cost", json!("3 cents")),
+            ("/examples/0/x-note", json!(1)),
+            ("/signature", json!({"alg": "Ed25519", "value": "c2ln"})),
+            ("/x-private-note", json!("internal")),
+        ];
+        let mut cases = vec![(clean.clone(), None)];
+        for (pointer, value) in private {
+            let mut m = clean.clone();
+            let (parent, member) = pointer.rsplit_once('/').unwrap();
+            m.pointer_mut(parent).unwrap()[member] = value;
+            cases.push((m, Some(pointer)));
+        }
+        let mut binding_extra = clean.clone();
+        binding_extra["bindings"][0]["x-internal"] = json!(1);
+        cases.push((binding_extra, Some("/bindings/0/x-internal")));
+        for (metadata, private) in cases {
+            let mut r = record("alice");
+            r.metadata = serde_json::from_value(metadata).unwrap();
+            for detail in [Detail::Minimal, Detail::Summary, Detail::Full] {
+                let differs = visible(&r, detail, false) != visible(&r, detail, true);
+                assert_eq!(
+                    redacts(&r, detail, false),
+                    differs,
+                    "{private:?} {detail:?}"
+                );
+                assert!(!redacts(&r, detail, true));
+            }
+            // Bindings are shown at every detail, the rest only at full.
+            let in_binding = private.is_some_and(|p| p.starts_with("/bindings"));
+            assert_eq!(redacts(&r, Detail::Full, false), private.is_some());
+            assert_eq!(redacts(&r, Detail::Summary, false), in_binding);
+            assert_eq!(redacts(&r, Detail::Minimal, false), in_binding);
+        }
     }
 
     #[test]

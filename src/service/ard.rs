@@ -566,10 +566,10 @@ impl ArdService {
                         .unwrap_or_else(|| format!("https://{}", p.origin_authority));
                     let base = source.trim_end_matches("/ard").to_string();
                     let record = AgentRecord {
-                        metadata: c.metadata.clone(),
+                        metadata: c.metadata(),
                         envelope: Envelope {
                             revision: p.origin_revision,
-                            modified_at: c.metadata_updated_at.clone(),
+                            modified_at: c.metadata_updated_at().to_string(),
                             provenance: Some(p.clone()),
                             ..Default::default()
                         },

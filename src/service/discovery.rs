@@ -426,34 +426,16 @@ impl RegistryService {
 
 pub(super) fn candidate(
     hit: Hit,
-    record: &AgentRecord,
+    record: &Arc<AgentRecord>,
     detail: Detail,
     principal: Option<&Principal>,
 ) -> Candidate {
-    let (metadata, redacted) = visible_metadata(record, detail, principal);
-    Candidate {
-        metadata_updated_at: record
-            .metadata
-            .updated_at
-            .clone()
-            .unwrap_or_else(|| record.envelope.modified_at.clone()),
-        expires_at: hit
-            .lease_expires_unix
-            .and_then(|t| time::OffsetDateTime::from_unix_timestamp(t).ok())
-            .map(crate::domain::time::format)
-            .or_else(|| record.metadata.expires_at.clone()),
-        verification: record
-            .envelope
-            .publisher
-            .as_ref()
-            .map(|p| p.state)
-            .unwrap_or_default(),
-        record: (detail == Detail::Full && !redacted).then(|| record.clone()),
-        provenance: record.envelope.provenance.clone(),
-        hit: ranked(hit),
-        metadata,
-        redacted,
-    }
+    let expires_at = hit
+        .lease_expires_unix
+        .and_then(|t| time::OffsetDateTime::from_unix_timestamp(t).ok())
+        .map(crate::domain::time::format)
+        .or_else(|| record.metadata.expires_at.clone());
+    Candidate::new(ranked(hit), record.clone(), detail, principal, expires_at)
 }
 
 /// What a result keeps of the index's hit.

@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::Stream;
@@ -51,7 +52,7 @@ pub type FeedStream = Pin<Box<dyn Stream<Item = Result<FeedEvent>> + Send>>;
 
 /// A pool member of a federated discovery.
 struct Pooled {
-    record: AgentRecord,
+    record: Arc<AgentRecord>,
     provenance: Option<Provenance>,
 }
 
@@ -261,7 +262,7 @@ impl RegistryService {
             if let Some(r) = self.reader().get(&hit.id)?.filter(|r| !r.envelope.deleted) {
                 add(Pooled {
                     provenance: r.envelope.provenance.clone(),
-                    record: r,
+                    record: Arc::new(r),
                 });
             }
         }
@@ -270,7 +271,7 @@ impl RegistryService {
                 continue;
             }
             add(Pooled {
-                record: remote.record,
+                record: Arc::new(remote.record),
                 provenance: Some(remote.provenance),
             });
         }
@@ -286,7 +287,7 @@ impl RegistryService {
             .iter()
             .enumerate()
             .map(|(i, p)| {
-                let mut r = p.record.clone();
+                let mut r = AgentRecord::clone(&p.record);
                 r.metadata.id = pool_key(i);
                 if let Some(t) = lease_of(p) {
                     r.metadata.expires_at = time::OffsetDateTime::from_unix_timestamp(t)
