@@ -366,7 +366,7 @@ async fn discover_agents(
     let resp = Discovery::discover(&state.api, grpc_request(identity, req))
         .await?
         .into_inner();
-    Ok(discover_response_to_json(&resp).map_err(ServiceError::from)?)
+    Ok(discover_response_to_json(resp).map_err(ServiceError::from)?)
 }
 
 /// `get_agent`: `Registry.Get`, the record in its JSON form.

@@ -1049,7 +1049,7 @@ fn local(e: impl std::fmt::Display) -> CliError {
 /// name) with its evidence, then the warnings.
 fn print_discovery(args: &ClientArgs, r: &pb::DiscoverResponse) -> Result<(), CliError> {
     if args.json {
-        let v = crate::convert::discovery::discover_response_to_json(r).map_err(local)?;
+        let v = crate::convert::discovery::discover_response_to_json(r.clone()).map_err(local)?;
         out!("{}", serde_json::to_string_pretty(&v).map_err(local)?);
         return Ok(());
     }

@@ -258,11 +258,13 @@ pub fn verification_name(v: domain::VerificationState) -> &'static str {
 /// The ADP JSON form of a Discovery Response. At `full` detail a candidate
 /// is the visible metadata with the ADP candidate members set over it; at
 /// `summary` the summary members; at `minimal` only what resolution needs.
-pub fn discover_response_to_json(r: &pb::DiscoverResponse) -> Result<Value, FieldError> {
+/// Takes the response, so each candidate's metadata moves into the JSON
+/// rather than being copied once more.
+pub fn discover_response_to_json(mut r: pb::DiscoverResponse) -> Result<Value, FieldError> {
     let detail = detail_from_str(&r.detail)?;
     let mut candidates = Vec::with_capacity(r.candidates.len());
-    for c in &r.candidates {
-        let meta: domain::AgentMetadata = c.metadata.clone().unwrap_or_default().try_into()?;
+    for c in &mut r.candidates {
+        let meta: domain::AgentMetadata = c.metadata.take().unwrap_or_default().try_into()?;
         let mut obj = match serde_json::to_value(&meta) {
             Ok(Value::Object(m)) => m,
             _ => Map::new(),

@@ -540,7 +540,9 @@ impl HardFilters {
 }
 
 /// What the hard filters need to know of an agent, kept in the index so
-/// filtering never reads storage.
+/// filtering never reads storage. One per agent in memory, so its lists
+/// are boxed slices and its strings boxed `str`s (a `Vec`'s or `String`'s
+/// capacity word is 8 bytes an agent each).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct AgentFacts {
     /// Who may read the agent (owner, visibility, readers).
@@ -550,12 +552,12 @@ pub struct AgentFacts {
     /// are capability tags too). The values a filter names exactly are
     /// shared strings: the discovery index keeps one copy of each value
     /// for all the agents that have it.
-    pub tags: Vec<Arc<str>>,
-    pub capabilities: Vec<Arc<str>>,
+    pub tags: Box<[Arc<str>]>,
+    pub capabilities: Box<[Arc<str>]>,
     pub publisher: Option<Arc<str>>,
-    pub protocols: Vec<Arc<str>>,
-    pub regions: Vec<String>,
-    pub languages: Vec<String>,
+    pub protocols: Box<[Arc<str>]>,
+    pub regions: Box<[String]>,
+    pub languages: Box<[String]>,
     pub expires_unix: Option<i64>,
     /// `updated_at`, else when the registry last changed the record.
     pub updated_unix: i64,
@@ -563,12 +565,12 @@ pub struct AgentFacts {
     pub verified: bool,
     /// The media type of its catalog entry (`domain::catalog`).
     pub media_type: &'static str,
-    pub version: Option<String>,
+    pub version: Option<Box<str>>,
     /// The name, lowercase.
-    pub name: String,
+    pub name: Box<str>,
     /// Operation names, normalised as capabilities are (ARD shows them
     /// among an entry's capabilities).
-    pub operations: Vec<String>,
+    pub operations: Box<[String]>,
     /// The `<publisher>` of an id that is an ARD URN, lowercase.
     pub urn_publisher: Option<Arc<str>>,
     /// When the registry first stored the record.
@@ -601,12 +603,12 @@ impl AgentFacts {
         Self {
             access: super::record::Access::of(&record.envelope),
             status: m.effective_status(),
-            tags,
+            tags: tags.into(),
             capabilities: m.capabilities.iter().map(|c| c.as_str().into()).collect(),
             publisher: m.publisher.as_deref().map(Arc::from),
-            protocols,
-            regions: declared_regions(m),
-            languages: m.supported_languages.clone(),
+            protocols: protocols.into(),
+            regions: declared_regions(m).into(),
+            languages: m.supported_languages.as_slice().into(),
             expires_unix: m
                 .expires_at
                 .as_deref()
@@ -615,8 +617,8 @@ impl AgentFacts {
             updated_unix: updated.map(|t| t.unix_timestamp()).unwrap_or(0),
             verified: record.is_verified(),
             media_type: super::catalog::media_type(m),
-            version: m.version.clone(),
-            name: m.name.to_lowercase(),
+            version: m.version.as_deref().map(Box::from),
+            name: m.name.to_lowercase().into(),
             operations: m
                 .operations
                 .iter()
@@ -647,7 +649,10 @@ impl AgentFacts {
                 .iter()
                 .any(|v| self.has_capability(v) || self.operations.contains(v)),
             FilterKey::MediaType => values.iter().any(|v| v == self.media_type),
-            FilterKey::Version => self.version.as_ref().is_some_and(|x| values.contains(x)),
+            FilterKey::Version => self
+                .version
+                .as_deref()
+                .is_some_and(|x| values.iter().any(|v| v == x)),
             FilterKey::DisplayName => values.iter().any(|v| self.name.contains(v.as_str())),
             FilterKey::UrnPublisher => self
                 .urn_publisher
@@ -838,8 +843,8 @@ mod tests {
     fn filters_use_indexed_facts() {
         let r = record("alice");
         let f = AgentFacts::of(&r);
-        assert_eq!(f.protocols, vec![Arc::from("https")]);
-        assert_eq!(f.regions, vec!["apac"]);
+        assert_eq!(&*f.protocols, [Arc::from("https")]);
+        assert_eq!(&*f.regions, ["apac"]);
         let now = 1_800_000_000;
         let mut h = HardFilters {
             required_tags: vec!["hr".into()],

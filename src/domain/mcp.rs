@@ -677,8 +677,8 @@ fn version_facts(v: &StoredVersion) -> AgentFacts {
             ..Default::default()
         },
         status: v.status.agent_status(),
-        name: v.name().to_lowercase(),
-        version: Some(v.version().to_string()),
+        name: v.name().to_lowercase().into(),
+        version: Some(v.version().into()),
         updated_unix: super::time::parse(&v.updated_at).map_or(0, |t| t.unix_timestamp()),
         ..Default::default()
     }

@@ -139,8 +139,8 @@ pub struct Access {
     /// Shared: the discovery index holds one copy per owner, not per
     /// agent.
     pub owner: std::sync::Arc<str>,
-    pub owner_tenant: Option<String>,
-    pub readers: Vec<ReadGrant>,
+    pub owner_tenant: Option<Box<str>>,
+    pub readers: Box<[ReadGrant]>,
 }
 
 impl Access {
@@ -148,8 +148,8 @@ impl Access {
         Self {
             public: envelope.visibility == Visibility::Public,
             owner: envelope.owner.as_str().into(),
-            owner_tenant: envelope.owner_tenant.clone(),
-            readers: envelope.readers.clone(),
+            owner_tenant: envelope.owner_tenant.as_deref().map(Box::from),
+            readers: envelope.readers.as_slice().into(),
         }
     }
 

@@ -904,7 +904,7 @@ async fn discover(
     let resp = pb::discovery_server::Discovery::discover(&s.api, grpc_request(&caller, req))
         .await?
         .into_inner();
-    let body = discover_response_to_json(&resp).map_err(ServiceError::from)?;
+    let body = discover_response_to_json(resp).map_err(ServiceError::from)?;
     Ok(json_response(StatusCode::OK, &body))
 }
 
