@@ -34,7 +34,6 @@ use tracing::{error, info, info_span, warn, Instrument};
 pub use embed::{EmbedError, Embedder};
 pub use search::{Hit, Query, TagMatch, Unit, UnitKind, Weights};
 
-use crate::domain::filter::HardFilters;
 use crate::domain::lease::LeaseTable;
 use crate::domain::{AgentRecord, Change};
 use crate::storage::{FollowEnd, HoldsChanged, Reader, StorageError};
@@ -251,10 +250,29 @@ impl SearchIndex {
         }
     }
 
-    /// Whether `filters` admit no agent at all, known without ranking
-    /// (see [`Index::admits_none`]): the query then needs no vector.
-    pub fn admits_none(&self, filters: &HardFilters) -> bool {
-        self.read().admits_none(filters)
+    /// Ranks agents for `q` with the vector of its text, which is not
+    /// computed when the filters admit no agent at all (see
+    /// [`Index::admits_none`]): an answer empty either way need not pay
+    /// for the model. That check and the search take the index's lock
+    /// apart, so an agent the filters admit may be indexed in between; the
+    /// search then runs again with the vector rather than rank it without.
+    /// Beside the hits, the warning of a model that failed.
+    pub async fn search_embedded(&self, mut q: Query<'_>) -> (Vec<Hit>, Option<String>) {
+        if self.read().admits_none(q.filters) {
+            let hits = self.search(Query {
+                vector: None,
+                ..q.clone()
+            });
+            if hits.is_empty() {
+                return (hits, None);
+            }
+        }
+        let (vector, warning) = match self.query_vector(q.text).await {
+            Ok(vector) => (vector, None),
+            Err(warning) => (None, Some(warning)),
+        };
+        q.vector = vector;
+        (self.search(q), warning)
     }
 
     /// Ranks agents for `q` (whose vector, if any, the caller computed

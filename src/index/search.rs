@@ -818,6 +818,7 @@ pub struct Hit {
 }
 
 /// A ranking request, already validated.
+#[derive(Clone)]
 pub struct Query<'a> {
     pub text: &'a str,
     /// Filled in by the index handle from its embedder.

@@ -125,23 +125,22 @@ impl RegistryService {
         self.require_reader(principal)?;
         let plan = request.plan()?;
         let mut warnings = self.discovery_warnings(&plan).await?;
-        // A filter nobody passes is answered without embedding the query.
-        let vector = match self.index().admits_none(&plan.filters) {
-            true => None,
-            false => self.query_vector(&plan.query, &mut warnings).await,
-        };
         let now = time::OffsetDateTime::now_utc();
-        let hits = self.index().search(Query {
-            text: &plan.query,
-            vector,
-            filters: &plan.filters,
-            preferred_tags: &plan.preferred_tags,
-            limit: plan.limit as usize,
-            evidence: plan.include_evidence,
-            principal,
-            now_unix: now.unix_timestamp(),
-            leases: None,
-        });
+        let (hits, model_warning) = self
+            .index()
+            .search_embedded(Query {
+                text: &plan.query,
+                vector: None,
+                filters: &plan.filters,
+                preferred_tags: &plan.preferred_tags,
+                limit: plan.limit as usize,
+                evidence: plan.include_evidence,
+                principal,
+                now_unix: now.unix_timestamp(),
+                leases: None,
+            })
+            .await;
+        warnings.extend(model_warning);
         // Evidence and `full` detail show a record's example tasks and
         // operations; anything less shows only its summary.
         let whole = plan.detail == Detail::Full || plan.include_evidence;
@@ -205,21 +204,22 @@ impl RegistryService {
         }
         .plan()?;
         self.index_ready(consistency).await?;
-        let vector = match self.index().admits_none(&filters) {
-            true => None,
-            false => self.index().query_vector(&plan.query).await.unwrap_or(None),
-        };
-        let hits = self.index().search(Query {
-            text: &plan.query,
-            vector,
-            filters: &filters,
-            preferred_tags: &[],
-            limit: top,
-            evidence: false,
-            principal,
-            now_unix: time::OffsetDateTime::now_utc().unix_timestamp(),
-            leases: None,
-        });
+        // AIDIP search has no warnings to give: a failed model ranks by
+        // words and tags, as it always did here.
+        let (hits, _) = self
+            .index()
+            .search_embedded(Query {
+                text: &plan.query,
+                vector: None,
+                filters: &filters,
+                preferred_tags: &[],
+                limit: top,
+                evidence: false,
+                principal,
+                now_unix: time::OffsetDateTime::now_utc().unix_timestamp(),
+                leases: None,
+            })
+            .await;
         let matched = hits.len();
         let ids: Vec<&str> = hits.iter().skip(offset).map(|h| h.id.as_str()).collect();
         let PageRead {
