@@ -128,17 +128,7 @@ impl RegistryService {
         let now = time::OffsetDateTime::now_utc();
         let (hits, model_warning) = self
             .index()
-            .search_embedded(Query {
-                text: &plan.query,
-                vector: None,
-                filters: &plan.filters,
-                preferred_tags: &plan.preferred_tags,
-                limit: plan.limit as usize,
-                evidence: plan.include_evidence,
-                principal,
-                now_unix: now.unix_timestamp(),
-                leases: None,
-            })
+            .search_embedded(ranking_query(&plan, principal, now, None))
             .await;
         warnings.extend(model_warning);
         // Evidence and `full` detail show a record's example tasks and
@@ -421,6 +411,27 @@ impl RegistryService {
             excluded,
             warnings,
         })
+    }
+}
+
+/// What the index ranks for a discovery plan (ADP discover, local or
+/// federated).
+pub(super) fn ranking_query<'a>(
+    plan: &'a DiscoveryPlan,
+    principal: Option<&'a Principal>,
+    now: time::OffsetDateTime,
+    vector: Option<Vec<f32>>,
+) -> Query<'a> {
+    Query {
+        text: &plan.query,
+        vector,
+        filters: &plan.filters,
+        preferred_tags: &plan.preferred_tags,
+        limit: plan.limit as usize,
+        evidence: plan.include_evidence,
+        principal,
+        now_unix: now.unix_timestamp(),
+        leases: None,
     }
 }
 

@@ -12,7 +12,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tracing::{debug, instrument};
 
-use super::discovery::candidate;
+use super::discovery::{candidate, ranking_query};
 use super::registry::{hung_up_or_shut_down, Consistency, RegistryService, STREAM_BUFFER};
 use super::ServiceError;
 use crate::consensus::{Command, CommandResult, Role};
@@ -185,17 +185,7 @@ impl RegistryService {
         let mut warnings = self.discovery_warnings(&plan).await?;
         let vector = self.query_vector(&plan.query, &mut warnings).await;
         let now = time::OffsetDateTime::now_utc();
-        let query = |vector| Query {
-            text: &plan.query,
-            vector,
-            filters: &plan.filters,
-            preferred_tags: &plan.preferred_tags,
-            limit: plan.limit as usize,
-            evidence: plan.include_evidence,
-            principal,
-            now_unix: now.unix_timestamp(),
-            leases: None,
-        };
+        let query = |vector| ranking_query(&plan, principal, now, vector);
         let own = self.own_authority();
         let peers = self.peers();
         let (local, asked) = tokio::join!(
