@@ -1296,6 +1296,25 @@ async fn a_stalled_body_gets_408() {
     );
 }
 
+/// A body declared longer than the limit is refused with 413 before any of
+/// it arrives, not held until the body deadline and answered 408.
+#[tokio::test]
+async fn a_declared_oversized_body_gets_413_at_once() {
+    let s = TestServer::start_with(|c| c.request_timeout_secs = 30).await;
+    let addr = s.http.trim_start_matches("http://").to_string();
+    let raw = format!(
+        "POST /discover HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: 99999999999\r\nConnection: close\r\n\r\n{{\"query\""
+    );
+    let answer = raw_http(&addr, raw.as_bytes()).await;
+    assert!(
+        answer.starts_with("HTTP/1.1 413"),
+        "declared too large: {answer}"
+    );
+    assert!(answer.contains("application/problem+json"), "{answer}");
+    assert!(answer.contains("larger than the limit"), "{answer}");
+    s.stop().await;
+}
+
 /// A gRPC request whose message never arrives is answered at the request
 /// deadline with `DEADLINE_EXCEEDED` and the error detail, and the
 /// connection goes on serving.

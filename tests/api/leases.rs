@@ -185,6 +185,13 @@ async fn a_refresh_keeps_an_agent_fresh_without_rewriting_its_record() {
         (
             ALICE,
             "/agents/forecast/refresh",
+            Some(json!({"ttl_seconds": "300"})),
+            400,
+            Some("/ttl_seconds"),
+        ),
+        (
+            ALICE,
+            "/agents/forecast/refresh",
             Some(json!({"ttl": 5})),
             400,
             None,
@@ -208,6 +215,9 @@ async fn a_refresh_keeps_an_agent_fresh_without_rewriting_its_record() {
         assert_eq!(status, code, "{path} {body:?}: {r}");
         if let Some(f) = field {
             assert_eq!(r["field"], f, "{r}");
+            // The message names the field too, as every field error's does.
+            let message = r["message"].as_str().unwrap_or_default();
+            assert!(message.starts_with(&format!("{f}: ")), "{r}");
         }
         assert!(r["error"]["code"].is_string(), "the one error body: {r}");
     }

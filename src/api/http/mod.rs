@@ -291,9 +291,17 @@ async fn json_body(state: &HttpState, headers: &HeaderMap, body: Body) -> Result
         .map_err(|e| invalid(None, format!("request body is not valid JSON: {e}")))
 }
 
-/// `v` as `T`, a member that does not fit named in the error.
+/// `v` as `T`, a member that does not fit named in the error (its field
+/// and, as every other field error's, the start of its message).
 fn typed<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, ApiError> {
-    crate::convert::from_json(v).map_err(|e| invalid(Some(&e.pointer), e.message))
+    crate::convert::from_json(v).map_err(|e| {
+        let message = if e.pointer.is_empty() {
+            e.message
+        } else {
+            format!("{}: {}", e.pointer, e.message)
+        };
+        invalid(Some(&e.pointer), message)
+    })
 }
 
 /// Reads a JSON body (as `json_body` does) as `T`.
@@ -343,17 +351,25 @@ async fn json_bytes(state: &HttpState, headers: &HeaderMap, body: Body) -> Resul
 
 /// A request body read whole: 413 when it is longer than `limit`, 400 when
 /// it cannot be read at all (a malformed chunked encoding, say), each with
-/// the error body.
+/// the error body. A `Content-Length` over the limit is refused before any
+/// of the body is read: waiting for bytes that will be refused anyway would
+/// hold the connection until the body deadline (408) instead of answering.
 pub(crate) async fn read_body(body: Body, limit: usize) -> Result<Bytes, tonic::Status> {
+    let too_large = || {
+        transport_refusal(
+            413,
+            format!("request body is larger than the limit of {limit} bytes"),
+        )
+    };
+    if usize::try_from(http_body::Body::size_hint(&body).lower()).map_or(true, |n| n > limit) {
+        return Err(too_large());
+    }
     axum::body::to_bytes(body, limit).await.map_err(|e| {
         // The limit's error sits under one or two of axum's own wrappers.
         let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&e);
         while let Some(c) = cause {
             if c.is::<http_body_util::LengthLimitError>() {
-                return transport_refusal(
-                    413,
-                    format!("request body is larger than the limit of {limit} bytes"),
-                );
+                return too_large();
             }
             cause = c.source();
         }
