@@ -941,11 +941,7 @@ pub async fn serve_http(
     use tower::ServiceExt;
 
     let mut builder = Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_timeout())
-        .max_buf_size(limits.max_header_bytes.max(8192));
+    http1_limits(&mut builder, &limits);
     http2_limits(&mut builder, &limits);
     let service_for = move |peer: Peer| {
         let app = app.clone();
@@ -970,6 +966,14 @@ pub async fn serve_http(
 /// same limits as `serve_http` and the connection's `Peer` in every
 /// request's extensions. `service` (the gate in front of the services)
 /// counts each request as open on its connection.
+///
+/// An HTTP/1.1 request is answered 505 with the error body and its
+/// connection closed; it never reaches the services. hyper's connection
+/// sniffing reads HTTP/1.1 whatever the builder is told (its HTTP/2-only
+/// setting does nothing on a connection that may upgrade), and an HTTP/1.1
+/// request head left unfinished on a gRPC listener used to hold its
+/// connection for ever: HTTP/1.1 gets the facade's header deadline and
+/// size limit here too.
 pub async fn serve_grpc<S>(
     service: S,
     incoming: Incoming,
@@ -987,20 +991,67 @@ pub async fn serve_grpc<S>(
 {
     use tower::ServiceExt;
 
-    let mut builder = Builder::new(TokioExecutor::new()).http2_only();
+    use futures::future::Either;
+    use hyper::service::Service as _;
+
+    let mut builder = Builder::new(TokioExecutor::new());
+    http1_limits(&mut builder, &limits);
+    builder.http1().keep_alive(false);
     http2_limits(&mut builder, &limits);
     let service_for = move |peer: Peer| {
-        hyper_util::service::TowerToHyperService::new(service.clone().map_request(
+        let grpc = hyper_util::service::TowerToHyperService::new(service.clone().map_request(
             move |mut req: hyper::Request<hyper::body::Incoming>| {
                 req.extensions_mut().insert(peer.clone());
                 req
             },
-        ))
+        ));
+        hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+            if req.version() == http::Version::HTTP_2 {
+                Either::Left(grpc.call(req))
+            } else {
+                Either::Right(std::future::ready(Ok(http2_only(req.uri().path()))))
+            }
+        })
     };
     serve(builder, incoming, service_for, limits, shutdown).await;
 }
 
+/// The answer to an HTTP/1.x request on a gRPC listener: 505 and the error
+/// body, saying where the JSON API is.
+fn http2_only(path: &str) -> hyper::Response<tonic::body::Body> {
+    let detail = crate::pb::ErrorDetail {
+        code: "invalid_request".into(),
+        message: "this listener serves gRPC, over HTTP/2 only; the JSON/HTTP API is on the \
+                  HTTP listener"
+            .into(),
+        field: None,
+        http_status: 505,
+        correlation_id: uuid::Uuid::new_v4().to_string(),
+        retry_after: None,
+    };
+    let body = crate::api::error::problem_body(&detail, path).to_string();
+    let mut answer = hyper::Response::new(tonic::body::Body::new(http_body_util::Full::new(
+        Bytes::from(body),
+    )));
+    *answer.status_mut() = http::StatusCode::HTTP_VERSION_NOT_SUPPORTED;
+    answer.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/problem+json"),
+    );
+    answer
+}
+
 type Builder = hyper_util::server::conn::auto::Builder<TokioExecutor>;
+
+/// The HTTP/1.1 settings every public listener shares: the request head's
+/// deadline and size limit (431).
+fn http1_limits(builder: &mut Builder, limits: &ConnectionLimits) {
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout())
+        .max_buf_size(limits.max_header_bytes.max(8192));
+}
 
 /// The HTTP/2 settings every public listener shares. A keep-alive PING
 /// every 30 s finds dead peers; one unanswered for 20 s ends the

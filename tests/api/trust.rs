@@ -532,13 +532,33 @@ async fn slow_oversized_and_excess_connections_are_cut_off() {
     let server = s.server.as_ref().unwrap();
     let (http_addr, grpc_addr) = (server.http_addr, server.grpc_addr);
 
-    // Half a request header (HTTP) and half a preface (gRPC): closed.
+    // Half a request header (HTTP, and HTTP/1.1 on the gRPC listener) and
+    // half a preface (gRPC): closed.
     for (addr, partial) in [
         (http_addr, &b"GET /healthz HTTP/1.1\r\nHost: x\r\n"[..]),
         (grpc_addr, &b"PRI * HTTP/2.0\r\n"[..]),
+        (grpc_addr, &b"GET / HTTP/1.1\r\nHost: x\r\n"[..]),
     ] {
         closed_after_sending(addr, partial, Duration::from_millis(400)).await;
     }
+
+    // A whole HTTP/1.1 request on the gRPC listener: 505 with the error
+    // body, and the connection closed; it reaches no service.
+    let mut tcp = tokio::net::TcpStream::connect(grpc_addr).await.unwrap();
+    tcp.write_all(
+        b"POST /agentry.v1.Registry/Register HTTP/1.1\r\nHost: x\r\ncontent-type: application/grpc\r\ncontent-length: 0\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), tcp.read_to_end(&mut answer))
+        .await
+        .expect("answered and closed")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 505"), "{answer}");
+    assert!(answer.contains("application/problem+json"), "{answer}");
+    assert!(answer.contains("HTTP/2 only"), "{answer}");
 
     // A 100 KiB header: 431, and the server carries on.
     let h = Http::new(&s.http);
