@@ -1053,17 +1053,22 @@ fn http1_limits(builder: &mut Builder, limits: &ConnectionLimits) {
         .max_buf_size(limits.max_header_bytes.max(8192));
 }
 
-/// The HTTP/2 settings every public listener shares. A keep-alive PING
-/// every 30 s finds dead peers; one unanswered for 20 s ends the
-/// connection.
+/// How often an HTTP/2 connection is sent a keep-alive PING, on every
+/// listener (the Raft listener's too): it finds dead peers, and clients
+/// that stopped speaking the protocol.
+pub const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(30);
+/// How long a keep-alive PING may go unanswered before its connection ends.
+pub const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// The HTTP/2 settings every public listener shares.
 fn http2_limits(builder: &mut Builder, limits: &ConnectionLimits) {
     builder
         .http2()
         .timer(TokioTimer::new())
         .max_concurrent_streams(limits.max_streams_per_connection)
         .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX))
-        .keep_alive_interval(Some(Duration::from_secs(30)))
-        .keep_alive_timeout(Duration::from_secs(20));
+        .keep_alive_interval(Some(KEEP_ALIVE_INTERVAL))
+        .keep_alive_timeout(KEEP_ALIVE_TIMEOUT);
 }
 
 /// Serves each accepted connection with the service `service_for` makes

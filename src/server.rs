@@ -388,9 +388,17 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
         config.connections.for_members(),
         shutdown_rx.clone(),
     );
+    // tonic's own server, so the public listeners' HTTP/2 limits are set
+    // here too: without the keep-alive, a connection that sent the preface
+    // and then nothing held one of the listener's slots for ever.
     let raft_server = tonic::transport::Server::builder()
         .initial_connection_window_size(crate::consensus::WINDOW * 4)
         .initial_stream_window_size(crate::consensus::WINDOW)
+        .http2_keepalive_interval(Some(crate::listener::KEEP_ALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(crate::listener::KEEP_ALIVE_TIMEOUT))
+        .http2_max_header_list_size(
+            u32::try_from(config.connections.max_header_bytes).unwrap_or(u32::MAX),
+        )
         .add_service(raft_service)
         .serve_with_incoming_shutdown(raft_incoming, stopped(shutdown_rx.clone()));
     let raft_task = tokio::spawn(async move {
