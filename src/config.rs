@@ -822,6 +822,40 @@ mod tests {
         assert!(Config::from_file(&p).is_err());
     }
 
+    /// The keep-alive is set in `[connections]`, and a PING that could never
+    /// be answered in time is refused naming the section operators write.
+    #[test]
+    fn keep_alive_settings_are_read_and_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("k.toml");
+        std::fs::write(
+            &p,
+            "[connections]\nkeep_alive_interval_secs = 60\nkeep_alive_timeout_secs = 5\n",
+        )
+        .unwrap();
+        let c = Config::from_file(&p).unwrap();
+        c.validate().unwrap();
+        assert_eq!(
+            c.connections.keep_alive_interval(),
+            Some(std::time::Duration::from_secs(60))
+        );
+        assert_eq!(
+            c.connections.keep_alive_timeout(),
+            std::time::Duration::from_secs(5)
+        );
+        std::fs::write(&p, "[connections]\nkeep_alive_interval_secs = 0\n").unwrap();
+        let c = Config::from_file(&p).unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.connections.keep_alive_interval(), None, "0 turns it off");
+        std::fs::write(&p, "[connections]\nkeep_alive_timeout_secs = 0\n").unwrap();
+        let e = Config::from_file(&p).unwrap().validate().unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("[connections] keep_alive_timeout_secs"),
+            "{e}"
+        );
+    }
+
     #[test]
     fn mcp_upstreams_take_defaults_and_are_validated() {
         let dir = tempfile::tempdir().unwrap();

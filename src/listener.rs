@@ -69,6 +69,13 @@ pub struct ConnectionLimits {
     /// would otherwise hold its answer, and the connection, for ever.
     /// 0: never. The Raft listener ignores it.
     pub write_timeout_secs: u64,
+    /// How often an HTTP/2 connection is sent a keep-alive PING, on every
+    /// listener, Raft's included: it finds dead peers, and ends a
+    /// connection whose client stopped speaking the protocol. 0: never.
+    pub keep_alive_interval_secs: u64,
+    /// How long a keep-alive PING may go unanswered before its connection
+    /// is closed.
+    pub keep_alive_timeout_secs: u64,
 }
 
 impl Default for ConnectionLimits {
@@ -81,6 +88,8 @@ impl Default for ConnectionLimits {
             max_streams_per_connection: 256,
             idle_timeout_secs: 300,
             write_timeout_secs: 60,
+            keep_alive_interval_secs: 30,
+            keep_alive_timeout_secs: 20,
         }
     }
 }
@@ -98,6 +107,15 @@ impl ConnectionLimits {
         (self.write_timeout_secs > 0).then(|| Duration::from_secs(self.write_timeout_secs))
     }
 
+    pub fn keep_alive_interval(&self) -> Option<Duration> {
+        (self.keep_alive_interval_secs > 0)
+            .then(|| Duration::from_secs(self.keep_alive_interval_secs))
+    }
+
+    pub fn keep_alive_timeout(&self) -> Duration {
+        Duration::from_secs(self.keep_alive_timeout_secs)
+    }
+
     /// The same limits without the idle and write timeouts: for Raft's
     /// listener, whose requests are not counted, whose connections are
     /// never idle for long anyway (heartbeats), and whose callers are
@@ -112,20 +130,27 @@ impl ConnectionLimits {
 
     pub fn validate(&self) -> Result<(), String> {
         if !(100..=120_000).contains(&self.header_timeout_ms) {
-            return Err("limits.connections.header_timeout_ms must be 100..=120000".into());
+            return Err("[connections] header_timeout_ms must be 100..=120000".into());
         }
         if !(8 * 1024..=1024 * 1024).contains(&self.max_header_bytes) {
-            return Err("limits.connections.max_header_bytes must be 8 KiB..=1 MiB".into());
+            return Err("[connections] max_header_bytes must be 8 KiB..=1 MiB".into());
         }
-        if self.idle_timeout_secs > 86_400 || self.write_timeout_secs > 86_400 {
+        if self.idle_timeout_secs > 86_400
+            || self.write_timeout_secs > 86_400
+            || self.keep_alive_interval_secs > 86_400
+        {
             return Err(
-                "limits.connections: idle_timeout_secs and write_timeout_secs must be at most 86400"
+                "[connections] idle_timeout_secs, write_timeout_secs and keep_alive_interval_secs \
+                 must be at most 86400"
                     .into(),
             );
         }
+        if !(1..=3_600).contains(&self.keep_alive_timeout_secs) {
+            return Err("[connections] keep_alive_timeout_secs must be 1..=3600".into());
+        }
         if self.max_connections == 0 || self.max_streams_per_connection == 0 {
             return Err(
-                "limits.connections: max_connections and max_streams_per_connection must be positive"
+                "[connections] max_connections and max_streams_per_connection must be positive"
                     .into(),
             );
         }
@@ -1053,13 +1078,6 @@ fn http1_limits(builder: &mut Builder, limits: &ConnectionLimits) {
         .max_buf_size(limits.max_header_bytes.max(8192));
 }
 
-/// How often an HTTP/2 connection is sent a keep-alive PING, on every
-/// listener (the Raft listener's too): it finds dead peers, and clients
-/// that stopped speaking the protocol.
-pub const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(30);
-/// How long a keep-alive PING may go unanswered before its connection ends.
-pub const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(20);
-
 /// The HTTP/2 settings every public listener shares.
 fn http2_limits(builder: &mut Builder, limits: &ConnectionLimits) {
     builder
@@ -1067,8 +1085,8 @@ fn http2_limits(builder: &mut Builder, limits: &ConnectionLimits) {
         .timer(TokioTimer::new())
         .max_concurrent_streams(limits.max_streams_per_connection)
         .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX))
-        .keep_alive_interval(Some(KEEP_ALIVE_INTERVAL))
-        .keep_alive_timeout(KEEP_ALIVE_TIMEOUT);
+        .keep_alive_interval(limits.keep_alive_interval())
+        .keep_alive_timeout(limits.keep_alive_timeout());
 }
 
 /// Serves each accepted connection with the service `service_for` makes

@@ -394,8 +394,8 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
     let raft_server = tonic::transport::Server::builder()
         .initial_connection_window_size(crate::consensus::WINDOW * 4)
         .initial_stream_window_size(crate::consensus::WINDOW)
-        .http2_keepalive_interval(Some(crate::listener::KEEP_ALIVE_INTERVAL))
-        .http2_keepalive_timeout(Some(crate::listener::KEEP_ALIVE_TIMEOUT))
+        .http2_keepalive_interval(config.connections.keep_alive_interval())
+        .http2_keepalive_timeout(Some(config.connections.keep_alive_timeout()))
         .http2_max_header_list_size(
             u32::try_from(config.connections.max_header_bytes).unwrap_or(u32::MAX),
         )
