@@ -66,15 +66,24 @@ impl Authenticator {
 
     /// Identifies the caller from `authorization: Bearer <key or JWT>`,
     /// else from its client certificate. No credential is anonymous; a
-    /// wrong or malformed one is refused rather than downgraded.
+    /// wrong or malformed one is refused rather than downgraded. So are
+    /// several: a proxy in front that checked another of them than the
+    /// first, which this node would read, would let one caller act as
+    /// another.
     pub async fn identify(
         &self,
         headers: &http::HeaderMap,
         peer: Option<&Peer>,
     ) -> Result<Identity, ServiceError> {
-        let Some(value) = headers.get(http::header::AUTHORIZATION) else {
+        let mut values = headers.get_all(http::header::AUTHORIZATION).iter();
+        let Some(value) = values.next() else {
             return Ok(Identity(peer.and_then(|p| self.by_certificate(p))));
         };
+        if values.next().is_some() {
+            return Err(ServiceError::Unauthorized(
+                "send one authorization header, not several".into(),
+            ));
+        }
         let value = value.to_str().map_err(|_| {
             ServiceError::Unauthorized("the authorization header is not valid text".into())
         })?;
@@ -154,5 +163,10 @@ mod tests {
         }
         assert!(a.identify(&md(Some("Bearer")), None).await.is_err());
         assert!(a.identify(&md(Some("Bearer  ")), None).await.is_err());
+        // Two credentials, even a good one first, are refused.
+        let mut two = md(Some("Bearer s3cret"));
+        two.append("authorization", "Bearer nope".parse().unwrap());
+        let e = a.identify(&two, None).await.unwrap_err();
+        assert!(e.to_string().contains("one authorization header"), "{e}");
     }
 }

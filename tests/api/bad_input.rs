@@ -1153,6 +1153,19 @@ async fn http_edges_answer_as_the_standards_say() {
         )
         .await;
     assert_eq!(status, 200);
+    // Two authorization headers, the good one first, are refused: a proxy
+    // that checked the other would otherwise let one caller act as another.
+    let (status, _, body) = h
+        .send(
+            Method::GET,
+            "/agents/agent-12345",
+            Some(ALICE),
+            None,
+            &[("authorization", "Bearer not-a-key-0123456789")],
+        )
+        .await;
+    assert_eq!(status, 401, "{body}");
+    assert_eq!(body["error"]["code"], "unauthorized", "{body}");
 
     // A private record is not found for a principal who may not read it,
     // on the write paths as on the reads; stored data stays as it was.
