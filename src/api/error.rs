@@ -192,6 +192,18 @@ pub fn with_transport_detail(status: Status) -> Status {
                 ),
             })
         }
+        // The request's own framing: a message flagged compressed with no
+        // `grpc-encoding`, or a body that ends inside a message (its length
+        // prefix promised more). The client's fault, not the server's.
+        Code::Internal
+            if message.contains("compressed-flag but no grpc-encoding")
+                || message.starts_with("Unexpected EOF decoding stream") =>
+        {
+            to_status(&ServiceError::InvalidRequest {
+                field: None,
+                message: format!("the request's gRPC framing is wrong: {message}"),
+            })
+        }
         Code::OutOfRange if message.contains("message length too large") => {
             refusal(Code::ResourceExhausted, 413, message)
         }

@@ -1491,6 +1491,62 @@ async fn raw_call(addr: &str, path: &'static str, id: Vec<u8>) -> tonic::Status 
     .expect_err(path)
 }
 
+/// The status of a gRPC `Get` whose body is `body` as it is, framing
+/// included, sent over a raw HTTP/2 stream.
+async fn raw_grpc_body(addr: &str, body: &[u8]) -> tonic::Status {
+    let tcp = tokio::net::TcpStream::connect(addr.trim_start_matches("http://"))
+        .await
+        .unwrap();
+    let (mut client, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(connection);
+    let request = http::Request::post(format!("{addr}/agentry.v1.Registry/Get"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+    let (response, mut send) = client.send_request(request, false).unwrap();
+    send.send_data(hyper::body::Bytes::copy_from_slice(body), true)
+        .unwrap();
+    let response = response.await.unwrap();
+    let mut headers = response.headers().clone();
+    let mut body = response.into_body();
+    while let Some(chunk) = body.data().await {
+        let _ = chunk.unwrap();
+    }
+    if let Ok(Some(trailers)) = body.trailers().await {
+        headers.extend(trailers);
+    }
+    tonic::Status::from_header_map(&headers).expect("a gRPC status")
+}
+
+/// A request framed wrongly (a message flagged compressed with no
+/// `grpc-encoding`, a body that ends inside a message) blames the client
+/// with `InvalidArgument` and the error detail; tonic said `Internal`, a
+/// server fault to every dashboard.
+#[tokio::test]
+async fn grpc_requests_framed_wrongly_are_the_clients_fault() {
+    use agentry::api::error::detail_of;
+    let s = TestServer::start().await;
+    // Field 1 (the id) = "abc", as a GetRequest.
+    let message = b"\x0a\x03abc";
+    let compressed = [&[1u8, 0, 0, 0, 5][..], message].concat();
+    let truncated = [&[0u8, 0, 0, 0, 100][..], message].concat();
+    for (what, body) in [("compressed", compressed), ("truncated", truncated)] {
+        let e = raw_grpc_body(&s.grpc, &body).await;
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{what}: {e:?}");
+        let d = detail_of(&e);
+        assert_eq!(
+            (d.code.as_str(), d.http_status),
+            ("invalid_request", 400),
+            "{what}"
+        );
+    }
+    // Framed rightly, the same message reaches the handler.
+    let e = raw_grpc_body(&s.grpc, &[&[0u8, 0, 0, 0, 5][..], message].concat()).await;
+    assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
+    s.stop().await;
+}
+
 /// What tonic refuses before any handler runs answers like everything
 /// else, with the `ErrorDetail` and a code that blames the client: a
 /// request that does not decode (a string that is not UTF-8, a value nested
