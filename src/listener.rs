@@ -116,6 +116,11 @@ impl ConnectionLimits {
         Duration::from_secs(self.keep_alive_timeout_secs)
     }
 
+    /// `max_header_bytes` as HTTP/2's header list size setting.
+    pub fn max_header_list_size(&self) -> u32 {
+        u32::try_from(self.max_header_bytes).unwrap_or(u32::MAX)
+    }
+
     /// The same limits without the idle and write timeouts: for Raft's
     /// listener, whose requests are not counted, whose connections are
     /// never idle for long anyway (heartbeats), and whose callers are
@@ -1014,10 +1019,9 @@ pub async fn serve_grpc<S>(
         + 'static,
     S::Future: Send + 'static,
 {
-    use tower::ServiceExt;
-
     use futures::future::Either;
     use hyper::service::Service as _;
+    use tower::ServiceExt;
 
     let mut builder = Builder::new(TokioExecutor::new());
     http1_limits(&mut builder, &limits);
@@ -1044,16 +1048,11 @@ pub async fn serve_grpc<S>(
 /// The answer to an HTTP/1.x request on a gRPC listener: 505 and the error
 /// body, saying where the JSON API is.
 fn http2_only(path: &str) -> hyper::Response<tonic::body::Body> {
-    let detail = crate::pb::ErrorDetail {
-        code: "invalid_request".into(),
-        message: "this listener serves gRPC, over HTTP/2 only; the JSON/HTTP API is on the \
-                  HTTP listener"
+    let detail = crate::api::error::refusal_detail(
+        505,
+        "this listener serves gRPC, over HTTP/2 only; the JSON/HTTP API is on the HTTP listener"
             .into(),
-        field: None,
-        http_status: 505,
-        correlation_id: uuid::Uuid::new_v4().to_string(),
-        retry_after: None,
-    };
+    );
     let body = crate::api::error::problem_body(&detail, path).to_string();
     let mut answer = hyper::Response::new(tonic::body::Body::new(http_body_util::Full::new(
         Bytes::from(body),
@@ -1084,7 +1083,7 @@ fn http2_limits(builder: &mut Builder, limits: &ConnectionLimits) {
         .http2()
         .timer(TokioTimer::new())
         .max_concurrent_streams(limits.max_streams_per_connection)
-        .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX))
+        .max_header_list_size(limits.max_header_list_size())
         .keep_alive_interval(limits.keep_alive_interval())
         .keep_alive_timeout(limits.keep_alive_timeout());
 }

@@ -396,9 +396,7 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
         .initial_stream_window_size(crate::consensus::WINDOW)
         .http2_keepalive_interval(config.connections.keep_alive_interval())
         .http2_keepalive_timeout(Some(config.connections.keep_alive_timeout()))
-        .http2_max_header_list_size(
-            u32::try_from(config.connections.max_header_bytes).unwrap_or(u32::MAX),
-        )
+        .http2_max_header_list_size(config.connections.max_header_list_size())
         .add_service(raft_service)
         .serve_with_incoming_shutdown(raft_incoming, stopped(shutdown_rx.clone()));
     let raft_task = tokio::spawn(async move {

@@ -135,10 +135,18 @@ pub fn transport_refusal(http_status: u16, message: String) -> Status {
 }
 
 fn refusal(grpc: Code, http_status: u16, message: String) -> Status {
+    detail_status(grpc, refusal_detail(http_status, message))
+}
+
+/// The detail of a request refused before any service saw it:
+/// `invalid_request` with the HTTP status that names the problem. Also the
+/// body of answers given outside the gRPC status path (an HTTP/1.1 request
+/// on a gRPC listener).
+pub fn refusal_detail(http_status: u16, message: String) -> pb::ErrorDetail {
     // Inside an audited request the trail records the refusal (and shares
     // its correlation id), as it does for a service error.
     crate::service::audit::note_error("invalid_request", &message);
-    let detail = pb::ErrorDetail {
+    pb::ErrorDetail {
         code: "invalid_request".into(),
         message,
         field: None,
@@ -146,8 +154,7 @@ fn refusal(grpc: Code, http_status: u16, message: String) -> Status {
         correlation_id: crate::service::audit::correlation_id()
             .unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
         retry_after: None,
-    };
-    detail_status(grpc, detail)
+    }
 }
 
 /// `message` cut to about `head` + `tail` bytes: its start (what was

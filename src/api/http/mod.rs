@@ -291,17 +291,10 @@ async fn json_body(state: &HttpState, headers: &HeaderMap, body: Body) -> Result
         .map_err(|e| invalid(None, format!("request body is not valid JSON: {e}")))
 }
 
-/// `v` as `T`, a member that does not fit named in the error (its field
-/// and, as every other field error's, the start of its message).
+/// `v` as `T`, a member that does not fit named in the error (its field,
+/// and the start of its message, as every field error's).
 fn typed<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, ApiError> {
-    crate::convert::from_json(v).map_err(|e| {
-        let message = if e.pointer.is_empty() {
-            e.message
-        } else {
-            format!("{}: {}", e.pointer, e.message)
-        };
-        invalid(Some(&e.pointer), message)
-    })
+    crate::convert::from_json(v).map_err(|e| ServiceError::from(e).into())
 }
 
 /// Reads a JSON body (as `json_body` does) as `T`.
