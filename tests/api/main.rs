@@ -4,6 +4,7 @@
 mod a2a;
 mod agent_protocol;
 mod agents;
+mod alerts;
 mod ap_agent;
 mod ard;
 mod audit;

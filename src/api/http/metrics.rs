@@ -328,8 +328,10 @@ pub fn render(
 mod tests {
     use super::*;
 
-    #[test]
-    fn renders_prometheus_text() {
+    /// A page with a sample in every family: a leader with a follower, a
+    /// synced peer, a request, a refused record, an opened and a closed
+    /// connection and a snapshot observed.
+    fn full_page() -> String {
         let s = NodeStatus {
             node_id: 1,
             term: 3,
@@ -374,7 +376,16 @@ mod tests {
             compaction_headroom: 300,
             kept_free: 364,
         };
-        let text = render(&s, 41, 1, &index, streams, &peers, space);
+        crate::metrics::observe_federation_refusal("b.example", "signature");
+        crate::metrics::observe_connection_closed("http", "client_cap");
+        crate::metrics::observe_snapshot("build", std::time::Duration::from_millis(4));
+        drop(crate::metrics::connection_opened("http"));
+        render(&s, 41, 1, &index, streams, &peers, space)
+    }
+
+    #[test]
+    fn renders_prometheus_text() {
+        let text = full_page();
         for sample in [
             "agentry_storage_free_bytes{node_id=\"1\"} 900\n",
             "agentry_storage_kept_free_bytes{node_id=\"1\"} 364\n",
@@ -423,5 +434,55 @@ mod tests {
                 "sample without a number: {line}"
             );
         }
+    }
+
+    /// The `agentry_*` names in `text`: runs of name characters after the
+    /// prefix.
+    fn names_in(text: &str) -> std::collections::BTreeSet<&str> {
+        let is_name = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_';
+        text.match_indices("agentry_")
+            .filter(|(at, _)| !text[..*at].ends_with(is_name))
+            .map(|(at, _)| {
+                let rest = &text[at..];
+                &rest[..rest.find(|c: char| !is_name(c)).unwrap_or(rest.len())]
+            })
+            .collect()
+    }
+
+    /// The chart's alerts and dashboard name only series (or, in prose,
+    /// families) a node exports: a metric renamed without them would leave
+    /// an alert that can never fire and a panel that stays empty.
+    #[test]
+    fn the_charts_alerts_and_dashboard_name_exported_metrics() {
+        let text = full_page();
+        let exported: std::collections::BTreeSet<&str> = text
+            .lines()
+            .filter_map(|l| match l.strip_prefix("# TYPE ") {
+                Some(family) => family.split(' ').next(),
+                None if l.starts_with('#') => None,
+                None => l.split(['{', ' ']).next(),
+            })
+            .collect();
+        for (file, body) in [
+            (
+                "helm/agentry/alerts/agentry.rules.yaml",
+                include_str!("../../../helm/agentry/alerts/agentry.rules.yaml"),
+            ),
+            (
+                "helm/agentry/dashboards/agentry.json",
+                include_str!("../../../helm/agentry/dashboards/agentry.json"),
+            ),
+        ] {
+            let named = names_in(body);
+            assert!(named.len() >= 10, "{file} names {named:?}");
+            let unknown: Vec<&&str> = named.iter().filter(|n| !exported.contains(*n)).collect();
+            assert!(
+                unknown.is_empty(),
+                "{file} names series no node exports: {unknown:?}"
+            );
+        }
+        // The check itself tells a renamed series from an exported one.
+        assert!(exported.contains("agentry_raft_commit_duration_seconds_bucket"));
+        assert!(!exported.contains("agentry_raft_commit_duration_bucket"));
     }
 }
