@@ -13,6 +13,7 @@ scripts/fetch-chromium.sh
 # The MCP server test also drives the MCP Inspector CLI and conformance suite.
 scripts/fetch-node-tools.sh
 # The Helm chart's alert rules are checked and unit-tested by promtool.
-export AGENTRY_PROMTOOL="$(scripts/fetch-promtool.sh)"
+AGENTRY_PROMTOOL="$(scripts/fetch-promtool.sh)"
+export AGENTRY_PROMTOOL
 export AGENTRY_MCP_PYTHON="${AGENTRY_MCP_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/agentry/mcp-venv}/bin/python"
 cargo test --all-targets "$@"
