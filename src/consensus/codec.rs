@@ -17,6 +17,7 @@ use prost::bytes::Bytes;
 use prost::Message;
 
 use super::{LogId, NodeId, Proposal, TypeConfig};
+use crate::crypto::signature_book::Offer;
 use crate::pb::{self, raft_log_entry::Payload};
 
 /// How a node writes its log and sends AppendEntries (`raft_encoding`).
@@ -126,8 +127,13 @@ pub fn decode_entry(bytes: &[u8]) -> Result<Entry<TypeConfig>, CodecError> {
     entry(pb::RaftLogEntry::decode(bytes)?)
 }
 
-/// AppendEntries in the binary encoding.
-pub fn encode_append(rpc: &AppendEntriesRequest<TypeConfig>) -> Result<Vec<u8>, CodecError> {
+/// AppendEntries in the binary encoding, with the leader's signature
+/// `offers` and the log index it has applied (`signature_book`).
+pub fn encode_append(
+    rpc: &AppendEntriesRequest<TypeConfig>,
+    offers: &[Offer],
+    leader_applied: u64,
+) -> Result<Vec<u8>, CodecError> {
     let body = pb::AppendEntriesBody {
         vote: Some(pb::RaftVote {
             term: rpc.vote.leader_id.term,
@@ -137,21 +143,51 @@ pub fn encode_append(rpc: &AppendEntriesRequest<TypeConfig>) -> Result<Vec<u8>, 
         prev_log_id: rpc.prev_log_id.as_ref().map(log_id_pb),
         entries: rpc.entries.iter().map(entry_pb).collect::<Result<_, _>>()?,
         leader_commit: rpc.leader_commit.as_ref().map(log_id_pb),
+        signatures: offers
+            .iter()
+            .map(|o| pb::SignatureOffer {
+                revision: o.revision,
+                digest: o.digest.to_vec(),
+                value: o.value.clone(),
+            })
+            .collect(),
+        leader_applied,
     };
     Ok(body.encode_to_vec())
 }
 
+/// An AppendEntries as received: the request, and the leader's signature
+/// offers and applied index (none and 0 from older leaders).
+pub struct ReceivedAppend {
+    pub rpc: AppendEntriesRequest<TypeConfig>,
+    pub offers: Vec<Offer>,
+    pub leader_applied: u64,
+}
+
 /// AppendEntries from its binary encoding. Takes `Bytes` so the commands
 /// stay slices of the received message instead of copies.
-pub fn decode_append(bytes: Bytes) -> Result<AppendEntriesRequest<TypeConfig>, CodecError> {
+pub fn decode_append(bytes: Bytes) -> Result<ReceivedAppend, CodecError> {
     let body = pb::AppendEntriesBody::decode(bytes)?;
+    // A digest of another length is no digest of ours: that offer is
+    // dropped (the follower signs for itself).
+    let offers = body
+        .signatures
+        .into_iter()
+        .filter_map(|o| {
+            Some(Offer {
+                revision: o.revision,
+                digest: o.digest.as_slice().try_into().ok()?,
+                value: o.value,
+            })
+        })
+        .collect();
     let v = body.vote.ok_or(CodecError::Missing("vote"))?;
     let vote = if v.committed {
         Vote::new_committed(v.term, v.node_id)
     } else {
         Vote::new(v.term, v.node_id)
     };
-    Ok(AppendEntriesRequest {
+    let rpc = AppendEntriesRequest {
         vote,
         prev_log_id: body.prev_log_id.map(log_id),
         entries: body
@@ -160,6 +196,11 @@ pub fn decode_append(bytes: Bytes) -> Result<AppendEntriesRequest<TypeConfig>, C
             .map(entry)
             .collect::<Result<_, _>>()?,
         leader_commit: body.leader_commit.map(log_id),
+    };
+    Ok(ReceivedAppend {
+        rpc,
+        offers,
+        leader_applied: body.leader_applied,
     })
 }
 
@@ -225,7 +266,20 @@ mod tests {
             entries: vec![e.clone()],
             leader_commit: None,
         };
-        let back = decode_append(encode_append(&rpc).unwrap().into()).unwrap();
+        let offer = Offer {
+            revision: 9,
+            digest: [7; 32],
+            value: "c2lnbmF0dXJl".into(),
+        };
+        let received = decode_append(
+            encode_append(&rpc, std::slice::from_ref(&offer), 8)
+                .unwrap()
+                .into(),
+        )
+        .unwrap();
+        assert_eq!(received.offers, vec![offer]);
+        assert_eq!(received.leader_applied, 8);
+        let back = received.rpc;
         assert_eq!(back.vote, rpc.vote);
         assert_eq!(back.prev_log_id, rpc.prev_log_id);
         assert_eq!(back.leader_commit, None);

@@ -34,6 +34,7 @@ use super::faults::{Faults, Verdict};
 use super::forward::{ForwardReply, Forwarded};
 use super::membership_check::MembershipCheck;
 use super::{LogId, NodeId, TypeConfig, WriteError};
+use crate::crypto::signature_book::SignatureBook;
 use crate::pb::raft_transport_client::RaftTransportClient;
 use crate::pb::{RaftMessage, SnapshotChunk};
 
@@ -121,6 +122,9 @@ pub struct Network {
     /// Woken when this leader refuses a node, so the refusal is recorded
     /// at once rather than at the next tick (`RaftNode::record_members`).
     refusal_decided: Arc<tokio::sync::Notify>,
+    /// The state machine's signatures: offered with AppendEntries as a
+    /// leader, received as a follower (`signature_book`).
+    signatures: Arc<SignatureBook>,
 }
 
 /// Per peer: its address, the cluster-TLS generation the channel was made
@@ -242,7 +246,18 @@ impl Network {
             batching: Arc::default(),
             rules: Arc::default(),
             refusal_decided: Arc::default(),
+            signatures: Arc::default(),
         }
+    }
+
+    /// Offers and takes the signatures of `book` (the state machine's).
+    pub fn with_signatures(mut self, book: Arc<SignatureBook>) -> Self {
+        self.signatures = book;
+        self
+    }
+
+    pub fn signatures(&self) -> &Arc<SignatureBook> {
+        &self.signatures
     }
 
     /// Waits until this leader refuses a node (at once if it did since the
@@ -510,6 +525,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             network: self.clone(),
             target,
             addr: node.addr.clone(),
+            offered_upto: None,
         }
     }
 }
@@ -537,6 +553,10 @@ pub struct Connection {
     network: Network,
     target: NodeId,
     addr: String,
+    /// The newest revision whose signature this peer was sent; unset until
+    /// the first message, which starts from the newest signed (a follower
+    /// further behind signs those records itself).
+    offered_upto: Option<u64>,
 }
 
 /// Why nothing is sent to a refused node.
@@ -688,8 +708,16 @@ impl RaftNetwork<TypeConfig> for Connection {
         let started = std::time::Instant::now();
         // The commands inside are the proposers' bytes either way; binary
         // only frames them, JSON decodes and re-encodes each.
-        let payload = if self.network.binary_to(self.target) {
-            codec::encode_append(&rpc)
+        let binary = self.network.binary_to(self.target);
+        let book = &self.network.signatures;
+        let (offers, applied) = if binary {
+            let after = *self.offered_upto.get_or_insert_with(|| book.newest());
+            book.offers_after(after)
+        } else {
+            (Vec::new(), 0)
+        };
+        let payload = if binary {
+            codec::encode_append(&rpc, &offers, applied)
                 .map(|bytes| (bytes, codec::BINARY))
                 .map_err(|e| TransportError::NotSent {
                     target: self.target,
@@ -713,6 +741,9 @@ impl RaftNetwork<TypeConfig> for Connection {
             && matches!(answer, AppendEntriesResponse::PartialSuccess(m) if m == rpc.prev_log_id);
         if entries > 0 && !took_none {
             crate::metrics::observe_replicate(started.elapsed(), entries);
+        }
+        if let Some(last) = offers.last() {
+            self.offered_upto = Some(last.revision);
         }
         if !self.record_answer(&rpc, &answer) {
             return Err(refused(self.target));
@@ -937,6 +968,7 @@ mod tests {
             network,
             target: 2,
             addr,
+            offered_upto: None,
         };
         let vote = Vote::new_committed(1, 1);
         let log_id = |index| openraft::LogId::new(openraft::CommittedLeaderId::new(1, 1), index);

@@ -164,6 +164,10 @@ pub struct NodeStatus {
     pub purged_index: Option<u64>,
     pub snapshots_built: u64,
     pub snapshots_installed: u64,
+    /// Record signatures computed on this node, and signatures it took
+    /// from its leader instead (signing once), since it started.
+    pub signatures_made: u64,
+    pub signatures_taken: u64,
     /// Unix seconds of the last snapshot built or installed.
     pub last_snapshot_unix: Option<u64>,
     pub voters: Vec<NodeId>,
@@ -292,6 +296,11 @@ impl Drop for InFlight {
 }
 
 impl RaftNode {
+    /// The signatures this node offers as leader and takes as follower.
+    pub fn signatures(&self) -> &Arc<crate::crypto::signature_book::SignatureBook> {
+        self.network.signatures()
+    }
+
     /// Starts the node and bootstraps a cluster if this node has never been
     /// part of one. A node restarting with existing data never
     /// re-initialises.
@@ -337,7 +346,8 @@ impl RaftNode {
             settings.auth.clone(),
             check.clone(),
             settings.encoding,
-        );
+        )
+        .with_signatures(state_machine.signature_book());
         let raft = Raft::new(
             settings.id,
             config,
@@ -633,6 +643,7 @@ impl RaftNode {
             _ => Role::Learner,
         };
         let (built, installed, last_at) = self.snapshots.read();
+        let (signatures_made, signatures_taken) = self.signatures().counts();
         let unreachable = if m.state == ServerState::Leader {
             membership
                 .nodes()
@@ -661,6 +672,8 @@ impl RaftNode {
             purged_index: m.purged.map(|l| l.index),
             snapshots_built: built,
             snapshots_installed: installed,
+            signatures_made,
+            signatures_taken,
             last_snapshot_unix: last_at,
             voters,
             learners,

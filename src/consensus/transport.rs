@@ -180,8 +180,19 @@ impl RaftTransport for RaftService {
         let msg = self.admit_message(request, APPEND_ENTRIES)?;
         let rpc: AppendEntriesRequest<TypeConfig> = match msg.encoding {
             codec::JSON => decode(&msg.payload)?,
-            codec::BINARY => codec::decode_append(msg.payload.into())
-                .map_err(|e| Status::invalid_argument(format!("bad message: {e}")))?,
+            codec::BINARY => {
+                let received = codec::decode_append(msg.payload.into())
+                    .map_err(|e| Status::invalid_argument(format!("bad message: {e}")))?;
+                // Offers first, so the entries this message commits find
+                // their signatures when they are applied.
+                let leader = received.rpc.vote.leader_id;
+                self.node.signatures().receive(
+                    (leader.term, leader.node_id),
+                    received.leader_applied,
+                    received.offers,
+                );
+                received.rpc
+            }
             other => {
                 return Err(Status::invalid_argument(format!(
                     "unknown message encoding {other}"

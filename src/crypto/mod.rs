@@ -7,6 +7,7 @@ pub mod canonical;
 pub mod keys;
 pub mod publisher;
 pub mod signature;
+pub mod signature_book;
 
 pub use keys::{
     AuthorityKey, Identity, IdentityChange, IdentityRefusal, KeyFile, KeyState, NewKey,

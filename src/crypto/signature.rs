@@ -66,6 +66,18 @@ pub fn signature_of(served: &Value) -> Result<RegistrySignature, CryptoError> {
 
 /// Signs `record` in place at `now`.
 pub fn sign_record(signer: &Signer, record: &mut AgentRecord, now: &str) {
+    sign_record_with(signer, record, now, |bytes| signer.sign(bytes));
+}
+
+/// [`sign_record`], with `sign` turning the signed bytes into the value
+/// (a follower takes its leader's signature of the same bytes:
+/// `signature_book`).
+pub fn sign_record_with(
+    signer: &Signer,
+    record: &mut AgentRecord,
+    now: &str,
+    sign: impl FnOnce(&[u8]) -> String,
+) {
     record.envelope.signature = Some(RegistrySignature {
         alg: ALG.into(),
         authority: signer.authority.clone(),
@@ -76,7 +88,7 @@ pub fn sign_record(signer: &Signer, record: &mut AgentRecord, now: &str) {
     // The served form of a record always has its envelope and signature,
     // so the signed bytes always exist.
     let value = signed_form(served_form(record))
-        .map(|bytes| signer.sign(bytes.as_bytes()))
+        .map(|bytes| sign(bytes.as_bytes()))
         .unwrap_or_default();
     if let Some(sig) = record.envelope.signature.as_mut() {
         sig.value = value;

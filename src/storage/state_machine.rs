@@ -44,7 +44,8 @@ use crate::consensus::{
     StoredMembership, TypeConfig, APPLY_RULES,
 };
 use crate::crypto::keys::Signer;
-use crate::crypto::signature::{sign_record, still_valid};
+use crate::crypto::signature::{sign_record, sign_record_with, still_valid};
+use crate::crypto::signature_book::SignatureBook;
 use crate::crypto::Identity;
 use crate::domain::audit::{AuditEntry, Outcome};
 use crate::domain::federation::{decide_federated, FederatedChange};
@@ -244,6 +245,8 @@ pub struct StateMachine {
     weight: Arc<SnapshotWeight>,
     /// Held while a snapshot is built or installed (`build`).
     snapshot_lock: Arc<std::sync::Mutex<()>>,
+    /// Signatures made here to offer followers, and those a leader offered.
+    signatures: Arc<SignatureBook>,
 }
 
 fn sm_read(e: impl Into<LocalError>) -> StorageError {
@@ -335,6 +338,7 @@ impl StateMachine {
             ),
             weight: Arc::default(),
             snapshot_lock: Arc::default(),
+            signatures: Arc::default(),
         };
         this.keep_current_checkpoint()?;
         this.recount()?;
@@ -422,6 +426,11 @@ impl StateMachine {
     /// When the next snapshot is due (`RaftNode` triggers it).
     pub fn snapshot_weight(&self) -> Arc<SnapshotWeight> {
         self.weight.clone()
+    }
+
+    /// The signatures this node makes and is offered (signing once).
+    pub fn signature_book(&self) -> Arc<SignatureBook> {
+        self.signatures.clone()
     }
 
     pub fn snapshot_stats(&self) -> Arc<SnapshotStats> {
@@ -538,7 +547,9 @@ impl StateMachine {
         match decided {
             Ok((mut record, kind)) => {
                 if let Some(signer) = signer {
-                    sign_record(signer, &mut record, now);
+                    sign_record_with(signer, &mut record, now, |bytes| {
+                        self.signatures.sign(signer, revision, bytes)
+                    });
                 }
                 let unshared = Some(
                     current.is_some_and(AgentRecord::shared_with_peers)
@@ -1398,10 +1409,22 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
+        let entries: Vec<Entry<TypeConfig>> = entries.into_iter().collect();
+        let Some(last) = entries.last().map(|e| e.log_id) else {
+            return Ok(Vec::new());
+        };
+        // Entries another leader proposed: their signatures come with its
+        // next message, once it has applied them too (`signature_book`).
+        let proposer = (last.leader_id.term, last.leader_id.node_id);
+        self.signatures
+            .wait_for(proposer, last.index, crate::crypto::signature_book::WAIT)
+            .await;
         let started = std::time::Instant::now();
         let applied = self.apply_batch(entries);
         let count = applied.as_ref().map_or(0, |r| r.len() as u64);
         crate::metrics::observe_apply(started.elapsed(), count);
+        self.signatures
+            .applied(last.index, self.applied.revision.load(Ordering::Acquire));
         applied
     }
 

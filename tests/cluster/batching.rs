@@ -76,6 +76,12 @@ async fn concurrent_writes_share_entries_and_each_keeps_its_revision() {
     assert_eq!(on_leader.len(), 240);
     for id in c.running() {
         assert_eq!(c.contents(id).await, on_leader, "node {id} differs");
+        // Followers took the leader's signatures (signing once) rather
+        // than computing every one again.
+        if id != leader {
+            let taken = metric(&c, id, "agentry_raft_signatures_taken_total").await;
+            assert!(taken > 0, "node {id} took none of its leader's signatures");
+        }
         for n in [0, 117, 239] {
             let rec = c.get(id, &format!("batched-{n}")).await;
             assert!(distinct.contains(&rec["registry"]["revision"].as_u64().unwrap_or(0)));

@@ -163,6 +163,16 @@ pub fn render(
         "Snapshots this node installed from a leader since it started.",
         s.snapshots_installed,
     );
+    p.counter(
+        "agentry_raft_signatures_made",
+        "Record signatures this node computed since it started.",
+        s.signatures_made,
+    );
+    p.counter(
+        "agentry_raft_signatures_taken",
+        "Record signatures this node took from its leader instead of computing them (signing once), since it started.",
+        s.signatures_taken,
+    );
     p.gauge(
         "agentry_raft_last_snapshot_timestamp_seconds",
         "Unix time of the last snapshot built or installed (0 when none).",
