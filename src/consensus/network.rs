@@ -779,6 +779,7 @@ impl RaftNetwork<TypeConfig> for Connection {
         if self.network.is_refused(self.target) {
             return Err(refused(self.target));
         }
+        self.network.signatures.forget_leader();
         let payload = Network::json(self.target, &rpc).map(|bytes| (bytes, codec::JSON));
         self.call::<_, openraft::error::Infallible>(Rpc::Vote, payload, 0, option.hard_ttl())
             .await

@@ -240,6 +240,7 @@ impl RaftTransport for RaftService {
     async fn vote(&self, request: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
         let msg = self.admit_message(request, VOTE)?;
         let rpc: VoteRequest<NodeId> = decode(&msg.payload)?;
+        self.node.signatures().forget_leader();
         self.answer(&self.node.raft.vote(rpc).await)
     }
 

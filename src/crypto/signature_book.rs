@@ -70,6 +70,15 @@ pub struct SignatureBook {
     taken: AtomicU64,
 }
 
+/// An Ed25519 signature as records carry it: 64 bytes, base64url without
+/// padding. Anything else offered is a leader's bug, not a signature.
+fn looks_like_a_signature(value: &str) -> bool {
+    value.len() == 86
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
 fn trim(map: &mut BTreeMap<u64, ([u8; 32], String)>) {
     while map.len() > KEPT {
         map.pop_first();
@@ -146,13 +155,22 @@ impl SignatureBook {
         }
         let mut inner = self.lock();
         for o in offers {
-            if o.revision > inner.applied_revision {
+            if o.revision > inner.applied_revision && looks_like_a_signature(&o.value) {
                 inner.offered.insert(o.revision, (o.digest, o.value));
             }
         }
         trim(&mut inner.offered);
         inner.leader = Some((leader, leader_applied));
         drop(inner);
+        self.offered.notify_waiters();
+    }
+
+    /// An election is under way (this node asks for votes, or is asked):
+    /// the leader that offered last may be gone, so nothing waits for it
+    /// until a leader offers again. Without this, a new leader applying its
+    /// predecessor's last entries would wait out the bound.
+    pub fn forget_leader(&self) {
+        self.lock().leader = None;
         self.offered.notify_waiters();
     }
 
@@ -234,6 +252,16 @@ mod tests {
         // Nothing offered: signed here.
         assert_eq!(follower.sign(&s, 7, b"seven"), s.sign(b"seven"));
         assert_eq!(follower.counts(), (2, 1));
+        // An offer that is no signature is not kept, digest or not.
+        let digest: [u8; 32] = Sha256::digest(b"eight").into();
+        let garbage = Offer {
+            revision: 8,
+            digest,
+            value: "not a signature".into(),
+        };
+        follower.receive((2, 1), 8, vec![garbage]);
+        assert_eq!(follower.sign(&s, 8, b"eight"), s.sign(b"eight"));
+        assert_eq!(follower.counts(), (3, 1));
     }
 
     #[test]
@@ -286,6 +314,20 @@ mod tests {
         book.receive((2, 1), 10, Vec::new());
         let waited = waiting.await.unwrap();
         assert!(waited >= Duration::from_millis(60) && waited < Duration::from_secs(5));
+        // An election: nothing waits for the leader that offered last.
+        book.receive((2, 1), 4, Vec::new());
+        let waiting = {
+            let book = book.clone();
+            tokio::spawn(async move { book.wait_for((2, 1), 10, Duration::from_secs(10)).await })
+        };
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        assert!(!waiting.is_finished());
+        book.forget_leader();
+        tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("released by the election")
+            .unwrap();
+        book.receive((2, 1), 10, Vec::new());
         // Entries another leader proposed do not wait for this one.
         let started = tokio::time::Instant::now();
         book.wait_for((3, 2), 20, bound).await;
