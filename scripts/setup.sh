@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building Agentry needs beyond Rust: a C++ compiler and
-# clang/libclang for RocksDB's bindings. Does nothing when they are present.
+# clang/libclang for RocksDB's bindings, make for jemalloc. Does nothing
+# when they are present.
 set -euo pipefail
 
 have_libclang() {
@@ -13,13 +14,15 @@ have_libclang() {
 
 missing=()
 command -v c++ >/dev/null 2>&1 || missing+=(g++)
+# jemalloc (the binary's allocator) is built by its configure and make.
+command -v make >/dev/null 2>&1 || missing+=(make)
 command -v clang >/dev/null 2>&1 || missing+=(clang)
 have_libclang || missing+=(libclang-dev)
 # The test suite makes throwaway TLS certificates for the peer listener.
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 
 if [ ${#missing[@]} -gt 0 ]; then
-  echo "setup: installing ${missing[*]} (needed to build RocksDB)" >&2
+  echo "setup: installing ${missing[*]} (needed to build RocksDB and jemalloc)" >&2
   sudo=""
   if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
   $sudo apt-get update -qq

@@ -198,10 +198,13 @@ pub fn on_huge_pages<T>(v: &mut Vec<T>) {
     *v = fresh;
 }
 
-/// Gives the allocator's free memory back to the system (glibc; elsewhere
-/// nothing). A rebuild allocates on two threads, so in two of glibc's
-/// arenas, and frees gigabytes of records and chunks on the way; without
-/// this a million-agent node kept ~100 MiB more than it holds.
+/// Gives glibc's free memory back to the system (elsewhere nothing). A
+/// rebuild allocates on two threads, so in two of glibc's arenas, and frees
+/// gigabytes of records and chunks on the way; on glibc alone a
+/// million-agent node kept ~100 MiB more than it holds without this. The
+/// `agentry` binary allocates through jemalloc, which returns freed pages
+/// by itself; this still trims what RocksDB's C++ freed, and serves the
+/// library on glibc (tests, embedders).
 pub fn release_free_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only returns free pages of the allocator's own
