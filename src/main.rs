@@ -12,9 +12,10 @@ use agentry::cli::{
 /// load glibc's allocator was the largest single cost after signing: a
 /// sixth to a fifth of a leader's CPU, most of it coalescing and unlinking
 /// free chunks. With jemalloc, three batches of alternating rounds measured
-/// 8-25 % more registrations per second at 128 clients and a little more at
-/// 16; a node of 1M agents loaded 1.5x and restarted 1.9x as fast in 5 %
-/// less memory (docs/benchmarks.md, "jemalloc as the allocator").
+/// 8-25 % more registrations per second at 128 clients (1 and 16 clients:
+/// within the spread); a node of 1M agents loaded 1.5x and restarted 1.9x
+/// as fast in 5 % less memory (docs/benchmarks.md, "jemalloc as the
+/// allocator").
 #[cfg(unix)]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
