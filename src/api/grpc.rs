@@ -109,12 +109,12 @@ impl Registry for RegistryApi {
         let req = req.into_inner();
         let metadata = required_metadata(req.metadata)?;
         let sharing = sharing_from_pb(req.visibility, &req.readers).map_err(ServiceError::from)?;
-        let (record, created) = self
+        let (change, created) = self
             .service
             .register(who.as_ref(), metadata, sharing)
             .await?;
         Ok(Response::new(pb::RegisterResponse {
-            record: Some(self.record_pb(&record, now())),
+            record: Some(self.record_pb(&change.record, now())),
             created,
         }))
     }

@@ -3,6 +3,7 @@
 //! on every node.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use prost::bytes::Bytes;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -424,9 +425,10 @@ pub enum PublisherKeyChange {
 /// The outcome of applying one log entry.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum CommandResult {
-    /// The write happened; this is the change it made (boxed: it holds a
-    /// whole record).
-    Applied(Box<Change>),
+    /// The write happened; this is the change it made. Shared: the same
+    /// change goes to the caller, the discovery index and every watcher,
+    /// and a record is too large to copy for each.
+    Applied(Arc<Change>),
     /// The write was refused by the registry's rules; nothing changed.
     Rejected(Rejection),
     /// An identity change took effect (`changed` false: it was already so);

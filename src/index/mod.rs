@@ -899,7 +899,7 @@ impl SearchIndex {
             };
             let this = self.clone();
             let end = reader
-                .follow(live, from + 1, stop, |c: Change| {
+                .follow(live, from + 1, stop, |c: Arc<Change>| {
                     let this = this.clone();
                     async move {
                         this.apply_change(&c).await;

@@ -119,7 +119,7 @@ impl RegistryService {
             rules: 0,
         };
         match self.node().write(command).await? {
-            CommandResult::Applied(c) => Ok(Ok(*c)),
+            CommandResult::Applied(c) => Ok(Ok(Arc::unwrap_or_clone(c))),
             CommandResult::Rejected(r) => Ok(Err(r)),
             other => Err(ServiceError::Internal(format!(
                 "a federation command produced {other:?}"
@@ -448,19 +448,19 @@ impl RegistryService {
                 }
                 next = at + 1;
             }
-            let sink = |c: Change| {
+            let sink = |c: Arc<Change>| {
                 let tx = tx.clone();
                 async move {
                     let event = if c.record.envelope.provenance.is_some() {
                         return true;
                     } else if c.record.envelope.visibility == Visibility::Public {
                         FeedEvent::Record {
-                            record: Box::new(c.record),
+                            record: Box::new(Arc::unwrap_or_clone(c).record),
                             listing: false,
                         }
                     } else if c.unshared != Some(false) {
                         FeedEvent::Withdrawn {
-                            id: c.record.metadata.id,
+                            id: c.record.metadata.id.clone(),
                             revision: c.revision,
                         }
                     } else {

@@ -2,6 +2,7 @@
 //! (reads).
 
 use std::pin::Pin;
+use std::sync::Arc;
 
 use futures::Stream;
 use tokio::sync::{broadcast, mpsc, watch};
@@ -284,10 +285,13 @@ impl RegistryService {
         Ok(())
     }
 
-    pub(crate) async fn commit(&self, command: Command) -> Result<Change> {
+    /// Proposes a record command and waits until it is applied here. The
+    /// change is the one the discovery index and watchers received: a
+    /// caller that only reads it (an answer) copies nothing.
+    pub(crate) async fn commit(&self, command: Command) -> Result<Arc<Change>> {
         self.signing_identity().await?;
         match super::audit::propose(&self.node, command).await? {
-            CommandResult::Applied(change) => Ok(*change),
+            CommandResult::Applied(change) => Ok(change),
             CommandResult::Rejected(r) => Err(r.into()),
             other => Err(ServiceError::Internal(format!(
                 "a record command produced {other:?}"
@@ -333,7 +337,7 @@ impl RegistryService {
         principal: Option<&Principal>,
         mut metadata: AgentMetadata,
         sharing: Option<Sharing>,
-    ) -> Result<(AgentRecord, bool)> {
+    ) -> Result<(Arc<Change>, bool)> {
         super::audit::begin("register", Some(&metadata.id));
         let principal = require_writer(principal)?;
         if metadata.id.is_empty() {
@@ -362,7 +366,7 @@ impl RegistryService {
             .await?;
         let created = change.kind == crate::domain::ChangeKind::Created;
         debug!(revision = change.revision, created, "registered");
-        Ok((change.record, created))
+        Ok((change, created))
     }
 
     /// Writes `metadata` only if the stored record (or tombstone) still has
@@ -398,7 +402,7 @@ impl RegistryService {
         };
         self.signing_identity().await?;
         match super::audit::propose(&self.node, command).await? {
-            CommandResult::Applied(change) => Ok(Ok(change.record)),
+            CommandResult::Applied(change) => Ok(Ok(Arc::unwrap_or_clone(change).record)),
             CommandResult::Rejected(r) => Ok(Err(r)),
             other => Err(ServiceError::Internal(format!(
                 "a record command produced {other:?}"
@@ -452,7 +456,7 @@ impl RegistryService {
             })
             .await
             .map_err(|e| self.unseen(principal, id, e))?;
-        Ok(change.record)
+        Ok(Arc::unwrap_or_clone(change).record)
     }
 
     /// Deletes an agent, leaving a tombstone; returns its revision.
@@ -514,7 +518,7 @@ impl RegistryService {
             })
             .await
             .map_err(|e| self.unseen(principal, id, e))?;
-        Ok(change.record)
+        Ok(Arc::unwrap_or_clone(change).record)
     }
 
     /// Fetches one agent. Private records of others read as not found.
@@ -682,10 +686,10 @@ async fn forward_changes(
     shutdown: watch::Receiver<bool>,
 ) {
     let stop = hung_up_or_shut_down(&tx, shutdown);
-    let sink = |c: Change| {
+    let sink = |c: Arc<Change>| {
         let visible = c.record.readable_by(principal.as_ref());
         let tx = tx.clone();
-        async move { !visible || tx.send(Ok(c)).await.is_ok() }
+        async move { !visible || tx.send(Ok(Arc::unwrap_or_clone(c))).await.is_ok() }
     };
     let error = match reader.follow(live, next, stop, sink).await {
         FollowEnd::Stopped => return,

@@ -20,8 +20,9 @@ use crate::domain::{AgentRecord, Change, PublisherKey};
 /// What live watchers are told.
 #[derive(Debug, Clone)]
 pub enum Applied {
-    /// One applied change, in revision order (boxed: it is large).
-    Change(Box<Change>),
+    /// One applied change, in revision order (shared with the writer's
+    /// answer and every other receiver).
+    Change(Arc<Change>),
     /// The whole state was replaced by a snapshot from the leader; the
     /// changes it brought are in the history, not on the live channel, so
     /// watchers re-read the history from where they are.
@@ -569,7 +570,7 @@ impl Reader {
         mut sink: S,
     ) -> FollowEnd
     where
-        S: FnMut(Change) -> F,
+        S: FnMut(Arc<Change>) -> F,
         F: Future<Output = bool>,
     {
         let mut stop = std::pin::pin!(stop);
@@ -593,7 +594,7 @@ impl Reader {
                 }
                 for c in batch {
                     next = c.revision + 1;
-                    if !sink(c).await {
+                    if !sink(Arc::new(c)).await {
                         return FollowEnd::Stopped;
                     }
                 }
@@ -607,7 +608,7 @@ impl Reader {
                     Ok(Applied::Change(c)) if c.revision < next => continue,
                     Ok(Applied::Change(c)) => {
                         next = c.revision + 1;
-                        if !sink(*c).await {
+                        if !sink(c).await {
                             return FollowEnd::Stopped;
                         }
                     }

@@ -555,7 +555,7 @@ impl StateMachine {
                     current.is_some_and(AgentRecord::shared_with_peers)
                         && !record.shared_with_peers(),
                 );
-                CommandResult::Applied(Box::new(Change {
+                CommandResult::Applied(Arc::new(Change {
                     revision,
                     kind,
                     record,
@@ -573,7 +573,7 @@ impl StateMachine {
         &self,
         batch: &mut WriteBatch,
         keys: &mut Vec<PublisherKey>,
-        written: &HashMap<String, AgentRecord>,
+        written: &Written,
         change: PublisherKeyChange,
         principal: &crate::domain::Principal,
         now: &str,
@@ -630,16 +630,16 @@ impl StateMachine {
     /// earlier in it (`written`), then the stored ones they do not replace.
     fn each_record(
         &self,
-        written: &HashMap<String, AgentRecord>,
+        written: &Written,
         mut visit: impl FnMut(&AgentRecord),
     ) -> Result<(), LocalError> {
-        written.values().for_each(&mut visit);
+        written.records().for_each(&mut visit);
         let mut it = self
             .db
             .raw_iterator_cf_opt(cf(&self.db, CF_AGENTS)?, super::bulk_read());
         it.seek_to_first();
         while let (Some(k), Some(v)) = (it.key(), it.value()) {
-            if !written.contains_key(String::from_utf8_lossy(k).as_ref()) {
+            if !written.holds(String::from_utf8_lossy(k).as_ref()) {
                 visit(&serde_json::from_slice(v)?);
             }
             it.next();
@@ -655,7 +655,7 @@ impl StateMachine {
         &self,
         batch: &mut WriteBatch,
         identity: &mut Option<Identity>,
-        written: &mut HashMap<String, AgentRecord>,
+        written: &mut Written,
         change: &crate::crypto::IdentityChange,
         now: &str,
     ) -> Result<CommandResult, LocalError> {
@@ -688,7 +688,7 @@ impl StateMachine {
                 sign_record(signer, &mut r, now);
             }
             batch.put_cf(agents, r.metadata.id.as_bytes(), serde_json::to_vec(&r)?);
-            written.insert(r.metadata.id.clone(), r);
+            written.resigned(r);
         }
         *identity = Some(next);
         Ok(CommandResult::IdentityChanged {
@@ -949,7 +949,7 @@ impl StateMachine {
         let agents = cf(&self.db, CF_AGENTS).map_err(sm_write)?;
         let changes = cf(&self.db, CF_CHANGES).map_err(sm_write)?;
         let mut batch = WriteBatch::default();
-        let mut written: HashMap<String, AgentRecord> = HashMap::new();
+        let mut written = Written::default();
         // The identity as of each entry (an entry may change it for the
         // ones after it); published to readers once the batch is written.
         let mut identity: Option<Identity> = self.applied.identity().map(|i| (*i).clone());
@@ -1201,7 +1201,7 @@ impl StateMachine {
                             let id = &change.record.metadata.id;
                             batch.put_cf(agents, id.as_bytes(), record);
                             batch.put_cf(changes, u64_key(revision), change_json);
-                            written.insert(id.clone(), change.record.clone());
+                            written.changed(change);
                             if releases {
                                 staged.release(id);
                             }
@@ -1342,7 +1342,7 @@ impl StateMachine {
         }
         // Before the revision is published: whoever sees it reads the
         // records as written.
-        self.applied.records.invalidate(written.keys());
+        self.applied.records.invalidate(written.ids());
         if let Some(cluster) = cluster {
             self.cluster.set(cluster);
         }
@@ -1379,6 +1379,56 @@ impl StateMachine {
             }
         }
         Ok(results)
+    }
+}
+
+/// The records a batch of entries has written so far, by id: a decision
+/// later in the batch reads them here, not in the database, which the
+/// batch has not reached yet. A changed record is the change's own, shared.
+#[derive(Default)]
+struct Written(HashMap<String, WrittenRecord>);
+
+enum WrittenRecord {
+    Changed(Arc<Change>),
+    /// Signed again by an identity change (no change of its own).
+    Resigned(Box<AgentRecord>),
+}
+
+impl WrittenRecord {
+    fn record(&self) -> &AgentRecord {
+        match self {
+            Self::Changed(c) => &c.record,
+            Self::Resigned(r) => r,
+        }
+    }
+}
+
+impl Written {
+    fn get(&self, id: &str) -> Option<&AgentRecord> {
+        self.0.get(id).map(WrittenRecord::record)
+    }
+
+    fn holds(&self, id: &str) -> bool {
+        self.0.contains_key(id)
+    }
+
+    fn records(&self) -> impl Iterator<Item = &AgentRecord> {
+        self.0.values().map(WrittenRecord::record)
+    }
+
+    fn ids(&self) -> impl Iterator<Item = &String> {
+        self.0.keys()
+    }
+
+    fn changed(&mut self, change: &Arc<Change>) {
+        let id = change.record.metadata.id.clone();
+        self.0
+            .insert(id, WrittenRecord::Changed(Arc::clone(change)));
+    }
+
+    fn resigned(&mut self, record: AgentRecord) {
+        let id = record.metadata.id.clone();
+        self.0.insert(id, WrittenRecord::Resigned(Box::new(record)));
     }
 }
 
@@ -2108,7 +2158,7 @@ mod tests {
         assert!((5..=6).contains(&batch.len()), "{batch:?}");
         assert_eq!(batch, (1..=batch.len() as u64).collect::<Vec<_>>());
         let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let sink = |c: Change| {
+        let sink = |c: Arc<Change>| {
             seen.lock().unwrap().push(c.revision);
             async move { c.revision < 12 }
         };
@@ -2257,7 +2307,7 @@ mod tests {
             let (reader, seen) = (reader.clone(), seen.clone());
             tokio::spawn(async move {
                 reader
-                    .follow(live, 1, std::future::pending(), |c: Change| {
+                    .follow(live, 1, std::future::pending(), |c: Arc<Change>| {
                         seen.lock().unwrap().push(c.revision);
                         async move { c.revision < 3 }
                     })
