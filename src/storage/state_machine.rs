@@ -2505,12 +2505,21 @@ mod tests {
             .collect();
         assert_eq!(feed, [1, 2, 3, 4, 6]);
         // The live channel (watchers, the discovery index) carries each
-        // change of the batch entry too, in order.
+        // change of the batch entry too, in order: the very change the
+        // writer is answered with, not a copy of it.
         let mut sent = Vec::new();
         while let Ok(crate::storage::Applied::Change(c)) = live.try_recv() {
-            sent.push(c.revision);
+            sent.push(c);
         }
-        assert_eq!(sent, [2, 3, 4, 6]);
+        let sent_revisions: Vec<u64> = sent.iter().map(|c| c.revision).collect();
+        assert_eq!(sent_revisions, [2, 3, 4, 6]);
+        let answered = outcomes[..3].iter().chain([&results[1]]);
+        for (c, outcome) in sent.iter().zip(answered) {
+            let CommandResult::Applied(a) = outcome else {
+                panic!("{outcome:?}");
+            };
+            assert!(Arc::ptr_eq(c, a), "revision {} was copied", c.revision);
+        }
         assert!(reader.get("c").unwrap().unwrap().envelope.deleted);
         // Entry 4's own index is behind the revisions: it takes the next.
         sm.apply([entry(4, normal(put("e")))]).await.unwrap();
