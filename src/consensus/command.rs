@@ -426,8 +426,8 @@ pub enum PublisherKeyChange {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum CommandResult {
     /// The write happened; this is the change it made. Shared: the same
-    /// change goes to the caller, the discovery index and every watcher,
-    /// and a record is too large to copy for each.
+    /// change goes to the caller and onto the live channel the discovery
+    /// index reads, and a record is too large to copy for each.
     Applied(Arc<Change>),
     /// The write was refused by the registry's rules; nothing changed.
     Rejected(Rejection),
