@@ -142,7 +142,7 @@ impl Registry for RegistryApi {
         let req = req.into_inner();
         let metadata = required_metadata(req.metadata)?;
         let sharing = sharing_from_pb(req.visibility, &req.readers).map_err(ServiceError::from)?;
-        let record = self
+        let change = self
             .service
             .update(
                 who.as_ref(),
@@ -153,7 +153,7 @@ impl Registry for RegistryApi {
             )
             .await?;
         Ok(Response::new(pb::UpdateResponse {
-            record: Some(self.record_pb(&record, now())),
+            record: Some(self.record_pb(&change.record, now())),
         }))
     }
 
@@ -187,7 +187,7 @@ impl Registry for RegistryApi {
                 field: Some("/status".into()),
                 message: "/status: must be one of active, deprecated, inactive, deleted".into(),
             })?;
-        let record = self
+        let change = self
             .service
             .set_status(
                 who.as_ref(),
@@ -198,7 +198,7 @@ impl Registry for RegistryApi {
             )
             .await?;
         Ok(Response::new(pb::SetStatusResponse {
-            record: Some(self.record_pb(&record, now())),
+            record: Some(self.record_pb(&change.record, now())),
         }))
     }
 

@@ -421,7 +421,7 @@ impl RegistryService {
         mut metadata: AgentMetadata,
         sharing: Option<Sharing>,
         expected_revision: Option<u64>,
-    ) -> Result<AgentRecord> {
+    ) -> Result<Arc<Change>> {
         super::audit::begin("update", Some(id));
         let principal = require_writer(principal)?;
         validate_id(id, "/id")?;
@@ -441,22 +441,20 @@ impl RegistryService {
         }
         let verdict = self.judge_publisher(&metadata, principal)?;
         normalise_and_validate(&mut metadata, &self.limits)?;
-        let change = self
-            .commit(Command::Put {
-                metadata: Box::new(metadata),
-                visibility,
-                readers,
-                principal: principal.clone(),
-                mode: WriteMode::Update,
-                now: crate::domain::time::now(),
-                publisher: Some(verdict),
-                quota: None,
-                expected_revision,
-                rules: 0,
-            })
-            .await
-            .map_err(|e| self.unseen(principal, id, e))?;
-        Ok(Arc::unwrap_or_clone(change).record)
+        self.commit(Command::Put {
+            metadata: Box::new(metadata),
+            visibility,
+            readers,
+            principal: principal.clone(),
+            mode: WriteMode::Update,
+            now: crate::domain::time::now(),
+            publisher: Some(verdict),
+            quota: None,
+            expected_revision,
+            rules: 0,
+        })
+        .await
+        .map_err(|e| self.unseen(principal, id, e))
     }
 
     /// Deletes an agent, leaving a tombstone; returns its revision.
@@ -492,7 +490,7 @@ impl RegistryService {
         status: AgentStatus,
         reason: Option<String>,
         expected_revision: Option<u64>,
-    ) -> Result<AgentRecord> {
+    ) -> Result<Arc<Change>> {
         super::audit::begin("set_status", Some(id));
         let principal = require_writer(principal)?;
         validate_id(id, "/id")?;
@@ -507,18 +505,16 @@ impl RegistryService {
             }
         }
         let now = crate::domain::time::now();
-        let change = self
-            .commit(Command::SetStatus {
-                id: id.to_string(),
-                status,
-                reason,
-                principal: principal.clone(),
-                now,
-                expected_revision,
-            })
-            .await
-            .map_err(|e| self.unseen(principal, id, e))?;
-        Ok(Arc::unwrap_or_clone(change).record)
+        self.commit(Command::SetStatus {
+            id: id.to_string(),
+            status,
+            reason,
+            principal: principal.clone(),
+            now,
+            expected_revision,
+        })
+        .await
+        .map_err(|e| self.unseen(principal, id, e))
     }
 
     /// Fetches one agent. Private records of others read as not found.
