@@ -74,6 +74,10 @@ pub struct Row {
     pub per_sec: f64,
     pub p50_ms: f64,
     pub p99_ms: f64,
+    /// CPU the benchmark's own process (the load generator) spent per
+    /// write: it shares the machine's cores with the nodes, so a client
+    /// that costs more leaves the servers less.
+    pub client_cpu_us: f64,
     /// The leader's and one follower's figures over the level. For a
     /// system without metrics (etcd) only CPU and disk writes are known.
     pub nodes: (NodeStages, NodeStages),
@@ -103,10 +107,13 @@ impl Watched {
         }
     }
 
-    async fn take(&self) -> (Sample, Sample) {
+    /// The leader's and the follower's samples, and the CPU time this
+    /// process (the clients) has used so far.
+    async fn take(&self) -> (Sample, Sample, Duration) {
         (
             self.read(&self.leader).await,
             self.read(&self.follower).await,
+            write_stages::cpu_time(std::process::id()).unwrap_or_default(),
         )
     }
 }
@@ -210,8 +217,8 @@ fn row(
     system: &'static str,
     clients: usize,
     run: (Duration, Vec<Duration>, usize),
-    before: &(Sample, Sample),
-    after: &(Sample, Sample),
+    before: &(Sample, Sample, Duration),
+    after: &(Sample, Sample, Duration),
     staged: bool,
 ) -> Row {
     let (elapsed, mut lat, errors) = run;
@@ -225,6 +232,7 @@ fn row(
         per_sec: writes as f64 / elapsed.as_secs_f64(),
         p50_ms: percentile(&lat, 0.50),
         p99_ms: percentile(&lat, 0.99),
+        client_cpu_us: after.2.saturating_sub(before.2).as_secs_f64() * 1e6 / writes.max(1) as f64,
         nodes: (
             write_stages::stages(&before.0, &after.0, writes),
             write_stages::stages(&before.1, &after.1, writes),
@@ -651,7 +659,7 @@ fn is_local_call(r: &Row) -> bool {
 pub fn report(rows: &[Row], value_bytes: usize) -> String {
     let mut out = format!(
         "3-node clusters on loopback, {value_bytes}-byte records, fsync on, gRPC clients talking to the leader\n\
-         {:<8} {:>7} {:>7} {:>6} {:>10} {:>8} {:>8} {:>12} {:>12} {:>12} {:>14}\n",
+         {:<8} {:>7} {:>7} {:>6} {:>10} {:>8} {:>8} {:>12} {:>12} {:>12} {:>14} {:>12}\n",
         "system",
         "clients",
         "writes",
@@ -662,7 +670,8 @@ pub fn report(rows: &[Row], value_bytes: usize) -> String {
         "leader CPU",
         "follower CPU",
         "leader disk",
-        "follower disk"
+        "follower disk",
+        "client CPU"
     );
     for r in rows {
         let clients = match r.system {
@@ -671,7 +680,7 @@ pub fn report(rows: &[Row], value_bytes: usize) -> String {
             _ => r.clients.to_string(),
         };
         out.push_str(&format!(
-            "{:<8} {:>7} {:>7} {:>6} {:>10.1} {:>8.2} {:>8.2} {:>9.0} µs {:>9.0} µs {:>9.1} KB {:>11.1} KB\n",
+            "{:<8} {:>7} {:>7} {:>6} {:>10.1} {:>8.2} {:>8.2} {:>9.0} µs {:>9.0} µs {:>9.1} KB {:>11.1} KB {:>9.0} µs\n",
             r.system,
             clients,
             r.writes,
@@ -682,7 +691,8 @@ pub fn report(rows: &[Row], value_bytes: usize) -> String {
             r.nodes.0.cpu_us,
             r.nodes.1.cpu_us,
             r.nodes.0.disk_bytes / 1e3,
-            r.nodes.1.disk_bytes / 1e3
+            r.nodes.1.disk_bytes / 1e3,
+            r.client_cpu_us
         ));
     }
     for a in rows.iter().filter(|r| r.system == "agentry") {
@@ -740,6 +750,7 @@ mod tests {
             per_sec,
             p50_ms,
             p99_ms: p50_ms * 2.0,
+            client_cpu_us: 0.0,
             nodes: Default::default(),
             staged: false,
         }
