@@ -94,6 +94,10 @@ struct Shared {
     /// Documents of records ranked in federated pools, by signature
     /// (`pool_doc_key`). Emptied when full.
     pool_docs: std::sync::Mutex<HashMap<String, PreparedDoc>>,
+    /// Held while the vector partitions are saved: the indexer and a
+    /// retraining both save, and an older encoding must not be stored
+    /// over a newer one.
+    saving: std::sync::Mutex<()>,
     /// The applied state this index follows (set when following starts):
     /// its lease table, which agents' hold cells are set from and shared
     /// leases' expiries are read from (a refresh changes no record, so
@@ -181,6 +185,7 @@ impl SearchIndex {
                 embed_failures: AtomicU64::new(0),
                 pool_vectors: Default::default(),
                 pool_docs: Default::default(),
+                saving: Default::default(),
                 reader: Default::default(),
                 holds_pending: Default::default(),
                 settled: AtomicU64::new(0),
@@ -438,36 +443,56 @@ impl SearchIndex {
         }
     }
 
-    /// Retrains the vector partitions when due, while searches go on: the
-    /// indexer is the index's only writer, so nothing changes between
-    /// training under the read lock and installing under the write lock.
-    /// The indexer waits for it, so its length (logged) is how long
-    /// discovery shows changes late at each doubling of the directory.
-    async fn retrain_vectors(&self) {
-        if !self.read().vectors_training_due() {
+    /// Retrains the vector partitions when due, beside the index: the
+    /// indexer goes on applying changes and searches go on meanwhile (at a
+    /// million agents training takes seconds, and discovery waits for the
+    /// indexer), and rows changed meanwhile are placed again when the new
+    /// partitions are installed (see [`vectors::Retraining`]). At most one
+    /// runs at a time; its length is logged.
+    fn retrain_vectors(&self) {
+        let Some(mut run) = self.write().begin_vector_retraining() else {
             return;
-        }
+        };
+        let id = run.id();
         let this = self.clone();
-        let done = tokio::task::spawn_blocking(move || {
+        let work = tokio::task::spawn_blocking(move || {
             let started = Instant::now();
-            let trained = this.read().train_vectors();
-            if let Some(t) = trained {
-                let rows = t.rows;
-                let partitions = {
-                    let mut index = this.write();
-                    index.install_vectors(t);
-                    index.partitions()
-                };
-                let ms = started.elapsed().as_millis() as u64;
-                this.shared.trainings.fetch_add(1, Ordering::Relaxed);
-                this.shared.last_training_ms.store(ms, Ordering::Relaxed);
-                info!(rows, partitions, ms, "vector partitions trained");
+            run.train();
+            run.fill(|copy| copy(this.read().vectors()));
+            // The rows changed while it filled are filed outside the write
+            // lock too, all but those changed since.
+            let changed = this.write().take_retraining_changes(id);
+            if let Some(changed) = changed {
+                run.apply(changed);
             }
-        })
-        .await;
-        if let Err(e) = done {
-            error!(error = %e, "training the vector partitions panicked");
-        }
+            let (replaced, partitions) = {
+                let mut index = this.write();
+                let replaced = index.install_retrained(run);
+                (replaced, index.partitions())
+            };
+            let Some(replaced) = replaced else {
+                // The index was rebuilt meanwhile; the rebuild trained.
+                return;
+            };
+            drop(replaced);
+            let ms = started.elapsed().as_millis() as u64;
+            this.shared.trainings.fetch_add(1, Ordering::Relaxed);
+            this.shared.last_training_ms.store(ms, Ordering::Relaxed);
+            info!(
+                rows = this.read().vectors().live(),
+                partitions, ms, "vector partitions trained"
+            );
+            if let Some(reader) = this.shared.reader.get() {
+                this.save_partitions(reader);
+            }
+        });
+        let this = self.clone();
+        tokio::spawn(async move {
+            if let Err(e) = work.await {
+                error!(error = %e, "training the vector partitions panicked");
+                this.write().abandon_retraining(id);
+            }
+        });
     }
 
     /// Recall of the vector candidate scan against an exact scan of the
@@ -566,7 +591,7 @@ impl SearchIndex {
                 set_holds(&index, &reader.leases(), HoldsChanged::Agents(&[id]));
             }
         }
-        self.retrain_vectors().await;
+        self.retrain_vectors();
         self.save_live_partitions().await;
         self.shared.indexed.send_replace(change.revision);
     }
@@ -592,21 +617,22 @@ impl SearchIndex {
     /// Saves the vector partitions beside the records when due (see
     /// [`Index::partitions_save_due`]), so that the next start places every
     /// row without training or assigning them; a failure costs only that.
-    /// Called by the indexer, the index's only writer, so nothing moves
-    /// between encoding them under the read lock and marking them saved.
+    /// Partitions installed by a retraining between the encoding and the
+    /// marking stay due, so they are saved too.
     fn save_partitions(&self, reader: &Reader) {
-        let bytes = {
+        let _saving = self.shared.saving.lock().unwrap_or_else(|p| p.into_inner());
+        let (bytes, generation) = {
             let index = self.read();
             if !index.partitions_save_due() {
                 return;
             }
-            index.saved_partitions()
+            (index.saved_partitions(), index.vectors().generation())
         };
         let Some(bytes) = bytes else {
             return;
         };
         match reader.store_index_partitions(&bytes) {
-            Ok(()) => self.write().mark_partitions_saved(),
+            Ok(()) => self.write().mark_partitions_saved(generation),
             Err(e) => {
                 warn!(error = %e, "saving the vector partitions failed; the next start assigns them again")
             }

@@ -945,8 +945,10 @@ impl Index {
             && self.vectors.placed_since_saved() >= (self.vectors.live() / 10).max(IVF_SAVE_MIN)
     }
 
-    pub fn mark_partitions_saved(&mut self) {
-        self.vectors.mark_saved();
+    /// Notes the partitions of `generation` (read with their encoding)
+    /// saved.
+    pub fn mark_partitions_saved(&mut self, generation: u64) {
+        self.vectors.mark_saved(generation);
     }
 
     pub fn len(&self) -> usize {
@@ -1699,13 +1701,32 @@ impl Index {
         b.0.total_cmp(&a.0).then_with(|| id(a.1).cmp(&id(b.1)))
     }
 
-    /// New vector partitions when they are due (see [`VectorIndex::train`]).
-    pub(crate) fn train_vectors(&self) -> Option<super::vectors::Trained> {
-        self.vectors.train()
+    /// Begins retraining the vector partitions beside the index when it is
+    /// due (see [`super::vectors::Retraining`]).
+    pub(crate) fn begin_vector_retraining(&mut self) -> Option<super::vectors::Retraining> {
+        self.vectors.begin_retraining()
     }
 
-    pub(crate) fn install_vectors(&mut self, t: super::vectors::Trained) {
-        self.vectors.install(t);
+    /// The vector index, for a retraining to copy its rows from.
+    pub(crate) fn vectors(&self) -> &super::vectors::VectorIndex {
+        &self.vectors
+    }
+
+    /// See [`super::vectors::VectorIndex::install_retrained`].
+    pub(crate) fn install_retrained(
+        &mut self,
+        r: super::vectors::Retraining,
+    ) -> Option<super::vectors::VectorIndex> {
+        self.vectors.install_retrained(r)
+    }
+
+    /// See [`super::vectors::VectorIndex::take_changed`].
+    pub(crate) fn take_retraining_changes(&mut self, id: u64) -> Option<super::vectors::Changed> {
+        self.vectors.take_changed(id)
+    }
+
+    pub(crate) fn abandon_retraining(&mut self, id: u64) {
+        self.vectors.abandon_retraining(id);
     }
 
     /// Upkeep after a batch of changes (vector partitions retrained when

@@ -13,6 +13,9 @@
 //! 100k agents the scan is bound by memory, and reading one block per
 //! partition instead of a row scattered per agent is what keeps it fast.
 
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use super::simd::{dot_f32_i8, dot_i8, each_dot_i8, prefetch, quantize};
 
 /// Below this many vectors every row is scanned.
@@ -80,7 +83,7 @@ pub struct Trained {
     centroids: Vec<f32>,
     lists: Vec<List>,
     at: Vec<(u32, u32)>,
-    pub(crate) rows: usize,
+    rows: usize,
 }
 
 pub struct VectorIndex {
@@ -107,6 +110,100 @@ pub struct VectorIndex {
     /// Rows placed since the partitions were last saved
     /// ([`Self::saved`]), which says when saving them again is due.
     placed_since_saved: usize,
+    /// While a [`Retraining`] runs beside the index: its id and the slots
+    /// whose rows changed since it began, placed again when it installs.
+    retraining: Option<(u64, HashSet<u32>)>,
+    /// Counts the partitions installed, so a save encoded before an
+    /// install does not mark the new ones saved.
+    generation: u64,
+}
+
+/// Ids of retrainings, so one begun on an index that has since been
+/// replaced (a rebuild swaps in a new one) is never installed on it.
+static RETRAININGS: AtomicU64 = AtomicU64::new(1);
+
+/// Rows a retraining copies out of the index per read of it: a few
+/// megabytes, so the lock is held for about a millisecond each time.
+pub const RETRAIN_CHUNK: usize = 16_384;
+
+/// New partitions trained beside the live index, so that the indexer and
+/// searches go on meanwhile (training a million rows takes seconds, and
+/// discovery waits for the indexer). [`VectorIndex::begin_retraining`]
+/// copies out the rows it samples; [`Retraining::train`] trains the
+/// centroids on them without the index; [`Retraining::fill`] copies every
+/// row out a chunk at a time and files it under its nearest new centroid;
+/// [`VectorIndex::install_retrained`] swaps the result in, placing again
+/// the rows that changed since it began.
+pub struct Retraining {
+    id: u64,
+    rows: usize,
+    nlist: usize,
+    sample: List,
+    next: VectorIndex,
+}
+
+impl Retraining {
+    /// Trains the centroids on the sample; no index is needed.
+    pub fn train(&mut self) {
+        let dim = self.next.dim;
+        self.next.centroids = kmeans(&self.sample, self.nlist, dim);
+        self.next.coded = CodedCentroids::new(&self.next.centroids, dim);
+        self.next.lists = vec![List::default(); self.nlist];
+        self.sample = List::default();
+    }
+
+    /// Files every row of the index under its nearest new centroid;
+    /// `read` lends the index (under its lock) for each chunk's copy, so
+    /// the assigning itself runs without it.
+    pub fn fill(&mut self, mut read: impl FnMut(&mut dyn FnMut(&VectorIndex))) {
+        let mut from = 0u32;
+        loop {
+            let mut chunk = List::default();
+            let mut end = from;
+            read(&mut |ix: &VectorIndex| {
+                end = ix.copy_rows(from, RETRAIN_CHUNK, &mut chunk);
+            });
+            let n = chunk.slots.len();
+            let dim = self.next.dim;
+            let lists = assign(&self.next.coded, n, |i| chunk.row(i, dim).0);
+            for (i, list) in lists.into_iter().enumerate() {
+                let (code, scale) = chunk.row(i, dim);
+                self.next.place(chunk.slots[i], list, code, scale);
+            }
+            if end <= from {
+                return;
+            }
+            from = end;
+        }
+    }
+
+    /// Files the rows changed so far ([`VectorIndex::take_changed`]) as
+    /// [`Self::fill`] does, so that the install, under the index's write
+    /// lock, has only those changed since to place.
+    pub fn apply(&mut self, changed: Changed) {
+        for slot in changed.removed {
+            self.next.clear(slot);
+        }
+        let rows = changed.rows;
+        let dim = self.next.dim;
+        let lists = assign(&self.next.coded, rows.slots.len(), |i| rows.row(i, dim).0);
+        for (i, list) in lists.into_iter().enumerate() {
+            let (code, scale) = rows.row(i, dim);
+            self.next.clear(rows.slots[i]);
+            self.next.place(rows.slots[i], list, code, scale);
+        }
+    }
+
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+}
+
+/// The rows changed while a [`Retraining`] ran: slots left without a row,
+/// and the others' rows as they are now.
+pub struct Changed {
+    removed: Vec<u32>,
+    rows: List,
 }
 
 impl VectorIndex {
@@ -122,6 +219,8 @@ impl VectorIndex {
             staging: false,
             pending: List::default(),
             placed_since_saved: 0,
+            retraining: None,
+            generation: 0,
         }
     }
 
@@ -299,15 +398,14 @@ impl VectorIndex {
         self.live >= IVF_MIN && self.live >= 2 * self.trained_at
     }
 
-    /// New partitions for the rows held now, when training is due. Takes
-    /// `&self` so that the (seconds-long) work can run while searches go
-    /// on; [`Self::install`] swaps the result in, valid as long as no row
-    /// changed in between.
-    pub fn train(&self) -> Option<Trained> {
+    /// New partitions for the rows held now, when training is due (a
+    /// rebuild's, which holds the index alone; the live indexer's runs
+    /// beside it, see [`Retraining`]).
+    fn train(&self) -> Option<Trained> {
         self.training_due().then(|| self.trained())
     }
 
-    pub fn install(&mut self, t: Trained) {
+    fn install(&mut self, t: Trained) {
         self.coded = CodedCentroids::new(&t.centroids, self.dim);
         self.centroids = t.centroids;
         self.lists = t.lists;
@@ -316,9 +414,13 @@ impl VectorIndex {
         // Training assigned every row, those held back included.
         self.pending = List::default();
         self.placed_since_saved = self.live.max(1);
+        self.generation += 1;
     }
 
     pub fn clear(&mut self, slot: u32) {
+        if let Some((_, touched)) = &mut self.retraining {
+            touched.insert(slot);
+        }
         let s = slot as usize;
         let Some(&(list, pos)) = self.at.get(s).filter(|a| **a != NONE) else {
             return;
@@ -333,18 +435,6 @@ impl VectorIndex {
         };
         if let Some(moved) = rows.swap_remove(pos as usize, dim) {
             self.at[moved as usize] = (list, pos);
-        }
-    }
-
-    /// The row of a stored `slot` back in f32 (its codes times its scale),
-    /// into `out` (zeros for a slot without one).
-    fn decode_into(&self, slot: u32, out: &mut [f32]) {
-        match self.code(slot) {
-            Some((code, scale)) => out
-                .iter_mut()
-                .zip(code)
-                .for_each(|(o, &c)| *o = f32::from(c) * scale),
-            None => out.fill(0.0),
         }
     }
 
@@ -370,45 +460,10 @@ impl VectorIndex {
     /// later: a quarter of the work of decoding them to f32, and training
     /// runs on every node while it serves.
     fn trained(&self) -> Trained {
-        let dim = self.dim;
+        let (sample, nlist) = self.sample();
         let slots = self.stored_slots();
-        let nlist = ((2.0 * (slots.len() as f64).sqrt()) as usize).clamp(16, 4096);
-        let step = (slots.len() / TRAIN_SAMPLE).max(1);
-        let sample: Vec<u32> = slots.iter().step_by(step).copied().collect();
-        let spacing = (sample.len() / nlist).max(1);
-        let mut centroids = vec![0.0f32; nlist * dim];
-        for (c, row) in centroids.chunks_exact_mut(dim).enumerate() {
-            self.decode_into(sample[(c * spacing) % sample.len()], row);
-        }
-        for _ in 0..TRAIN_ROUNDS {
-            let coded = CodedCentroids::new(&centroids, dim);
-            let mut sums = vec![0.0f32; nlist * dim];
-            let mut counts = vec![0usize; nlist];
-            for &s in &sample {
-                let Some((code, scale)) = self.code(s) else {
-                    continue;
-                };
-                let c = coded.nearest(code);
-                counts[c] += 1;
-                sums[c * dim..(c + 1) * dim]
-                    .iter_mut()
-                    .zip(code)
-                    .for_each(|(a, &b)| *a += f32::from(b) * scale);
-            }
-            for c in 0..nlist {
-                let row = &mut sums[c * dim..(c + 1) * dim];
-                if counts[c] == 0 {
-                    // An empty partition restarts from a sample point.
-                    self.decode_into(sample[(c * 7919) % sample.len()], row);
-                }
-                let n = row.iter().map(|x| x * x).sum::<f32>().sqrt();
-                if n > 0.0 {
-                    row.iter_mut().for_each(|x| *x /= n);
-                }
-            }
-            centroids = sums;
-        }
-        let coded = CodedCentroids::new(&centroids, dim);
+        let centroids = kmeans(&sample, nlist, self.dim);
+        let coded = CodedCentroids::new(&centroids, self.dim);
         let assigned = assign(&coded, slots.len(), |i| {
             self.code(slots[i]).map_or(&[][..], |(code, _)| code)
         });
@@ -418,6 +473,117 @@ impl VectorIndex {
             lists,
             at,
             rows: slots.len(),
+        }
+    }
+
+    /// The rows training learns from (every row up to [`TRAIN_SAMPLE`],
+    /// else evenly spaced ones), and the number of partitions for the rows
+    /// held now.
+    fn sample(&self) -> (List, usize) {
+        let slots = self.stored_slots();
+        let nlist = ((2.0 * (slots.len() as f64).sqrt()) as usize).clamp(16, 4096);
+        let step = (slots.len() / TRAIN_SAMPLE).max(1);
+        let mut sample = List::default();
+        for &s in slots.iter().step_by(step) {
+            if let Some((code, scale)) = self.code(s) {
+                sample.push(s, code, scale);
+            }
+        }
+        (sample, nlist)
+    }
+
+    /// Begins a [`Retraining`] when training is due and none is running:
+    /// copies out the rows it samples, and from now on notes every row
+    /// that changes.
+    pub fn begin_retraining(&mut self) -> Option<Retraining> {
+        if self.retraining.is_some() || !self.training_due() {
+            return None;
+        }
+        let (sample, nlist) = self.sample();
+        if sample.slots.is_empty() {
+            return None;
+        }
+        let id = RETRAININGS.fetch_add(1, Ordering::Relaxed);
+        self.retraining = Some((id, HashSet::new()));
+        Some(Retraining {
+            id,
+            rows: self.live,
+            nlist,
+            sample,
+            next: VectorIndex::new(self.dim),
+        })
+    }
+
+    /// Copies the rows of slots `from..` into `into`, at most `max` slots'
+    /// worth; the slot to go on from (`from` itself once none is left).
+    fn copy_rows(&self, from: u32, max: usize, into: &mut List) -> u32 {
+        let end = (from as usize).saturating_add(max).min(self.at.len());
+        for s in from as usize..end {
+            if let Some((code, scale)) = self.code(s as u32) {
+                into.push(s as u32, code, scale);
+            }
+        }
+        (end as u32).max(from)
+    }
+
+    /// Installs a finished [`Retraining`] begun on this index, placing
+    /// again every row that changed since it began, and gives back the
+    /// partitions it replaced (for the caller to drop once it has let go
+    /// of the index's lock); None, and nothing changed, for a retraining
+    /// begun elsewhere or given up.
+    pub fn install_retrained(&mut self, r: Retraining) -> Option<VectorIndex> {
+        let touched = match self.retraining.take() {
+            Some((id, touched)) if id == r.id => touched,
+            other => {
+                self.retraining = other;
+                return None;
+            }
+        };
+        let mut next = r.next;
+        if next.partitions() == 0 {
+            return None;
+        }
+        for slot in touched {
+            next.clear(slot);
+            if let Some((code, scale)) = self.code(slot) {
+                let code = code.to_vec();
+                next.put(slot, &code, scale, None);
+            }
+        }
+        next.reach(self.at.len().saturating_sub(1) as u32);
+        next.trained_at = r.rows;
+        next.placed_since_saved = next.live.max(1);
+        next.generation = self.generation + 1;
+        Some(std::mem::replace(self, next))
+    }
+
+    /// The rows changed since retraining `id` began or last took them;
+    /// it notes changes afresh from here. None when `id` is not running.
+    pub fn take_changed(&mut self, id: u64) -> Option<Changed> {
+        let touched = match &mut self.retraining {
+            Some((running, touched)) if *running == id => std::mem::take(touched),
+            _ => return None,
+        };
+        let mut changed = Changed {
+            removed: Vec::new(),
+            rows: List::default(),
+        };
+        for slot in touched {
+            match self.code(slot) {
+                Some((code, scale)) => {
+                    changed.rows.push(slot, code, scale);
+                }
+                None => changed.removed.push(slot),
+            }
+        }
+        Some(changed)
+    }
+
+    /// Forgets a retraining that will not be installed (it failed), so
+    /// that the next one may begin.
+    pub fn abandon_retraining(&mut self, id: u64) {
+        if self.retraining.as_ref().is_some_and(|(r, _)| *r == id) {
+            self.retraining = None;
         }
     }
 
@@ -743,8 +909,17 @@ impl VectorIndex {
         self.placed_since_saved
     }
 
-    pub fn mark_saved(&mut self) {
-        self.placed_since_saved = 0;
+    /// Which partitions these are (see [`Self::mark_saved`]).
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Notes that the partitions of `generation` were saved (nothing, when
+    /// others were installed since they were encoded).
+    pub fn mark_saved(&mut self, generation: u64) {
+        if generation == self.generation {
+            self.placed_since_saved = 0;
+        }
     }
 
     /// Rows counted in the index.
@@ -914,6 +1089,53 @@ pub(crate) fn best_admitted(
 /// work of f32; a row near a border may go to its second-nearest
 /// partition, which probing absorbs), on every core. At a million agents
 /// this assignment was most of an index build.
+/// Spherical k-means over `sample`'s rows: `nlist` unit centroids, `dim`
+/// each, started from evenly spaced rows; a partition left empty restarts
+/// from a row of the sample.
+fn kmeans(sample: &List, nlist: usize, dim: usize) -> Vec<f32> {
+    let n = sample.slots.len();
+    let mut centroids = vec![0.0f32; nlist * dim];
+    if n == 0 {
+        return centroids;
+    }
+    let decode_into = |i: usize, out: &mut [f32]| {
+        let (code, scale) = sample.row(i, dim);
+        out.iter_mut()
+            .zip(code)
+            .for_each(|(o, &c)| *o = f32::from(c) * scale);
+    };
+    let spacing = (n / nlist).max(1);
+    for (c, row) in centroids.chunks_exact_mut(dim).enumerate() {
+        decode_into((c * spacing) % n, row);
+    }
+    for _ in 0..TRAIN_ROUNDS {
+        let coded = CodedCentroids::new(&centroids, dim);
+        let mut sums = vec![0.0f32; nlist * dim];
+        let mut counts = vec![0usize; nlist];
+        for i in 0..n {
+            let (code, scale) = sample.row(i, dim);
+            let c = coded.nearest(code);
+            counts[c] += 1;
+            sums[c * dim..(c + 1) * dim]
+                .iter_mut()
+                .zip(code)
+                .for_each(|(a, &b)| *a += f32::from(b) * scale);
+        }
+        for c in 0..nlist {
+            let row = &mut sums[c * dim..(c + 1) * dim];
+            if counts[c] == 0 {
+                decode_into((c * 7919) % n, row);
+            }
+            let norm = row.iter().map(|x| x * x).sum::<f32>().sqrt();
+            if norm > 0.0 {
+                row.iter_mut().for_each(|x| *x /= norm);
+            }
+        }
+        centroids = sums;
+    }
+    centroids
+}
+
 fn assign<'a>(
     coded: &CodedCentroids,
     n: usize,
@@ -1127,6 +1349,124 @@ mod tests {
         check(&ix);
     }
 
+    /// What the retraining tests leave in slot `s` of `0..n + 500`: rows
+    /// added (`n..`), replaced (every seventh) and removed (every fifth)
+    /// while the partitions were retrained beside the index.
+    fn changed_meanwhile(s: u32, dim: usize) -> Option<Vec<f32>> {
+        if s % 7 == 2 {
+            Some(unit(u64::from(s) + 2_000_000, dim))
+        } else if s.is_multiple_of(5) {
+            None
+        } else {
+            Some(unit(u64::from(s), dim))
+        }
+    }
+
+    #[test]
+    fn a_retraining_beside_the_index_places_again_the_rows_changed_meanwhile() {
+        let (dim, n) = (32, 6000u32);
+        let mut ix = with_rows(n, dim);
+        let mut run = ix.begin_retraining().expect("due past the minimum");
+        assert!(ix.begin_retraining().is_none(), "one at a time");
+        // Changes before the centroids are trained, and between the
+        // chunks that copy the rows out (the indexer goes on meanwhile).
+        for s in (0..n).step_by(5) {
+            ix.clear(s);
+        }
+        run.train();
+        let mut chunk = 0u32;
+        run.fill(|copy| {
+            let (from, to) = (chunk * 100, (chunk + 1) * 100);
+            for s in (from..to).filter(|s| s % 7 == 2) {
+                ix.set(s, &unit(u64::from(s) + 2_000_000, dim), None);
+            }
+            for s in (n + chunk * 100..n + (chunk + 1) * 100).take_while(|&s| s < n + 500) {
+                if let Some(v) = changed_meanwhile(s, dim) {
+                    ix.set(s, &v, None);
+                }
+            }
+            chunk += 1;
+            copy(&ix);
+        });
+        // Half the rest of the replacements come after every row was
+        // copied, and are filed outside the lock; the other half only at
+        // the install.
+        let half = chunk * 100 + (n - chunk * 100) / 2;
+        for s in (chunk * 100..half).filter(|s| s % 7 == 2) {
+            ix.set(s, &unit(u64::from(s) + 2_000_000, dim), None);
+        }
+        run.apply(ix.take_changed(run.id()).expect("running"));
+        assert!(ix.take_changed(run.id() + 1).is_none(), "not running");
+        for s in (half..n).filter(|s| s % 7 == 2) {
+            ix.set(s, &unit(u64::from(s) + 2_000_000, dim), None);
+        }
+        let generation = ix.generation();
+        let replaced = ix.install_retrained(run).expect("begun on this index");
+        assert_eq!(replaced.partitions(), 0);
+        assert!(ix.partitions() > 0);
+        assert_eq!(ix.generation(), generation + 1);
+        let mut live = 0;
+        for s in 0..n + 500 {
+            match changed_meanwhile(s, dim) {
+                None => assert!(!ix.has(s), "row {s} was removed"),
+                Some(v) => {
+                    live += 1;
+                    assert!(ix.exact(s, &v) > 0.99, "row {s} is not its own");
+                    // Filed where a search for it looks.
+                    let top = ix.top(&v, &quantize(&v), 1, |_| true);
+                    assert_eq!(top.first().map(|t| t.0), Some(s), "row {s} is not found");
+                }
+            }
+        }
+        assert_eq!(ix.live(), live);
+        let rows: usize = ix.lists.iter().map(|l| l.slots.len()).sum();
+        assert_eq!(rows, live, "each row in one list, once");
+        // Trained at the rows it began with: not due again until they double.
+        assert!(ix.begin_retraining().is_none());
+    }
+
+    #[test]
+    fn a_retraining_given_up_or_begun_elsewhere_changes_nothing() {
+        let dim = 32;
+        let mut ix = with_rows(5000, dim);
+        let mut other = with_rows(5000, dim);
+        let mut run = ix.begin_retraining().expect("due");
+        run.train();
+        run.fill(|copy| copy(&ix));
+        let mut elsewhere = other.begin_retraining().expect("due");
+        elsewhere.train();
+        elsewhere.fill(|copy| copy(&other));
+        assert!(ix.install_retrained(elsewhere).is_none(), "another index's");
+        assert_eq!(ix.partitions(), 0);
+        ix.abandon_retraining(run.id());
+        assert!(ix.install_retrained(run).is_none(), "given up");
+        assert_eq!(ix.partitions(), 0);
+        // Giving up lets the next one begin.
+        assert!(ix.begin_retraining().is_some());
+    }
+
+    #[test]
+    fn partitions_installed_after_a_save_was_encoded_stay_due() {
+        let dim = 32;
+        let mut ix = with_rows(5000, dim);
+        ix.maintain();
+        let encoded = ix.generation();
+        for s in 5000..10_000 {
+            ix.set(s, &unit(u64::from(s), dim), None);
+        }
+        let mut run = ix.begin_retraining().expect("doubled");
+        run.train();
+        run.fill(|copy| copy(&ix));
+        assert!(ix.install_retrained(run).is_some());
+        ix.mark_saved(encoded);
+        assert!(
+            ix.placed_since_saved() > 0,
+            "the new partitions are not saved"
+        );
+        ix.mark_saved(ix.generation());
+        assert_eq!(ix.placed_since_saved(), 0);
+    }
+
     #[test]
     fn saved_partitions_place_every_row_as_before_without_training() {
         let (dim, n) = (32, 6000u32);
@@ -1167,7 +1507,7 @@ mod tests {
             assert_eq!(again.top(&q, &quantize(&q), 1, |_| true)[0].0, probe);
         }
         assert!(again.placed_since_saved() > 0);
-        again.mark_saved();
+        again.mark_saved(again.generation());
         assert_eq!(again.placed_since_saved(), 0);
     }
 
