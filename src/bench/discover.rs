@@ -367,13 +367,21 @@ pub(crate) async fn register_corpus(
     results.into_iter().collect()
 }
 
-/// Waits until the node's index holds everything it has applied.
+/// Waits until the node's index holds everything it has applied, and the
+/// vector partitions that loading it made due are trained: queries are
+/// timed on the index as it then stays, not while a training runs.
 pub(crate) async fn wait_indexed(service: &crate::service::RegistryService) {
     let reader = service.reader();
-    service
-        .index()
+    let index = service.index();
+    index
         .caught_up(reader, reader.applied_revision(), Duration::from_secs(600))
         .await;
+    // The indexer begins a due training before it marks the change that
+    // made it due indexed, so one is running by now if any is.
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while index.retraining() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// The queries sent over gRPC by `clients` concurrent clients.

@@ -495,6 +495,12 @@ impl SearchIndex {
         });
     }
 
+    /// Whether new vector partitions are being trained beside the index
+    /// (searches meanwhile use the ones it has).
+    pub fn retraining(&self) -> bool {
+        self.read().vectors().retraining()
+    }
+
     /// Recall of the vector candidate scan against an exact scan of the
     /// agents' f32 vectors (`exact`, by id), for the benchmark (see
     /// [`vectors::VectorIndex::recall`]).

@@ -579,6 +579,11 @@ impl VectorIndex {
         Some(changed)
     }
 
+    /// Whether a [`Retraining`] begun on this index is still running.
+    pub fn retraining(&self) -> bool {
+        self.retraining.is_some()
+    }
+
     /// Forgets a retraining that will not be installed (it failed), so
     /// that the next one may begin.
     pub fn abandon_retraining(&mut self, id: u64) {
