@@ -165,7 +165,12 @@ impl Retraining {
             });
             let n = chunk.slots.len();
             let dim = self.next.dim;
-            let lists = assign(&self.next.coded, n, |i| chunk.row(i, dim).0);
+            let lists = assign(
+                &self.next.coded,
+                n,
+                |i| chunk.row(i, dim).0,
+                half_the_cores(),
+            );
             for (i, list) in lists.into_iter().enumerate() {
                 let (code, scale) = chunk.row(i, dim);
                 self.next.place(chunk.slots[i], list, code, scale);
@@ -186,7 +191,12 @@ impl Retraining {
         }
         let rows = changed.rows;
         let dim = self.next.dim;
-        let lists = assign(&self.next.coded, rows.slots.len(), |i| rows.row(i, dim).0);
+        let lists = assign(
+            &self.next.coded,
+            rows.slots.len(),
+            |i| rows.row(i, dim).0,
+            half_the_cores(),
+        );
         for (i, list) in lists.into_iter().enumerate() {
             let (code, scale) = rows.row(i, dim);
             self.next.clear(rows.slots[i]);
@@ -348,7 +358,12 @@ impl VectorIndex {
             return;
         }
         let dim = self.dim;
-        let lists = assign(&self.coded, pending.slots.len(), |i| pending.row(i, dim).0);
+        let lists = assign(
+            &self.coded,
+            pending.slots.len(),
+            |i| pending.row(i, dim).0,
+            every_core(),
+        );
         for (i, (&slot, list)) in pending.slots.iter().zip(lists).enumerate() {
             let (code, scale) = pending.row(i, dim);
             let pos = self.lists[list].push(slot, code, scale);
@@ -464,9 +479,12 @@ impl VectorIndex {
         let slots = self.stored_slots();
         let centroids = kmeans(&sample, nlist, self.dim);
         let coded = CodedCentroids::new(&centroids, self.dim);
-        let assigned = assign(&coded, slots.len(), |i| {
-            self.code(slots[i]).map_or(&[][..], |(code, _)| code)
-        });
+        let assigned = assign(
+            &coded,
+            slots.len(),
+            |i| self.code(slots[i]).map_or(&[][..], |(code, _)| code),
+            every_core(),
+        );
         let (lists, at) = self.regrouped(nlist, |i| assigned[i]);
         Trained {
             centroids,
@@ -1141,13 +1159,14 @@ fn kmeans(sample: &List, nlist: usize, dim: usize) -> Vec<f32> {
     centroids
 }
 
+/// The nearest centroid of each of `n` rows, on `threads` threads.
 fn assign<'a>(
     coded: &CodedCentroids,
     n: usize,
     row: impl Fn(usize) -> &'a [i8] + Sync,
+    threads: usize,
 ) -> Vec<usize> {
     let nearest = |i: usize| coded.nearest(row(i));
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let part = n.div_ceil(threads.max(1)).max(1);
     let ranges: Vec<std::ops::Range<usize>> = (0..n)
         .step_by(part)
@@ -1174,6 +1193,18 @@ fn assign<'a>(
             })
             .collect()
     })
+}
+
+/// Threads for assigning rows when nothing else runs (a rebuild): every
+/// core.
+fn every_core() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// Threads for assigning rows beside a serving index (a [`Retraining`]):
+/// half the cores, so that requests keep the rest. Nothing waits for it.
+fn half_the_cores() -> usize {
+    (every_core() / 2).max(1)
 }
 
 /// Partitions a query probes: three quarters of the square root of their
