@@ -160,8 +160,9 @@ impl Retraining {
         loop {
             let mut chunk = List::default();
             let mut end = from;
+            let id = self.id;
             read(&mut |ix: &VectorIndex| {
-                end = ix.copy_rows(from, RETRAIN_CHUNK, &mut chunk);
+                end = ix.copy_rows(id, from, RETRAIN_CHUNK, &mut chunk);
             });
             let n = chunk.slots.len();
             let dim = self.next.dim;
@@ -532,9 +533,14 @@ impl VectorIndex {
         })
     }
 
-    /// Copies the rows of slots `from..` into `into`, at most `max` slots'
-    /// worth; the slot to go on from (`from` itself once none is left).
-    fn copy_rows(&self, from: u32, max: usize, into: &mut List) -> u32 {
+    /// Copies the rows of slots `from..` into `into` for retraining `id`,
+    /// at most `max` slots' worth; the slot to go on from (`from` itself
+    /// once none is left, or when `id` is not running here: the index was
+    /// replaced, and its rows are not the retraining's).
+    fn copy_rows(&self, id: u64, from: u32, max: usize, into: &mut List) -> u32 {
+        if !self.retraining.as_ref().is_some_and(|(r, _)| *r == id) {
+            return from;
+        }
         let end = (from as usize).saturating_add(max).min(self.at.len());
         for s in from as usize..end {
             if let Some((code, scale)) = self.code(s as u32) {
@@ -1471,6 +1477,13 @@ mod tests {
         run.fill(|copy| copy(&ix));
         let mut elsewhere = other.begin_retraining().expect("due");
         elsewhere.train();
+        // Rows of an index that is not retraining it are not copied.
+        let mut copies = 0;
+        elsewhere.fill(|copy| {
+            copies += 1;
+            copy(&ix)
+        });
+        assert_eq!((copies, elsewhere.next.live()), (1, 0));
         elsewhere.fill(|copy| copy(&other));
         assert!(ix.install_retrained(elsewhere).is_none(), "another index's");
         assert_eq!(ix.partitions(), 0);
