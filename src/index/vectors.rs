@@ -538,7 +538,7 @@ impl VectorIndex {
     /// once none is left, or when `id` is not running here: the index was
     /// replaced, and its rows are not the retraining's).
     fn copy_rows(&self, id: u64, from: u32, max: usize, into: &mut List) -> u32 {
-        if !self.retraining.as_ref().is_some_and(|(r, _)| *r == id) {
+        if !self.running(id) {
             return from;
         }
         let end = (from as usize).saturating_add(max).min(self.at.len());
@@ -608,10 +608,15 @@ impl VectorIndex {
         self.retraining.is_some()
     }
 
+    /// Whether retraining `id` is the one running on this index.
+    fn running(&self, id: u64) -> bool {
+        self.retraining.as_ref().is_some_and(|(r, _)| *r == id)
+    }
+
     /// Forgets a retraining that will not be installed (it failed), so
     /// that the next one may begin.
     pub fn abandon_retraining(&mut self, id: u64) {
-        if self.retraining.as_ref().is_some_and(|(r, _)| *r == id) {
+        if self.running(id) {
             self.retraining = None;
         }
     }
