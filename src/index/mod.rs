@@ -450,6 +450,11 @@ impl SearchIndex {
     /// partitions are installed (see [`vectors::Retraining`]). At most one
     /// runs at a time; its length is logged.
     fn retrain_vectors(&self) {
+        // Asked under the read lock first: this runs for every change, and
+        // a write lock each time would hold up searches.
+        if !self.read().vectors_training_due() {
+            return;
+        }
         let Some(mut run) = self.write().begin_vector_retraining() else {
             return;
         };

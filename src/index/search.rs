@@ -1835,8 +1835,10 @@ impl Index {
         .collect()
     }
 
+    /// Whether a retraining of the vector partitions may begin: due, and
+    /// none running.
     pub fn vectors_training_due(&self) -> bool {
-        self.vectors.training_due()
+        self.vectors.training_due() && !self.vectors.retraining()
     }
 
     /// Partitions of the vector index (0 while every row is scanned).
