@@ -470,10 +470,10 @@ impl SearchIndex {
             if let Some(changed) = changed {
                 run.apply(changed);
             }
-            let (replaced, partitions) = {
+            let (replaced, partitions, rows) = {
                 let mut index = this.write();
                 let replaced = index.install_retrained(run);
-                (replaced, index.partitions())
+                (replaced, index.partitions(), index.vectors().live())
             };
             let Some(replaced) = replaced else {
                 // The index was rebuilt meanwhile; the rebuild trained.
@@ -483,10 +483,7 @@ impl SearchIndex {
             let ms = started.elapsed().as_millis() as u64;
             this.shared.trainings.fetch_add(1, Ordering::Relaxed);
             this.shared.last_training_ms.store(ms, Ordering::Relaxed);
-            info!(
-                rows = this.read().vectors().live(),
-                partitions, ms, "vector partitions trained"
-            );
+            info!(rows, partitions, ms, "vector partitions trained");
             if let Some(reader) = this.shared.reader.get() {
                 this.save_partitions(reader);
             }

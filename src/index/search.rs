@@ -1838,7 +1838,7 @@ impl Index {
     /// Whether a retraining of the vector partitions may begin: due, and
     /// none running.
     pub fn vectors_training_due(&self) -> bool {
-        self.vectors.training_due() && !self.vectors.retraining()
+        self.vectors.retraining_due()
     }
 
     /// Partitions of the vector index (0 while every row is scanned).

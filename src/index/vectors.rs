@@ -124,7 +124,7 @@ static RETRAININGS: AtomicU64 = AtomicU64::new(1);
 
 /// Rows a retraining copies out of the index per read of it: a few
 /// megabytes, so the lock is held for about a millisecond each time.
-pub const RETRAIN_CHUNK: usize = 16_384;
+const RETRAIN_CHUNK: usize = 16_384;
 
 /// New partitions trained beside the live index, so that the indexer and
 /// searches go on meanwhile (training a million rows takes seconds, and
@@ -164,18 +164,7 @@ impl Retraining {
             read(&mut |ix: &VectorIndex| {
                 end = ix.copy_rows(id, from, RETRAIN_CHUNK, &mut chunk);
             });
-            let n = chunk.slots.len();
-            let dim = self.next.dim;
-            let lists = assign(
-                &self.next.coded,
-                n,
-                |i| chunk.row(i, dim).0,
-                half_the_cores(),
-            );
-            for (i, list) in lists.into_iter().enumerate() {
-                let (code, scale) = chunk.row(i, dim);
-                self.next.place(chunk.slots[i], list, code, scale);
-            }
+            self.file(&chunk);
             if end <= from {
                 return;
             }
@@ -190,7 +179,12 @@ impl Retraining {
         for slot in changed.removed {
             self.next.clear(slot);
         }
-        let rows = changed.rows;
+        self.file(&changed.rows);
+    }
+
+    /// Files `rows` under their nearest new centroids (on half the cores:
+    /// the node serves meanwhile), each in place of any row its slot had.
+    fn file(&mut self, rows: &List) {
         let dim = self.next.dim;
         let lists = assign(
             &self.next.coded,
@@ -515,7 +509,7 @@ impl VectorIndex {
     /// copies out the rows it samples, and from now on notes every row
     /// that changes.
     pub fn begin_retraining(&mut self) -> Option<Retraining> {
-        if self.retraining.is_some() || !self.training_due() {
+        if !self.retraining_due() {
             return None;
         }
         let (sample, nlist) = self.sample();
@@ -606,6 +600,11 @@ impl VectorIndex {
     /// Whether a [`Retraining`] begun on this index is still running.
     pub fn retraining(&self) -> bool {
         self.retraining.is_some()
+    }
+
+    /// Whether a [`Retraining`] may begin: training is due, and none runs.
+    pub fn retraining_due(&self) -> bool {
+        !self.retraining() && self.training_due()
     }
 
     /// Whether retraining `id` is the one running on this index.
