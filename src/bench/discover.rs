@@ -368,18 +368,19 @@ pub(crate) async fn register_corpus(
 }
 
 /// Waits until the node's index holds everything it has applied, and the
-/// vector partitions that loading it made due are trained: queries are
-/// timed on the index as it then stays, not while a training runs.
+/// vector partitions that loading it made due are trained and saved:
+/// queries are timed on the index as it then stays, not while a training
+/// or a save runs, and a restart finds the partitions on disk.
 pub(crate) async fn wait_indexed(service: &crate::service::RegistryService) {
     let reader = service.reader();
     let index = service.index();
     index
         .caught_up(reader, reader.applied_revision(), Duration::from_secs(600))
         .await;
-    // The indexer begins a due training before it marks the change that
-    // made it due indexed, so one is running by now if any is.
+    // The indexer begins a due training or save before it marks the change
+    // that made it due indexed, so one is running by now if any is.
     let deadline = Instant::now() + Duration::from_secs(600);
-    while index.retraining() && Instant::now() < deadline {
+    while index.settling() && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

@@ -24,12 +24,12 @@ pub use vectors::ProbeRecall;
 const POOL_CACHE_TEXTS: usize = 20_000;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
-use tracing::{error, info, info_span, warn, Instrument};
+use tracing::{debug, error, info, info_span, warn, Instrument};
 
 pub use embed::{EmbedError, Embedder};
 pub use search::{Hit, Query, TagMatch, Unit, UnitKind, Weights};
@@ -98,6 +98,9 @@ struct Shared {
     /// retraining both save, and an older encoding must not be stored
     /// over a newer one.
     saving: std::sync::Mutex<()>,
+    /// Set while a save started by the indexer runs, so that the changes
+    /// applied meanwhile (the save stays due until it ends) start no more.
+    save_running: AtomicBool,
     /// The applied state this index follows (set when following starts):
     /// its lease table, which agents' hold cells are set from and shared
     /// leases' expiries are read from (a refresh changes no record, so
@@ -186,6 +189,7 @@ impl SearchIndex {
                 pool_vectors: Default::default(),
                 pool_docs: Default::default(),
                 saving: Default::default(),
+                save_running: Default::default(),
                 reader: Default::default(),
                 holds_pending: Default::default(),
                 settled: AtomicU64::new(0),
@@ -498,9 +502,13 @@ impl SearchIndex {
     }
 
     /// Whether new vector partitions are being trained beside the index
-    /// (searches meanwhile use the ones it has).
-    pub fn retraining(&self) -> bool {
-        self.read().vectors().retraining()
+    /// (searches meanwhile use the ones it has), or partitions are still to
+    /// be saved.
+    pub fn settling(&self) -> bool {
+        let index = self.read();
+        index.vectors().retraining()
+            || index.partitions_save_due()
+            || self.shared.save_running.load(Ordering::Acquire)
     }
 
     /// Recall of the vector candidate scan against an exact scan of the
@@ -600,7 +608,7 @@ impl SearchIndex {
             }
         }
         self.retrain_vectors();
-        self.save_live_partitions().await;
+        self.save_live_partitions();
         self.shared.indexed.send_replace(change.revision);
     }
 
@@ -629,6 +637,7 @@ impl SearchIndex {
     /// marking stay due, so they are saved too.
     fn save_partitions(&self, reader: &Reader) {
         let _saving = self.shared.saving.lock().unwrap_or_else(|p| p.into_inner());
+        let started = Instant::now();
         let (bytes, generation) = {
             let index = self.read();
             if !index.partitions_save_due() {
@@ -639,28 +648,50 @@ impl SearchIndex {
         let Some(bytes) = bytes else {
             return;
         };
+        let encoded_ms = started.elapsed().as_millis() as u64;
         match reader.store_index_partitions(&bytes) {
-            Ok(()) => self.write().mark_partitions_saved(generation),
+            Ok(()) => {
+                self.write().mark_partitions_saved(generation);
+                let (bytes, ms) = (bytes.len(), started.elapsed().as_millis() as u64);
+                debug!(bytes, encoded_ms, ms, "vector partitions saved");
+            }
             Err(e) => {
                 warn!(error = %e, "saving the vector partitions failed; the next start assigns them again")
             }
         }
     }
 
-    /// [`Self::save_partitions`] off the async threads (at a million agents
-    /// the encoding is 14 MB).
-    async fn save_live_partitions(&self) {
-        let (Some(reader), true) = (
-            self.shared.reader.get().cloned(),
-            self.read().partitions_save_due(),
-        ) else {
+    /// [`Self::save_partitions`] on a blocking thread, not awaited: the
+    /// indexer goes on meanwhile, and discovery waits for the indexer (at a
+    /// million agents the encoding is 14 MB). One at a time.
+    fn save_live_partitions(&self) {
+        let Some(reader) = self.shared.reader.get().cloned() else {
             return;
         };
-        let this = self.clone();
-        let saved = tokio::task::spawn_blocking(move || this.save_partitions(&reader)).await;
-        if let Err(e) = saved {
-            error!(error = %e, "saving the vector partitions panicked");
+        if !self.read().partitions_save_due()
+            || self.shared.save_running.swap(true, Ordering::AcqRel)
+        {
+            return;
         }
+        let this = self.clone();
+        let save = tokio::task::spawn_blocking(move || loop {
+            this.save_partitions(&reader);
+            this.shared.save_running.store(false, Ordering::Release);
+            // A change applied during the save found it running and left
+            // the partitions due: saved here, or by that change's successor.
+            if !this.read().partitions_save_due()
+                || this.shared.save_running.swap(true, Ordering::AcqRel)
+            {
+                return;
+            }
+        });
+        let this = self.clone();
+        tokio::spawn(async move {
+            if let Err(e) = save.await {
+                error!(error = %e, "saving the vector partitions panicked");
+                this.shared.save_running.store(false, Ordering::Release);
+            }
+        });
     }
 
     /// Builds a new index from every stored record and swaps it in; the

@@ -907,33 +907,32 @@ impl VectorIndex {
         self.centroids.len() / self.dim.max(1)
     }
 
-    /// The partitions and each row's, keyed by `key_of(slot)`, for
+    /// The partitions and each row's, keyed by `keys[slot]`, for
     /// [`SavedPartitions::decode`]; None while unpartitioned.
-    pub fn saved(&self, key_of: impl Fn(u32) -> Option<u64>) -> Option<Vec<u8>> {
+    pub fn saved(&self, keys: &[u64]) -> Option<Vec<u8>> {
         let nlist = self.partitions();
         if nlist == 0 {
             return None;
         }
-        let rows: Vec<(u64, u32)> = self
-            .at
-            .iter()
-            .enumerate()
-            .filter(|(_, a)| **a != NONE && a.0 != PENDING)
-            .filter_map(|(s, a)| Some((key_of(s as u32)?, a.0)))
-            .collect();
-        let mut out = Vec::with_capacity(28 + self.centroids.len() * 4 + rows.len() * 12);
+        let mut out = Vec::with_capacity(28 + self.centroids.len() * 4 + self.live * 12);
         out.extend(SAVED_MAGIC);
         out.extend((self.dim as u32).to_le_bytes());
         out.extend((nlist as u32).to_le_bytes());
         out.extend((self.trained_at as u64).to_le_bytes());
-        out.extend((rows.len() as u64).to_le_bytes());
+        let count_at = out.len();
+        out.extend(0u64.to_le_bytes());
         for c in &self.centroids {
             out.extend(c.to_le_bytes());
         }
-        for (key, list) in rows {
-            out.extend(key.to_le_bytes());
-            out.extend(list.to_le_bytes());
+        let mut rows = 0u64;
+        for (a, key) in self.at.iter().zip(keys) {
+            if *a != NONE && a.0 != PENDING {
+                out.extend(key.to_le_bytes());
+                out.extend(a.0.to_le_bytes());
+                rows += 1;
+            }
         }
+        out[count_at..count_at + 8].copy_from_slice(&rows.to_le_bytes());
         Some(out)
     }
 
@@ -1523,11 +1522,14 @@ mod tests {
     #[test]
     fn saved_partitions_place_every_row_as_before_without_training() {
         let (dim, n) = (32, 6000u32);
-        let key = |s: u32| Some(u64::from(s) * 7 + 1);
+        let keys: Vec<u64> = (0..n).map(|s| u64::from(s) * 7 + 1).collect();
         let mut first = with_rows(n, dim);
-        assert!(first.saved(key).is_none(), "nothing to save unpartitioned");
+        assert!(
+            first.saved(&keys).is_none(),
+            "nothing to save unpartitioned"
+        );
         first.maintain();
-        let bytes = first.saved(key).expect("partitioned");
+        let bytes = first.saved(&keys).expect("partitioned");
         assert!(
             SavedPartitions::decode(&bytes, dim + 1).is_none(),
             "another dimension"
@@ -1569,8 +1571,12 @@ mod tests {
         let dim = 32;
         let mut large = with_rows(6000, dim);
         large.maintain();
-        let bytes = large.saved(|s| Some(u64::from(s))).expect("partitioned");
+        large.clear(1500);
+        let keys: Vec<u64> = (0..6000).collect();
+        let bytes = large.saved(&keys).expect("partitioned");
         let saved = SavedPartitions::decode(&bytes, dim).expect("decodes");
+        assert!(saved.list_of(1500).is_none(), "a removed row is not saved");
+        assert!(saved.list_of(1499).is_some());
         let mut small = VectorIndex::new(dim);
         small.adopt(&saved);
         for s in 0..1000u32 {

@@ -289,10 +289,19 @@ impl RegistryService {
     /// change is the one the discovery index and watchers received: a
     /// caller that only reads it (an answer) copies nothing.
     pub(crate) async fn commit(&self, command: Command) -> Result<Arc<Change>> {
+        Ok(self.commit_or_reject(command).await??)
+    }
+
+    /// [`Self::commit`], with the state machine's refusal (a stale
+    /// revision, a rule) kept apart from errors of the way there.
+    async fn commit_or_reject(
+        &self,
+        command: Command,
+    ) -> Result<std::result::Result<Arc<Change>, crate::domain::write::Rejection>> {
         self.signing_identity().await?;
         match super::audit::propose(&self.node, command).await? {
-            CommandResult::Applied(change) => Ok(change),
-            CommandResult::Rejected(r) => Err(r.into()),
+            CommandResult::Applied(change) => Ok(Ok(change)),
+            CommandResult::Rejected(r) => Ok(Err(r)),
             other => Err(ServiceError::Internal(format!(
                 "a record command produced {other:?}"
             ))),
@@ -400,14 +409,10 @@ impl RegistryService {
             expected_revision: Some(expected),
             rules: 0,
         };
-        self.signing_identity().await?;
-        match super::audit::propose(&self.node, command).await? {
-            CommandResult::Applied(change) => Ok(Ok(Arc::unwrap_or_clone(change).record)),
-            CommandResult::Rejected(r) => Ok(Err(r)),
-            other => Err(ServiceError::Internal(format!(
-                "a record command produced {other:?}"
-            ))),
-        }
+        Ok(self
+            .commit_or_reject(command)
+            .await?
+            .map(|change| Arc::unwrap_or_clone(change).record))
     }
 
     /// Replaces an existing agent's metadata.
