@@ -668,9 +668,7 @@ impl SearchIndex {
         let Some(reader) = self.shared.reader.get().cloned() else {
             return;
         };
-        if !self.read().partitions_save_due()
-            || self.shared.save_running.swap(true, Ordering::AcqRel)
-        {
+        if !self.claim_save() {
             return;
         }
         let this = self.clone();
@@ -679,9 +677,7 @@ impl SearchIndex {
             this.shared.save_running.store(false, Ordering::Release);
             // A change applied during the save found it running and left
             // the partitions due: saved here, or by that change's successor.
-            if !this.read().partitions_save_due()
-                || this.shared.save_running.swap(true, Ordering::AcqRel)
-            {
+            if !this.claim_save() {
                 return;
             }
         });
@@ -692,6 +688,12 @@ impl SearchIndex {
                 this.shared.save_running.store(false, Ordering::Release);
             }
         });
+    }
+
+    /// True, and the indexer's save marked running, when a save is due and
+    /// none of its saves runs.
+    fn claim_save(&self) -> bool {
+        self.read().partitions_save_due() && !self.shared.save_running.swap(true, Ordering::AcqRel)
     }
 
     /// Builds a new index from every stored record and swaps it in; the
