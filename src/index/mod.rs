@@ -98,9 +98,9 @@ struct Shared {
     /// retraining both save, and an older encoding must not be stored
     /// over a newer one.
     saving: std::sync::Mutex<()>,
-    /// Set while a save started by the indexer runs, so that the changes
-    /// applied meanwhile (the save stays due until it ends) start no more.
-    save_running: AtomicBool,
+    /// The indexer's saves: one at a time, none for a while after one
+    /// failed.
+    save_turn: SaveTurn,
     /// The applied state this index follows (set when following starts):
     /// its lease table, which agents' hold cells are set from and shared
     /// leases' expiries are read from (a refresh changes no record, so
@@ -130,6 +130,47 @@ struct PendingHolds {
 
 /// Changed holds a rebuild lists before it sets every agent's instead.
 const PENDING_HOLDS_MAX: usize = 100_000;
+
+/// How long the indexer waits after a failed save of the partitions before
+/// it tries again. A store that fails (a full disk) fails at once, so
+/// without a pause the saves that the next changes make due would spin on
+/// the error and flood the log.
+const SAVE_RETRY: Duration = Duration::from_secs(30);
+
+/// The indexer's turn to save the vector partitions.
+#[derive(Default)]
+struct SaveTurn {
+    running: AtomicBool,
+    /// Set by a failed save: no save is claimed before then.
+    retry_at: std::sync::Mutex<Option<Instant>>,
+}
+
+impl SaveTurn {
+    /// True, and the turn taken, for a `due` save when none runs and none
+    /// failed within [`SAVE_RETRY`].
+    fn claim(&self, due: bool, now: Instant) -> bool {
+        due && !self.backing_off(now) && !self.running.swap(true, Ordering::AcqRel)
+    }
+
+    /// Ends the turn; a failed save puts the next one off.
+    fn finish(&self, saved: bool, now: Instant) {
+        *self.retry_at.lock().unwrap_or_else(|p| p.into_inner()) =
+            (!saved).then_some(now + SAVE_RETRY);
+        self.running.store(false, Ordering::Release);
+    }
+
+    /// A save still owed: running, or due and not put off by a failure.
+    fn pending(&self, due: bool, now: Instant) -> bool {
+        self.running.load(Ordering::Acquire) || (due && !self.backing_off(now))
+    }
+
+    fn backing_off(&self, now: Instant) -> bool {
+        self.retry_at
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some_and(|at| now < at)
+    }
+}
 
 /// Sets the hold cells of the agents `changed` names from `leases`.
 fn set_holds(index: &Index, leases: &LeaseTable, changed: HoldsChanged<'_>) {
@@ -189,7 +230,7 @@ impl SearchIndex {
                 pool_vectors: Default::default(),
                 pool_docs: Default::default(),
                 saving: Default::default(),
-                save_running: Default::default(),
+                save_turn: Default::default(),
                 reader: Default::default(),
                 holds_pending: Default::default(),
                 settled: AtomicU64::new(0),
@@ -503,12 +544,14 @@ impl SearchIndex {
 
     /// Whether new vector partitions are being trained beside the index
     /// (searches meanwhile use the ones it has), or partitions are still to
-    /// be saved.
+    /// be saved (not counting a save put off after a failure).
     pub fn settling(&self) -> bool {
         let index = self.read();
         index.vectors().retraining()
-            || index.partitions_save_due()
-            || self.shared.save_running.load(Ordering::Acquire)
+            || self
+                .shared
+                .save_turn
+                .pending(index.partitions_save_due(), Instant::now())
     }
 
     /// Recall of the vector candidate scan against an exact scan of the
@@ -634,19 +677,20 @@ impl SearchIndex {
     /// [`Index::partitions_save_due`]), so that the next start places every
     /// row without training or assigning them; a failure costs only that.
     /// Partitions installed by a retraining between the encoding and the
-    /// marking stay due, so they are saved too.
-    fn save_partitions(&self, reader: &Reader) {
+    /// marking stay due, so they are saved too. False when the store
+    /// failed.
+    fn save_partitions(&self, reader: &Reader) -> bool {
         let _saving = self.shared.saving.lock().unwrap_or_else(|p| p.into_inner());
         let started = Instant::now();
         let (bytes, generation) = {
             let index = self.read();
             if !index.partitions_save_due() {
-                return;
+                return true;
             }
             (index.saved_partitions(), index.vectors().generation())
         };
         let Some(bytes) = bytes else {
-            return;
+            return true;
         };
         let encoded_ms = started.elapsed().as_millis() as u64;
         match reader.store_index_partitions(&bytes) {
@@ -654,9 +698,11 @@ impl SearchIndex {
                 self.write().mark_partitions_saved(generation);
                 let (bytes, ms) = (bytes.len(), started.elapsed().as_millis() as u64);
                 debug!(bytes, encoded_ms, ms, "vector partitions saved");
+                true
             }
             Err(e) => {
-                warn!(error = %e, "saving the vector partitions failed; the next start assigns them again")
+                warn!(error = %e, "saving the vector partitions failed; the next start assigns them again");
+                false
             }
         }
     }
@@ -673,10 +719,11 @@ impl SearchIndex {
         }
         let this = self.clone();
         let save = tokio::task::spawn_blocking(move || loop {
-            this.save_partitions(&reader);
-            this.shared.save_running.store(false, Ordering::Release);
+            let saved = this.save_partitions(&reader);
+            this.shared.save_turn.finish(saved, Instant::now());
             // A change applied during the save found it running and left
             // the partitions due: saved here, or by that change's successor.
+            // After a failure the turn refuses until its retry time.
             if !this.claim_save() {
                 return;
             }
@@ -685,15 +732,16 @@ impl SearchIndex {
         tokio::spawn(async move {
             if let Err(e) = save.await {
                 error!(error = %e, "saving the vector partitions panicked");
-                this.shared.save_running.store(false, Ordering::Release);
+                this.shared.save_turn.finish(false, Instant::now());
             }
         });
     }
 
-    /// True, and the indexer's save marked running, when a save is due and
-    /// none of its saves runs.
+    /// True, and the indexer's save marked running, when a save is due, none
+    /// of its saves runs and none failed lately.
     fn claim_save(&self) -> bool {
-        self.read().partitions_save_due() && !self.shared.save_running.swap(true, Ordering::AcqRel)
+        let due = self.read().partitions_save_due();
+        self.shared.save_turn.claim(due, Instant::now())
     }
 
     /// Builds a new index from every stored record and swaps it in; the
@@ -988,5 +1036,39 @@ impl SearchIndex {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A failed save (a full disk) puts the next one off instead of
+    /// retrying at once, and meanwhile no save counts as owed, so nothing
+    /// waits for it; after the pause a due save is claimed again.
+    #[test]
+    fn a_failed_save_is_retried_only_after_the_pause() {
+        let turn = SaveTurn::default();
+        let t0 = Instant::now();
+        assert!(!turn.claim(false, t0), "nothing due, nothing claimed");
+        assert!(turn.claim(true, t0));
+        assert!(!turn.claim(true, t0), "one save at a time");
+        assert!(turn.pending(false, t0), "a running save is owed");
+
+        turn.finish(false, t0);
+        let soon = t0 + Duration::from_secs(1);
+        assert!(!turn.claim(true, soon), "no retry right after a failure");
+        assert!(
+            !turn.pending(true, soon),
+            "a put-off save is not waited for"
+        );
+
+        let later = t0 + SAVE_RETRY + Duration::from_millis(1);
+        assert!(turn.pending(true, later));
+        assert!(turn.claim(true, later), "retried after the pause");
+        turn.finish(true, later);
+        assert!(turn.claim(true, later), "a success puts nothing off");
+        turn.finish(true, later);
+        assert!(!turn.pending(false, later));
     }
 }
