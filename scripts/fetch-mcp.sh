@@ -26,14 +26,6 @@ sys.exit(version("a2a-sdk") != sys.argv[1])' "$a2a_version" 2>/dev/null; then
   "$venv/bin/pip" install -q "${want[@]}"
   exit 0
 fi
-if ! command -v python3 >/dev/null 2>&1 || ! python3 -c 'import venv, ensurepip' 2>/dev/null; then
-  echo "fetch-mcp: installing python3 and python3-venv" >&2
-  sudo=""
-  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq python3 python3-venv >/dev/null
-fi
 echo "fetch-mcp: installing the MCP and A2A Python SDKs and grpcio-reflection into $venv" >&2
-rm -rf "$venv"
-python3 -m venv "$venv"
-"$venv/bin/pip" install -q "${want[@]}"
+source "$(dirname "$0")/python-venv.sh"
+new_venv fetch-mcp "$venv" "${want[@]}"

@@ -15,5 +15,9 @@ scripts/fetch-node-tools.sh
 # The Helm chart's alert rules are checked and unit-tested by promtool.
 AGENTRY_PROMTOOL="$(scripts/fetch-promtool.sh)"
 export AGENTRY_PROMTOOL
+# The Helm chart is rendered, linted and validated by Helm itself and
+# kubernetes-validate, and its pods are run (tests/api/helm.rs).
+AGENTRY_HELM_BIN="$(scripts/fetch-helm.sh)"
+export AGENTRY_HELM_BIN
 export AGENTRY_MCP_PYTHON="${AGENTRY_MCP_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/agentry/mcp-venv}/bin/python"
 cargo test --all-targets "$@"

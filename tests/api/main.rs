@@ -13,6 +13,7 @@ mod certs;
 mod discovery;
 mod embedders;
 mod harness;
+mod helm;
 mod invocation;
 mod leases;
 mod mcp;

@@ -155,6 +155,15 @@ certificate must then name <fullname>.<namespace>.svc.<clusterDomain>.
 {{- end }}
 
 {{/*
+Name of the backup CronJob: "<fullname>-backup", with the full name cut to
+45 characters, since the API server refuses CronJob names over 52 (its
+Jobs' names add a suffix of 11).
+*/}}
+{{- define "agentry.backupCronJobName" -}}
+{{- printf "%s-backup" (include "agentry.fullname" . | trunc 45 | trimSuffix "-") }}
+{{- end }}
+
+{{/*
 Name of the backup volume claim (an existing one, or the chart's own).
 */}}
 {{- define "agentry.backupClaimName" -}}
