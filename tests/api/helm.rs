@@ -540,6 +540,17 @@ fn the_chart_refuses_values_it_cannot_serve() {
             "clusterAuth.tls.enabled needs",
         ),
         ("auth: {secretKey: \"\"}", "auth.secretKey must name"),
+        // values.schema.json: a misspelt or mistyped value is not ignored.
+        ("replica: 5", "Additional property replica is not allowed"),
+        (
+            "backup: {schedul: \"@daily\"}",
+            "Additional property schedul",
+        ),
+        (
+            "replicas: three",
+            "replicas: Invalid type. Expected: integer",
+        ),
+        ("networkPolicy: {enabled: \"yes\"}", "Expected: boolean"),
     ] {
         let err = template(values)
             .err()
