@@ -75,18 +75,24 @@ impl Rendered {
     }
 }
 
-/// `helm template` with `values` (YAML text); the error text when Helm
-/// refuses them.
-fn template(values: &str) -> Result<Rendered, String> {
+/// `helm <command> [RELEASE] <chart>` in the test namespace with `values`
+/// (YAML text): (success, stdout, stderr).
+fn helm(command: &[&str], values: &str) -> (bool, String, String) {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("values.yaml");
     std::fs::write(&file, values).unwrap();
     let mut helm = tool("helm");
-    helm.args(["template", RELEASE])
+    helm.args(command)
         .arg(chart())
         .args(["--namespace", NAMESPACE, "--values"])
         .arg(&file);
-    let (ok, yaml, err) = run(helm);
+    run(helm)
+}
+
+/// `helm template` with `values` (YAML text); the error text when Helm
+/// refuses them.
+fn template(values: &str) -> Result<Rendered, String> {
+    let (ok, yaml, err) = helm(&["template", RELEASE], values);
     if !ok {
         return Err(err);
     }
@@ -116,15 +122,7 @@ fn template(values: &str) -> Result<Rendered, String> {
 }
 
 fn lint(values: &str) {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("values.yaml");
-    std::fs::write(&file, values).unwrap();
-    let mut helm = tool("helm");
-    helm.args(["lint", "--strict"])
-        .arg(chart())
-        .args(["--namespace", NAMESPACE, "--values"])
-        .arg(&file);
-    let (ok, out, err) = run(helm);
+    let (ok, out, err) = helm(&["lint", "--strict"], values);
     assert!(
         ok,
         "helm lint --strict refused:\n{out}{err}\nvalues:\n{values}"
@@ -453,16 +451,17 @@ fn the_chart_renders_valid_kubernetes_in_every_shape() {
             &["cluster-secret", "cluster-tls", "admin-key"],
         ),
     ];
-    for (shape, values, oldest, external) in shapes {
+    let [defaults, everything, alternates] = shapes.map(|(shape, values, oldest, external)| {
         lint(values);
         let r = template(values).unwrap_or_else(|e| panic!("{shape}: {e}"));
         validate(&r, oldest);
         validate(&r, "1.37.0");
         check_consistency(&r, external);
-    }
+        r
+    });
 
     // Defaults: three nodes, generated keys, the Raft port kept inside.
-    let r = template("").unwrap();
+    let r = &defaults;
     let sts = r.one("StatefulSet");
     assert_eq!(sts["spec"]["replicas"], 3);
     assert_eq!(sts["spec"]["podManagementPolicy"], "Parallel");
@@ -472,7 +471,7 @@ fn the_chart_renders_valid_kubernetes_in_every_shape() {
     assert!(r.all("CronJob").is_empty() && r.all("NetworkPolicy").is_empty());
 
     // Everything on: the optional objects exist and carry what was asked.
-    let r = template(EVERYTHING).unwrap();
+    let r = &everything;
     for kind in [
         "ServiceMonitor",
         "PrometheusRule",
@@ -494,7 +493,7 @@ fn the_chart_renders_valid_kubernetes_in_every_shape() {
         .unwrap();
     let board: Value = serde_json::from_str(board.as_str().unwrap()).expect("dashboard JSON");
     assert!(board["panels"].as_array().is_some_and(|p| !p.is_empty()));
-    let env = &pod_spec_of(&r, "StatefulSet")["containers"][0]["env"];
+    let env = &pod_spec_of(r, "StatefulSet")["containers"][0]["env"];
     let members = env
         .as_array()
         .unwrap()
@@ -506,7 +505,7 @@ fn the_chart_renders_valid_kubernetes_in_every_shape() {
     assert_eq!(members.split(',').count(), 5, "{members}");
 
     // Existing secrets: the chart makes none of its own.
-    let r = template(ALTERNATES).unwrap();
+    let r = &alternates;
     assert!(r.all("Secret").is_empty(), "{:?}", r.all("Secret"));
     assert!(r.all("PersistentVolumeClaim").is_empty());
     let sts = r.one("StatefulSet");
@@ -603,8 +602,8 @@ impl Kubelet<'_> {
                 Some(v) if v["secret"].is_object() => {
                     let s = v["secret"]["secretName"].as_str().unwrap();
                     let data = &self.rendered.named("Secret", s).unwrap()["data"];
-                    for (file, _) in data.as_object().unwrap() {
-                        std::fs::write(dir.join(file), self.secret(s, file)).unwrap();
+                    for (file, value) in data.as_object().unwrap() {
+                        std::fs::write(dir.join(file), decode(value)).unwrap();
                     }
                 }
                 Some(v) => assert!(
