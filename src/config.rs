@@ -564,6 +564,8 @@ pub struct Config {
     /// The MCP server at `/mcp`: the host names and browser origins it
     /// answers besides its defaults (DNS-rebinding protection).
     pub mcp: crate::api::mcp_origin::McpConfig,
+    /// Browser pages of other origins that may call the HTTP API (CORS).
+    pub cors: crate::api::http::CorsConfig,
     /// Register the demo directory (the MetaTool agents) on start.
     pub demo: bool,
     /// Bootstrap admin key (normally from `AGENTRY_ADMIN_KEY`).
@@ -647,6 +649,7 @@ impl Default for Config {
             gateway: GatewayConfig::default(),
             mcp_registry: Default::default(),
             mcp: Default::default(),
+            cors: Default::default(),
             demo: false,
             admin_key: None,
         }
@@ -788,6 +791,7 @@ impl Config {
         self.gateway.validate()?;
         self.mcp_registry.validate().map_err(ConfigError::Invalid)?;
         self.mcp.validate().map_err(ConfigError::Invalid)?;
+        self.cors.validate().map_err(ConfigError::Invalid)?;
         for k in &self.api_keys {
             let err = |m: &str| ConfigError::ApiKey {
                 name: k.name.clone(),

@@ -649,6 +649,7 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
         ard,
         mcp,
         mcp_origins: Arc::new(mcp_origins(&config)?),
+        cors: Arc::new(cors_policy(&config)?),
         cluster,
         federation,
         invocation,
@@ -706,6 +707,16 @@ fn mcp_origins(config: &Config) -> Result<crate::api::mcp_origin::OriginPolicy, 
     let policy = crate::api::mcp_origin::OriginPolicy::new(&config.mcp, own)
         .map_err(crate::config::ConfigError::Invalid)?;
     tracing::info!(hosts = %policy.describe(), "/mcp answers requests addressed to these names");
+    Ok(policy)
+}
+
+/// The browser pages of other origins that may call the facade (`[cors]`).
+fn cors_policy(config: &Config) -> Result<crate::api::http::CorsPolicy, ServerError> {
+    let policy = crate::api::http::CorsPolicy::new(&config.cors)
+        .map_err(crate::config::ConfigError::Invalid)?;
+    if let Some(origins) = policy.describe() {
+        tracing::info!(%origins, "pages of these origins may call the HTTP API (CORS)");
+    }
     Ok(policy)
 }
 

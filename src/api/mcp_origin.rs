@@ -117,9 +117,76 @@ pub struct OriginPolicy {
     /// Names this node's configuration gives for itself, any port.
     own: Vec<String>,
     hosts: Vec<HostEntry>,
-    /// `mcp.allowed_origins` in their ASCII serialisation.
+    /// `mcp.allowed_origins`.
+    origins: OriginList,
+}
+
+/// Browser origins an operator listed (`https://app.example.com`, or `*`
+/// for any page): `mcp.allowed_origins` and `cors.allowed_origins`.
+#[derive(Debug, Clone, Default)]
+pub struct OriginList {
+    /// The listed origins in their ASCII serialisation.
     origins: Vec<String>,
-    any_origin: bool,
+    any: bool,
+}
+
+impl OriginList {
+    /// Parses `entries`; `setting` names the list in the error.
+    pub fn parse(entries: &[String], setting: &str) -> Result<Self, String> {
+        let mut list = Self::default();
+        for e in entries {
+            let e = e.trim();
+            if e == "*" {
+                list.any = true;
+                continue;
+            }
+            let bad = || {
+                format!("{setting}: '{e}' is not an origin such as https://app.example.com (scheme, host and port only)")
+            };
+            let url = url::Url::parse(e).map_err(|_| bad())?;
+            let bare = url.path() == "/" && url.query().is_none() && url.fragment().is_none();
+            if !matches!(url.scheme(), "http" | "https") || url.host().is_none() || !bare {
+                return Err(bad());
+            }
+            list.origins.push(url.origin().ascii_serialization());
+        }
+        Ok(list)
+    }
+
+    /// `*` was listed.
+    pub fn any(&self) -> bool {
+        self.any
+    }
+
+    /// Nothing was listed.
+    pub fn is_empty(&self) -> bool {
+        !self.any && self.origins.is_empty()
+    }
+
+    /// `url`, a page's origin, is listed by name (`*` aside).
+    fn names(&self, url: &url::Url) -> bool {
+        self.origins.contains(&url.origin().ascii_serialization())
+    }
+
+    /// The `Origin` header `raw` is listed, by name or by `*`.
+    pub fn admits(&self, raw: &str) -> bool {
+        self.any || page_origin(raw).is_some_and(|url| self.names(&url))
+    }
+
+    /// The listed origins, for the start-up log.
+    pub fn describe(&self) -> String {
+        if self.any {
+            return "any (*)".into();
+        }
+        self.origins.join(", ")
+    }
+}
+
+/// An `Origin` header's value as an http(s) URL with a host: the only
+/// origins a page an operator could list has.
+fn page_origin(raw: &str) -> Option<url::Url> {
+    let url = url::Url::parse(raw.trim()).ok()?;
+    (matches!(url.scheme(), "http" | "https") && url.host().is_some()).then_some(url)
 }
 
 /// Longest header value quoted back in a refusal.
@@ -164,24 +231,7 @@ impl OriginPolicy {
                 port: hp.port,
             });
         }
-        let mut origins = Vec::new();
-        let mut any_origin = false;
-        for e in &config.allowed_origins {
-            let e = e.trim();
-            if e == "*" {
-                any_origin = true;
-                continue;
-            }
-            let bad = || {
-                format!("mcp.allowed_origins: '{e}' is not an origin such as https://app.example.com (scheme, host and port only)")
-            };
-            let url = url::Url::parse(e).map_err(|_| bad())?;
-            let bare = url.path() == "/" && url.query().is_none() && url.fragment().is_none();
-            if !matches!(url.scheme(), "http" | "https") || url.host().is_none() || !bare {
-                return Err(bad());
-            }
-            origins.push(url.origin().ascii_serialization());
-        }
+        let origins = OriginList::parse(&config.allowed_origins, "mcp.allowed_origins")?;
         let own = own
             .into_iter()
             .map(|n| HostPort::new(&n, None).host)
@@ -191,7 +241,6 @@ impl OriginPolicy {
             own,
             hosts,
             origins,
-            any_origin,
         })
     }
 
@@ -211,10 +260,7 @@ impl OriginPolicy {
 
     /// Admits a request to `/mcp`, or says why not (403 `forbidden`).
     pub fn check(&self, headers: &HeaderMap, uri: &Uri) -> Result<(), ServiceError> {
-        let refuse = |m: String| {
-            tracing::info!(reason = %m, "an /mcp request was refused (DNS-rebinding protection)");
-            Err(ServiceError::Forbidden(m))
-        };
+        let refuse = |m: String| Err(ServiceError::Forbidden(m));
         let raw_host = match headers.get(header::HOST) {
             Some(v) => v.to_str().ok().map(str::to_string),
             None => uri.authority().map(|a| a.to_string()),
@@ -235,7 +281,7 @@ impl OriginPolicy {
             return Ok(());
         };
         let raw = origin.to_str().unwrap_or_default().trim();
-        if self.any_origin || self.origin_allowed(raw, &host) {
+        if self.origins.any() || self.origin_allowed(raw, &host) {
             return Ok(());
         }
         refuse(format!(
@@ -245,12 +291,9 @@ impl OriginPolicy {
     }
 
     fn origin_allowed(&self, raw: &str, host: &HostPort) -> bool {
-        let Ok(url) = url::Url::parse(raw) else {
+        let Some(url) = page_origin(raw) else {
             return false;
         };
-        if !matches!(url.scheme(), "http" | "https") {
-            return false;
-        }
         let Some(name) = url.host_str() else {
             return false;
         };
@@ -259,9 +302,7 @@ impl OriginPolicy {
         // A `Host` without a port is at the default port of the scheme the
         // client used, which for a same-origin request is the origin's.
         let same_origin = theirs.host == host.host && port == host.port.or(port);
-        same_origin
-            || self.named(&theirs, false)
-            || self.origins.contains(&url.origin().ascii_serialization())
+        same_origin || self.named(&theirs, false) || self.origins.names(&url)
     }
 
     /// What the policy admits, for the start-up log.

@@ -758,6 +758,7 @@ fn not_json_rpc(body: &[u8]) -> Option<Response> {
 /// JSON-RPC message answered by a stateless Streamable HTTP service.
 pub async fn serve(State(state): State<HttpState>, req: Request) -> Response {
     if let Err(e) = state.mcp_origins.check(req.headers(), req.uri()) {
+        tracing::info!(reason = %e, "an /mcp request was refused (DNS-rebinding protection)");
         return refusal(e.into());
     }
     let (parts, body) = req.into_parts();

@@ -668,6 +668,12 @@ pub struct ServeArgs {
     /// `[mcp] allowed_origins`.
     #[arg(long, env = "AGENTRY_MCP_ALLOWED_ORIGINS", value_delimiter = ',')]
     pub mcp_allowed_origins: Vec<String>,
+    /// Browser origins whose pages may call the HTTP API from another
+    /// origin (`https://console.example.com`, `*`), comma-separated;
+    /// replaces `[cors] allowed_origins`. `/mcp` follows
+    /// `--mcp-allowed-origins` instead.
+    #[arg(long, env = "AGENTRY_CORS_ALLOWED_ORIGINS", value_delimiter = ',')]
+    pub cors_allowed_origins: Vec<String>,
     /// Register the demo directory (199 MetaTool agents) on start.
     #[arg(long, env = "AGENTRY_DEMO")]
     pub demo: bool,
@@ -764,6 +770,9 @@ impl ServeArgs {
         }
         if !self.mcp_allowed_origins.is_empty() {
             c.mcp.allowed_origins = self.mcp_allowed_origins.clone();
+        }
+        if !self.cors_allowed_origins.is_empty() {
+            c.cors.allowed_origins = self.cors_allowed_origins.clone();
         }
         if self.demo {
             c.demo = true;

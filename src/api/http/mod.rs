@@ -35,6 +35,7 @@ mod agent_protocol;
 mod ard;
 mod changes;
 mod cluster;
+mod cors;
 mod federation;
 mod invocation;
 mod leases;
@@ -43,6 +44,7 @@ mod metrics;
 mod openapi;
 mod ui;
 
+pub use cors::{CorsConfig, CorsPolicy};
 pub use openapi::OPENAPI_JSON;
 
 /// Shared state of the facade.
@@ -53,6 +55,8 @@ pub struct HttpState {
     pub mcp: crate::service::McpService,
     /// The names and origins `/mcp` answers (DNS-rebinding protection).
     pub mcp_origins: Arc<super::mcp_origin::OriginPolicy>,
+    /// The browser pages of other origins that may call the facade.
+    pub cors: Arc<CorsPolicy>,
     pub cluster: super::cluster::ClusterApi,
     pub federation: super::federation::FederationApi,
     pub invocation: super::invocation::InvocationApi,
@@ -1553,6 +1557,10 @@ pub fn router(state: HttpState, request_timeout: std::time::Duration) -> Router 
         ))
         .fallback(no_route)
         .method_not_allowed_fallback(wrong_method)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            cors::cors,
+        ))
         .layer(axum::middleware::from_fn(set_problem_instance))
         // Failed answers are logged once, with their correlation id, where
         // the error is mapped (api::error); not a second time here.
