@@ -650,6 +650,21 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
         mcp,
         mcp_origins: Arc::new(mcp_origins(&config)?),
         cors: Arc::new(cors_policy(&config)?),
+        oauth: config.jwt.as_ref().map(|jwt| {
+            Arc::new(crate::api::http::ResourceServer {
+                issuer: jwt.issuer.clone(),
+                public_url: config
+                    .gateway
+                    .public_url
+                    .as_ref()
+                    .map(|u| u.trim_end_matches('/').to_string()),
+                scheme: if config.tls.is_some() {
+                    "https"
+                } else {
+                    "http"
+                },
+            })
+        }),
         cluster,
         federation,
         invocation,

@@ -23,6 +23,10 @@
 //! entitlements (private records, anonymous reads and invocations) are the
 //! service layer's as always.
 //!
+//! Where reads need credentials, an anonymous request is refused with 401
+//! before any MCP: its challenge names the OAuth metadata of `/mcp`
+//! (`http::oauth`), from which MCP clients sign in by themselves.
+//!
 //! Between the gate and the MCP layer, a request's `Host` and `Origin` must
 //! name this registry or a page allowed to call it (`mcp_origin`: MCP
 //! requires servers to validate `Origin`, against DNS rebinding); others
@@ -759,6 +763,17 @@ fn not_json_rpc(body: &[u8]) -> Option<Response> {
 pub async fn serve(State(state): State<HttpState>, req: Request) -> Response {
     if let Err(e) = state.mcp_origins.check(req.headers(), req.uri()) {
         tracing::info!(reason = %e, "an /mcp request was refused (DNS-rebinding protection)");
+        return refusal(e.into());
+    }
+    // Where reads need credentials, nothing on /mcp is open to an anonymous
+    // caller: answer 401 at once, whose challenge sends an MCP client to
+    // sign in (`http::oauth`), rather than an anonymous session whose every
+    // tool fails.
+    let principal = req
+        .extensions()
+        .get::<Identity>()
+        .and_then(|i| i.0.as_ref());
+    if let Err(e) = state.api.service().require_reader(principal) {
         return refusal(e.into());
     }
     let (parts, body) = req.into_parts();

@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt;
 
 use super::agents::Agents;
-use super::harness::{Http, TestServer, ALICE, BOB};
+use super::harness::{Http, TestServer, Transport, ALICE, BOB};
 use super::mcp::{mcp_python, start_mcp_server};
 
 /// Where `scripts/fetch-node-tools.sh` put Node.js 22 and the tools.
@@ -906,4 +906,173 @@ async fn mcp_server_conformance_suite() {
         assert!(*passed > 0, "{scenario} ran no check: {text}");
     }
     s.stop().await;
+}
+
+/// An MCP client signs in with OAuth as MCP clients do, against the
+/// organisation's identity provider that `[jwt]` trusts
+/// (`tests/fixtures/oauth_server.py`): the registry's 401 names its
+/// resource metadata (RFC 9728), the metadata names the issuer, and the
+/// SDK's own OAuth client registers, authorizes with PKCE for the `/mcp`
+/// resource (RFC 8707) and calls the tools with the token.
+#[tokio::test]
+async fn an_mcp_client_signs_in_through_the_issuer_the_registry_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let jwks = dir.path().join("jwks.json");
+    let jwks_arg = jwks.to_string_lossy().to_string();
+    let (_idp, idp_port) =
+        super::mcp::python_fixture("oauth_server.py", &[&jwks_arg, "agentry-registry"]).await;
+    let issuer = format!("http://127.0.0.1:{idp_port}");
+    let jwt_issuer = issuer.clone();
+    let s = TestServer::start_with(move |c| {
+        c.anonymous_reads = false;
+        c.jwt = Some(agentry::api::jwt::JwtConfig {
+            issuer: jwt_issuer,
+            audiences: vec!["agentry-registry".into()],
+            jwks_file: Some(jwks),
+            jwks_url: None,
+            principal_claim: "sub".into(),
+            role_claim: Some("roles".into()),
+            default_role: agentry::domain::Role::Reader,
+            tenant_claim: None,
+            leeway_secs: 5,
+            jwks_min_refresh_secs: 1,
+        });
+    })
+    .await;
+    let h = Http::new(&s.http);
+    h.register(Some(ALICE), super::harness::minimal("signed-in-read"))
+        .await
+        .unwrap();
+
+    // The challenge and the documents it leads to.
+    let (status, body) = raw_rpc(&s, None, "tools/list", json!({})).await;
+    assert_eq!(
+        status, 401,
+        "anonymous /mcp where reads need credentials: {body}"
+    );
+    let challenge = reqwest::Client::new()
+        .post(format!("{}/mcp", s.http))
+        .header("accept", "application/json, text/event-stream")
+        .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}))
+        .send()
+        .await
+        .unwrap()
+        .headers()
+        .get("www-authenticate")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    let mcp_metadata = format!("{}/.well-known/oauth-protected-resource/mcp", s.http);
+    assert!(
+        challenge.starts_with("Bearer ")
+            && challenge.contains(&format!("resource_metadata=\"{mcp_metadata}\"")),
+        "{challenge}"
+    );
+    let (status, headers, _) = h
+        .send(
+            reqwest::Method::GET,
+            "/agents/signed-in-read",
+            None,
+            None,
+            &[],
+        )
+        .await;
+    assert_eq!(status, 401);
+    let api_challenge = headers["www-authenticate"].to_str().unwrap();
+    assert!(
+        api_challenge.contains(&format!(
+            "resource_metadata=\"{}/.well-known/oauth-protected-resource\"",
+            s.http
+        )),
+        "{api_challenge}"
+    );
+    let (status, _, doc) = h
+        .send(
+            reqwest::Method::GET,
+            "/.well-known/oauth-protected-resource/mcp",
+            None,
+            None,
+            &[],
+        )
+        .await;
+    assert_eq!(status, 200, "{doc}");
+    assert_eq!(doc["resource"], format!("{}/mcp", s.http));
+    assert_eq!(doc["authorization_servers"], json!([issuer]));
+    let (_, _, doc) = h
+        .send(
+            reqwest::Method::GET,
+            "/.well-known/oauth-protected-resource",
+            None,
+            None,
+            &[],
+        )
+        .await;
+    assert_eq!(doc["resource"], s.http);
+
+    // The SDK signs in by itself and reads with its token.
+    let out = python_client(
+        &format!("{}/mcp", s.http),
+        Some("oauth"),
+        json!([
+            {"list": true},
+            {"call": "get_agent", "arguments": {"id": "signed-in-read"}},
+        ]),
+    )
+    .await;
+    let names: Vec<&str> = out[0]["tools"]
+        .as_array()
+        .unwrap_or_else(|| panic!("the client listed no tools: {out:?}"))
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert!(names.contains(&"get_agent"), "{names:?}");
+    assert_eq!(out[1]["isError"], false, "{out:?}");
+    assert_eq!(
+        out[1]["structuredContent"]["id"], "signed-in-read",
+        "{out:?}"
+    );
+    // It asked the issuer for a token for the registry's /mcp resource.
+    let log: Value = reqwest::get(format!("{issuer}/log"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let steps: Vec<&str> = log
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["step"].as_str())
+        .collect();
+    assert_eq!(steps, ["authorize", "token"], "{log}");
+    for e in log.as_array().unwrap() {
+        assert_eq!(e["resource"], format!("{}/mcp", s.http), "{log}");
+    }
+    s.stop().await;
+
+    // Without [jwt] there is no issuer to name: no document, plain challenge.
+    let plain = TestServer::start_with(|c| c.anonymous_reads = false).await;
+    let h = Http::new(&plain.http);
+    let (status, _, problem) = h
+        .send(
+            reqwest::Method::GET,
+            "/.well-known/oauth-protected-resource/mcp",
+            None,
+            None,
+            &[],
+        )
+        .await;
+    assert_eq!(status, 404, "{problem}");
+    assert!(
+        problem["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("[jwt]"),
+        "{problem}"
+    );
+    let (_, headers, _) = h
+        .send(reqwest::Method::GET, "/agents/x", None, None, &[])
+        .await;
+    assert_eq!(headers["www-authenticate"], "Bearer realm=\"agentry\"");
+    plain.stop().await;
 }

@@ -41,10 +41,12 @@ mod invocation;
 mod leases;
 mod mcp_registry;
 mod metrics;
+mod oauth;
 mod openapi;
 mod ui;
 
 pub use cors::{CorsConfig, CorsPolicy};
+pub use oauth::ResourceServer;
 pub use openapi::OPENAPI_JSON;
 
 /// Shared state of the facade.
@@ -57,6 +59,8 @@ pub struct HttpState {
     pub mcp_origins: Arc<super::mcp_origin::OriginPolicy>,
     /// The browser pages of other origins that may call the facade.
     pub cors: Arc<CorsPolicy>,
+    /// The authorization server 401s point clients to (`[jwt]`), if any.
+    pub oauth: Option<Arc<ResourceServer>>,
     pub cluster: super::cluster::ClusterApi,
     pub federation: super::federation::FederationApi,
     pub invocation: super::invocation::InvocationApi,
@@ -141,26 +145,34 @@ fn problem_message(problem: &Value) -> String {
 /// the error takes that standard's shape instead (`ard::ard_error`,
 /// `mcp_registry::mcp_error`), whoever refused the request.
 async fn set_problem_instance(
+    State(state): State<HttpState>,
     uri: Uri,
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
     let presented = req.headers().contains_key(header::AUTHORIZATION);
+    // RFC 9728: where an OAuth client finds the authorization server.
+    let metadata = state
+        .oauth
+        .as_ref()
+        .map(|o| o.challenge_parameter(req.headers(), req.uri()));
     let mut resp = next.run(req).await;
     if resp.status() == StatusCode::UNAUTHORIZED
         && !resp.headers().contains_key(header::WWW_AUTHENTICATE)
     {
         // RFC 6750: how to authenticate, and whether the token sent was
         // the problem.
-        let challenge = if presented {
-            "Bearer realm=\"agentry\", error=\"invalid_token\""
-        } else {
-            "Bearer realm=\"agentry\""
-        };
-        resp.headers_mut().insert(
-            header::WWW_AUTHENTICATE,
-            header::HeaderValue::from_static(challenge),
-        );
+        let mut challenge = String::from("Bearer realm=\"agentry\"");
+        if presented {
+            challenge.push_str(", error=\"invalid_token\"");
+        }
+        if let Some(m) = metadata {
+            challenge.push_str(", ");
+            challenge.push_str(&m);
+        }
+        if let Ok(v) = header::HeaderValue::from_str(&challenge) {
+            resp.headers_mut().insert(header::WWW_AUTHENTICATE, v);
+        }
     }
     if resp.status().is_client_error() && is_plain_text(&resp) {
         resp = plain_refusal(resp).await;
@@ -1291,6 +1303,18 @@ pub fn routes() -> Routes {
         routing::get(federation::registry_info),
     )
     .add(
+        OpClass::Read,
+        "GET",
+        "/.well-known/oauth-protected-resource",
+        routing::get(oauth::registry),
+    )
+    .add(
+        OpClass::Read,
+        "GET",
+        "/.well-known/oauth-protected-resource/mcp",
+        routing::get(oauth::mcp),
+    )
+    .add(
         OpClass::Admin,
         "POST",
         "/admin/keys",
@@ -1561,7 +1585,10 @@ pub fn router(state: HttpState, request_timeout: std::time::Duration) -> Router 
             state.clone(),
             cors::cors,
         ))
-        .layer(axum::middleware::from_fn(set_problem_instance))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            set_problem_instance,
+        ))
         // Failed answers are logged once, with their correlation id, where
         // the error is mapped (api::error); not a second time here.
         .layer(
