@@ -211,7 +211,18 @@ pub fn with_transport_detail(status: Status) -> Status {
                 message: format!("the request's gRPC framing is wrong: {message}"),
             })
         }
+        // A gzip-compressed request whose bytes do not inflate.
+        Code::Internal if message.starts_with("Error decompressing") => {
+            to_status(&ServiceError::InvalidRequest {
+                field: None,
+                message: format!("the request's compressed message does not decompress: {message}"),
+            })
+        }
         Code::OutOfRange if message.contains("message length too large") => {
+            refusal(Code::ResourceExhausted, 413, message)
+        }
+        // One that inflates past the message limit (a zip bomb among them).
+        Code::ResourceExhausted if message.starts_with("Error decompressing: size limit") => {
             refusal(Code::ResourceExhausted, 413, message)
         }
         Code::Unimplemented => to_status(&ServiceError::Unsupported(message)),

@@ -1494,16 +1494,23 @@ async fn raw_call(addr: &str, path: &'static str, id: Vec<u8>) -> tonic::Status 
 /// The status of a gRPC `Get` whose body is `body` as it is, framing
 /// included, sent over a raw HTTP/2 stream.
 async fn raw_grpc_body(addr: &str, body: &[u8]) -> tonic::Status {
+    raw_grpc_body_encoded(addr, body, None).await
+}
+
+/// `raw_grpc_body` with a `grpc-encoding`.
+async fn raw_grpc_body_encoded(addr: &str, body: &[u8], encoding: Option<&str>) -> tonic::Status {
     let tcp = tokio::net::TcpStream::connect(addr.trim_start_matches("http://"))
         .await
         .unwrap();
     let (mut client, connection) = h2::client::handshake(tcp).await.unwrap();
     tokio::spawn(connection);
-    let request = http::Request::post(format!("{addr}/agentry.v1.Registry/Get"))
+    let mut request = http::Request::post(format!("{addr}/agentry.v1.Registry/Get"))
         .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .body(())
-        .unwrap();
+        .header("te", "trailers");
+    if let Some(e) = encoding {
+        request = request.header("grpc-encoding", e);
+    }
+    let request = request.body(()).unwrap();
     let (response, mut send) = client.send_request(request, false).unwrap();
     send.send_data(hyper::body::Bytes::copy_from_slice(body), true)
         .unwrap();
@@ -1544,6 +1551,51 @@ async fn grpc_requests_framed_wrongly_are_the_clients_fault() {
     // Framed rightly, the same message reaches the handler.
     let e = raw_grpc_body(&s.grpc, &[&[0u8, 0, 0, 0, 5][..], message].concat()).await;
     assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
+    s.stop().await;
+}
+
+/// A gzip-compressed request (a client's channel compression) is read; one
+/// whose bytes do not inflate blames the client, and one that inflates past
+/// the message limit is refused while inflating, never held whole.
+#[tokio::test]
+async fn gzip_requests_are_read_and_bad_ones_refused_with_the_error_detail() {
+    use agentry::api::error::detail_of;
+    use std::io::Write;
+    let gzip = |data: &[u8]| {
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        e.write_all(data).unwrap();
+        e.finish().unwrap()
+    };
+    let framed = |payload: &[u8]| {
+        let len = u32::try_from(payload.len()).unwrap().to_be_bytes();
+        [&[1u8][..], &len, payload].concat()
+    };
+    let s = TestServer::start().await;
+    // Field 1 (the id) = "abc", as a GetRequest: it reaches the handler.
+    let e = raw_grpc_body_encoded(&s.grpc, &framed(&gzip(b"\x0a\x03abc")), Some("gzip")).await;
+    assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
+
+    let e = raw_grpc_body_encoded(&s.grpc, &framed(b"not gzip at all"), Some("gzip")).await;
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    let d = detail_of(&e);
+    assert_eq!((d.code.as_str(), d.http_status), ("invalid_request", 400));
+    assert!(d.message.contains("decompress"), "{}", d.message);
+
+    // 64 MiB of one id, 64 KiB compressed: past the limit once inflated.
+    let mut bomb = vec![0x0a, 0x80, 0x80, 0x80, 0x20];
+    bomb.resize(bomb.len() + (64 << 20), b'a');
+    let bomb = gzip(&bomb);
+    assert!(bomb.len() < 1 << 20, "{} bytes compressed", bomb.len());
+    let e = raw_grpc_body_encoded(&s.grpc, &framed(&bomb), Some("gzip")).await;
+    assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+    let d = detail_of(&e);
+    assert_eq!(d.http_status, 413, "{e:?}");
+    assert!(d.message.contains("decompressing"), "{}", d.message);
+
+    // An encoding the server does not read is refused as unsupported.
+    let e = raw_grpc_body_encoded(&s.grpc, &framed(&gzip(b"\x0a\x03abc")), Some("zstd")).await;
+    assert_eq!(e.code(), tonic::Code::Unimplemented, "{e:?}");
+    assert_eq!(detail_of(&e).code, "unsupported", "{e:?}");
     s.stop().await;
 }
 

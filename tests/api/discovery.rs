@@ -749,7 +749,9 @@ async fn one_filter_selects_the_same_agents_on_every_route() {
 
 /// A client built from nothing but server reflection: Python's
 /// `grpcio-reflection` (v1alpha) lists the public services — and only
-/// those — and calls `Registry.List` through descriptors it was served.
+/// those — and calls `Registry.List` through descriptors it was served;
+/// then again with every call gzip-compressed, as a channel configured for
+/// compression sends them.
 #[tokio::test]
 async fn a_python_client_finds_and_calls_the_services_through_reflection() {
     let server = TestServer::start().await;
@@ -757,59 +759,62 @@ async fn a_python_client_finds_and_calls_the_services_through_reflection() {
     register(&h, ALICE, summariser("reflected")).await;
     let script = fixture("grpc_reflection_client.py");
     let target = server.grpc.trim_start_matches("http://").to_string();
-    let out = tokio::process::Command::new(super::mcp::mcp_python())
-        .arg(&script)
-        .args([target.as_str(), "summarise"])
-        .output()
-        .await
-        .expect("the Python client runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
-    let services: Vec<&str> = v["services"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s.as_str().unwrap())
-        .collect();
-    for public in [
-        "agentry.v1.Registry",
-        "agentry.v1.Discovery",
-        "agentry.v1.Cluster",
-        "agentry.v1.Gateway",
-    ] {
+    for compression in [None, Some("gzip")] {
+        let out = tokio::process::Command::new(super::mcp::mcp_python())
+            .arg(&script)
+            .args([target.as_str(), "summarise"])
+            .args(compression)
+            .output()
+            .await
+            .expect("the Python client runs");
         assert!(
-            services.contains(&public),
-            "{public} is listed: {services:?}"
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+        let services: Vec<&str> = v["services"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s.as_str().unwrap())
+            .collect();
+        for public in [
+            "agentry.v1.Registry",
+            "agentry.v1.Discovery",
+            "agentry.v1.Cluster",
+            "agentry.v1.Gateway",
+        ] {
+            assert!(
+                services.contains(&public),
+                "{public} is listed: {services:?}"
+            );
+        }
+        for internal in ["agentry.v1.RaftTransport", "agentry.v1.Peering"] {
+            assert!(
+                !services.contains(&internal),
+                "{internal} is not: {services:?}"
+            );
+        }
+        let records = v["list"]["records"].as_array().expect("records");
+        assert_eq!(records.len(), 1, "{v}");
+        assert_eq!(records[0]["metadata"]["id"], "reflected", "{v}");
+        // Errors are in gRPC's rich error model: grpcio-status reads them, and
+        // the detail inside is Agentry's ErrorDetail, typed by reflection.
+        let error = &v["error"];
+        assert_eq!(error["rich_status"], true, "{v}");
+        assert_eq!(error["code"], "NOT_FOUND", "{v}");
+        assert_eq!(error["status_code"], 5, "{v}");
+        assert_eq!(error["details"][0]["type"], "agentry.v1.ErrorDetail", "{v}");
+        let detail = &error["details"][0]["value"];
+        assert_eq!(detail["code"], "not_found", "{v}");
+        assert_eq!(detail["http_status"], 404, "{v}");
+        assert!(
+            detail["correlation_id"]
+                .as_str()
+                .is_some_and(|c| !c.is_empty()),
+            "{v}"
         );
     }
-    for internal in ["agentry.v1.RaftTransport", "agentry.v1.Peering"] {
-        assert!(
-            !services.contains(&internal),
-            "{internal} is not: {services:?}"
-        );
-    }
-    let records = v["list"]["records"].as_array().expect("records");
-    assert_eq!(records.len(), 1, "{v}");
-    assert_eq!(records[0]["metadata"]["id"], "reflected", "{v}");
-    // Errors are in gRPC's rich error model: grpcio-status reads them, and
-    // the detail inside is Agentry's ErrorDetail, typed by reflection.
-    let error = &v["error"];
-    assert_eq!(error["rich_status"], true, "{v}");
-    assert_eq!(error["code"], "NOT_FOUND", "{v}");
-    assert_eq!(error["status_code"], 5, "{v}");
-    assert_eq!(error["details"][0]["type"], "agentry.v1.ErrorDetail", "{v}");
-    let detail = &error["details"][0]["value"];
-    assert_eq!(detail["code"], "not_found", "{v}");
-    assert_eq!(detail["http_status"], 404, "{v}");
-    assert!(
-        detail["correlation_id"]
-            .as_str()
-            .is_some_and(|c| !c.is_empty()),
-        "{v}"
-    );
     server.stop().await;
 }
