@@ -41,6 +41,15 @@ async fn page_fetch(b: &Browser, url: &str, init: Value) -> Value {
     b.js_async(&script).await
 }
 
+/// `POST /agents` of a minimal record from the page, with the admin's key.
+async fn page_register(b: &Browser, registry: &str, id: &str) -> Value {
+    let init = json!({"method": "POST",
+        "headers": {"authorization": format!("Bearer {ADMIN}"),
+                    "content-type": "application/json"},
+        "body": minimal(id).to_string()});
+    page_fetch(b, &format!("{registry}/agents"), init).await
+}
+
 fn body(v: &Value) -> Value {
     serde_json::from_str(v["body"].as_str().unwrap_or_default()).unwrap_or(Value::Null)
 }
@@ -68,15 +77,7 @@ async fn a_listed_page_reads_and_writes_and_other_pages_get_nothing() {
     assert!(body(&read)["servers"].is_array(), "{read}");
 
     // A write with a bearer key and a JSON body: preflighted, then sent.
-    let write = page_fetch(
-        &b,
-        &format!("{registry}/agents"),
-        json!({"method": "POST",
-               "headers": {"authorization": format!("Bearer {ADMIN}"),
-                           "content-type": "application/json"},
-               "body": minimal("from-console").to_string()}),
-    )
-    .await;
+    let write = page_register(&b, &registry, "from-console").await;
     assert_eq!(write["ok"], true, "{write}");
     assert_eq!(write["status"], 201, "{write}");
     let record = body(&write);
@@ -111,15 +112,7 @@ async fn a_listed_page_reads_and_writes_and_other_pages_get_nothing() {
     b.goto(&format!("http://other.example:{other_port}/")).await;
     let read = page_fetch(&b, &format!("{registry}/v0.1/servers"), json!({})).await;
     assert_eq!(read["ok"], false, "{read}");
-    let write = page_fetch(
-        &b,
-        &format!("{registry}/agents"),
-        json!({"method": "POST",
-               "headers": {"authorization": format!("Bearer {ADMIN}"),
-                           "content-type": "application/json"},
-               "body": minimal("from-other").to_string()}),
-    )
-    .await;
+    let write = page_register(&b, &registry, "from-other").await;
     assert_eq!(write["ok"], false, "{write}");
     let (status, _, _) = h
         .send(Method::GET, "/agents/from-other", Some(ADMIN), None, &[])

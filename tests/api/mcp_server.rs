@@ -908,6 +908,11 @@ async fn mcp_server_conformance_suite() {
     s.stop().await;
 }
 
+/// `GET path` without credentials.
+async fn anonymous_get(h: &Http, path: &str) -> (u16, reqwest::header::HeaderMap, Value) {
+    h.send(reqwest::Method::GET, path, None, None, &[]).await
+}
+
 /// An MCP client signs in with OAuth as MCP clients do, against the
 /// organisation's identity provider that `[jwt]` trusts
 /// (`tests/fixtures/oauth_server.py`): the registry's 401 names its
@@ -968,15 +973,7 @@ async fn an_mcp_client_signs_in_through_the_issuer_the_registry_names() {
             && challenge.contains(&format!("resource_metadata=\"{mcp_metadata}\"")),
         "{challenge}"
     );
-    let (status, headers, _) = h
-        .send(
-            reqwest::Method::GET,
-            "/agents/signed-in-read",
-            None,
-            None,
-            &[],
-        )
-        .await;
+    let (status, headers, _) = anonymous_get(&h, "/agents/signed-in-read").await;
     assert_eq!(status, 401);
     let api_challenge = headers["www-authenticate"].to_str().unwrap();
     assert!(
@@ -986,27 +983,11 @@ async fn an_mcp_client_signs_in_through_the_issuer_the_registry_names() {
         )),
         "{api_challenge}"
     );
-    let (status, _, doc) = h
-        .send(
-            reqwest::Method::GET,
-            "/.well-known/oauth-protected-resource/mcp",
-            None,
-            None,
-            &[],
-        )
-        .await;
+    let (status, _, doc) = anonymous_get(&h, "/.well-known/oauth-protected-resource/mcp").await;
     assert_eq!(status, 200, "{doc}");
     assert_eq!(doc["resource"], format!("{}/mcp", s.http));
     assert_eq!(doc["authorization_servers"], json!([issuer]));
-    let (_, _, doc) = h
-        .send(
-            reqwest::Method::GET,
-            "/.well-known/oauth-protected-resource",
-            None,
-            None,
-            &[],
-        )
-        .await;
+    let (_, _, doc) = anonymous_get(&h, "/.well-known/oauth-protected-resource").await;
     assert_eq!(doc["resource"], s.http);
 
     // The SDK signs in by itself and reads with its token.
@@ -1053,15 +1034,7 @@ async fn an_mcp_client_signs_in_through_the_issuer_the_registry_names() {
     // Without [jwt] there is no issuer to name: no document, plain challenge.
     let plain = TestServer::start_with(|c| c.anonymous_reads = false).await;
     let h = Http::new(&plain.http);
-    let (status, _, problem) = h
-        .send(
-            reqwest::Method::GET,
-            "/.well-known/oauth-protected-resource/mcp",
-            None,
-            None,
-            &[],
-        )
-        .await;
+    let (status, _, problem) = anonymous_get(&h, "/.well-known/oauth-protected-resource/mcp").await;
     assert_eq!(status, 404, "{problem}");
     assert!(
         problem["message"]
@@ -1070,9 +1043,7 @@ async fn an_mcp_client_signs_in_through_the_issuer_the_registry_names() {
             .contains("[jwt]"),
         "{problem}"
     );
-    let (_, headers, _) = h
-        .send(reqwest::Method::GET, "/agents/x", None, None, &[])
-        .await;
+    let (_, headers, _) = anonymous_get(&h, "/agents/x").await;
     assert_eq!(headers["www-authenticate"], "Bearer realm=\"agentry\"");
     plain.stop().await;
 }
