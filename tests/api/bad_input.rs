@@ -1142,6 +1142,26 @@ async fn http_edges_answer_as_the_standards_say() {
     );
     assert!(answer.contains("application/problem+json"), "{answer}");
 
+    // A JSON body that starts with a byte order mark (a file an editor on
+    // Windows saved) is read without it, and stored without it.
+    let bom = [
+        &b"\xEF\xBB\xBF"[..],
+        minimal("bom-agent").to_string().as_bytes(),
+    ]
+    .concat();
+    let r = h
+        .client
+        .post(format!("{}/agents", s.http))
+        .bearer_auth(ALICE)
+        .header("content-type", "application/json")
+        .body(bom)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 201, "{}", r.text().await.unwrap());
+    let stored = h.record("bom-agent", ALICE).await;
+    assert_eq!(stored["name"], "Minimal Agent", "{stored}");
+
     // The authorization scheme is case-insensitive.
     let (status, _, _) = h
         .send(

@@ -355,7 +355,21 @@ async fn json_bytes(state: &HttpState, headers: &HeaderMap, body: Body) -> Resul
             format!("Content-Type must be application/json, not '{ctype}'"),
         )));
     }
-    read_body(body, state.max_body).await.map_err(ApiError)
+    read_body(body, state.max_body)
+        .await
+        .map(without_bom)
+        .map_err(ApiError)
+}
+
+/// `bytes` without a leading UTF-8 byte order mark. RFC 8259 (8.1) lets a
+/// parser ignore one, and editors on Windows write one into JSON files
+/// that `curl --data-binary @file` then sends; the record is stored
+/// without it.
+fn without_bom(bytes: Bytes) -> Bytes {
+    match bytes.strip_prefix(b"\xEF\xBB\xBF") {
+        Some(rest) => bytes.slice(bytes.len() - rest.len()..),
+        None => bytes,
+    }
 }
 
 /// A request body read whole: 413 when it is longer than `limit`, 400 when
