@@ -98,29 +98,26 @@ enum Grant {
 pub async fn cors(State(state): State<HttpState>, req: Request, next: Next) -> Response {
     let mcp = req.uri().path() == crate::api::mcp_server::MCP_PATH;
     let origin = req.headers().get(header::ORIGIN).cloned();
-    let refusal = |message: String| Err(ServiceError::Forbidden(message));
-    let grant = match origin {
+    let grant = match origin.clone() {
         // `/mcp` follows its own check, which explains a refusal itself.
-        _ if mcp => match &origin {
-            Some(o) => match state.mcp_origins.check(req.headers(), req.uri()) {
-                Ok(()) => Ok(Grant::Page(o.clone())),
-                Err(e) => Err(e),
-            },
-            None => Ok(Grant::None),
-        },
+        Some(o) if mcp => state
+            .mcp_origins
+            .check(req.headers(), req.uri())
+            .map(|()| Grant::Page(o)),
+        None if mcp => Ok(Grant::None),
         _ if state.cors.origins.any() => Ok(Grant::Any),
         Some(o) if state.cors.origins.admits(o.to_str().unwrap_or_default()) => Ok(Grant::Page(o)),
-        Some(o) => refusal(format!(
+        Some(o) => Err(ServiceError::Forbidden(format!(
             "pages of origin '{}' may not call this registry from a browser; an operator lists them in cors.allowed_origins",
             o.to_str().unwrap_or_default().chars().take(200).collect::<String>()
-        )),
+        ))),
         None => Ok(Grant::None),
     };
     // Answers differ by `Origin` wherever a list decides: caches must not
     // serve one page's answer to another.
     let varies = mcp || !state.cors.origins.any() && !state.cors.origins.is_empty();
     let preflight = req.method() == Method::OPTIONS
-        && req.headers().contains_key(header::ORIGIN)
+        && origin.is_some()
         && req
             .headers()
             .contains_key(header::ACCESS_CONTROL_REQUEST_METHOD);
@@ -160,36 +157,34 @@ fn vary(headers: &mut HeaderMap, varies: bool) {
     }
 }
 
-/// 204 with what the page may send: every method, the headers it asked
-/// for (any: the page is trusted, and SDKs add their own), and, when the
-/// page is public and this node private, Chromium's Private Network
-/// Access consent (the operator listed the page).
+/// 204 with what an admitted page may send: every method, the headers it
+/// asked for (any: the page is trusted, and SDKs add their own), and, when
+/// the page is public and this node private, Chromium's Private Network
+/// Access consent (the operator listed the page). A preflight carries an
+/// `Origin`, so its grant names a page or every page.
 fn preflight_answer(grant: Grant, asked: &HeaderMap, varies: bool) -> Response {
     let mut response = axum::http::StatusCode::NO_CONTENT.into_response();
     let headers = response.headers_mut();
-    let granted = !matches!(grant, Grant::None);
     allow(headers, grant);
-    if granted {
+    headers.insert(
+        header::ACCESS_CONTROL_ALLOW_METHODS,
+        HeaderValue::from_static(METHODS),
+    );
+    if let Some(h) = asked.get(header::ACCESS_CONTROL_REQUEST_HEADERS) {
+        headers.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, h.clone());
+    }
+    headers.insert(
+        header::ACCESS_CONTROL_MAX_AGE,
+        HeaderValue::from_static(PREFLIGHT_MAX_AGE_SECS),
+    );
+    if asked
+        .get("access-control-request-private-network")
+        .is_some_and(|v| v == "true")
+    {
         headers.insert(
-            header::ACCESS_CONTROL_ALLOW_METHODS,
-            HeaderValue::from_static(METHODS),
+            "access-control-allow-private-network",
+            HeaderValue::from_static("true"),
         );
-        if let Some(h) = asked.get(header::ACCESS_CONTROL_REQUEST_HEADERS) {
-            headers.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, h.clone());
-        }
-        headers.insert(
-            header::ACCESS_CONTROL_MAX_AGE,
-            HeaderValue::from_static(PREFLIGHT_MAX_AGE_SECS),
-        );
-        if asked
-            .get("access-control-request-private-network")
-            .is_some_and(|v| v == "true")
-        {
-            headers.insert(
-                "access-control-allow-private-network",
-                HeaderValue::from_static("true"),
-            );
-        }
     }
     vary(headers, varies);
     if varies {

@@ -151,11 +151,11 @@ async fn set_problem_instance(
     next: axum::middleware::Next,
 ) -> Response {
     let presented = req.headers().contains_key(header::AUTHORIZATION);
-    // RFC 9728: where an OAuth client finds the authorization server.
-    let metadata = state
+    // Kept for a 401's challenge, which is only built then.
+    let host = state
         .oauth
         .as_ref()
-        .map(|o| o.challenge_parameter(req.headers(), req.uri()));
+        .and_then(|_| req.headers().get(header::HOST).cloned());
     let mut resp = next.run(req).await;
     if resp.status() == StatusCode::UNAUTHORIZED
         && !resp.headers().contains_key(header::WWW_AUTHENTICATE)
@@ -166,9 +166,10 @@ async fn set_problem_instance(
         if presented {
             challenge.push_str(", error=\"invalid_token\"");
         }
-        if let Some(m) = metadata {
+        // RFC 9728: where an OAuth client finds the authorization server.
+        if let Some(o) = &state.oauth {
             challenge.push_str(", ");
-            challenge.push_str(&m);
+            challenge.push_str(&o.challenge_parameter(host.as_ref(), &uri));
         }
         if let Ok(v) = header::HeaderValue::from_str(&challenge) {
             resp.headers_mut().insert(header::WWW_AUTHENTICATE, v);

@@ -40,13 +40,12 @@ pub struct ResourceServer {
 const WELL_KNOWN: &str = "/.well-known/oauth-protected-resource";
 
 impl ResourceServer {
-    /// The registry's base URL as this request reached it.
-    fn base(&self, headers: &HeaderMap, uri: &Uri) -> String {
+    /// The registry's base URL as a request with this `Host` reached it.
+    fn base(&self, host: Option<&HeaderValue>, uri: &Uri) -> String {
         if let Some(u) = &self.public_url {
             return u.clone();
         }
-        let host = headers
-            .get(header::HOST)
+        let host = host
             .and_then(|v| v.to_str().ok())
             .map(str::to_string)
             .or_else(|| uri.authority().map(|a| a.to_string()))
@@ -54,9 +53,9 @@ impl ResourceServer {
         format!("{}://{host}", self.scheme)
     }
 
-    /// The `WWW-Authenticate` parameter of a 401 on `path`: the metadata of
-    /// the resource the request was for.
-    pub fn challenge_parameter(&self, headers: &HeaderMap, uri: &Uri) -> String {
+    /// The `WWW-Authenticate` parameter of a 401 to a request for `uri`
+    /// with this `Host`: the metadata of the resource it was for.
+    pub fn challenge_parameter(&self, host: Option<&HeaderValue>, uri: &Uri) -> String {
         let suffix = if uri.path() == crate::api::mcp_server::MCP_PATH {
             crate::api::mcp_server::MCP_PATH
         } else {
@@ -64,7 +63,7 @@ impl ResourceServer {
         };
         format!(
             "resource_metadata=\"{}{WELL_KNOWN}{suffix}\"",
-            self.base(headers, uri)
+            self.base(host, uri)
         )
     }
 
@@ -85,7 +84,10 @@ fn answer(s: &HttpState, headers: &HeaderMap, uri: &Uri, path: &str) -> ApiResul
         )
         .into());
     };
-    let doc = server.document(format!("{}{path}", server.base(headers, uri)));
+    let doc = server.document(format!(
+        "{}{path}",
+        server.base(headers.get(header::HOST), uri)
+    ));
     let mut resp = super::json_response(axum::http::StatusCode::OK, &doc);
     resp.headers_mut().insert(
         header::CACHE_CONTROL,
