@@ -177,6 +177,13 @@ pub struct OutboundConfig {
     /// Largest agent answer (or streamed event) accepted.
     pub max_response_bytes: usize,
     pub max_redirects: usize,
+    /// PEM CA certificates trusted for agents besides the bundled web PKI
+    /// roots: agents (and documents) behind an organisation's own CA.
+    pub ca_file: Option<PathBuf>,
+    /// PEM certificate and key the gateway presents to every agent that
+    /// asks for one (mutual TLS), unless a credential names its own.
+    pub client_cert_file: Option<PathBuf>,
+    pub client_key_file: Option<PathBuf>,
 }
 
 impl Default for OutboundConfig {
@@ -188,6 +195,9 @@ impl Default for OutboundConfig {
             timeout_ms: 30_000,
             max_response_bytes: 4 * 1024 * 1024,
             max_redirects: 5,
+            ca_file: None,
+            client_cert_file: None,
+            client_key_file: None,
         }
     }
 }
@@ -207,6 +217,12 @@ pub struct CredentialConfig {
     pub value: Option<String>,
     #[serde(default)]
     pub value_env: Option<String>,
+    /// PEM certificate and key presented to matching agents instead of
+    /// `gateway.outbound`'s (mutual TLS); with them the header is optional.
+    #[serde(default)]
+    pub client_cert_file: Option<PathBuf>,
+    #[serde(default)]
+    pub client_key_file: Option<PathBuf>,
 }
 
 impl GatewayConfig {
@@ -254,14 +270,51 @@ impl GatewayConfig {
             if c.agent.trim().is_empty() {
                 return bad("credentials: agent must name an id or a prefix ending in '*'");
             }
-            if c.value.is_some() == c.value_env.is_some() {
+            let certificate = pair(
+                &format!("gateway.credentials for '{}'", c.agent),
+                &c.client_cert_file,
+                &c.client_key_file,
+            )?;
+            if c.value.is_some() && c.value_env.is_some()
+                || !certificate && c.value.is_none() && c.value_env.is_none()
+            {
                 return Err(ConfigError::Invalid(format!(
-                    "gateway.credentials for '{}': give exactly one of value and value_env",
+                    "gateway.credentials for '{}': give exactly one of value and value_env, or client_cert_file and client_key_file",
                     c.agent
                 )));
             }
         }
+        pair("gateway.outbound", &o.client_cert_file, &o.client_key_file)?;
         self.outbound_policy().map(|_| ())
+    }
+
+    /// The guarded client this configuration describes, its TLS files
+    /// read now (a file that does not load stops the start, named).
+    pub fn outbound(&self) -> Result<crate::gateway::transport::Outbound, ConfigError> {
+        let o = &self.outbound;
+        let tls = crate::gateway::tls::TlsFiles {
+            ca_file: o.ca_file.clone(),
+            client_cert_file: o.client_cert_file.clone(),
+            client_key_file: o.client_key_file.clone(),
+        };
+        crate::gateway::transport::Outbound::new(
+            self.outbound_policy()?,
+            crate::gateway::outbound::system_lookup(),
+            tls,
+        )
+        .map_err(|e| ConfigError::Invalid(format!("gateway.outbound: {e}")))
+    }
+}
+
+/// Whether a certificate and its key are both given; one without the
+/// other is a configuration error.
+fn pair(section: &str, cert: &Option<PathBuf>, key: &Option<PathBuf>) -> Result<bool, ConfigError> {
+    match (cert, key) {
+        (Some(_), Some(_)) => Ok(true),
+        (None, None) => Ok(false),
+        _ => Err(ConfigError::Invalid(format!(
+            "{section}: client_cert_file and client_key_file go together"
+        ))),
     }
 }
 
@@ -858,6 +911,59 @@ mod tests {
                 .contains("[connections] keep_alive_timeout_secs"),
             "{e}"
         );
+    }
+
+    /// The gateway's TLS files: a certificate without its key is refused
+    /// by name, a credential may be a certificate alone, and a file that
+    /// does not load stops the start naming the file.
+    #[test]
+    fn gateway_tls_files_are_checked_together_and_loaded_at_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("g.toml");
+        let check = |text: &str| {
+            std::fs::write(&p, text).unwrap();
+            Config::from_file(&p).unwrap().validate()
+        };
+        let e = check("[gateway.outbound]\nclient_cert_file = \"c.pem\"\n").unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("gateway.outbound: client_cert_file and client_key_file go together"),
+            "{e}"
+        );
+        let e = check("[[gateway.credentials]]\nagent = \"a\"\nclient_key_file = \"k.pem\"\n")
+            .unwrap_err();
+        assert!(e.to_string().contains("credentials for 'a'"), "{e}");
+        let e = check("[[gateway.credentials]]\nagent = \"a\"\n").unwrap_err();
+        assert!(e.to_string().contains("or client_cert_file"), "{e}");
+        check("[[gateway.credentials]]\nagent = \"a\"\nclient_cert_file = \"c.pem\"\nclient_key_file = \"k.pem\"\n")
+            .unwrap();
+
+        let missing = dir.path().join("missing-ca.pem");
+        let mut g = GatewayConfig::default();
+        g.outbound.ca_file = Some(missing.clone());
+        let e = g.outbound().err().expect("a missing CA file is refused");
+        assert!(
+            e.to_string().contains(&missing.display().to_string()),
+            "{e}"
+        );
+        let garbage = dir.path().join("garbage.pem");
+        std::fs::write(&garbage, "not a certificate").unwrap();
+        g.outbound.ca_file = Some(garbage.clone());
+        let e = g
+            .outbound()
+            .err()
+            .expect("a CA file without certificates is refused");
+        assert!(e.to_string().contains("no PEM certificate"), "{e}");
+        g.outbound.ca_file = None;
+        g.outbound.client_cert_file = Some(garbage.clone());
+        g.outbound.client_key_file = Some(garbage);
+        assert!(
+            g.outbound().is_err(),
+            "a client certificate that is not PEM is refused"
+        );
+        g.outbound.client_cert_file = None;
+        g.outbound.client_key_file = None;
+        assert!(!g.outbound().unwrap().presents_certificate());
     }
 
     #[test]

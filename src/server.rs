@@ -269,11 +269,7 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
     let (mut auth, generated_admin_key) = authenticator(&config)?;
     if let Some(jwt) = &config.jwt {
         // The issuer's keys are fetched under the gateway's outbound guard.
-        let outbound = crate::gateway::transport::Outbound::new(
-            config.gateway.outbound_policy()?,
-            crate::gateway::outbound::system_lookup(),
-        )
-        .map_err(|e| crate::config::ConfigError::Invalid(format!("gateway.outbound: {e}")))?;
+        let outbound = config.gateway.outbound()?;
         let verifier = crate::api::jwt::JwtVerifier::new(jwt.clone(), Some(outbound))
             .map_err(crate::config::ConfigError::Invalid)?;
         auth = auth.with_jwt(verifier);
@@ -761,11 +757,7 @@ fn gateway(
     http_base: &str,
 ) -> Result<crate::service::InvocationService, ServerError> {
     let g = &config.gateway;
-    let outbound = crate::gateway::transport::Outbound::new(
-        g.outbound_policy()?,
-        crate::gateway::outbound::system_lookup(),
-    )
-    .map_err(|e| crate::config::ConfigError::Invalid(format!("gateway.outbound: {e}")))?;
+    let outbound = g.outbound()?;
     let base = g
         .public_url
         .clone()

@@ -499,10 +499,10 @@ async fn list_agent_tools(
             }
         })?;
     let bearer = text(&args, "agent_authorization");
-    let tools =
-        crate::gateway::mcp_tools::list_tools(service.outbound(), &binding.endpoint, bearer)
-            .await
-            .map_err(ServiceError::from)?;
+    let outbound = service.outbound_for(&record.metadata.id);
+    let tools = crate::gateway::mcp_tools::list_tools(&outbound, &binding.endpoint, bearer)
+        .await
+        .map_err(ServiceError::from)?;
     let tools: Vec<Value> = tools
         .iter()
         .map(|t| {

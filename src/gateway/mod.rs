@@ -5,4 +5,5 @@
 pub mod import;
 pub mod mcp_tools;
 pub mod outbound;
+pub mod tls;
 pub mod transport;

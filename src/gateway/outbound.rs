@@ -330,10 +330,22 @@ impl reqwest::dns::Resolve for GuardedResolver {
     }
 }
 
-/// Builds the one client all outbound traffic uses.
-pub fn client(policy: Arc<OutboundPolicy>, lookup: Lookup) -> Result<reqwest::Client, String> {
+/// Builds the guarded client outbound traffic uses, trusting `tls`'s
+/// roots besides the web PKI's and presenting its certificate, if any.
+pub fn client(
+    policy: Arc<OutboundPolicy>,
+    lookup: Lookup,
+    tls: super::tls::TlsMaterial,
+) -> Result<reqwest::Client, String> {
     let redirects = policy.clone();
-    reqwest::Client::builder()
+    let mut builder = reqwest::Client::builder();
+    for root in tls.roots {
+        builder = builder.add_root_certificate(root);
+    }
+    if let Some(identity) = tls.identity {
+        builder = builder.identity(identity);
+    }
+    builder
         .dns_resolver(Arc::new(GuardedResolver {
             policy: policy.clone(),
             lookup,
@@ -358,7 +370,7 @@ pub fn client(policy: Arc<OutboundPolicy>, lookup: Lookup) -> Result<reqwest::Cl
         .pool_idle_timeout(Duration::from_secs(60))
         .user_agent(concat!("agentry/", env!("CARGO_PKG_VERSION")))
         .build()
-        .map_err(|e| e.to_string())
+        .map_err(|e| crate::error_chain(&e))
 }
 
 /// Turns a client error into the outbound error it stands for: a policy
@@ -524,7 +536,7 @@ mod tests {
         let lookup: Lookup = Arc::new(|_host: String| {
             Box::pin(async { Ok(vec![SocketAddr::new(ip("192.168.7.7"), 0)]) })
         });
-        let c = client(policy.clone(), lookup).unwrap();
+        let c = client(policy.clone(), lookup, Default::default()).unwrap();
         let url = Url::parse("http://printer.example/").unwrap();
         let e = c.get(url.clone()).send().await.unwrap_err();
         match classify(&e, &url, policy.timeout) {

@@ -117,12 +117,22 @@ const MAX_SCHEMAS: usize = 4_096;
 /// Batch elements called at the same time.
 const BATCH_PARALLELISM: usize = 4;
 
-/// A credential to inject, with its value read once at start.
-#[derive(Debug, Clone)]
+/// A credential for the agents it names: a header to inject (its value
+/// read once at start), a client certificate of its own, or both.
+#[derive(Clone)]
 struct Credential {
     agent: String,
-    header: String,
-    value: String,
+    header: Option<(String, String)>,
+    /// The client presenting the credential's certificate.
+    outbound: Option<Outbound>,
+}
+
+/// What a call to one agent goes out with.
+pub(super) struct Credentials {
+    pub headers: Vec<(String, String)>,
+    /// The guarded client presenting the certificate meant for the agent
+    /// (`gateway.outbound`'s unless a credential names its own).
+    pub outbound: Outbound,
 }
 
 impl Credential {
@@ -162,6 +172,7 @@ struct Prepared {
     schemas: Arc<Schemas>,
     binding: usize,
     headers: Vec<(String, String)>,
+    outbound: Outbound,
     continues: Option<Continuation>,
 }
 
@@ -206,7 +217,7 @@ impl InvocationService {
         let credentials = config
             .credentials
             .iter()
-            .map(credential)
+            .map(|c| credential(c, &outbound))
             .collect::<std::result::Result<_, _>>()?;
         Ok(Self {
             inner: Arc::new(Inner {
@@ -229,6 +240,18 @@ impl InvocationService {
 
     pub fn outbound(&self) -> &Outbound {
         &self.inner.outbound
+    }
+
+    fn credential(&self, id: &str) -> Option<&Credential> {
+        self.inner.credentials.iter().find(|c| c.matches(id))
+    }
+
+    /// The guarded client that presents the certificate meant for agent
+    /// `id`: its credential's own, else `gateway.outbound`'s (if any).
+    pub fn outbound_for(&self, id: &str) -> Outbound {
+        self.credential(id)
+            .and_then(|c| c.outbound.clone())
+            .unwrap_or_else(|| self.inner.outbound.clone())
     }
 
     pub fn registry(&self) -> &RegistryService {
@@ -340,7 +363,7 @@ impl InvocationService {
             headers: prepared.headers.clone(),
             continues: prepared.continues.as_ref(),
         };
-        let started = transport::open_stream(&self.inner.outbound, &spec).await?;
+        let started = transport::open_stream(&prepared.outbound, &spec).await?;
         Ok(match started {
             Started::Whole(answer) => {
                 let invoked = finish(&prepared, answer);
@@ -444,7 +467,10 @@ impl InvocationService {
             .iter()
             .position(|b| std::ptr::eq(b, binding))
             .unwrap_or_default();
-        let mut headers = self.credentials_for(record, req)?;
+        let Credentials {
+            mut headers,
+            outbound,
+        } = self.credentials_for(record, req)?;
         if let Some(k) = &req.idempotency_key {
             headers.push(("Idempotency-Key".into(), k.clone()));
         }
@@ -455,6 +481,7 @@ impl InvocationService {
             schemas,
             binding,
             headers,
+            outbound,
             continues: req.continues.clone(),
         })
     }
@@ -472,7 +499,7 @@ impl InvocationService {
             headers: p.headers.clone(),
             continues: p.continues.as_ref(),
         };
-        let answer = transport::call(&self.inner.outbound, &spec).await?;
+        let answer = transport::call(&p.outbound, &spec).await?;
         Ok(finish(p, answer))
     }
 
@@ -531,17 +558,24 @@ impl InvocationService {
         Ok(compiled)
     }
 
-    /// The headers that carry the agent's credential: one configured for
-    /// it, else the caller's `Agent-Authorization`; an agent that requires
-    /// authentication gets neither → 401 before anything is sent.
+    /// The headers that carry the agent's credential (one configured for
+    /// it, else the caller's `Agent-Authorization`) and the client that
+    /// presents the certificate meant for it. An agent that requires
+    /// authentication and gets none of them → 401 before anything is sent.
     pub(super) fn credentials_for(
         &self,
         record: &AgentRecord,
         req: &InvokeRequest,
-    ) -> Result<Vec<(String, String)>> {
+    ) -> Result<Credentials> {
         let meta = &record.metadata;
-        if let Some(c) = self.inner.credentials.iter().find(|c| c.matches(&meta.id)) {
-            return Ok(vec![(c.header.clone(), c.value.clone())]);
+        let configured = self.credential(&meta.id);
+        let outbound = self.outbound_for(&meta.id);
+        let with = |headers| Credentials {
+            headers,
+            outbound: outbound.clone(),
+        };
+        if let Some(header) = configured.and_then(|c| c.header.clone()) {
+            return Ok(with(vec![header]));
         }
         let auth = meta.authentication.as_ref().or(meta.auth.as_ref());
         let kind = auth
@@ -560,10 +594,11 @@ impl InvocationService {
                 }
             });
         match (&req.agent_authorization, kind.as_str()) {
-            (Some(v), _) if !v.is_empty() => Ok(vec![(header, v.clone())]),
-            (_, "none") => Ok(Vec::new()),
+            (Some(v), _) if !v.is_empty() => Ok(with(vec![(header, v.clone())])),
+            (_, "none") => Ok(with(Vec::new())),
+            (_, "mtls") if outbound.presents_certificate() => Ok(with(Vec::new())),
             (_, "mtls") => Err(ServiceError::Unsupported(format!(
-                "agent '{}' requires mutual TLS, which the gateway cannot present yet",
+                "agent '{}' requires mutual TLS, and the gateway has no client certificate to present: configure gateway.outbound.client_cert_file, or client_cert_file on a gateway.credentials entry for the agent",
                 meta.id
             ))),
             (_, kind) => Err(ServiceError::Unauthorized(format!(
@@ -630,21 +665,39 @@ impl InvocationService {
     }
 }
 
-fn credential(c: &CredentialConfig) -> std::result::Result<Credential, String> {
+fn credential(c: &CredentialConfig, base: &Outbound) -> std::result::Result<Credential, String> {
     let value = match (&c.value, &c.value_env) {
-        (Some(v), _) => v.clone(),
-        (None, Some(var)) => std::env::var(var).map_err(|_| {
+        (Some(v), _) => Some(v.clone()),
+        (None, Some(var)) => Some(std::env::var(var).map_err(|_| {
             format!(
                 "gateway.credentials for '{}': environment variable {var} is not set",
                 c.agent
             )
-        })?,
-        (None, None) => return Err(format!("gateway.credentials for '{}': no value", c.agent)),
+        })?),
+        (None, None) => None,
     };
+    let outbound = match (&c.client_cert_file, &c.client_key_file) {
+        (Some(cert), Some(key)) => Some(
+            base.presenting(cert.clone(), key.clone())
+                .map_err(|e| format!("gateway.credentials for '{}': {e}", c.agent))?,
+        ),
+        _ => None,
+    };
+    if value.is_none() && outbound.is_none() {
+        return Err(format!(
+            "gateway.credentials for '{}': no value and no client certificate",
+            c.agent
+        ));
+    }
     Ok(Credential {
         agent: c.agent.clone(),
-        header: c.header.clone().unwrap_or_else(|| "Authorization".into()),
-        value,
+        header: value.map(|v| {
+            (
+                c.header.clone().unwrap_or_else(|| "Authorization".into()),
+                v,
+            )
+        }),
+        outbound,
     })
 }
 

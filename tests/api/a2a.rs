@@ -5,6 +5,7 @@
 //! and one that requires a key. Each is imported from its card and invoked
 //! through `POST /agents/{id}/invoke`.
 
+use std::path::Path;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -30,6 +31,17 @@ impl A2aAgent {
         Self {
             _child: child,
             base: format!("http://127.0.0.1:{port}"),
+        }
+    }
+
+    /// An agent behind mutual TLS with the certificates in `dir`
+    /// (`agent.pem`, and `clients-ca.pem` for the clients it accepts).
+    async fn start_tls(mode: &str, dir: &Path) -> Self {
+        let dir = dir.to_str().expect("a UTF-8 temporary path");
+        let (child, port) = python_fixture("a2a_agent.py", &[mode, "--tls", dir]).await;
+        Self {
+            _child: child,
+            base: format!("https://localhost:{port}"),
         }
     }
 
@@ -374,4 +386,170 @@ fn asked_task_id(events: &[Value]) -> String {
         .expect("the question was output");
     let task: Value = serde_json::from_str(first["content"].as_str().unwrap()).unwrap();
     task["task"]["id"].as_str().unwrap().to_string()
+}
+
+/// The certificates of the mutual-TLS test: the agent's (from its own CA),
+/// the gateway's (from the CA the agent accepts clients of) and a rogue
+/// client's (from a CA it does not).
+async fn mtls_certificates(dir: &Path) -> Certificates {
+    use crate::certs::{ca, leaf};
+    ca(dir, "agents-ca").await;
+    leaf(dir, "agents-ca", "agent", "DNS:localhost,IP:127.0.0.1").await;
+    ca(dir, "clients-ca").await;
+    ca(dir, "rogue-ca").await;
+    Certificates {
+        agents_ca: dir.join("agents-ca.pem"),
+        gateway: leaf(dir, "clients-ca", "gateway", "DNS:gateway.example").await,
+        rogue: leaf(dir, "rogue-ca", "rogue", "DNS:gateway.example").await,
+    }
+}
+
+struct Certificates {
+    agents_ca: std::path::PathBuf,
+    gateway: (std::path::PathBuf, std::path::PathBuf),
+    rogue: (std::path::PathBuf, std::path::PathBuf),
+}
+
+/// Puts a certificate and its key where the gateway reads its own, as a
+/// rotation by cert-manager would.
+fn present(
+    files: &(std::path::PathBuf, std::path::PathBuf),
+    at: &(std::path::PathBuf, std::path::PathBuf),
+) {
+    std::fs::copy(&files.0, &at.0).expect("certificate copied");
+    std::fs::copy(&files.1, &at.1).expect("key copied");
+}
+
+#[tokio::test]
+async fn agents_behind_mutual_tls_are_called_with_the_gateways_certificate_which_rotates() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = mtls_certificates(dir.path()).await;
+    let agent = A2aAgent::start_tls("v1", dir.path()).await;
+    let presented = (
+        dir.path().join("presented.pem"),
+        dir.path().join("presented.key"),
+    );
+    present(&certs.gateway, &presented);
+
+    // The gateway trusts the agents' CA and presents its own certificate.
+    let (ca_file, cert, key) = (
+        certs.agents_ca.clone(),
+        presented.0.clone(),
+        presented.1.clone(),
+    );
+    let s = TestServer::start_with(move |c| {
+        super::invocation::local_agents(c);
+        c.gateway.outbound.timeout_ms = 10_000;
+        c.gateway.outbound.ca_file = Some(ca_file);
+        c.gateway.outbound.client_cert_file = Some(cert);
+        c.gateway.outbound.client_key_file = Some(key);
+    })
+    .await;
+    let http = Http::new(&s.http);
+
+    // The card is read over mutual TLS; its mtls scheme becomes the
+    // record's authentication, and the call needs no caller credential.
+    let id = import(&http, &agent).await;
+    let rec = http.record(&id, ALICE).await;
+    assert_eq!(rec["authentication"]["type"], "mtls", "{rec}");
+    assert!(
+        rec["bindings"][0]["endpoint"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("https://localhost:")),
+        "{rec}"
+    );
+    let (status, body) = invoke(&s, &id, json!({"text": "over mtls"}), &[]).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(artifact_text(&body["task"]), vec!["echo: over mtls"]);
+
+    // A certificate the agent does not accept, put in place of the
+    // gateway's, is presented from then on: the agent refuses the
+    // handshake, and the caller gets a 502 naming the agent.
+    present(&certs.rogue, &presented);
+    let refused = invoke_until(&s, &id, "rogue", 502).await;
+    assert_eq!(refused["code"], "bad_gateway", "{refused}");
+    // Rotated back, calls go through again without a restart.
+    present(&certs.gateway, &presented);
+    let body = invoke_until(&s, &id, "rotated", 200).await;
+    assert_eq!(artifact_text(&body["task"]), vec!["echo: rotated"]);
+
+    // A half-written rotation (a key that is not PEM) keeps the working
+    // certificate.
+    std::fs::write(&presented.1, "not a key").unwrap();
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let (status, body) = invoke(&s, &id, json!({"text": "kept"}), &[]).await;
+    assert_eq!(status, 200, "{body}");
+
+    // A node whose gateway has no certificate of its own: an agent that
+    // requires mutual TLS is refused before anything is sent, naming the
+    // settings; a credential for that agent presents its own certificate.
+    let metadata = json!({
+        "id": id, "name": rec["name"], "description": rec["description"],
+        "bindings": rec["bindings"], "authentication": rec["authentication"],
+    });
+    let (ca_file, gateway) = (certs.agents_ca.clone(), certs.gateway.clone());
+    let own = id.clone();
+    let other = TestServer::start_with(move |c| {
+        super::invocation::local_agents(c);
+        c.gateway.outbound.timeout_ms = 10_000;
+        c.gateway.outbound.ca_file = Some(ca_file);
+        c.gateway.credentials = vec![agentry::config::CredentialConfig {
+            agent: own,
+            header: None,
+            value: None,
+            value_env: None,
+            client_cert_file: Some(gateway.0),
+            client_key_file: Some(gateway.1),
+        }];
+    })
+    .await;
+    let other_http = Http::new(&other.http);
+    let mut copy = metadata.clone();
+    copy["id"] = json!("mtls-without-a-certificate");
+    for m in [&metadata, &copy] {
+        let (status, body) = other_http
+            .call(
+                reqwest::Method::POST,
+                "/agents",
+                Some(ALICE),
+                Some(m.clone()),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        assert_eq!(status, 201, "{body}");
+    }
+    let (status, body) = invoke(&other, &id, json!({"text": "own"}), &[]).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(artifact_text(&body["task"]), vec!["echo: own"]);
+    let (status, body) = invoke(
+        &other,
+        "mtls-without-a-certificate",
+        json!({"text": "x"}),
+        &[],
+    )
+    .await;
+    assert_eq!(status, 501, "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("gateway.outbound.client_cert_file")),
+        "{body}"
+    );
+}
+
+/// Invokes `id` with `text` until the answer has `status` (a rotation is
+/// seen within about a second); its body.
+async fn invoke_until(s: &TestServer, id: &str, text: &str, status: u16) -> Value {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (got, body) = invoke(s, id, json!({ "text": text }), &[]).await;
+        if got == status {
+            return body;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no {status} within 10 s; the last answer was {got} {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }

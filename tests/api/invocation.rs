@@ -423,6 +423,8 @@ async fn declared_authentication_is_passed_through_or_injected() {
             header: Some("X-API-Key".into()),
             value: None,
             value_env: Some("AGENTRY_TEST_KEYED_SECRET".into()),
+            client_cert_file: None,
+            client_key_file: None,
         }];
     })
     .await;

@@ -44,7 +44,7 @@ pub(crate) async fn in_session<T>(
     let timeout = out.policy.timeout;
     let run = async {
         let transport = StreamableHttpClientTransport::with_client(
-            out.client.clone(),
+            out.client(),
             StreamableHttpClientTransportConfig {
                 uri: url.as_str().into(),
                 auth_header: bearer,

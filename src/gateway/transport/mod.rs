@@ -17,7 +17,8 @@ mod mcp;
 mod rest;
 mod woa;
 
-use std::sync::Arc;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::Bytes;
@@ -30,7 +31,9 @@ pub use agent_protocol::ap_url;
 pub(crate) use mcp::{in_session, Session};
 
 use super::outbound::{classify, read_limited, redacted, Lookup, OutboundError, OutboundPolicy};
+use super::tls::TlsFiles;
 use crate::domain::{Binding, Protocol};
+use crate::listener::FileStamps;
 
 /// Whether the gateway can call a binding: a protocol it speaks, in a
 /// form it supports (an A2A interface over gRPC is not).
@@ -64,22 +67,73 @@ pub enum GatewayError {
     Unsupported(String),
 }
 
-/// The guarded client and its policy.
+/// The guarded client and its policy, and the TLS files the client is
+/// rebuilt from when they change (clones share one client).
 #[derive(Clone)]
 pub struct Outbound {
-    pub client: reqwest::Client,
     pub policy: Arc<OutboundPolicy>,
     lookup: Lookup,
+    tls: Arc<TlsFiles>,
+    current: Arc<Mutex<Current>>,
+}
+
+struct Current {
+    client: reqwest::Client,
+    stamps: FileStamps,
 }
 
 impl Outbound {
-    pub fn new(policy: OutboundPolicy, lookup: Lookup) -> Result<Self, String> {
+    pub fn new(policy: OutboundPolicy, lookup: Lookup, tls: TlsFiles) -> Result<Self, String> {
         let policy = Arc::new(policy);
+        let client = super::outbound::client(policy.clone(), lookup.clone(), tls.load()?)?;
         Ok(Self {
-            client: super::outbound::client(policy.clone(), lookup.clone())?,
+            current: Arc::new(Mutex::new(Current {
+                client,
+                stamps: FileStamps::new(tls.paths()),
+            })),
             policy,
             lookup,
+            tls: Arc::new(tls),
         })
+    }
+
+    /// The same policy and trust, presenting another client certificate
+    /// (a credential's own, for the agents it names).
+    pub fn presenting(&self, cert: PathBuf, key: PathBuf) -> Result<Self, String> {
+        Self::new(
+            (*self.policy).clone(),
+            self.lookup.clone(),
+            self.tls.presenting(cert, key),
+        )
+    }
+
+    /// Whether a client certificate is presented to agents that ask.
+    pub fn presents_certificate(&self) -> bool {
+        self.tls.client_cert_file.is_some()
+    }
+
+    /// The client for the next request: rebuilt first when a TLS file
+    /// changed (checked at most once a second); a change that does not
+    /// load keeps the previous client.
+    pub fn client(&self) -> reqwest::Client {
+        let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(stamps) = current.stamps.changed() {
+            let rebuilt = self.tls.load().and_then(|material| {
+                super::outbound::client(self.policy.clone(), self.lookup.clone(), material)
+            });
+            match rebuilt {
+                Ok(client) => {
+                    tracing::info!(files = ?self.tls.paths(), "the gateway's TLS files changed; reloaded");
+                    current.client = client;
+                    current.stamps.settle(stamps);
+                }
+                Err(e) => tracing::warn!(
+                    error = %e,
+                    "the gateway's TLS files changed but cannot be loaded; keeping the previous ones"
+                ),
+            }
+        }
+        current.client.clone()
     }
 
     /// Checks a target before a client that does its own connecting (the
@@ -110,7 +164,7 @@ impl Outbound {
     ) -> Result<Fetched, OutboundError> {
         self.policy.check_url(url)?;
         let mut req = self
-            .client
+            .client()
             .get(url.clone())
             .header(reqwest::header::ACCEPT, accept)
             .timeout(self.policy.timeout);
@@ -249,7 +303,7 @@ pub async fn exchange(
 ) -> Result<reqwest::Response, GatewayError> {
     out.policy.check_url(url)?;
     let mut req = out
-        .client
+        .client()
         .request(method, url.clone())
         .header(reqwest::header::ACCEPT, accept);
     if let Some(b) = body {

@@ -55,14 +55,14 @@ impl InvocationService {
         auth: Option<String>,
         accept: &str,
     ) -> Result<reqwest::Response> {
-        let headers = self.credentials_for(
+        let c = self.credentials_for(
             record,
             &InvokeRequest {
                 agent_authorization: auth,
                 ..Default::default()
             },
         )?;
-        Ok(transport::exchange(self.outbound(), method, url, body, &headers, accept).await?)
+        Ok(transport::exchange(&c.outbound, method, url, body, &c.headers, accept).await?)
     }
 
     /// One request whose answer is a whole JSON document, passed on with
