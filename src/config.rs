@@ -223,6 +223,36 @@ pub struct CredentialConfig {
     pub client_cert_file: Option<PathBuf>,
     #[serde(default)]
     pub client_key_file: Option<PathBuf>,
+    /// The header's value is a bearer token the gateway gets itself
+    /// (OAuth 2.0 client credentials) instead of a fixed value.
+    #[serde(default)]
+    pub oauth2: Option<ClientCredentialsConfig>,
+}
+
+/// OAuth 2.0 client credentials (RFC 6749 4.4) the gateway exchanges at
+/// the organisation's token endpoint for the tokens agents accept.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClientCredentialsConfig {
+    pub token_url: String,
+    pub client_id: String,
+    /// The client secret, or the environment variable holding it.
+    #[serde(default)]
+    pub client_secret: Option<String>,
+    #[serde(default)]
+    pub client_secret_env: Option<String>,
+    /// Scopes asked for (`scope`, space-separated on the wire).
+    #[serde(default)]
+    pub scopes: Vec<String>,
+    /// `audience` (Auth0, Okta) and `resource` (RFC 8707) members, for
+    /// providers that want the agent named.
+    #[serde(default)]
+    pub audience: Option<String>,
+    #[serde(default)]
+    pub resource: Option<String>,
+    /// `basic` (default, RFC 6749 2.3.1) or `post`: where the secret goes.
+    #[serde(default)]
+    pub client_auth: Option<String>,
 }
 
 impl GatewayConfig {
@@ -275,13 +305,28 @@ impl GatewayConfig {
                 &c.client_cert_file,
                 &c.client_key_file,
             )?;
-            if c.value.is_some() && c.value_env.is_some()
-                || !certificate && c.value.is_none() && c.value_env.is_none()
-            {
+            let values = [c.value.is_some(), c.value_env.is_some(), c.oauth2.is_some()]
+                .into_iter()
+                .filter(|v| *v)
+                .count();
+            if values > 1 || values == 0 && !certificate {
                 return Err(ConfigError::Invalid(format!(
-                    "gateway.credentials for '{}': give exactly one of value and value_env, or client_cert_file and client_key_file",
+                    "gateway.credentials for '{}': give exactly one of value, value_env and oauth2, or client_cert_file and client_key_file, or both",
                     c.agent
                 )));
+            }
+            if let Some(o) = &c.oauth2 {
+                let url_ok = url::Url::parse(&o.token_url)
+                    .is_ok_and(|u| matches!(u.scheme(), "http" | "https"));
+                if !url_ok
+                    || o.client_secret.is_some() == o.client_secret_env.is_some()
+                    || !matches!(o.client_auth.as_deref(), None | Some("basic" | "post"))
+                {
+                    return Err(ConfigError::Invalid(format!(
+                        "gateway.credentials for '{}': oauth2 needs an http(s) token_url, exactly one of client_secret and client_secret_env, and client_auth basic or post",
+                        c.agent
+                    )));
+                }
             }
         }
         pair("gateway.outbound", &o.client_cert_file, &o.client_key_file)?;
@@ -964,6 +1009,38 @@ mod tests {
         g.outbound.client_cert_file = None;
         g.outbound.client_key_file = None;
         assert!(!g.outbound().unwrap().presents_certificate());
+    }
+
+    /// A credential's token source: one secret, a known client
+    /// authentication, and no second value beside it.
+    #[test]
+    fn gateway_oauth2_credentials_are_validated() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("o.toml");
+        let check = |oauth2: &str, extra: &str| {
+            let text = format!(
+                "[[gateway.credentials]]\nagent = \"a*\"\n{extra}[gateway.credentials.oauth2]\ntoken_url = \"https://id.example/token\"\nclient_id = \"gw\"\n{oauth2}"
+            );
+            std::fs::write(&p, text).unwrap();
+            Config::from_file(&p).unwrap().validate()
+        };
+        check("client_secret_env = \"S\"\nscopes = [\"a\", \"b\"]\n", "").unwrap();
+        check("client_secret = \"s\"\nclient_auth = \"post\"\n", "").unwrap();
+        for (oauth2, extra) in [
+            ("client_secret = \"s\"\nclient_secret_env = \"S\"\n", ""),
+            ("", ""),
+            (
+                "client_secret = \"s\"\nclient_auth = \"private_key_jwt\"\n",
+                "",
+            ),
+            ("client_secret = \"s\"\n", "value = \"Bearer x\"\n"),
+        ] {
+            let e = check(oauth2, extra).unwrap_err();
+            assert!(
+                e.to_string().contains("credentials for 'a*'"),
+                "{oauth2} {extra}: {e}"
+            );
+        }
     }
 
     #[test]

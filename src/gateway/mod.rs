@@ -6,4 +6,5 @@ pub mod import;
 pub mod mcp_tools;
 pub mod outbound;
 pub mod tls;
+pub mod token;
 pub mod transport;

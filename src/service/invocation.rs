@@ -29,6 +29,7 @@ use crate::domain::resolve::preferred_binding;
 use crate::domain::validate::{check_instance, compile_schema};
 use crate::domain::{AgentMetadata, AgentRecord, AgentStatus, Binding, FieldError, Principal};
 use crate::gateway::outbound::OutboundError;
+use crate::gateway::token::ClientCredentials;
 use crate::gateway::transport::a2a::Continuation;
 use crate::gateway::transport::{self, Answer, CallSpec, Event, GatewayError, Outbound, Started};
 
@@ -117,22 +118,49 @@ const MAX_SCHEMAS: usize = 4_096;
 /// Batch elements called at the same time.
 const BATCH_PARALLELISM: usize = 4;
 
-/// A credential for the agents it names: a header to inject (its value
-/// read once at start), a client certificate of its own, or both.
-#[derive(Clone)]
+/// A credential for the agents it names: a header to inject (a value read
+/// once at start, or a token the gateway gets itself), a client
+/// certificate of its own, or both.
 struct Credential {
     agent: String,
     header: Option<(String, String)>,
+    /// The header that carries the gateway's own token, and its source.
+    token: Option<(String, Arc<ClientCredentials>)>,
     /// The client presenting the credential's certificate.
     outbound: Option<Outbound>,
 }
 
 /// What a call to one agent goes out with.
+#[derive(Clone)]
 pub(super) struct Credentials {
     pub headers: Vec<(String, String)>,
+    /// A header whose value is the gateway's own token, fetched when the
+    /// call is sent (a token may expire while a call waits).
+    token: Option<(String, Arc<ClientCredentials>)>,
     /// The guarded client presenting the certificate meant for the agent
     /// (`gateway.outbound`'s unless a credential names its own).
     pub outbound: Outbound,
+}
+
+impl Credentials {
+    /// The headers of the next request, and the token among them.
+    pub(super) async fn headers(&self) -> Result<(Vec<(String, String)>, Option<String>)> {
+        let mut headers = self.headers.clone();
+        let Some((name, source)) = &self.token else {
+            return Ok((headers, None));
+        };
+        let bearer = source.bearer().await?;
+        headers.push((name.clone(), bearer.clone()));
+        Ok((headers, Some(bearer)))
+    }
+
+    /// The agent answered `status` to a request that carried `bearer`: a
+    /// 401 means the token is no good, and the next call gets a new one.
+    pub(super) async fn answered(&self, bearer: Option<String>, status: u16) {
+        if let (Some((_, source)), Some(bearer), 401) = (&self.token, bearer, status) {
+            source.refused(&bearer).await;
+        }
+    }
 }
 
 impl Credential {
@@ -171,8 +199,7 @@ struct Prepared {
     operation: Option<String>,
     schemas: Arc<Schemas>,
     binding: usize,
-    headers: Vec<(String, String)>,
-    outbound: Outbound,
+    credentials: Credentials,
     continues: Option<Continuation>,
 }
 
@@ -354,18 +381,20 @@ impl InvocationService {
         let prepared = self.prepare(&record, call, &req, "")?;
         let permit = self.permit(&record.metadata.id)?;
         let binding = &prepared.record.metadata.bindings[prepared.binding];
+        let (headers, bearer) = prepared.credentials.headers().await?;
         let spec = CallSpec {
             binding,
             operation: prepared.operation.as_deref(),
             name_operation: prepared.record.metadata.operations.len() > 1,
             input: &prepared.call.input,
             stream: true,
-            headers: prepared.headers.clone(),
+            headers,
             continues: prepared.continues.as_ref(),
         };
-        let started = transport::open_stream(&prepared.outbound, &spec).await?;
+        let started = transport::open_stream(&prepared.credentials.outbound, &spec).await?;
         Ok(match started {
             Started::Whole(answer) => {
+                prepared.credentials.answered(bearer, answer.status).await;
                 let invoked = finish(&prepared, answer);
                 let events = whole_events(invoked);
                 drop(permit);
@@ -467,12 +496,11 @@ impl InvocationService {
             .iter()
             .position(|b| std::ptr::eq(b, binding))
             .unwrap_or_default();
-        let Credentials {
-            mut headers,
-            outbound,
-        } = self.credentials_for(record, req)?;
+        let mut credentials = self.credentials_for(record, req)?;
         if let Some(k) = &req.idempotency_key {
-            headers.push(("Idempotency-Key".into(), k.clone()));
+            credentials
+                .headers
+                .push(("Idempotency-Key".into(), k.clone()));
         }
         Ok(Prepared {
             record: record.clone(),
@@ -480,8 +508,7 @@ impl InvocationService {
             call,
             schemas,
             binding,
-            headers,
-            outbound,
+            credentials,
             continues: req.continues.clone(),
         })
     }
@@ -490,16 +517,18 @@ impl InvocationService {
     async fn send(&self, p: &Prepared) -> Result<Invoked> {
         let _permit = self.permit(&p.record.metadata.id)?;
         let binding = &p.record.metadata.bindings[p.binding];
+        let (headers, bearer) = p.credentials.headers().await?;
         let spec = CallSpec {
             binding,
             operation: p.operation.as_deref(),
             name_operation: p.record.metadata.operations.len() > 1,
             input: &p.call.input,
             stream: false,
-            headers: p.headers.clone(),
+            headers,
             continues: p.continues.as_ref(),
         };
-        let answer = transport::call(&p.outbound, &spec).await?;
+        let answer = transport::call(&p.credentials.outbound, &spec).await?;
+        p.credentials.answered(bearer, answer.status).await;
         Ok(finish(p, answer))
     }
 
@@ -572,10 +601,17 @@ impl InvocationService {
         let outbound = self.outbound_for(&meta.id);
         let with = |headers| Credentials {
             headers,
+            token: None,
             outbound: outbound.clone(),
         };
         if let Some(header) = configured.and_then(|c| c.header.clone()) {
             return Ok(with(vec![header]));
+        }
+        if let Some(token) = configured.and_then(|c| c.token.clone()) {
+            return Ok(Credentials {
+                token: Some(token),
+                ..with(Vec::new())
+            });
         }
         let auth = meta.authentication.as_ref().or(meta.auth.as_ref());
         let kind = auth
@@ -683,20 +719,26 @@ fn credential(c: &CredentialConfig, base: &Outbound) -> std::result::Result<Cred
         ),
         _ => None,
     };
-    if value.is_none() && outbound.is_none() {
+    let header = || c.header.clone().unwrap_or_else(|| "Authorization".into());
+    let token = match &c.oauth2 {
+        Some(o) => {
+            let source =
+                ClientCredentials::new(o, outbound.clone().unwrap_or_else(|| base.clone()))
+                    .map_err(|e| format!("gateway.credentials for '{}': {e}", c.agent))?;
+            Some((header(), Arc::new(source)))
+        }
+        None => None,
+    };
+    if value.is_none() && token.is_none() && outbound.is_none() {
         return Err(format!(
-            "gateway.credentials for '{}': no value and no client certificate",
+            "gateway.credentials for '{}': no value, token source or client certificate",
             c.agent
         ));
     }
     Ok(Credential {
         agent: c.agent.clone(),
-        header: value.map(|v| {
-            (
-                c.header.clone().unwrap_or_else(|| "Authorization".into()),
-                v,
-            )
-        }),
+        header: value.map(|v| (header(), v)),
+        token,
         outbound,
     })
 }

@@ -34,6 +34,17 @@ impl A2aAgent {
         }
     }
 
+    /// An agent that takes only tokens of the identity provider whose keys
+    /// are in `jwks`, issued for `audience`; its card names `token_url`.
+    async fn start_oauth(jwks: &str, audience: &str, token_url: &str) -> Self {
+        let args = ["v1", "--oauth", jwks, audience, token_url];
+        let (child, port) = python_fixture("a2a_agent.py", &args).await;
+        Self {
+            _child: child,
+            base: format!("http://127.0.0.1:{port}"),
+        }
+    }
+
     /// An agent behind mutual TLS with the certificates in `dir`
     /// (`agent.pem`, and `clients-ca.pem` for the clients it accepts).
     async fn start_tls(mode: &str, dir: &Path) -> Self {
@@ -500,6 +511,7 @@ async fn agents_behind_mutual_tls_are_called_with_the_gateways_certificate_which
             value_env: None,
             client_cert_file: Some(gateway.0),
             client_key_file: Some(gateway.1),
+            oauth2: None,
         }];
     })
     .await;
@@ -552,4 +564,143 @@ async fn invoke_until(s: &TestServer, id: &str, text: &str, status: u16) -> Valu
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// The client-credentials grants an identity provider fixture logged.
+async fn grants(idp: &str) -> Vec<Value> {
+    let log: Vec<Value> = reqwest::get(format!("{idp}/log"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    log.into_iter()
+        .filter(|e| e["step"] == "client_credentials")
+        .collect()
+}
+
+#[tokio::test]
+async fn agents_that_want_oauth_tokens_get_the_gateways_own_from_client_credentials() {
+    let dir = tempfile::tempdir().unwrap();
+    let jwks = dir.path().join("jwks.json");
+    let jwks_arg = jwks.to_str().unwrap().to_string();
+    // The secret holds characters Basic authentication must form-encode.
+    let (_idp, idp_port) = python_fixture(
+        "oauth_server.py",
+        &[
+            &jwks_arg,
+            "a2a-agents",
+            "--client",
+            "agentry-gateway:s3cret&=+x",
+            "--ttl",
+            "4",
+        ],
+    )
+    .await;
+    let idp = format!("http://127.0.0.1:{idp_port}");
+    let token_url = format!("{idp}/token");
+    let agent = A2aAgent::start_oauth(&jwks_arg, "a2a-agents", &token_url).await;
+
+    std::env::set_var("AGENTRY_TEST_GATEWAY_CLIENT_SECRET", "s3cret&=+x");
+    let client = |secret_env: Option<&str>, secret: Option<&str>, auth: Option<&str>| {
+        agentry::config::ClientCredentialsConfig {
+            token_url: token_url.clone(),
+            client_id: "agentry-gateway".into(),
+            client_secret: secret.map(String::from),
+            client_secret_env: secret_env.map(String::from),
+            scopes: vec!["agents.invoke".into()],
+            audience: None,
+            resource: None,
+            client_auth: auth.map(String::from),
+        }
+    };
+    let credential = |agent: String, oauth2| agentry::config::CredentialConfig {
+        agent,
+        header: None,
+        value: None,
+        value_env: None,
+        client_cert_file: None,
+        client_key_file: None,
+        oauth2: Some(oauth2),
+    };
+    let credentials = vec![
+        credential(
+            "oauth-wrong-secret".into(),
+            client(None, Some("not-the-secret"), Some("post")),
+        ),
+        credential(
+            format!("{}/*", agent.base),
+            client(Some("AGENTRY_TEST_GATEWAY_CLIENT_SECRET"), None, None),
+        ),
+    ];
+    let s = TestServer::start_with(move |c| {
+        super::invocation::local_agents(c);
+        c.gateway.outbound.timeout_ms = 10_000;
+        c.gateway.credentials = credentials;
+    })
+    .await;
+    let http = Http::new(&s.http);
+
+    // The card's OAuth scheme: the record wants a bearer token, and the
+    // caller brings none; the gateway gets its own.
+    let id = import(&http, &agent).await;
+    let rec = http.record(&id, ALICE).await;
+    assert_eq!(rec["authentication"]["type"], "oauth2_bearer", "{rec}");
+    let (status, body) = invoke(&s, &id, json!({"text": "first"}), &[]).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(artifact_text(&body["task"]), vec!["echo: first"]);
+    let got = grants(&idp).await;
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(
+        (&got[0]["auth"], &got[0]["scope"], &got[0]["refused"]),
+        (&json!("basic"), &json!("agents.invoke"), &json!(false)),
+        "{got:?}"
+    );
+    // The token is reused while it is valid...
+    let (status, body) = invoke(&s, &id, json!({"text": "second"}), &[]).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(grants(&idp).await.len(), 1);
+    // ...and renewed before it expires (4 s, renewed at 3).
+    tokio::time::sleep(Duration::from_millis(3_200)).await;
+    let (status, body) = invoke(&s, &id, json!({"text": "renewed"}), &[]).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(grants(&idp).await.len(), 2);
+
+    // An agent that stops accepting the token (its issuer's keys changed)
+    // answers 401, which the caller sees; the token is dropped, and the
+    // next call fetches a new one.
+    let keys = std::fs::read(&jwks).unwrap();
+    std::fs::write(&jwks, r#"{"keys": []}"#).unwrap();
+    let (status, body) = invoke(&s, &id, json!({"text": "refused"}), &[]).await;
+    assert_eq!(status, 401, "{body}");
+    std::fs::write(&jwks, keys).unwrap();
+    let (status, body) = invoke(&s, &id, json!({"text": "again"}), &[]).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(grants(&idp).await.len(), 3);
+
+    // A client the token endpoint refuses: 502 naming the endpoint and the
+    // provider's error, and the agent is not called.
+    let copy = json!({
+        "id": "oauth-wrong-secret", "name": rec["name"], "description": rec["description"],
+        "bindings": rec["bindings"], "authentication": rec["authentication"],
+    });
+    let (status, _) = http
+        .call(reqwest::Method::POST, "/agents", Some(ALICE), Some(copy))
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    assert_eq!(status, 201);
+    let before = agent.requests().await.len();
+    let (status, body) = invoke(&s, "oauth-wrong-secret", json!({"text": "x"}), &[]).await;
+    assert_eq!(status, 502, "{body}");
+    let message = body["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains(&token_url) && message.contains("invalid_client"),
+        "{body}"
+    );
+    assert_eq!(agent.requests().await.len(), before);
+    let last = grants(&idp).await.pop().unwrap();
+    assert_eq!(
+        (&last["auth"], &last["refused"]),
+        (&json!("post"), &json!(true))
+    );
 }

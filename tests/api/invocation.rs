@@ -425,6 +425,7 @@ async fn declared_authentication_is_passed_through_or_injected() {
             value_env: Some("AGENTRY_TEST_KEYED_SECRET".into()),
             client_cert_file: None,
             client_key_file: None,
+            oauth2: None,
         }];
     })
     .await;

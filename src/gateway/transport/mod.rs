@@ -46,7 +46,7 @@ pub fn callable(b: &Binding) -> bool {
 }
 
 /// Why a call produced no usable answer.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum GatewayError {
     #[error(transparent)]
     Outbound(#[from] OutboundError),

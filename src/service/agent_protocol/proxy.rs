@@ -62,7 +62,10 @@ impl InvocationService {
                 ..Default::default()
             },
         )?;
-        Ok(transport::exchange(&c.outbound, method, url, body, &c.headers, accept).await?)
+        let (headers, bearer) = c.headers().await?;
+        let resp = transport::exchange(&c.outbound, method, url, body, &headers, accept).await?;
+        c.answered(bearer, resp.status().as_u16()).await;
+        Ok(resp)
     }
 
     /// One request whose answer is a whole JSON document, passed on with
