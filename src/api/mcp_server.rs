@@ -499,10 +499,7 @@ async fn list_agent_tools(
             }
         })?;
     let bearer = text(&args, "agent_authorization");
-    let outbound = service.outbound_for(&record.metadata.id);
-    let tools = crate::gateway::mcp_tools::list_tools(&outbound, &binding.endpoint, bearer)
-        .await
-        .map_err(ServiceError::from)?;
+    let tools = service.list_mcp_tools(&record, binding, bearer).await?;
     let tools: Vec<Value> = tools
         .iter()
         .map(|t| {

@@ -14,16 +14,17 @@ use rmcp::model::Tool;
 use url::Url;
 
 use super::outbound::{redacted, OutboundError};
-use super::transport::{in_session, GatewayError, Outbound, Session};
+use super::transport::{bearer_of, in_session, GatewayError, Outbound, Session};
 
 /// Every tool the MCP server at `endpoint` (Streamable HTTP) lists, all
-/// pages of them. `bearer` is the caller's credential for that server, if
-/// it needs one (rmcp sends it as `Authorization: Bearer`).
+/// pages of them, asked with the credential among `headers` (the one a
+/// call to that server would carry).
 pub async fn list_tools(
     out: &Outbound,
     endpoint: &str,
-    bearer: Option<String>,
+    headers: &[(String, String)],
 ) -> Result<Vec<Tool>, GatewayError> {
+    let bearer = bearer_of(headers);
     let url = Url::parse(endpoint).map_err(|e| {
         GatewayError::Unsupported(format!("the MCP endpoint {endpoint} is not a URL: {e}"))
     })?;

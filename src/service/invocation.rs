@@ -269,13 +269,33 @@ impl InvocationService {
         &self.inner.outbound
     }
 
+    /// Every tool the MCP server `binding` of `record` lists, asked with
+    /// the credentials a call to it would carry (configured ones, else the
+    /// caller's `agent_authorization`).
+    pub async fn list_mcp_tools(
+        &self,
+        record: &AgentRecord,
+        binding: &Binding,
+        agent_authorization: Option<String>,
+    ) -> Result<Vec<rmcp::model::Tool>> {
+        let c = self.credentials_for(
+            record,
+            &InvokeRequest {
+                agent_authorization,
+                ..Default::default()
+            },
+        )?;
+        let (headers, _) = c.headers().await?;
+        Ok(crate::gateway::mcp_tools::list_tools(&c.outbound, &binding.endpoint, &headers).await?)
+    }
+
     fn credential(&self, id: &str) -> Option<&Credential> {
         self.inner.credentials.iter().find(|c| c.matches(id))
     }
 
     /// The guarded client that presents the certificate meant for agent
     /// `id`: its credential's own, else `gateway.outbound`'s (if any).
-    pub fn outbound_for(&self, id: &str) -> Outbound {
+    fn outbound_for(&self, id: &str) -> Outbound {
         self.credential(id)
             .and_then(|c| c.outbound.clone())
             .unwrap_or_else(|| self.inner.outbound.clone())

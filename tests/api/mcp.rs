@@ -74,6 +74,11 @@ pub async fn start_mcp_server() -> (tokio::process::Child, u16) {
     python_fixture("mcp_server.py", &[]).await
 }
 
+/// The SDK server, answering only requests with `Authorization: Bearer key`.
+pub async fn start_mcp_server_with_key(key: &str) -> (tokio::process::Child, u16) {
+    python_fixture("mcp_server.py", &[key]).await
+}
+
 fn mcp_agent(id: &str, inputs: Value, outputs: Value) -> Value {
     json!({"id": id, "name": id, "description": format!("The {id} tool over MCP."),
         "inputs": inputs, "outputs": outputs, "transports": ["mcp"]})

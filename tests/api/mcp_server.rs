@@ -11,7 +11,7 @@ use tokio::io::AsyncWriteExt;
 
 use super::agents::Agents;
 use super::harness::{Http, TestServer, Transport, ALICE, BOB};
-use super::mcp::{mcp_python, start_mcp_server};
+use super::mcp::{mcp_python, start_mcp_server, start_mcp_server_with_key};
 
 /// Where `scripts/fetch-node-tools.sh` put Node.js 22 and the tools.
 fn node_bin() -> PathBuf {
@@ -626,14 +626,32 @@ async fn mcp_server_refuses_foreign_hosts_and_origins() {
 
 /// A server published through the MCP Registry API (`POST /v0.1/publish`):
 /// its record declares no operations and its remote is an `mcp` binding
-/// that names no tool, so a call names the tool as its operation.
+/// that names no tool, so a call names the tool as its operation. The
+/// server wants a key, which the gateway's configured credential gives to
+/// listing its tools and calling them alike.
 #[tokio::test]
 async fn mcp_server_calls_the_tools_of_a_published_mcp_server() {
-    let (_sdk, mcp_port) = start_mcp_server().await;
+    let (_sdk, mcp_port) = start_mcp_server_with_key("text-tools-key").await;
+    let refused = reqwest::Client::new()
+        .post(format!("http://127.0.0.1:{mcp_port}/mcp"))
+        .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "ping"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 401, "the fixture wants its key");
     let agents = Agents::start().await;
     let s = TestServer::start_with(|c| {
         super::invocation::local_agents(c);
         c.gateway.outbound.timeout_ms = 10_000;
+        c.gateway.credentials = vec![agentry::config::CredentialConfig {
+            agent: "mcp:io.agentry.test/text-tools".into(),
+            header: None,
+            value: Some("Bearer text-tools-key".into()),
+            value_env: None,
+            client_cert_file: None,
+            client_key_file: None,
+            oauth2: None,
+        }];
     })
     .await;
     let http = Http::new(&s.http);

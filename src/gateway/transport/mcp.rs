@@ -74,6 +74,15 @@ pub(crate) async fn in_session<T>(
         })?
 }
 
+/// The token of the `Authorization` header among `headers`: rmcp sends
+/// credentials as `Authorization: Bearer` only.
+pub(crate) fn bearer_of(headers: &[(String, String)]) -> Option<String> {
+    headers
+        .iter()
+        .find(|(h, _)| h.eq_ignore_ascii_case("authorization"))
+        .map(|(_, v)| v.strip_prefix("Bearer ").unwrap_or(v).to_string())
+}
+
 /// A WoA envelope as an MCP `tools/call`: one session, one call.
 pub(super) async fn call(out: &Outbound, spec: &CallSpec<'_>) -> Result<Answer, GatewayError> {
     use rmcp::model::CallToolRequestParams;
@@ -84,11 +93,7 @@ pub(super) async fn call(out: &Outbound, spec: &CallSpec<'_>) -> Result<Answer, 
         Value::Object(m) => Some(m.clone()),
         _ => None,
     };
-    let auth_header = spec
-        .headers
-        .iter()
-        .find(|(h, _)| h.eq_ignore_ascii_case("authorization"))
-        .map(|(_, v)| v.strip_prefix("Bearer ").unwrap_or(v).to_string());
+    let auth_header = bearer_of(&spec.headers);
     let what = format!("tools/call '{tool}'");
     let tool = tool.to_string();
     let result = in_session(out, &url, auth_header, &what, async |client: &Session| {

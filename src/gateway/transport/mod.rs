@@ -28,7 +28,7 @@ use serde_json::Value;
 use url::Url;
 
 pub use agent_protocol::ap_url;
-pub(crate) use mcp::{in_session, Session};
+pub(crate) use mcp::{bearer_of, in_session, Session};
 
 use super::outbound::{classify, read_limited, redacted, Lookup, OutboundError, OutboundPolicy};
 use super::tls::TlsFiles;
