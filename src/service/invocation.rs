@@ -289,18 +289,6 @@ impl InvocationService {
         Ok(crate::gateway::mcp_tools::list_tools(&c.outbound, &binding.endpoint, &headers).await?)
     }
 
-    fn credential(&self, id: &str) -> Option<&Credential> {
-        self.inner.credentials.iter().find(|c| c.matches(id))
-    }
-
-    /// The guarded client that presents the certificate meant for agent
-    /// `id`: its credential's own, else `gateway.outbound`'s (if any).
-    fn outbound_for(&self, id: &str) -> Outbound {
-        self.credential(id)
-            .and_then(|c| c.outbound.clone())
-            .unwrap_or_else(|| self.inner.outbound.clone())
-    }
-
     pub fn registry(&self) -> &RegistryService {
         &self.inner.registry
     }
@@ -617,8 +605,11 @@ impl InvocationService {
         req: &InvokeRequest,
     ) -> Result<Credentials> {
         let meta = &record.metadata;
-        let configured = self.credential(&meta.id);
-        let outbound = self.outbound_for(&meta.id);
+        let configured = self.inner.credentials.iter().find(|c| c.matches(&meta.id));
+        // The credential's own certificate, else `gateway.outbound`'s.
+        let outbound = configured
+            .and_then(|c| c.outbound.clone())
+            .unwrap_or_else(|| self.inner.outbound.clone());
         let with = |headers| Credentials {
             headers,
             token: None,
