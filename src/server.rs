@@ -684,6 +684,7 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
         invocation,
         gate,
         max_body: config.max_record_bytes + 64 * 1024,
+        documents: Default::default(),
     };
     let app = router(state, Duration::from_secs(config.request_timeout_secs));
     let http_incoming = accept(

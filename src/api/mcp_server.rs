@@ -773,11 +773,15 @@ pub async fn serve(State(state): State<HttpState>, req: Request) -> Response {
     if let Err(e) = state.api.service().require_reader(principal) {
         return refusal(e.into());
     }
-    let (parts, body) = req.into_parts();
-    let bytes = match super::http::read_body(body, state.max_body).await {
+    let (mut parts, body) = req.into_parts();
+    let bytes = match super::http::decoded_body(&parts.headers, body, state.max_body).await {
         Ok(b) => b,
         Err(refused) => return refusal(refused),
     };
+    // What goes on to rmcp is the body as decoded.
+    if parts.headers.remove(header::CONTENT_ENCODING).is_some() {
+        parts.headers.remove(header::CONTENT_LENGTH);
+    }
     if parts.method == axum::http::Method::POST {
         if let Some(refused) = not_json_rpc(&bytes) {
             return refused;

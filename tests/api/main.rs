@@ -11,6 +11,7 @@ mod audit;
 mod bad_input;
 mod browser;
 mod certs;
+mod compression;
 mod cors;
 mod discovery;
 mod embedders;

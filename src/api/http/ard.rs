@@ -330,12 +330,14 @@ pub(super) async fn catalog(
     let mut resp = if fresh {
         StatusCode::NOT_MODIFIED.into_response()
     } else {
-        (
-            StatusCode::OK,
-            [(header::CONTENT_TYPE, "application/ai-catalog+json")],
-            doc.body.clone(),
-        )
-            .into_response()
+        s.documents
+            .answer(
+                &headers,
+                &doc.etag,
+                "application/ai-catalog+json",
+                &doc.body,
+            )
+            .await
     };
     cache_headers(&mut resp, &doc.etag, service.max_age.as_secs());
     if let Ok(v) = HeaderValue::from_str(&http_date(doc.last_modified)) {

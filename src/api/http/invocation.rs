@@ -220,15 +220,11 @@ pub(super) async fn woa_document(
     let mut resp = if fresh {
         StatusCode::NOT_MODIFIED.into_response()
     } else {
-        (StatusCode::OK, doc.body.clone()).into_response()
+        s.documents
+            .answer(&headers, &doc.etag, "application/woa+json", &doc.body)
+            .await
     };
     let h = resp.headers_mut();
-    if !fresh {
-        h.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/woa+json"),
-        );
-    }
     h.insert(header::ETAG, header_safe(&doc.etag));
     h.insert(
         header::LAST_MODIFIED,

@@ -34,7 +34,9 @@ async fn refresh_body(
     let bytes = if declared {
         json_bytes(s, headers, body).await?
     } else {
-        super::read_body(body, s.max_body).await.map_err(ApiError)?
+        super::decoded_body(headers, body, s.max_body)
+            .await
+            .map_err(ApiError)?
     };
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(RefreshBody::default());

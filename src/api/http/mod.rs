@@ -36,6 +36,7 @@ mod ard;
 mod changes;
 mod cluster;
 mod cors;
+mod encoding;
 mod federation;
 mod invocation;
 mod leases;
@@ -46,6 +47,8 @@ mod openapi;
 mod ui;
 
 pub use cors::{CorsConfig, CorsPolicy};
+pub(crate) use encoding::decoded_body;
+pub use encoding::DocumentCodings;
 pub use oauth::ResourceServer;
 pub use openapi::OPENAPI_JSON;
 
@@ -67,6 +70,8 @@ pub struct HttpState {
     pub gate: Arc<super::gate::Gate>,
     /// Largest request body accepted, in bytes.
     pub max_body: usize,
+    /// Compressed copies of the documents crawlers fetch.
+    pub documents: Arc<DocumentCodings>,
 }
 
 /// An error answer: the gRPC status plus the path it answers for.
@@ -356,7 +361,7 @@ async fn json_bytes(state: &HttpState, headers: &HeaderMap, body: Body) -> Resul
             format!("Content-Type must be application/json, not '{ctype}'"),
         )));
     }
-    read_body(body, state.max_body)
+    decoded_body(headers, body, state.max_body)
         .await
         .map(without_bom)
         .map_err(ApiError)
@@ -378,7 +383,7 @@ fn without_bom(bytes: Bytes) -> Bytes {
 /// the error body. A `Content-Length` over the limit is refused before any
 /// of the body is read: waiting for bytes that will be refused anyway would
 /// hold the connection until the body deadline (408) instead of answering.
-pub(crate) async fn read_body(body: Body, limit: usize) -> Result<Bytes, tonic::Status> {
+async fn read_body(body: Body, limit: usize) -> Result<Bytes, tonic::Status> {
     let too_large = || {
         transport_refusal(
             413,
@@ -1611,5 +1616,9 @@ pub fn router(state: HttpState, request_timeout: std::time::Duration) -> Router 
                 tower_http::trace::DefaultOnFailure::new().level(tracing::Level::DEBUG),
             ),
         )
+        // Outermost, so what it compresses is the answer as finished
+        // (problem bodies given their instance, CORS headers set).
+        .layer(encoding::compression())
+        .layer(axum::middleware::from_fn(encoding::weak_when_encoded))
         .with_state(state)
 }
