@@ -14,7 +14,7 @@ use rmcp::model::Tool;
 use url::Url;
 
 use super::outbound::{redacted, OutboundError};
-use super::transport::{bearer_of, in_session, GatewayError, Outbound, Session};
+use super::transport::{bearer_of, in_session, GatewayError, Outbound, Peer};
 
 /// Every tool the MCP server at `endpoint` (Streamable HTTP) lists, all
 /// pages of them, asked with the credential among `headers` (the one a
@@ -29,8 +29,8 @@ pub async fn list_tools(
         GatewayError::Unsupported(format!("the MCP endpoint {endpoint} is not a URL: {e}"))
     })?;
     let target = redacted(&url);
-    let tools = in_session(out, &url, bearer, "tools/list", async |client: &Session| {
-        client.list_all_tools().await
+    let tools = in_session(out, &url, bearer, "tools/list", |peer: Peer| async move {
+        peer.list_all_tools().await
     })
     .await?;
     // The answer was read whole by rmcp; hold it to the same limit as any

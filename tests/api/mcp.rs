@@ -29,6 +29,15 @@ pub fn mcp_python() -> std::path::PathBuf {
 /// Python on a free port and waits until it listens; it stops when the
 /// child is dropped.
 pub async fn python_fixture(script: &str, args: &[&str]) -> (tokio::process::Child, u16) {
+    python_fixture_on(script, 0, args).await
+}
+
+/// `python_fixture` on a given port (a server restarted where it was).
+pub async fn python_fixture_on(
+    script: &str,
+    port: u16,
+    args: &[&str],
+) -> (tokio::process::Child, u16) {
     use tokio::io::AsyncBufReadExt;
     let path = super::harness::fixture(script);
     // Port 0: the fixture binds a free port itself and prints it. A port
@@ -36,7 +45,7 @@ pub async fn python_fixture(script: &str, args: &[&str]) -> (tokio::process::Chi
     // before the fixture binds it, and the test would talk to that one.
     let mut child = tokio::process::Command::new(mcp_python())
         .arg(path)
-        .arg("0")
+        .arg(port.to_string())
         .args(args)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
@@ -179,5 +188,85 @@ async fn woa_mcp_agents_are_called_over_streamable_http() {
     // The schema is checked before the MCP server is contacted.
     let (status, _, body) = call("translate", json!({"text": "no language"})).await;
     assert_eq!(status, 400, "{body}");
+    s.stop().await;
+}
+
+/// A WoA host whose agents are the SDK server's tools at `port`.
+fn mcp_host(agents: &Agents, port: u16, tools: &[&str]) {
+    let any = json!({"type": "object"});
+    *agents.seen.woa.lock().unwrap() = json!({
+        "woa_version": "1",
+        "agents": tools.iter().map(|t| mcp_agent(t, any.clone(), any.clone())).collect::<Vec<_>>(),
+        "transports": {"mcp": {
+            "server": format!("http://127.0.0.1:{port}/mcp"),
+            "tool_namespace": "agentry-gateway-test",
+            "tool_field": "agent"
+        }}
+    });
+}
+
+#[tokio::test]
+async fn mcp_sessions_are_kept_across_calls_and_started_again_when_the_server_forgets_them() {
+    let (server, port) = start_mcp_server().await;
+    let agents = Agents::start().await;
+    mcp_host(&agents, port, &["session", "translate"]);
+    let s = TestServer::start_with(|c| {
+        super::invocation::local_agents(c);
+        c.gateway.outbound.timeout_ms = 10_000;
+    })
+    .await;
+    let http = Http::new(&s.http);
+    http.call(
+        reqwest::Method::POST,
+        "/import/woa",
+        Some(ALICE),
+        Some(json!({"url": agents.base})),
+    )
+    .await
+    .expect("the WoA document imports");
+    let session = || {
+        let url = format!(
+            "{}/agents/{}/invoke",
+            s.http,
+            Http::url_id(&format!("{}/.well-known/woa.json#session", agents.base))
+        );
+        async move {
+            let resp = reqwest::Client::new()
+                .post(url)
+                .bearer_auth(ALICE)
+                .json(&json!({}))
+                .send()
+                .await
+                .unwrap();
+            let status = resp.status().as_u16();
+            let body: Value = resp.json().await.unwrap();
+            assert_eq!(status, 200, "{body}");
+            body["session"].as_str().expect("a session id").to_string()
+        }
+    };
+
+    // One session for every call to the same server with the same
+    // credential, concurrent calls included.
+    let first = session().await;
+    assert_eq!(session().await, first);
+    let together = futures::future::join_all((0..8).map(|_| session())).await;
+    assert!(together.iter().all(|s| *s == first), "{together:?}");
+
+    // The server restarts and forgets every session: it answers the kept
+    // one's id with 404, and the call is made again in a new session
+    // rather than failing or waiting for its timeout.
+    let mut server = server;
+    server.kill().await.expect("the MCP server stops");
+    let (restarted, _) = python_fixture_on("mcp_server.py", port, &[]).await;
+    let started = std::time::Instant::now();
+    let second = session().await;
+    assert_ne!(second, first);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(session().await, second);
+    drop(restarted);
     s.stop().await;
 }

@@ -356,7 +356,11 @@ async fn mcp_server_tools_through_the_python_sdk() {
         .iter()
         .map(|t| t["name"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["translate", "word_count", "explode"], "{sc}");
+    assert_eq!(
+        names,
+        ["translate", "word_count", "session", "explode"],
+        "{sc}"
+    );
     assert!(sc["tools"][0]["inputSchema"]["properties"]["target_language"].is_object());
 
     // ... and one of them called through invoke_agent.
@@ -702,7 +706,7 @@ async fn mcp_server_calls_the_tools_of_a_published_mcp_server() {
         .iter()
         .map(|t| t["name"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["translate", "word_count", "explode"]);
+    assert_eq!(names, ["translate", "word_count", "session", "explode"]);
 
     // The tool the operation names, its result as the output.
     let translated = &out[1];

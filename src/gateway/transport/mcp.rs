@@ -1,10 +1,11 @@
 //! MCP (`mcp`): a WoA envelope becomes a `tools/call` over Streamable
-//! HTTP (WoA 5.3), one session per call on the guarded client.
+//! HTTP (WoA 5.3), in a session kept per server and credential
+//! (`mcp_session`) on the guarded client.
 
 use axum::body::Bytes;
 use serde_json::{json, Value};
-use url::Url;
 
+use super::mcp_session::in_session;
 use super::{endpoint, redacted, Answer, CallSpec, GatewayError, Outbound, OutboundError};
 
 /// The MCP tool a call goes to, read from the binding as the domain reads
@@ -22,57 +23,9 @@ fn mcp_tool<'a>(spec: &CallSpec<'a>) -> Result<&'a str, GatewayError> {
 /// The rmcp client of one session.
 pub(crate) type Session = rmcp::service::RunningService<rmcp::RoleClient, ()>;
 
-/// One request in its own MCP session over Streamable HTTP on the guarded
-/// client: the address checked by the outbound policy first, initialise,
-/// `request`, close the session, all within the policy's timeout. `what`
-/// names the request in a refusal; `bearer` is sent as
-/// `Authorization: Bearer` (the one credential rmcp sends).
-pub(crate) async fn in_session<T>(
-    out: &Outbound,
-    url: &Url,
-    bearer: Option<String>,
-    what: &str,
-    request: impl AsyncFnOnce(&Session) -> Result<T, rmcp::ServiceError>,
-) -> Result<T, GatewayError> {
-    use rmcp::transport::streamable_http_client::{
-        StreamableHttpClientTransport, StreamableHttpClientTransportConfig,
-    };
-    use rmcp::ServiceExt;
-
-    out.preflight(url).await?;
-    let target = redacted(url);
-    let timeout = out.policy.timeout;
-    let run = async {
-        let transport = StreamableHttpClientTransport::with_client(
-            out.client(),
-            StreamableHttpClientTransportConfig {
-                uri: url.as_str().into(),
-                auth_header: bearer,
-                ..Default::default()
-            },
-        );
-        let client =
-            ().serve(transport)
-                .await
-                .map_err(|e| OutboundError::Unreachable {
-                    target: target.clone(),
-                    reason: format!("the MCP session did not start: {e}"),
-                })?;
-        let result = request(&client).await;
-        if let Err(e) = client.cancel().await {
-            tracing::debug!(error = %e, "closing the MCP session failed");
-        }
-        result.map_err(|e| {
-            GatewayError::BadAnswer(format!("the MCP server at {target} refused {what}: {e}"))
-        })
-    };
-    tokio::time::timeout(timeout, run)
-        .await
-        .map_err(|_| OutboundError::Timeout {
-            target: target.clone(),
-            ms: timeout.as_millis(),
-        })?
-}
+/// A handle on a session's client for one request (the request's future
+/// owns it, so it can be sent again in another session).
+pub(crate) type Peer = rmcp::Peer<rmcp::RoleClient>;
 
 /// The token of the `Authorization` header among `headers`: rmcp sends
 /// credentials as `Authorization: Bearer` only.
@@ -83,7 +36,7 @@ pub(crate) fn bearer_of(headers: &[(String, String)]) -> Option<String> {
         .map(|(_, v)| v.strip_prefix("Bearer ").unwrap_or(v).to_string())
 }
 
-/// A WoA envelope as an MCP `tools/call`: one session, one call.
+/// A WoA envelope as an MCP `tools/call`.
 pub(super) async fn call(out: &Outbound, spec: &CallSpec<'_>) -> Result<Answer, GatewayError> {
     use rmcp::model::CallToolRequestParams;
 
@@ -96,15 +49,14 @@ pub(super) async fn call(out: &Outbound, spec: &CallSpec<'_>) -> Result<Answer, 
     let auth_header = bearer_of(&spec.headers);
     let what = format!("tools/call '{tool}'");
     let tool = tool.to_string();
-    let result = in_session(out, &url, auth_header, &what, async |client: &Session| {
-        client
-            .call_tool(CallToolRequestParams {
-                meta: None,
-                name: tool.clone().into(),
-                arguments,
-                task: None,
-            })
-            .await
+    let result = in_session(out, &url, auth_header, &what, |peer: Peer| {
+        let params = CallToolRequestParams {
+            meta: None,
+            name: tool.clone().into(),
+            arguments: arguments.clone(),
+            task: None,
+        };
+        async move { peer.call_tool(params).await }
     })
     .await?;
     mcp_answer(result, &redacted(&url), out.policy.max_response_bytes)

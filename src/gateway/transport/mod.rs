@@ -14,6 +14,7 @@
 pub mod a2a;
 mod agent_protocol;
 mod mcp;
+mod mcp_session;
 mod rest;
 mod woa;
 
@@ -28,7 +29,8 @@ use serde_json::Value;
 use url::Url;
 
 pub use agent_protocol::ap_url;
-pub(crate) use mcp::{bearer_of, in_session, Session};
+pub(crate) use mcp::{bearer_of, Peer};
+pub(crate) use mcp_session::in_session;
 
 use super::outbound::{classify, read_limited, redacted, Lookup, OutboundError, OutboundPolicy};
 use super::tls::TlsFiles;
@@ -75,6 +77,8 @@ pub struct Outbound {
     lookup: Lookup,
     tls: Arc<TlsFiles>,
     current: Arc<Mutex<Current>>,
+    /// MCP sessions kept on this client.
+    mcp: Arc<mcp_session::Sessions>,
 }
 
 struct Current {
@@ -94,6 +98,7 @@ impl Outbound {
             policy,
             lookup,
             tls: Arc::new(tls),
+            mcp: Arc::default(),
         })
     }
 
@@ -126,6 +131,9 @@ impl Outbound {
                     tracing::info!(files = ?self.tls.paths(), "the gateway's TLS files changed; reloaded");
                     current.client = client;
                     current.stamps.settle(stamps);
+                    // Sessions started on the previous client would go on
+                    // presenting its certificate.
+                    self.mcp.clear();
                 }
                 Err(e) => tracing::warn!(
                     error = %e,
@@ -134,6 +142,10 @@ impl Outbound {
             }
         }
         current.client.clone()
+    }
+
+    fn mcp_sessions(&self) -> Arc<mcp_session::Sessions> {
+        self.mcp.clone()
     }
 
     /// Checks a target before a client that does its own connecting (the
