@@ -224,7 +224,8 @@ impl From<GatewayError> for ServiceError {
             }
             GatewayError::Outbound(OutboundError::TooLarge { .. })
             | GatewayError::Outbound(OutboundError::Unreachable { .. })
-            | GatewayError::BadAnswer(_) => Self::BadUpstream(message),
+            | GatewayError::BadAnswer(_)
+            | GatewayError::Refused { .. } => Self::BadUpstream(message),
             GatewayError::Overloaded { retry_after, .. } => Self::Overloaded {
                 message,
                 retry_after,

@@ -205,25 +205,32 @@ fn mcp_host(agents: &Agents, port: u16, tools: &[&str]) {
     });
 }
 
-#[tokio::test]
-async fn mcp_sessions_are_kept_across_calls_and_started_again_when_the_server_forgets_them() {
-    let (server, port) = start_mcp_server().await;
+/// A node whose directory holds `tools` of the SDK server at `port`,
+/// imported from a WoA host.
+async fn mcp_gateway(port: u16, tools: &[&str]) -> (Agents, TestServer) {
     let agents = Agents::start().await;
-    mcp_host(&agents, port, &["session", "translate"]);
+    mcp_host(&agents, port, tools);
     let s = TestServer::start_with(|c| {
         super::invocation::local_agents(c);
         c.gateway.outbound.timeout_ms = 10_000;
     })
     .await;
-    let http = Http::new(&s.http);
-    http.call(
-        reqwest::Method::POST,
-        "/import/woa",
-        Some(ALICE),
-        Some(json!({"url": agents.base})),
-    )
-    .await
-    .expect("the WoA document imports");
+    Http::new(&s.http)
+        .call(
+            reqwest::Method::POST,
+            "/import/woa",
+            Some(ALICE),
+            Some(json!({"url": agents.base})),
+        )
+        .await
+        .expect("the WoA document imports");
+    (agents, s)
+}
+
+#[tokio::test]
+async fn mcp_sessions_are_kept_across_calls_and_started_again_when_the_server_forgets_them() {
+    let (server, port) = start_mcp_server().await;
+    let (agents, s) = mcp_gateway(port, &["session", "translate"]).await;
     let session = || {
         let url = format!(
             "{}/agents/{}/invoke",
@@ -268,5 +275,57 @@ async fn mcp_sessions_are_kept_across_calls_and_started_again_when_the_server_fo
     );
     assert_eq!(session().await, second);
     drop(restarted);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn an_mcp_servers_refusal_of_the_credentials_reaches_the_caller_as_its_status() {
+    let (_server, port) = start_mcp_server_with_key("the-servers-key").await;
+    let (agents, s) = mcp_gateway(port, &["translate"]).await;
+    let url = format!(
+        "{}/agents/{}/invoke",
+        s.http,
+        Http::url_id(&format!("{}/.well-known/woa.json#translate", agents.base))
+    );
+    let call = |credential: Option<&'static str>| {
+        let mut req = reqwest::Client::new()
+            .post(&url)
+            .bearer_auth(ALICE)
+            .json(&json!({"text": "hello", "target_language": "fr"}));
+        if let Some(c) = credential {
+            req = req.header("agent-authorization", c);
+        }
+        async move {
+            let resp = req.send().await.unwrap();
+            let status = resp.status().as_u16();
+            (status, resp.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    };
+    // Refused when the session starts, and refused in a kept one: the
+    // server's own 401 at once, not a 502 or a wait for the timeout.
+    for credential in [
+        None,
+        Some("Bearer a-wrong-key"),
+        Some("Bearer the-servers-key"),
+        None,
+    ] {
+        let started = std::time::Instant::now();
+        let (status, body) = call(credential).await;
+        if credential == Some("Bearer the-servers-key") {
+            assert_eq!(status, 200, "{body}");
+            assert_eq!(body["translated_text"], "[fr] olleh", "{body}");
+        } else {
+            // A session kept for the right key is never lent to a call
+            // without it.
+            assert_eq!(status, 401, "{credential:?}: {body}");
+            assert!(
+                body["error"]
+                    .as_str()
+                    .is_some_and(|e| e.contains("refused the credentials")),
+                "{body}"
+            );
+        }
+        assert!(started.elapsed() < Duration::from_secs(5));
+    }
     s.stop().await;
 }

@@ -49,7 +49,7 @@ pub(super) async fn call(out: &Outbound, spec: &CallSpec<'_>) -> Result<Answer, 
     let auth_header = bearer_of(&spec.headers);
     let what = format!("tools/call '{tool}'");
     let tool = tool.to_string();
-    let result = in_session(out, &url, auth_header, &what, |peer: Peer| {
+    let called = in_session(out, &url, auth_header, &what, |peer: Peer| {
         let params = CallToolRequestParams {
             meta: None,
             name: tool.clone().into(),
@@ -58,8 +58,23 @@ pub(super) async fn call(out: &Outbound, spec: &CallSpec<'_>) -> Result<Answer, 
         };
         async move { peer.call_tool(params).await }
     })
-    .await?;
-    mcp_answer(result, &redacted(&url), out.policy.max_response_bytes)
+    .await;
+    match called {
+        Ok(result) => mcp_answer(result, &redacted(&url), out.policy.max_response_bytes),
+        // The server's refusal goes to the caller as a REST agent's 401 or
+        // 403 would (and a token of the gateway's own is dropped).
+        Err(GatewayError::Refused { status, message }) => {
+            let json = json!({"error": message});
+            Ok(Answer {
+                status,
+                body: Bytes::from(json.to_string()),
+                json,
+                content_type: "application/json".into(),
+                retry_after: None,
+            })
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// The tool's result as the agent's JSON output: its structured content,

@@ -182,12 +182,36 @@ async fn start(out: &Outbound, url: &Url, bearer: Option<String>) -> Result<Sess
         },
     );
     ().serve(transport).await.map_err(|e| {
+        let target = redacted(url);
+        if let rmcp::service::ClientInitializeError::TransportError { error, .. } = &e {
+            if let Some(status) = credentials_refused(error.error.as_ref()) {
+                return GatewayError::Refused {
+                    status,
+                    message: format!(
+                        "the MCP server at {target} refused the credentials (HTTP {status}) when the session started"
+                    ),
+                };
+            }
+        }
         OutboundError::Unreachable {
-            target: redacted(url),
+            target,
             reason: format!("the MCP session did not start: {e}"),
         }
         .into()
     })
+}
+
+/// The status of a refusal of the request's credentials (401 or 403),
+/// when that is what `error` (a transport failure) was.
+fn credentials_refused(error: &(dyn std::error::Error + Send + Sync + 'static)) -> Option<u16> {
+    match error.downcast_ref::<StreamableHttpError<McpHttpError>>()? {
+        StreamableHttpError::AuthRequired(_) => Some(401),
+        StreamableHttpError::Client(McpHttpError::Status {
+            status: status @ (401 | 403),
+            ..
+        }) => Some(*status),
+        _ => None,
+    }
 }
 
 /// One request in the kept session for its server and credential (started
@@ -251,11 +275,22 @@ where
         })?
 }
 
-/// A failed request as the caller reads it: a transport failure by its
-/// cause, without rmcp's transport type names.
+/// A failed request as the caller reads it: a refusal of its credentials
+/// as such, a transport failure by its cause (without rmcp's transport
+/// type names).
 fn refused(target: &str, what: &str, e: &rmcp::ServiceError) -> GatewayError {
     let cause = match e {
-        rmcp::ServiceError::TransportSend(sent) => sent.error.to_string(),
+        rmcp::ServiceError::TransportSend(sent) => {
+            if let Some(status) = credentials_refused(sent.error.as_ref()) {
+                return GatewayError::Refused {
+                    status,
+                    message: format!(
+                        "the MCP server at {target} refused the credentials of {what} (HTTP {status})"
+                    ),
+                };
+            }
+            sent.error.to_string()
+        }
         other => other.to_string(),
     };
     GatewayError::BadAnswer(format!(

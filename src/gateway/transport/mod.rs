@@ -67,6 +67,11 @@ pub enum GatewayError {
     /// The binding lacks what its protocol needs.
     #[error("{0}")]
     Unsupported(String),
+    /// The agent refused the credentials the call carried (`status` 401
+    /// or 403) where its protocol has no answer body of its own to pass on
+    /// (an MCP server refuses at the HTTP level).
+    #[error("{message}")]
+    Refused { status: u16, message: String },
 }
 
 /// The guarded client and its policy, and the TLS files the client is
