@@ -15,7 +15,7 @@ use std::io::Read;
 use std::sync::{Arc, Mutex};
 
 use axum::body::{Body, Bytes};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use tokio::sync::OnceCell;
 use tower_http::compression::predicate::{NotForContentType, Predicate, SizeAbove};
@@ -46,7 +46,10 @@ fn level() -> flate2::Compression {
 const DOCUMENTS_KEPT: usize = 4;
 
 /// Compresses the facade's answers for clients that accept gzip, at
-/// `LEVEL`. Never event streams (each event must reach the client
+/// `LEVEL`. ETags stay as they are: a record's names its revision, which
+/// clients send back in `If-Match` (a strong comparison); weakened, or
+/// suffixed as Apache's `mod_deflate` once did, it would make every
+/// conditional write of a client that accepts gzip fail with 412. Never event streams (each event must reach the client
 /// when it is sent, not when a compressed block fills) and never answers
 /// under `MIN_COMPRESSED`.
 pub(super) fn compression() -> CompressionLayer<impl Predicate> {
@@ -62,28 +65,6 @@ pub(super) fn compression() -> CompressionLayer<impl Predicate> {
                 .and(NotForContentType::SSE)
                 .and(NotForContentType::IMAGES),
         )
-}
-
-/// Marks the validator of a compressed answer weak (`W/"…"`): the bytes
-/// differ from the uncompressed answer's, so it no longer names them
-/// exactly (RFC 9110 8.8.3). Conditional requests compare weakly, so
-/// either form still earns a 304.
-pub(super) async fn weak_when_encoded(
-    req: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> Response {
-    let mut resp = next.run(req).await;
-    let h = resp.headers_mut();
-    if h.contains_key(header::CONTENT_ENCODING) {
-        if let Some(tag) = h.get(header::ETAG).and_then(|v| v.to_str().ok()) {
-            if tag.starts_with('"') {
-                if let Ok(v) = HeaderValue::from_str(&format!("W/{tag}")) {
-                    h.insert(header::ETAG, v);
-                }
-            }
-        }
-    }
-    resp
 }
 
 /// Whether the client accepts a gzip-coded answer: `gzip` (or `x-gzip`)
@@ -251,6 +232,7 @@ fn request_coding(headers: &HeaderMap) -> Result<bool, tonic::Status> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::http::HeaderValue;
 
     fn with(name: header::HeaderName, value: &str) -> HeaderMap {
         let mut h = HeaderMap::new();

@@ -1619,6 +1619,5 @@ pub fn router(state: HttpState, request_timeout: std::time::Duration) -> Router 
         // Outermost, so what it compresses is the answer as finished
         // (problem bodies given their instance, CORS headers set).
         .layer(encoding::compression())
-        .layer(axum::middleware::from_fn(encoding::weak_when_encoded))
         .with_state(state)
 }
