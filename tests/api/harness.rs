@@ -250,6 +250,19 @@ impl Http {
         }
         Ok((status, body))
     }
+
+    /// `POST /import/woa` of the WoA document at (or under) `url`: the
+    /// import report.
+    pub async fn import_woa(&self, key: &str, url: &str) -> Outcome<Value> {
+        self.call(
+            reqwest::Method::POST,
+            "/import/woa",
+            Some(key),
+            Some(json!({ "url": url })),
+        )
+        .await
+        .map(|(_, report)| report)
+    }
 }
 
 impl Transport for Http {

@@ -682,12 +682,7 @@ async fn the_outbound_policy_refuses_internal_targets_and_redirects() {
     assert_eq!(agents.calls(), 0);
     // The WoA crawler obeys the same policy.
     let e = Http::new(&s.http)
-        .call(
-            reqwest::Method::POST,
-            "/import/woa",
-            Some(ALICE),
-            Some(json!({"url": agents.base})),
-        )
+        .import_woa(ALICE, &agents.base)
         .await
         .unwrap_err();
     assert_eq!((e.http, e.code.as_str()), (403, "forbidden"));
@@ -869,13 +864,8 @@ async fn woa_hosts_and_agent_cards_are_imported_and_invoked() {
     let agents = Agents::start().await;
     let s = TestServer::start_with(local_agents).await;
     let http = Http::new(&s.http);
-    let (_, report) = http
-        .call(
-            reqwest::Method::POST,
-            "/import/woa",
-            Some(ALICE),
-            Some(json!({"url": agents.base})),
-        )
+    let report = http
+        .import_woa(ALICE, &agents.base)
         .await
         .expect("import succeeds");
     let doc_url = format!("{}/.well-known/woa.json", agents.base);
@@ -952,15 +942,7 @@ async fn woa_hosts_and_agent_cards_are_imported_and_invoked() {
     assert_eq!(a.json()["detail"], "this agent refuses everything");
 
     // Imported again: unchanged. Then the host drops the refuser.
-    let (_, again) = http
-        .call(
-            reqwest::Method::POST,
-            "/import/woa",
-            Some(ALICE),
-            Some(json!({"url": doc_url})),
-        )
-        .await
-        .unwrap();
+    let again = http.import_woa(ALICE, &doc_url).await.unwrap();
     assert!(
         again["agents"]
             .as_array()
@@ -973,15 +955,7 @@ async fn woa_hosts_and_agent_cards_are_imported_and_invoked() {
         .as_array_mut()
         .unwrap()
         .retain(|a| a["id"] != "refuser");
-    let (_, third) = http
-        .call(
-            reqwest::Method::POST,
-            "/import/woa",
-            Some(ALICE),
-            Some(json!({"url": doc_url})),
-        )
-        .await
-        .unwrap();
+    let third = http.import_woa(ALICE, &doc_url).await.unwrap();
     assert!(
         third["agents"]
             .as_array()
@@ -1035,12 +1009,7 @@ async fn woa_hosts_and_agent_cards_are_imported_and_invoked() {
 
     // Importing needs a publisher; unknown formats and bad URLs are 400.
     let e = http
-        .call(
-            reqwest::Method::POST,
-            "/import/woa",
-            Some(CAROL_READER),
-            Some(json!({"url": agents.base})),
-        )
+        .import_woa(CAROL_READER, &agents.base)
         .await
         .unwrap_err();
     assert_eq!(e.http, 403);
@@ -1054,15 +1023,7 @@ async fn woa_hosts_and_agent_cards_are_imported_and_invoked() {
         .await
         .unwrap_err();
     assert_eq!((e.http, e.field.as_deref()), (400, Some("/format")));
-    let e = http
-        .call(
-            reqwest::Method::POST,
-            "/import/woa",
-            Some(ADMIN),
-            Some(json!({"url": "nope"})),
-        )
-        .await
-        .unwrap_err();
+    let e = http.import_woa(ADMIN, "nope").await.unwrap_err();
     assert_eq!((e.http, e.field.as_deref()), (400, Some("/url")));
     s.stop().await;
 }

@@ -78,6 +78,17 @@ pub async fn python_fixture_on(
     (child, port)
 }
 
+/// The tools of `tests/fixtures/mcp_server.py`, in the order it lists them.
+pub const SDK_TOOLS: [&str; 7] = [
+    "translate",
+    "word_count",
+    "session",
+    "explode",
+    "wait",
+    "pad",
+    "chatter",
+];
+
 /// The SDK's Streamable HTTP server (`tests/fixtures/mcp_server.py`).
 pub async fn start_mcp_server() -> (tokio::process::Child, u16) {
     python_fixture("mcp_server.py", &[]).await
@@ -118,25 +129,10 @@ async fn woa_mcp_agents_are_called_over_streamable_http() {
             "tool_field": "agent"
         }}
     });
-    let s = TestServer::start_with(|c| {
-        super::invocation::local_agents(c);
-        // A Python server's first answer can take a moment.
-        c.gateway.outbound.timeout_ms = 10_000;
-    })
-    .await;
-    let http = Http::new(&s.http);
-    let (_, report) = http
-        .call(
-            reqwest::Method::POST,
-            "/import/woa",
-            Some(ALICE),
-            Some(json!({"url": agents.base})),
-        )
-        .await
-        .expect("the WoA document imports");
+    let (s, report) = gateway_importing(&agents).await;
     assert_eq!(report["agents"].as_array().unwrap().len(), 3, "{report}");
-    let id = |name: &str| format!("{}/.well-known/woa.json#{name}", agents.base);
-    let rec = http.record(&id("translate"), ALICE).await;
+    let id = |name: &str| tool_id(&agents, name);
+    let rec = Http::new(&s.http).record(&id("translate"), ALICE).await;
     assert_eq!(rec["bindings"][0]["protocol"], "mcp", "{rec}");
 
     let call = |name: &str, input: Value| {
@@ -205,51 +201,71 @@ fn mcp_host(agents: &Agents, port: u16, tools: &[&str]) {
     });
 }
 
+/// A node calling local agents (answers up to 64 KiB), whose directory
+/// holds what the WoA host `agents` serves: the node and the import's
+/// report.
+async fn gateway_importing(agents: &Agents) -> (TestServer, Value) {
+    let s = TestServer::start_with(|c| {
+        super::invocation::local_agents(c);
+        // A Python server's first answer can take a moment.
+        c.gateway.outbound.timeout_ms = 10_000;
+    })
+    .await;
+    let report = Http::new(&s.http)
+        .import_woa(ALICE, &agents.base)
+        .await
+        .expect("the WoA document imports");
+    (s, report)
+}
+
 /// A node whose directory holds `tools` of the SDK server at `port`,
 /// imported from a WoA host.
 async fn mcp_gateway(port: u16, tools: &[&str]) -> (Agents, TestServer) {
     let agents = Agents::start().await;
     mcp_host(&agents, port, tools);
-    let s = TestServer::start_with(|c| {
-        super::invocation::local_agents(c);
-        c.gateway.outbound.timeout_ms = 10_000;
-    })
-    .await;
-    Http::new(&s.http)
-        .call(
-            reqwest::Method::POST,
-            "/import/woa",
-            Some(ALICE),
-            Some(json!({"url": agents.base})),
-        )
-        .await
-        .expect("the WoA document imports");
+    let (s, _) = gateway_importing(&agents).await;
     (agents, s)
+}
+
+/// The id of the imported agent for `tool` of the WoA host `agents`.
+fn tool_id(agents: &Agents, tool: &str) -> String {
+    format!("{}/.well-known/woa.json#{tool}", agents.base)
+}
+
+/// `POST /agents/{id}/invoke` on the agent for `tool`, with `credential`
+/// as the agent's own `Authorization`: the status and the body.
+async fn invoke(
+    s: &TestServer,
+    agents: &Agents,
+    tool: &str,
+    input: Value,
+    credential: Option<&str>,
+) -> (u16, Value) {
+    let url = format!(
+        "{}/agents/{}/invoke",
+        s.http,
+        Http::url_id(&tool_id(agents, tool))
+    );
+    let mut req = reqwest::Client::new()
+        .post(url)
+        .bearer_auth(ALICE)
+        .json(&input);
+    if let Some(c) = credential {
+        req = req.header("agent-authorization", c);
+    }
+    let resp = req.send().await.expect("the invocation is sent");
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap_or(Value::Null))
 }
 
 #[tokio::test]
 async fn mcp_sessions_are_kept_across_calls_and_started_again_when_the_server_forgets_them() {
     let (server, port) = start_mcp_server().await;
     let (agents, s) = mcp_gateway(port, &["session", "translate"]).await;
-    let session = || {
-        let url = format!(
-            "{}/agents/{}/invoke",
-            s.http,
-            Http::url_id(&format!("{}/.well-known/woa.json#session", agents.base))
-        );
-        async move {
-            let resp = reqwest::Client::new()
-                .post(url)
-                .bearer_auth(ALICE)
-                .json(&json!({}))
-                .send()
-                .await
-                .unwrap();
-            let status = resp.status().as_u16();
-            let body: Value = resp.json().await.unwrap();
-            assert_eq!(status, 200, "{body}");
-            body["session"].as_str().expect("a session id").to_string()
-        }
+    let session = || async {
+        let (status, body) = invoke(&s, &agents, "session", json!({}), None).await;
+        assert_eq!(status, 200, "{body}");
+        body["session"].as_str().expect("a session id").to_string()
     };
 
     // One session for every call to the same server with the same
@@ -282,25 +298,7 @@ async fn mcp_sessions_are_kept_across_calls_and_started_again_when_the_server_fo
 async fn an_mcp_servers_refusal_of_the_credentials_reaches_the_caller_as_its_status() {
     let (_server, port) = start_mcp_server_with_key("the-servers-key").await;
     let (agents, s) = mcp_gateway(port, &["translate"]).await;
-    let url = format!(
-        "{}/agents/{}/invoke",
-        s.http,
-        Http::url_id(&format!("{}/.well-known/woa.json#translate", agents.base))
-    );
-    let call = |credential: Option<&'static str>| {
-        let mut req = reqwest::Client::new()
-            .post(&url)
-            .bearer_auth(ALICE)
-            .json(&json!({"text": "hello", "target_language": "fr"}));
-        if let Some(c) = credential {
-            req = req.header("agent-authorization", c);
-        }
-        async move {
-            let resp = req.send().await.unwrap();
-            let status = resp.status().as_u16();
-            (status, resp.json::<Value>().await.unwrap_or(Value::Null))
-        }
-    };
+    let hello = json!({"text": "hello", "target_language": "fr"});
     // Refused when the session starts, and refused in a kept one: the
     // server's own 401 at once, not a 502 or a wait for the timeout.
     for credential in [
@@ -310,7 +308,7 @@ async fn an_mcp_servers_refusal_of_the_credentials_reaches_the_caller_as_its_sta
         None,
     ] {
         let started = std::time::Instant::now();
-        let (status, body) = call(credential).await;
+        let (status, body) = invoke(&s, &agents, "translate", hello.clone(), credential).await;
         if credential == Some("Bearer the-servers-key") {
             assert_eq!(status, 200, "{body}");
             assert_eq!(body["translated_text"], "[fr] olleh", "{body}");
@@ -328,4 +326,87 @@ async fn an_mcp_servers_refusal_of_the_credentials_reaches_the_caller_as_its_sta
         assert!(started.elapsed() < Duration::from_secs(5));
     }
     s.stop().await;
+}
+
+#[tokio::test]
+async fn a_slow_mcp_call_holds_none_of_the_others_in_its_kept_session() {
+    // Both ways a server answers a call: an event stream (the SDK's
+    // default), and a single JSON body sent once the tool is done.
+    for mode in [&[][..], &["--json"][..]] {
+        let (_server, port) = python_fixture("mcp_server.py", mode).await;
+        let (agents, s) = mcp_gateway(port, &["session", "translate", "wait"]).await;
+        let (status, first) = invoke(&s, &agents, "session", json!({}), None).await;
+        assert_eq!(status, 200, "{mode:?}: {first}");
+        let (_, again) = invoke(&s, &agents, "session", json!({}), None).await;
+        assert_eq!(again, first, "{mode:?}: one kept session");
+
+        // A call sent while a slow one runs in the same session is
+        // answered while the slow tool still sleeps (4 s from its start).
+        let slow_started = std::time::Instant::now();
+        let slow = invoke(&s, &agents, "wait", json!({"seconds": 4.0}), None);
+        let quick = async {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let hello = json!({"text": "hello", "target_language": "fr"});
+            let answer = invoke(&s, &agents, "translate", hello, None).await;
+            (answer, slow_started.elapsed())
+        };
+        let ((slow_status, slow_body), ((status, body), answered_after)) =
+            tokio::join!(slow, quick);
+        assert_eq!(slow_status, 200, "{mode:?}: {slow_body}");
+        assert_eq!(slow_body["waited"], 4.0, "{mode:?}: {slow_body}");
+        assert_eq!(status, 200, "{mode:?}: {body}");
+        assert_eq!(body["translated_text"], "[fr] olleh", "{mode:?}: {body}");
+        assert!(
+            answered_after < Duration::from_secs(3),
+            "{mode:?}: the quick call waited for the slow one ({answered_after:?})"
+        );
+        let (_, after) = invoke(&s, &agents, "session", json!({}), None).await;
+        assert_eq!(after, first, "{mode:?}");
+        s.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn an_mcp_answer_past_the_size_limit_ends_the_call_at_once() {
+    for mode in [&[][..], &["--json"][..]] {
+        let (_server, port) = python_fixture("mcp_server.py", mode).await;
+        let (agents, s) = mcp_gateway(port, &["pad", "session", "chatter"]).await;
+        // Under the node's 64 KiB limit: answered.
+        let (status, body) = invoke(&s, &agents, "pad", json!({"size": 1000}), None).await;
+        assert_eq!(status, 200, "{mode:?}: {body}");
+        assert!(
+            body.to_string().contains(&"x".repeat(1000)),
+            "{mode:?}: {body}"
+        );
+        let (_, session) = invoke(&s, &agents, "session", json!({}), None).await;
+
+        // Past it, and from a server that never stops sending on a
+        // call's stream (log messages; only event streams carry them):
+        // refused as too large, at once rather than at the call's timeout
+        // (10 s), and the session goes on serving.
+        let mut calls = vec![("pad", json!({"size": 200_000}))];
+        if mode.is_empty() {
+            calls.push(("chatter", json!({})));
+        }
+        for (tool, input) in calls {
+            let started = std::time::Instant::now();
+            let (status, body) = invoke(&s, &agents, tool, input, None).await;
+            let took = started.elapsed();
+            assert_eq!(
+                (status, body["code"].as_str()),
+                (502, Some("bad_gateway")),
+                "{mode:?} {tool}: {body}"
+            );
+            assert!(
+                body["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("larger than the limit of 65536 bytes")),
+                "{mode:?} {tool}: {body}"
+            );
+            assert!(took < Duration::from_secs(5), "{mode:?} {tool}: {took:?}");
+            let (status, after) = invoke(&s, &agents, "session", json!({}), None).await;
+            assert_eq!((status, &after), (200, &session), "{mode:?} {tool}");
+        }
+        s.stop().await;
+    }
 }

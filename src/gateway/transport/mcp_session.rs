@@ -15,16 +15,30 @@
 //! JSON-RPC error without the request's id (the Python SDK's "Session not
 //! found") would then leave the call waiting for its timeout; `StatusAware`
 //! turns such statuses into errors at once.
+//!
+//! Every answer is also held to the outbound policy's `max_response_bytes`
+//! as it arrives (rmcp reads a JSON body whole and an event stream without
+//! end). And a request is sent from the stream its answer is read from,
+//! not in place: rmcp's worker awaits `post_message` before it sends the
+//! session's next request, and a server that answers in a JSON body sends
+//! nothing until its tool is done, so one slow call would hold every other
+//! call of the session. A JSON answer becomes a one-event stream; a
+//! failure, the gateway's own JSON-RPC error for the request. The
+//! session's standalone event stream (the GET that carries what the
+//! server sends outside a request) is not opened: the gateway has no use
+//! for it, and it held a connection on the server for each kept session.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
+use axum::body::Bytes;
 use futures::stream::BoxStream;
-use futures::StreamExt;
-use rmcp::model::{ClientJsonRpcMessage, ServerJsonRpcMessage};
+use futures::{Stream, StreamExt};
+use rmcp::model::{ClientJsonRpcMessage, ClientRequest, RequestId, ServerJsonRpcMessage};
 use rmcp::transport::common::http_header::{
-    EVENT_STREAM_MIME_TYPE, HEADER_SESSION_ID, JSON_MIME_TYPE,
+    EVENT_STREAM_MIME_TYPE, HEADER_LAST_EVENT_ID, HEADER_SESSION_ID, JSON_MIME_TYPE,
 };
 use rmcp::transport::streamable_http_client::{
     AuthRequiredError, SseError, StreamableHttpClient, StreamableHttpError,
@@ -37,8 +51,8 @@ use url::Url;
 use super::mcp::{Peer, Session};
 use super::{redacted, GatewayError, Outbound, OutboundError};
 
-/// A kept session unused this long is closed: it holds an open event
-/// stream on its server.
+/// A kept session unused this long is closed: its server keeps state
+/// for it.
 const IDLE: Duration = Duration::from_secs(60);
 /// A session is started anew after this long, used or not, so credentials
 /// and addresses are looked at again now and then.
@@ -50,6 +64,15 @@ const MAX_KEPT: usize = 256;
 const SWEEP_EVERY: Duration = Duration::from_secs(15);
 /// How much of a refusal's body its error quotes.
 const QUOTED: usize = 512;
+/// JSON-RPC error codes (in the range JSON-RPC leaves to implementations)
+/// of the errors the gateway answers a request with itself: the server's
+/// answer passed the size limit; the server no longer knows the session;
+/// it refused the credentials (`data.status` 401 or 403); the request got
+/// no answer (unreachable, an error status).
+const ANSWER_TOO_LARGE: i32 = -32099;
+const SESSION_GONE: i32 = -32098;
+const CREDENTIALS_REFUSED: i32 = -32097;
+const NOT_ANSWERED: i32 = -32096;
 
 /// The MCP sessions of one gateway client, by server and credential.
 #[derive(Default)]
@@ -174,7 +197,10 @@ async fn start(out: &Outbound, url: &Url, bearer: Option<String>) -> Result<Sess
     };
     use rmcp::ServiceExt;
     let transport = StreamableHttpClientTransport::with_client(
-        StatusAware(out.client()),
+        StatusAware {
+            client: out.client(),
+            limit: out.policy.max_response_bytes,
+        },
         StreamableHttpClientTransportConfig {
             uri: url.as_str().into(),
             auth_header: bearer,
@@ -238,6 +264,7 @@ where
         url: url.as_str().to_string(),
         bearer,
     };
+    let limit = out.policy.max_response_bytes;
     let run = async {
         let mut retried = false;
         loop {
@@ -247,24 +274,21 @@ where
                     "the MCP session with {target} did not start"
                 )));
             };
-            match request(session.peer().clone()).await {
-                Err(e) if session_gone(&e) => {
-                    sessions.forget(&key, &kept);
-                    if running && !retried {
-                        tracing::debug!(%target, "the MCP server ended a kept session; starting another");
-                        retried = true;
-                        continue;
-                    }
-                    return Err(refused(&target, what, &e));
-                }
-                Err(e) => {
-                    if session.is_closed() {
-                        sessions.forget(&key, &kept);
-                    }
-                    return Err(refused(&target, what, &e));
-                }
+            let e = match request(session.peer().clone()).await {
                 Ok(v) => return Ok(v),
+                Err(e) => failure(&e),
+            };
+            if matches!(e, Failure::SessionGone) {
+                sessions.forget(&key, &kept);
+                if running && !retried {
+                    tracing::debug!(%target, "the MCP server ended a kept session; starting another");
+                    retried = true;
+                    continue;
+                }
+            } else if session.is_closed() {
+                sessions.forget(&key, &kept);
             }
+            return Err(refused(&target, what, limit, e));
         }
     };
     tokio::time::timeout(timeout, run)
@@ -275,40 +299,74 @@ where
         })?
 }
 
-/// A failed request as the caller reads it: a refusal of its credentials
-/// as such, a transport failure by its cause (without rmcp's transport
-/// type names).
-fn refused(target: &str, what: &str, e: &rmcp::ServiceError) -> GatewayError {
-    let cause = match e {
+/// How a request failed, whether that came back as a transport error (a
+/// message sent in place) or as the gateway's own error event (a request
+/// sent from its answer's stream, `failure_event`).
+enum Failure {
+    /// The server answered 404 to the session's id.
+    SessionGone,
+    /// The server refused the credentials (401 or 403).
+    Refused(u16),
+    /// The answer passed the size limit.
+    TooLarge,
+    /// Anything else, by its cause.
+    Other(String),
+}
+
+fn failure(e: &rmcp::ServiceError) -> Failure {
+    match e {
+        rmcp::ServiceError::McpError(error) => match error.code.0 {
+            ANSWER_TOO_LARGE => Failure::TooLarge,
+            SESSION_GONE => Failure::SessionGone,
+            CREDENTIALS_REFUSED => match error.data.as_ref().and_then(|d| d["status"].as_u64()) {
+                Some(status @ (401 | 403)) => Failure::Refused(status as u16),
+                _ => Failure::Other(error.message.to_string()),
+            },
+            NOT_ANSWERED => Failure::Other(error.message.to_string()),
+            _ => Failure::Other(e.to_string()),
+        },
         rmcp::ServiceError::TransportSend(sent) => {
-            if let Some(status) = credentials_refused(sent.error.as_ref()) {
-                return GatewayError::Refused {
-                    status,
-                    message: format!(
-                        "the MCP server at {target} refused the credentials of {what} (HTTP {status})"
-                    ),
-                };
+            let error = sent.error.as_ref();
+            if let Some(StreamableHttpError::Client(McpHttpError::SessionGone)) =
+                error.downcast_ref::<StreamableHttpError<McpHttpError>>()
+            {
+                return Failure::SessionGone;
             }
-            sent.error.to_string()
+            match credentials_refused(error) {
+                Some(status) => Failure::Refused(status),
+                None => Failure::Other(error.to_string()),
+            }
         }
-        other => other.to_string(),
+        other => Failure::Other(other.to_string()),
+    }
+}
+
+/// A failed request as the caller reads it: a refusal of its credentials
+/// as such, an answer past the size limit as such, anything else by its
+/// cause (without rmcp's transport type names).
+fn refused(target: &str, what: &str, limit: usize, failure: Failure) -> GatewayError {
+    let cause = match failure {
+        Failure::TooLarge => {
+            return OutboundError::TooLarge {
+                target: target.into(),
+                limit,
+            }
+            .into();
+        }
+        Failure::Refused(status) => {
+            return GatewayError::Refused {
+                status,
+                message: format!(
+                    "the MCP server at {target} refused the credentials of {what} (HTTP {status})"
+                ),
+            };
+        }
+        Failure::SessionGone => McpHttpError::SessionGone.to_string(),
+        Failure::Other(cause) => cause,
     };
     GatewayError::BadAnswer(format!(
         "the MCP server at {target} refused {what}: {cause}"
     ))
-}
-
-/// Whether the server answered 404 to the session's id: it has forgotten
-/// the session and did not look at the request.
-fn session_gone(e: &rmcp::ServiceError) -> bool {
-    let rmcp::ServiceError::TransportSend(sent) = e else {
-        return false;
-    };
-    matches!(
-        sent.error
-            .downcast_ref::<StreamableHttpError<McpHttpError>>(),
-        Some(StreamableHttpError::Client(McpHttpError::SessionGone))
-    )
 }
 
 /// What the gateway's MCP client reports beyond rmcp's own errors.
@@ -323,9 +381,114 @@ pub enum McpHttpError {
 }
 
 /// rmcp's Streamable HTTP client over the gateway's guarded reqwest
-/// client, answering an error status as an error.
+/// client, answering an error status as an error and holding answers to
+/// a size.
 #[derive(Clone)]
-struct StatusAware(reqwest::Client);
+struct StatusAware {
+    client: reqwest::Client,
+    /// The most bytes one answer may carry.
+    limit: usize,
+}
+
+/// `bytes` up to `limit` bytes in all: the stream ends before the chunk
+/// that would pass it, and `over` is set.
+fn capped(
+    bytes: impl Stream<Item = reqwest::Result<Bytes>> + Send + 'static,
+    limit: usize,
+    over: Arc<AtomicBool>,
+) -> impl Stream<Item = reqwest::Result<Bytes>> + Send + 'static {
+    bytes.scan(0usize, move |seen, chunk| {
+        let item = match chunk {
+            Ok(chunk) if *seen + chunk.len() > limit => {
+                over.store(true, Ordering::Relaxed);
+                None
+            }
+            Ok(chunk) => {
+                *seen += chunk.len();
+                Some(Ok(chunk))
+            }
+            Err(e) => Some(Err(e)),
+        };
+        futures::future::ready(item)
+    })
+}
+
+/// An event carrying a JSON-RPC error for request `id`, which the
+/// gateway answers itself.
+fn error_event(id: &RequestId, code: i32, message: String, data: serde_json::Value) -> Sse {
+    let error = serde_json::json!({
+        "jsonrpc": "2.0",
+        "id": id,
+        "error": {"code": code, "message": message, "data": data},
+    });
+    Sse {
+        data: Some(error.to_string()),
+        ..Sse::default()
+    }
+}
+
+/// The events of an answer (an event stream, or one JSON message as a
+/// single event), held to `limit` bytes. When the limit cuts it short,
+/// request `id` (if it was one) is answered with `ANSWER_TOO_LARGE` so
+/// that the call ends at once instead of at its timeout.
+fn answer_events(
+    resp: reqwest::Response,
+    json: bool,
+    limit: usize,
+    id: Option<RequestId>,
+) -> BoxStream<'static, Result<Sse, SseError>> {
+    let over = Arc::new(AtomicBool::new(false));
+    let bytes = capped(resp.bytes_stream(), limit, over.clone());
+    let events = if json {
+        let id = id.clone();
+        let cut = over.clone();
+        futures::stream::once(async move {
+            let mut body = Vec::new();
+            let mut bytes = std::pin::pin!(bytes);
+            while let Some(chunk) = bytes.next().await {
+                body.extend_from_slice(&chunk.map_err(|e| SseError::Body(Box::new(e)))?);
+            }
+            let text = String::from_utf8(body)
+                .map_err(|e| e.to_string())
+                .and_then(|text| {
+                    serde_json::from_str::<ServerJsonRpcMessage>(&text)
+                        .map(|_| text)
+                        .map_err(|e| e.to_string())
+                });
+            Ok(match (text, &id) {
+                (Ok(text), _) => Sse {
+                    data: Some(text),
+                    ..Sse::default()
+                },
+                // Cut short: the tail below answers.
+                (Err(_), _) if cut.load(Ordering::Relaxed) => Sse::default(),
+                (Err(why), Some(id)) => error_event(
+                    id,
+                    rmcp::model::ErrorCode::INTERNAL_ERROR.0,
+                    format!("the server answered with JSON that is not a JSON-RPC message: {why}"),
+                    serde_json::Value::Null,
+                ),
+                (Err(_), None) => Sse::default(),
+            })
+        })
+        .boxed()
+    } else {
+        SseStream::from_bytes_stream(bytes).boxed()
+    };
+    let tail = futures::stream::iter([()]).filter_map(move |()| {
+        let event = match &id {
+            Some(id) if over.load(Ordering::Relaxed) => Some(Ok(error_event(
+                id,
+                ANSWER_TOO_LARGE,
+                format!("the answer is larger than the gateway's limit of {limit} bytes"),
+                serde_json::Value::Null,
+            ))),
+            _ => None,
+        };
+        futures::future::ready(event)
+    });
+    events.chain(tail).boxed()
+}
 
 fn from_reqwest(e: StreamableHttpError<reqwest::Error>) -> StreamableHttpError<McpHttpError> {
     match e {
@@ -357,29 +520,40 @@ async fn quoted(resp: reqwest::Response) -> String {
     String::from_utf8_lossy(&body).trim().to_string()
 }
 
-impl StreamableHttpClient for StatusAware {
-    type Error = McpHttpError;
+/// What a POST got back, before its body is read.
+enum Sent {
+    /// 202 or 204: a notification or response taken.
+    Accepted,
+    /// An answer: an event stream, or a JSON body (`json`).
+    Answer {
+        resp: reqwest::Response,
+        json: bool,
+        session: Option<String>,
+    },
+}
 
-    async fn post_message(
+impl StatusAware {
+    /// One POST of `message`, its error statuses read as errors.
+    async fn send(
         &self,
-        uri: Arc<str>,
-        message: ClientJsonRpcMessage,
-        session_id: Option<Arc<str>>,
+        uri: &str,
+        message: &ClientJsonRpcMessage,
+        session_id: Option<&str>,
         auth_header: Option<String>,
-    ) -> Result<StreamableHttpPostResponse, StreamableHttpError<McpHttpError>> {
+    ) -> Result<Sent, StreamableHttpError<McpHttpError>> {
         let mut req = self
-            .0
-            .post(uri.as_ref())
+            .client
+            .post(uri)
             .header(
                 reqwest::header::ACCEPT,
                 format!("{EVENT_STREAM_MIME_TYPE}, {JSON_MIME_TYPE}"),
             )
-            .json(&message);
+            .json(message);
         if let Some(token) = auth_header {
             req = req.bearer_auth(token);
         }
-        if let Some(id) = &session_id {
-            req = req.header(HEADER_SESSION_ID, id.as_ref());
+        if let Some(id) = session_id {
+            req = req.header(HEADER_SESSION_ID, id);
         }
         let resp = req
             .send()
@@ -398,7 +572,7 @@ impl StreamableHttpClient for StatusAware {
             }
         }
         if status == reqwest::StatusCode::ACCEPTED || status == reqwest::StatusCode::NO_CONTENT {
-            return Ok(StreamableHttpPostResponse::Accepted);
+            return Ok(Sent::Accepted);
         }
         if status == reqwest::StatusCode::NOT_FOUND && session_id.is_some() {
             return Err(StreamableHttpError::Client(McpHttpError::SessionGone));
@@ -415,23 +589,102 @@ impl StreamableHttpClient for StatusAware {
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_string)
         };
-        let new_session = header(HEADER_SESSION_ID);
-        let ctype = header(reqwest::header::CONTENT_TYPE.as_str());
-        match ctype {
-            Some(t) if t.starts_with(EVENT_STREAM_MIME_TYPE) => {
-                Ok(StreamableHttpPostResponse::Sse(
-                    SseStream::from_bytes_stream(resp.bytes_stream()).boxed(),
-                    new_session,
-                ))
+        let session = header(HEADER_SESSION_ID);
+        let json = match header(reqwest::header::CONTENT_TYPE.as_str()) {
+            Some(t) if t.starts_with(EVENT_STREAM_MIME_TYPE) => false,
+            Some(t) if t.starts_with(JSON_MIME_TYPE) => true,
+            other => return Err(StreamableHttpError::UnexpectedContentType(other)),
+        };
+        Ok(Sent::Answer {
+            resp,
+            json,
+            session,
+        })
+    }
+}
+
+/// A failed exchange for request `id` as the JSON-RPC error the call gets,
+/// in the codes `failure` reads back.
+fn failure_event(id: &RequestId, e: &StreamableHttpError<McpHttpError>) -> Sse {
+    let refused = match e {
+        StreamableHttpError::AuthRequired(_) => Some(401),
+        StreamableHttpError::Client(McpHttpError::Status {
+            status: status @ (401 | 403),
+            ..
+        }) => Some(*status),
+        _ => None,
+    };
+    let (code, data) = match (e, refused) {
+        (_, Some(status)) => (CREDENTIALS_REFUSED, serde_json::json!({ "status": status })),
+        (StreamableHttpError::Client(McpHttpError::SessionGone), _) => {
+            (SESSION_GONE, serde_json::Value::Null)
+        }
+        _ => (NOT_ANSWERED, serde_json::Value::Null),
+    };
+    error_event(id, code, e.to_string(), data)
+}
+
+impl StreamableHttpClient for StatusAware {
+    type Error = McpHttpError;
+
+    /// The session's start and notifications are sent here and now. A
+    /// request after the start is sent from the answer's stream instead,
+    /// which rmcp reads beside its other work: the worker awaits this
+    /// function before it sends the session's next request, and a server
+    /// that answers in JSON sends nothing until its tool is done. Such a
+    /// request's failure is then its error event (`failure_event`).
+    async fn post_message(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        auth_header: Option<String>,
+    ) -> Result<StreamableHttpPostResponse, StreamableHttpError<McpHttpError>> {
+        let (id, start) = match &message {
+            ClientJsonRpcMessage::Request(request) => (
+                Some(request.id.clone()),
+                matches!(request.request, ClientRequest::InitializeRequest(_)),
+            ),
+            _ => (None, false),
+        };
+        match id {
+            Some(id) if !start => {
+                let this = self.clone();
+                let events = futures::stream::once(async move {
+                    let sent = this
+                        .send(&uri, &message, session_id.as_deref(), auth_header)
+                        .await;
+                    match sent {
+                        Ok(Sent::Answer { resp, json, .. }) => {
+                            answer_events(resp, json, this.limit, Some(id))
+                        }
+                        Ok(Sent::Accepted) => {
+                            let e = StreamableHttpError::UnexpectedServerResponse(
+                                "the request was accepted without an answer".into(),
+                            );
+                            futures::stream::iter([Ok(failure_event(&id, &e))]).boxed()
+                        }
+                        Err(e) => futures::stream::iter([Ok(failure_event(&id, &e))]).boxed(),
+                    }
+                })
+                .flatten()
+                .boxed();
+                Ok(StreamableHttpPostResponse::Sse(events, None))
             }
-            Some(t) if t.starts_with(JSON_MIME_TYPE) => {
-                let message: ServerJsonRpcMessage = resp
-                    .json()
-                    .await
-                    .map_err(|e| StreamableHttpError::Client(e.into()))?;
-                Ok(StreamableHttpPostResponse::Json(message, new_session))
-            }
-            other => Err(StreamableHttpError::UnexpectedContentType(other)),
+            _ => match self
+                .send(&uri, &message, session_id.as_deref(), auth_header)
+                .await?
+            {
+                Sent::Accepted => Ok(StreamableHttpPostResponse::Accepted),
+                Sent::Answer {
+                    resp,
+                    json,
+                    session,
+                } => Ok(StreamableHttpPostResponse::Sse(
+                    answer_events(resp, json, self.limit, id),
+                    session,
+                )),
+            },
         }
     }
 
@@ -441,7 +694,7 @@ impl StreamableHttpClient for StatusAware {
         session_id: Arc<str>,
         auth_header: Option<String>,
     ) -> Result<(), StreamableHttpError<McpHttpError>> {
-        self.0
+        self.client
             .delete_session(uri, session_id, auth_header)
             .await
             .map_err(from_reqwest)
@@ -454,10 +707,36 @@ impl StreamableHttpClient for StatusAware {
         last_event_id: Option<String>,
         auth_header: Option<String>,
     ) -> Result<BoxStream<'static, Result<Sse, SseError>>, StreamableHttpError<McpHttpError>> {
-        self.0
-            .get_stream(uri, session_id, last_event_id, auth_header)
+        // Without an event id this is the standalone stream, not opened
+        // (see the module's doc); with one, an answer's broken stream
+        // resumed, held to the same size.
+        let Some(last_event_id) = last_event_id else {
+            return Err(StreamableHttpError::ServerDoesNotSupportSse);
+        };
+        let mut req = self
+            .client
+            .get(uri.as_ref())
+            .header(reqwest::header::ACCEPT, EVENT_STREAM_MIME_TYPE)
+            .header(HEADER_SESSION_ID, session_id.as_ref())
+            .header(HEADER_LAST_EVENT_ID, last_event_id);
+        if let Some(token) = auth_header {
+            req = req.bearer_auth(token);
+        }
+        let resp = req
+            .send()
             .await
-            .map_err(from_reqwest)
+            .map_err(|e| StreamableHttpError::Client(e.into()))?;
+        let status = resp.status();
+        if status == reqwest::StatusCode::METHOD_NOT_ALLOWED {
+            return Err(StreamableHttpError::ServerDoesNotSupportSse);
+        }
+        if !status.is_success() {
+            return Err(StreamableHttpError::Client(McpHttpError::Status {
+                status: status.as_u16(),
+                body: quoted(resp).await,
+            }));
+        }
+        Ok(answer_events(resp, false, self.limit, None))
     }
 }
 
@@ -465,16 +744,16 @@ impl StreamableHttpClient for StatusAware {
 mod tests {
     use super::*;
 
-    /// A server answering every POST with `status` and a JSON-RPC error
-    /// without a request id, as the Python SDK answers an unknown session.
-    async fn answering(status: u16) -> String {
+    /// A server answering every POST with `status`, `content_type` and
+    /// `body`.
+    async fn answering(status: u16, content_type: &'static str, body: String) -> String {
         let app = axum::Router::new().route(
             "/mcp",
             axum::routing::post(move || async move {
                 (
                     axum::http::StatusCode::from_u16(status).unwrap(),
-                    [("content-type", "application/json")],
-                    r#"{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"Session not found"}}"#,
+                    [("content-type", content_type)],
+                    body,
                 )
             }),
         );
@@ -484,39 +763,130 @@ mod tests {
         format!("http://{addr}/mcp")
     }
 
-    async fn post(uri: &str, session: Option<&str>) -> StreamableHttpError<McpHttpError> {
-        let message: ClientJsonRpcMessage = serde_json::from_value(serde_json::json!(
+    /// A JSON-RPC error without a request id, as the Python SDK answers an
+    /// unknown session.
+    async fn failing_with(status: u16) -> String {
+        let body =
+            r#"{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"Session not found"}}"#;
+        answering(status, "application/json", body.into()).await
+    }
+
+    fn client() -> StatusAware {
+        StatusAware {
+            client: reqwest::Client::new(),
+            limit: 1 << 10,
+        }
+    }
+
+    fn tools_list() -> ClientJsonRpcMessage {
+        serde_json::from_value(serde_json::json!(
             {"jsonrpc": "2.0", "id": 7, "method": "tools/list", "params": {}}
         ))
-        .unwrap();
-        let answer = StatusAware(reqwest::Client::new())
-            .post_message(uri.into(), message, session.map(Arc::from), None)
-            .await;
-        match answer {
+        .unwrap()
+    }
+
+    async fn sent(uri: &str, session: Option<&str>) -> StreamableHttpError<McpHttpError> {
+        match client().send(uri, &tools_list(), session, None).await {
             Err(e) => e,
             Ok(_) => panic!("an error status was read as an answer"),
         }
     }
 
+    /// The messages of the answer to a request posted to `uri` in
+    /// session `s-1`.
+    async fn messages(uri: &str) -> Vec<ServerJsonRpcMessage> {
+        let answer = client()
+            .post_message(uri.into(), tools_list(), Some(Arc::from("s-1")), None)
+            .await;
+        let Ok(StreamableHttpPostResponse::Sse(events, _)) = answer else {
+            panic!("a request is answered by its stream");
+        };
+        let events: Vec<_> = events.collect().await;
+        events
+            .into_iter()
+            .filter_map(|e| e.unwrap().data.filter(|d| !d.is_empty()))
+            .map(|data| serde_json::from_str(&data).unwrap())
+            .collect()
+    }
+
+    /// How a request posted to `uri` fails, as the call reads it back from
+    /// the last message of its answer.
+    async fn call_failure(uri: &str) -> Failure {
+        match messages(uri).await.pop() {
+            Some(ServerJsonRpcMessage::Error(e)) => {
+                assert_eq!(e.id, RequestId::Number(7));
+                failure(&rmcp::ServiceError::McpError(e.error))
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
     #[tokio::test]
     async fn error_statuses_are_errors_and_a_forgotten_session_is_told_apart() {
-        let gone = answering(404).await;
+        let gone = failing_with(404).await;
         assert!(matches!(
-            post(&gone, Some("s-1")).await,
+            sent(&gone, Some("s-1")).await,
             StreamableHttpError::Client(McpHttpError::SessionGone)
         ));
         // Without a session there is none to forget: a plain 404.
         assert!(matches!(
-            post(&gone, None).await,
+            sent(&gone, None).await,
             StreamableHttpError::Client(McpHttpError::Status { status: 404, .. })
         ));
-        let failing = answering(500).await;
-        match post(&failing, Some("s-1")).await {
+        let failing = failing_with(500).await;
+        match sent(&failing, Some("s-1")).await {
             StreamableHttpError::Client(McpHttpError::Status { status, body }) => {
                 assert_eq!(status, 500);
                 assert!(body.contains("Session not found"), "{body}");
             }
             other => panic!("{other}"),
         }
+
+        // A request sent from its answer's stream fails the same ways.
+        assert!(matches!(call_failure(&gone).await, Failure::SessionGone));
+        assert!(matches!(
+            call_failure(&failing_with(403).await).await,
+            Failure::Refused(403)
+        ));
+        match call_failure(&failing).await {
+            Failure::Other(cause) => assert!(cause.contains("HTTP 500"), "{cause}"),
+            _ => panic!("a 500 is neither a refusal nor a lost session"),
+        }
+    }
+
+    #[tokio::test]
+    async fn an_answer_past_the_limit_ends_the_call() {
+        let answer = |text: String| {
+            serde_json::json!({"jsonrpc": "2.0", "id": 7, "result": {"tools": [], "text": text}})
+                .to_string()
+        };
+        let small = answering(200, "application/json", answer("x".repeat(100))).await;
+        let answered = messages(&small).await;
+        assert!(
+            matches!(answered.as_slice(), [ServerJsonRpcMessage::Response(_)]),
+            "{answered:?}"
+        );
+        let big = answering(200, "application/json", answer("x".repeat(2000))).await;
+        assert_eq!(messages(&big).await.len(), 1);
+        assert!(matches!(call_failure(&big).await, Failure::TooLarge));
+
+        // An event stream that goes on past the limit: what came before
+        // it in whole chunks (here, none: axum sends the body as one),
+        // then the gateway's own error.
+        let note = r#"{"jsonrpc":"2.0","method":"notifications/message","params":{"level":"info","data":"x"}}"#;
+        let chatter = answering(
+            200,
+            "text/event-stream",
+            format!("event: message\ndata: {note}\n\n").repeat(100),
+        )
+        .await;
+        let mut got = messages(&chatter).await;
+        assert!(matches!(got.pop(), Some(ServerJsonRpcMessage::Error(_))));
+        assert!(
+            got.iter()
+                .all(|m| matches!(m, ServerJsonRpcMessage::Notification(_))),
+            "{got:?}"
+        );
+        assert!(matches!(call_failure(&chatter).await, Failure::TooLarge));
     }
 }
