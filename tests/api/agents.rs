@@ -173,6 +173,21 @@ async fn endless(State(s): State<S>, headers: HeaderMap) -> Response {
     Sse::new(events).into_response()
 }
 
+/// An event stream whose first event never ends: one `data` line that
+/// goes on for ever.
+async fn flood(State(s): State<S>, headers: HeaderMap) -> Response {
+    record(&s, &headers);
+    let line = axum::body::Bytes::from("x".repeat(16 * 1024));
+    let body = futures::stream::once(async { axum::body::Bytes::from_static(b"data: ") })
+        .chain(futures::stream::repeat(line))
+        .map(Ok::<_, Infallible>);
+    (
+        [("content-type", "text/event-stream")],
+        axum::body::Body::from_stream(body),
+    )
+        .into_response()
+}
+
 async fn woa_invoke(
     State(s): State<S>,
     Path(id): Path<String>,
@@ -319,6 +334,7 @@ impl Agents {
             .route("/redirect", post(redirect))
             .route("/stream", post(stream))
             .route("/endless", post(endless))
+            .route("/flood", post(flood))
             .route("/woa/agents/{id}/invoke", post(woa_invoke))
             .route("/.well-known/woa.json", get(woa_doc))
             .route("/.well-known/agent-card.json", get(agent_card))

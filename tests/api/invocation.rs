@@ -636,6 +636,39 @@ async fn streams_relay_events_and_a_disconnect_cancels_the_agent() {
 }
 
 #[tokio::test]
+async fn an_agents_event_that_never_ends_is_cut_off_at_the_size_limit() {
+    let agents = Agents::start().await;
+    // The limit (64 KiB) is reached long before the idle timeout (1 s).
+    let s = TestServer::start_with(local_agents).await;
+    register(
+        &s,
+        agent("flood", format!("{}/flood", agents.base), json!({})),
+    )
+    .await;
+    let resp = reqwest::Client::new()
+        .post(format!("{}/agents/flood/invoke", s.http))
+        .bearer_auth(ALICE)
+        .header("accept", "text/event-stream")
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.headers()["content-type"], "text/event-stream");
+    let (events, _) = read_events(resp, 1).await;
+    let (name, data) = &events[0];
+    assert_eq!(name, "error", "{data}");
+    let problem: Value = serde_json::from_str(data).unwrap();
+    assert_eq!(problem["code"], "bad_gateway", "{problem}");
+    assert!(
+        problem["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("larger than the limit of 65536 bytes")),
+        "{problem}"
+    );
+    s.stop().await;
+}
+
+#[tokio::test]
 async fn the_outbound_policy_refuses_internal_targets_and_redirects() {
     let agents = Agents::start().await;
     // Plain http allowed, but no internal target.

@@ -475,54 +475,87 @@ fn protocol(b: &Binding) -> Result<Protocol, GatewayError> {
 /// The agent's server-sent events, one at a time, each within `idle` of
 /// the one before and no larger than `limit`. Dropping the stream drops
 /// the connection, which is how a client's disconnect reaches the agent.
+///
+/// An event is only measured once it is whole, and until then its bytes
+/// pile up in the parser: an agent that never ends its event would fill
+/// the memory for as long as `idle` lasts. So the bytes received since the
+/// last event are held to twice `limit` (room for the event's field names
+/// and line breaks), and past that the stream ends as too large.
 fn relay(
     resp: reqwest::Response,
     target: String,
     idle: Duration,
     limit: usize,
 ) -> BoxStream<'static, Result<Event, GatewayError>> {
-    let events = sse_stream::SseStream::from_bytes_stream(resp.bytes_stream());
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let unparsed = Arc::new(AtomicUsize::new(0));
+    let over = Arc::new(AtomicBool::new(false));
+    let bytes = {
+        let (unparsed, over) = (unparsed.clone(), over.clone());
+        resp.bytes_stream().take_while(move |chunk| {
+            let len = chunk.as_ref().map_or(0, |c| c.len());
+            let fits = unparsed.fetch_add(len, Ordering::Relaxed) + len <= limit.saturating_mul(2);
+            if !fits {
+                over.store(true, Ordering::Relaxed);
+            }
+            futures::future::ready(fits)
+        })
+    };
+    let events = sse_stream::SseStream::from_bytes_stream(bytes);
     futures::stream::unfold(
         (Box::pin(events), target, false),
-        move |(mut events, target, done)| async move {
-            if done {
-                return None;
-            }
-            let next = loop {
-                match tokio::time::timeout(idle, events.next()).await {
-                    Err(_) => {
-                        break Some(Err(GatewayError::from(OutboundError::Timeout {
-                            target: target.clone(),
-                            ms: idle.as_millis(),
-                        })))
+        move |(mut events, target, done)| {
+            let (unparsed, over) = (unparsed.clone(), over.clone());
+            async move {
+                if done {
+                    return None;
+                }
+                let next = loop {
+                    let next = tokio::time::timeout(idle, events.next()).await;
+                    if let Ok(Some(Ok(_))) = &next {
+                        unparsed.store(0, Ordering::Relaxed);
                     }
-                    Ok(None) => break None,
-                    Ok(Some(Err(e))) => {
-                        break Some(Err(GatewayError::from(OutboundError::Unreachable {
-                            target: target.clone(),
-                            reason: format!("the event stream broke off: {e}"),
-                        })))
-                    }
-                    // Comments and retry hints carry nothing to relay.
-                    Ok(Some(Ok(sse))) if sse.data.is_none() && sse.event.is_none() => continue,
-                    Ok(Some(Ok(sse))) => {
-                        let data = sse.data.unwrap_or_default();
-                        if data.len() > limit {
+                    match next {
+                        Err(_) => {
+                            break Some(Err(GatewayError::from(OutboundError::Timeout {
+                                target: target.clone(),
+                                ms: idle.as_millis(),
+                            })))
+                        }
+                        Ok(None) if over.load(Ordering::Relaxed) => {
                             break Some(Err(GatewayError::from(OutboundError::TooLarge {
                                 target: target.clone(),
                                 limit,
-                            })));
+                            })))
                         }
-                        break Some(Ok(Event {
-                            event: sse.event.unwrap_or_else(|| "message".into()),
-                            data,
-                            id: sse.id,
-                        }));
+                        Ok(None) => break None,
+                        Ok(Some(Err(e))) => {
+                            break Some(Err(GatewayError::from(OutboundError::Unreachable {
+                                target: target.clone(),
+                                reason: format!("the event stream broke off: {e}"),
+                            })))
+                        }
+                        // Comments and retry hints carry nothing to relay.
+                        Ok(Some(Ok(sse))) if sse.data.is_none() && sse.event.is_none() => continue,
+                        Ok(Some(Ok(sse))) => {
+                            let data = sse.data.unwrap_or_default();
+                            if data.len() > limit {
+                                break Some(Err(GatewayError::from(OutboundError::TooLarge {
+                                    target: target.clone(),
+                                    limit,
+                                })));
+                            }
+                            break Some(Ok(Event {
+                                event: sse.event.unwrap_or_else(|| "message".into()),
+                                data,
+                                id: sse.id,
+                            }));
+                        }
                     }
-                }
-            };
-            let failed = matches!(next, Some(Err(_)));
-            next.map(|item| (item, (events, target, failed)))
+                };
+                let failed = matches!(next, Some(Err(_)));
+                next.map(|item| (item, (events, target, failed)))
+            }
         },
     )
     .boxed()
