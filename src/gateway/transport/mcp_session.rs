@@ -200,6 +200,7 @@ async fn start(out: &Outbound, url: &Url, bearer: Option<String>) -> Result<Sess
         StatusAware {
             client: out.client(),
             limit: out.policy.max_response_bytes,
+            timeout: out.policy.timeout,
         },
         StreamableHttpClientTransportConfig {
             uri: url.as_str().into(),
@@ -388,6 +389,10 @@ struct StatusAware {
     client: reqwest::Client,
     /// The most bytes one answer may carry.
     limit: usize,
+    /// How long a call's exchange may last: its caller has gone by then,
+    /// and a server that never answers must not keep a task and a
+    /// connection per abandoned call for the rest of the session.
+    timeout: Duration,
 }
 
 /// `bytes` up to `limit` bytes in all: the stream ends before the chunk
@@ -650,6 +655,7 @@ impl StreamableHttpClient for StatusAware {
         match id {
             Some(id) if !start => {
                 let this = self.clone();
+                let due = tokio::time::Instant::now() + self.timeout;
                 let events = futures::stream::once(async move {
                     let sent = this
                         .send(&uri, &message, session_id.as_deref(), auth_header)
@@ -668,6 +674,7 @@ impl StreamableHttpClient for StatusAware {
                     }
                 })
                 .flatten()
+                .take_until(tokio::time::sleep_until(due))
                 .boxed();
                 Ok(StreamableHttpPostResponse::Sse(events, None))
             }
@@ -775,6 +782,7 @@ mod tests {
         StatusAware {
             client: reqwest::Client::new(),
             limit: 1 << 10,
+            timeout: Duration::from_secs(5),
         }
     }
 
@@ -795,7 +803,11 @@ mod tests {
     /// The messages of the answer to a request posted to `uri` in
     /// session `s-1`.
     async fn messages(uri: &str) -> Vec<ServerJsonRpcMessage> {
-        let answer = client()
+        messages_from(client(), uri).await
+    }
+
+    async fn messages_from(client: StatusAware, uri: &str) -> Vec<ServerJsonRpcMessage> {
+        let answer = client
             .post_message(uri.into(), tools_list(), Some(Arc::from("s-1")), None)
             .await;
         let Ok(StreamableHttpPostResponse::Sse(events, _)) = answer else {
@@ -888,5 +900,41 @@ mod tests {
             "{got:?}"
         );
         assert!(matches!(call_failure(&chatter).await, Failure::TooLarge));
+    }
+
+    #[tokio::test]
+    async fn a_call_without_an_answer_ends_at_its_deadline() {
+        let app = axum::Router::new()
+            .route(
+                "/silent",
+                axum::routing::post(std::future::pending::<String>),
+            )
+            .route(
+                "/open",
+                axum::routing::post(|| async {
+                    let never = futures::stream::pending::<
+                        Result<axum::response::sse::Event, std::convert::Infallible>,
+                    >();
+                    axum::response::sse::Sse::new(never)
+                }),
+            );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let impatient = || StatusAware {
+            timeout: Duration::from_millis(200),
+            ..client()
+        };
+        // A server that sends no headers, and an event stream that never
+        // answers: both closed at the deadline (the caller has gone by
+        // then), instead of held for the session's life.
+        for path in ["silent", "open"] {
+            let uri = format!("http://{addr}/{path}");
+            let call = messages_from(impatient(), &uri);
+            let got = tokio::time::timeout(Duration::from_secs(5), call)
+                .await
+                .unwrap_or_else(|_| panic!("{path}: still open"));
+            assert!(got.is_empty(), "{path}: {got:?}");
+        }
     }
 }
