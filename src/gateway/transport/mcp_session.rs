@@ -33,9 +33,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use axum::body::Bytes;
 use futures::stream::BoxStream;
-use futures::{Stream, StreamExt};
+use futures::StreamExt;
 use rmcp::model::{ClientJsonRpcMessage, ClientRequest, RequestId, ServerJsonRpcMessage};
 use rmcp::transport::common::http_header::{
     EVENT_STREAM_MIME_TYPE, HEADER_LAST_EVENT_ID, HEADER_SESSION_ID, JSON_MIME_TYPE,
@@ -49,7 +48,7 @@ use tokio::sync::OnceCell;
 use url::Url;
 
 use super::mcp::{Peer, Session};
-use super::{redacted, GatewayError, Outbound, OutboundError};
+use super::{capped, redacted, GatewayError, Outbound, OutboundError};
 
 /// A kept session unused this long is closed: its server keeps state
 /// for it.
@@ -395,29 +394,6 @@ struct StatusAware {
     timeout: Duration,
 }
 
-/// `bytes` up to `limit` bytes in all: the stream ends before the chunk
-/// that would pass it, and `over` is set.
-fn capped(
-    bytes: impl Stream<Item = reqwest::Result<Bytes>> + Send + 'static,
-    limit: usize,
-    over: Arc<AtomicBool>,
-) -> impl Stream<Item = reqwest::Result<Bytes>> + Send + 'static {
-    bytes.scan(0usize, move |seen, chunk| {
-        let item = match chunk {
-            Ok(chunk) if *seen + chunk.len() > limit => {
-                over.store(true, Ordering::Relaxed);
-                None
-            }
-            Ok(chunk) => {
-                *seen += chunk.len();
-                Some(Ok(chunk))
-            }
-            Err(e) => Some(Err(e)),
-        };
-        futures::future::ready(item)
-    })
-}
-
 /// An event carrying a JSON-RPC error for request `id`, which the
 /// gateway answers itself.
 fn error_event(id: &RequestId, code: i32, message: String, data: serde_json::Value) -> Sse {
@@ -443,7 +419,7 @@ fn answer_events(
     id: Option<RequestId>,
 ) -> BoxStream<'static, Result<Sse, SseError>> {
     let over = Arc::new(AtomicBool::new(false));
-    let bytes = capped(resp.bytes_stream(), limit, over.clone());
+    let bytes = capped(resp.bytes_stream(), limit, Default::default(), over.clone());
     let events = if json {
         let id = id.clone();
         let cut = over.clone();

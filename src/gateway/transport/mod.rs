@@ -19,12 +19,13 @@ mod rest;
 mod woa;
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::Bytes;
 use futures::stream::BoxStream;
-use futures::StreamExt;
+use futures::{Stream, StreamExt};
 use serde_json::Value;
 use url::Url;
 
@@ -472,6 +473,28 @@ fn protocol(b: &Binding) -> Result<Protocol, GatewayError> {
     })
 }
 
+/// `bytes` while the count in `seen` stays within `limit`: the stream
+/// ends before the chunk that would pass it, and `over` is set. `seen` is
+/// shared so that its reader can start the count again (`relay` does, at
+/// each whole event).
+pub(super) fn capped(
+    bytes: impl Stream<Item = reqwest::Result<Bytes>> + Send + 'static,
+    limit: usize,
+    seen: Arc<AtomicUsize>,
+    over: Arc<AtomicBool>,
+) -> impl Stream<Item = reqwest::Result<Bytes>> + Send + 'static {
+    bytes.take_while(move |chunk| {
+        let len = chunk.as_ref().map_or(0, |c| c.len());
+        let fits = seen.load(Ordering::Relaxed) + len <= limit;
+        if fits {
+            seen.fetch_add(len, Ordering::Relaxed);
+        } else {
+            over.store(true, Ordering::Relaxed);
+        }
+        futures::future::ready(fits)
+    })
+}
+
 /// The agent's server-sent events, one at a time, each within `idle` of
 /// the one before and no larger than `limit`. Dropping the stream drops
 /// the connection, which is how a client's disconnect reaches the agent.
@@ -487,20 +510,14 @@ fn relay(
     idle: Duration,
     limit: usize,
 ) -> BoxStream<'static, Result<Event, GatewayError>> {
-    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     let unparsed = Arc::new(AtomicUsize::new(0));
     let over = Arc::new(AtomicBool::new(false));
-    let bytes = {
-        let (unparsed, over) = (unparsed.clone(), over.clone());
-        resp.bytes_stream().take_while(move |chunk| {
-            let len = chunk.as_ref().map_or(0, |c| c.len());
-            let fits = unparsed.fetch_add(len, Ordering::Relaxed) + len <= limit.saturating_mul(2);
-            if !fits {
-                over.store(true, Ordering::Relaxed);
-            }
-            futures::future::ready(fits)
-        })
-    };
+    let bytes = capped(
+        resp.bytes_stream(),
+        limit.saturating_mul(2),
+        unparsed.clone(),
+        over.clone(),
+    );
     let events = sse_stream::SseStream::from_bytes_stream(bytes);
     futures::stream::unfold(
         (Box::pin(events), target, false),
