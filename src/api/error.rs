@@ -14,11 +14,38 @@ use crate::service::ServiceError;
 /// Metadata key carrying the leader's address when a node cannot commit.
 pub const LEADER_METADATA: &str = "x-agentry-leader";
 
+/// Metadata key of an error's own challenge, which the HTTP facade answers
+/// in `WWW-Authenticate` instead of the registry's (`agent_challenge`).
+pub const CHALLENGE_METADATA: &str = "www-authenticate";
+
+/// The challenge of a 401 that is about the call's credential for an
+/// agent, not the caller's registry key: a scheme no registry client
+/// answers with its own token (so an OAuth client does not drop a good
+/// one), naming the agent and the header its credential goes in. The
+/// agent's own challenge, when it sent one, travels beside it
+/// (`Agent-Authenticate`, `InvokeResult.agent_challenge`).
+pub fn agent_challenge(agent: &str) -> String {
+    let mut realm = String::new();
+    for c in agent
+        .chars()
+        .filter(|c| c.is_ascii_graphic() || *c == ' ')
+        .take(300)
+    {
+        if matches!(c, '"' | '\\') {
+            realm.push('\\');
+        }
+        realm.push(c);
+    }
+    format!("Agent realm=\"{realm}\", header=\"Agent-Authorization\"")
+}
+
 /// ADP code, gRPC code and HTTP status of each error kind.
 fn classify(e: &ServiceError) -> (&'static str, Code, u16) {
     match e {
         ServiceError::InvalidRequest { .. } => ("invalid_request", Code::InvalidArgument, 400),
-        ServiceError::Unauthorized(_) => ("unauthorized", Code::Unauthenticated, 401),
+        ServiceError::Unauthorized(_) | ServiceError::AgentCredentialRequired { .. } => {
+            ("unauthorized", Code::Unauthenticated, 401)
+        }
         ServiceError::Forbidden(_) | ServiceError::Denied { .. } => {
             ("forbidden", Code::PermissionDenied, 403)
         }
@@ -82,6 +109,11 @@ pub fn to_status(e: &ServiceError) -> Status {
     {
         if let Ok(v) = l.parse() {
             status.metadata_mut().insert(LEADER_METADATA, v);
+        }
+    }
+    if let ServiceError::AgentCredentialRequired { agent, .. } = e {
+        if let Ok(v) = agent_challenge(agent).parse() {
+            status.metadata_mut().insert(CHALLENGE_METADATA, v);
         }
     }
     status
@@ -310,6 +342,32 @@ mod tests {
     /// error can be answered with is in that list, and a rejection applied
     /// by the state machine (recorded by its own `code`) reads the same as
     /// the answer its caller got.
+    /// An agent's id is the caller's to choose (within the record's
+    /// rules): quoted in the challenge, it can neither end the realm early
+    /// nor break the header.
+    #[test]
+    fn an_agent_challenge_quotes_the_agent_and_is_a_header_value() {
+        assert_eq!(
+            agent_challenge("urn:acme:weather"),
+            r#"Agent realm="urn:acme:weather", header="Agent-Authorization""#
+        );
+        let hostile = agent_challenge("a\"b\\\r\nset-cookie: x");
+        assert_eq!(
+            hostile,
+            r#"Agent realm="a\"b\\set-cookie: x", header="Agent-Authorization""#
+        );
+        assert!(axum::http::HeaderValue::from_str(&hostile).is_ok());
+        let status = to_status(&ServiceError::AgentCredentialRequired {
+            agent: "weather".into(),
+            message: "agent 'weather' requires bearer authentication".into(),
+        });
+        assert_eq!(status.code(), Code::Unauthenticated);
+        assert_eq!(
+            status.metadata().get(CHALLENGE_METADATA).unwrap(),
+            &agent_challenge("weather")
+        );
+    }
+
     #[test]
     fn every_answered_code_is_a_listed_audit_outcome() {
         let s = || "m".to_string();
@@ -319,6 +377,10 @@ mod tests {
                 message: s(),
             },
             ServiceError::Unauthorized(s()),
+            ServiceError::AgentCredentialRequired {
+                agent: s(),
+                message: s(),
+            },
             ServiceError::Forbidden(s()),
             ServiceError::Denied {
                 field: None,
@@ -357,6 +419,7 @@ mod tests {
             match e {
                 ServiceError::InvalidRequest { .. }
                 | ServiceError::Unauthorized(_)
+                | ServiceError::AgentCredentialRequired { .. }
                 | ServiceError::Forbidden(_)
                 | ServiceError::Denied { .. }
                 | ServiceError::NotFound(_)

@@ -71,6 +71,7 @@ fn result_to_pb(i: &Invoked) -> pb::InvokeResult {
         protocol: i.protocol.clone(),
         endpoint: i.endpoint.clone(),
         error: None,
+        agent_challenge: i.challenge.clone().unwrap_or_default(),
     }
 }
 
@@ -86,6 +87,7 @@ fn failed_to_pb(e: &ServiceError, instance: &str) -> pb::InvokeResult {
         protocol: String::new(),
         endpoint: String::new(),
         error: Some(detail),
+        agent_challenge: String::new(),
     }
 }
 

@@ -450,6 +450,9 @@ async fn invoke_agent(
     if let Some(s) = resp.retry_after {
         out["retry_after"] = json!(s);
     }
+    if !r.agent_challenge.is_empty() {
+        out["agent_challenge"] = json!(r.agent_challenge);
+    }
     Ok((out, refused))
 }
 

@@ -16,6 +16,10 @@ pub enum ServiceError {
     },
     #[error("{0}")]
     Unauthorized(String),
+    /// The agent needs a credential of its own and the call carries none
+    /// (401): the caller's registry credential is not what is missing.
+    #[error("{message}")]
+    AgentCredentialRequired { agent: String, message: String },
     #[error("{0}")]
     Forbidden(String),
     /// Outside what the caller is entitled to (its tenant's namespaces, its

@@ -73,6 +73,9 @@ pub struct Invoked {
     pub protocol: String,
     pub endpoint: String,
     pub retry_after: Option<u32>,
+    /// What the agent asked for when it refused the call's credentials
+    /// (its `WWW-Authenticate`).
+    pub challenge: Option<String>,
 }
 
 /// The answer to one request body.
@@ -649,10 +652,13 @@ impl InvocationService {
                 "agent '{}' requires mutual TLS, and the gateway has no client certificate to present: configure gateway.outbound.client_cert_file, or client_cert_file on a gateway.credentials entry for the agent",
                 meta.id
             ))),
-            (_, kind) => Err(ServiceError::Unauthorized(format!(
-                "agent '{}' requires {kind} authentication: pass its credential in the Agent-Authorization header (gRPC: agent_authorization), or configure gateway.credentials",
-                meta.id
-            ))),
+            (_, kind) => Err(ServiceError::AgentCredentialRequired {
+                agent: meta.id.clone(),
+                message: format!(
+                    "agent '{}' requires {kind} authentication: pass its credential in the Agent-Authorization header (gRPC: agent_authorization), or configure gateway.credentials",
+                    meta.id
+                ),
+            }),
         }
     }
 
@@ -819,13 +825,19 @@ fn finish(p: &Prepared, answer: Answer) -> Invoked {
         protocol: binding.protocol.clone(),
         endpoint: binding.endpoint.clone(),
         retry_after: answer.retry_after,
+        challenge: answer.challenge,
     }
 }
 
 /// A whole answer as a stream: `result` (or `error` for the agent's own
-/// refusal), then `end`.
+/// refusal), then `end` with the status (and the agent's challenge, when it
+/// refused the call's credentials: a stream has no headers to carry it).
 fn whole_events(i: Invoked) -> Vec<Event> {
     let ok = (200..300).contains(&i.status);
+    let mut end = serde_json::json!({"status": i.status});
+    if let Some(c) = &i.challenge {
+        end["agent_challenge"] = serde_json::json!(c);
+    }
     vec![
         Event {
             event: if ok { "result" } else { "error" }.into(),
@@ -834,7 +846,7 @@ fn whole_events(i: Invoked) -> Vec<Event> {
         },
         Event {
             event: "end".into(),
-            data: serde_json::json!({"status": i.status}).to_string(),
+            data: end.to_string(),
             id: None,
         },
     ]

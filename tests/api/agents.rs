@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -119,11 +119,21 @@ async fn refuse(State(s): State<S>, headers: HeaderMap) -> Response {
     problem(422, "the text is too long for this agent")
 }
 
+/// What `/keyed` asks for when it refuses a call's key.
+pub const KEYED_CHALLENGE: &str = r#"ApiKey realm="keyed agent", header="X-API-Key""#;
+
 async fn keyed(State(s): State<S>, headers: HeaderMap) -> Response {
     record(&s, &headers);
     match headers.get("x-api-key").and_then(|v| v.to_str().ok()) {
         Some("agent-secret") => Json(json!({"ok": true})).into_response(),
-        _ => problem(401, "missing or wrong X-API-Key"),
+        _ => {
+            let mut refused = problem(401, "missing or wrong X-API-Key");
+            refused.headers_mut().insert(
+                "www-authenticate",
+                HeaderValue::from_static(KEYED_CHALLENGE),
+            );
+            refused
+        }
     }
 }
 

@@ -12,7 +12,7 @@ use futures::StreamExt;
 use reqwest::header::HeaderMap;
 use serde_json::{json, Value};
 
-use super::agents::Agents;
+use super::agents::{Agents, KEYED_CHALLENGE};
 use super::harness::{Http, TestServer, ADMIN, ALICE, CAROL_READER};
 
 /// Gateway settings for agents on loopback over plain HTTP.
@@ -441,13 +441,84 @@ async fn declared_authentication_is_passed_through_or_injected() {
     )
     .await;
 
+    // The 401s below are about the agent's credential, not ALICE's good
+    // registry key: the challenge says so (an OAuth client would drop its
+    // token on `error="invalid_token"`, and run its flow again on the
+    // registry's `resource_metadata`).
+    let about_the_agent = r#"Agent realm="keyed", header="Agent-Authorization""#;
     let a = invoke(&s, Some(ALICE), "keyed", json!({}), &[]).await;
     assert_eq!((a.status, a.code().as_str()), (401, "unauthorized"));
     assert!(a.json()["message"]
         .as_str()
         .unwrap()
         .contains("Agent-Authorization"));
+    assert_eq!(a.header("www-authenticate"), about_the_agent);
     assert_eq!(agents.calls(), 0, "nothing is sent without the credential");
+
+    // The agent's own refusal: its body and its challenge reach the caller.
+    let wrong = [("agent-authorization", "a-wrong-secret")];
+    let a = invoke(&s, Some(ALICE), "keyed", json!({}), &wrong).await;
+    assert_eq!(a.status, 401, "{}", a.text);
+    assert_eq!(
+        a.json()["detail"],
+        "missing or wrong X-API-Key",
+        "{}",
+        a.text
+    );
+    assert_eq!(a.header("www-authenticate"), about_the_agent);
+    assert_eq!(a.header("agent-authenticate"), KEYED_CHALLENGE);
+    // In a batch and a stream, where no header is the element's own.
+    let a = invoke(&s, Some(ALICE), "keyed", json!([{}, {}]), &wrong).await;
+    assert_eq!(a.status, 200, "{}", a.text);
+    for item in a.json().as_array().unwrap() {
+        assert_eq!(item["status"], 401, "{item}");
+        assert_eq!(item["agent_challenge"], KEYED_CHALLENGE, "{item}");
+    }
+    let resp = reqwest::Client::new()
+        .post(format!("{}/agents/keyed/invoke?stream=true", s.http))
+        .bearer_auth(ALICE)
+        .header("agent-authorization", "a-wrong-secret")
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    let (events, _) = read_events(resp, 2).await;
+    assert_eq!(events[0].0, "error", "{events:?}");
+    let end: Value = serde_json::from_str(&events[1].1).unwrap();
+    assert_eq!(
+        end,
+        json!({"status": 401, "agent_challenge": KEYED_CHALLENGE}),
+        "{events:?}"
+    );
+    // And to a gRPC client.
+    let mut grpc = GatewayClient::connect(s.grpc.clone()).await.unwrap();
+    let mut req = tonic::Request::new(pb::InvokeRequest {
+        agent_id: "keyed".into(),
+        body: b"{}".to_vec(),
+        agent_authorization: "a-wrong-secret".into(),
+        ..Default::default()
+    });
+    req.metadata_mut()
+        .insert("authorization", format!("Bearer {ALICE}").parse().unwrap());
+    let r = grpc.invoke(req).await.unwrap().into_inner().result.unwrap();
+    assert_eq!(
+        (r.status, r.agent_challenge.as_str()),
+        (401, KEYED_CHALLENGE)
+    );
+    let mut req = tonic::Request::new(pb::InvokeRequest {
+        agent_id: "keyed".into(),
+        body: b"{}".to_vec(),
+        ..Default::default()
+    });
+    req.metadata_mut()
+        .insert("authorization", format!("Bearer {ALICE}").parse().unwrap());
+    let e = grpc.invoke(req).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unauthenticated);
+    assert_eq!(
+        e.metadata().get("www-authenticate").unwrap(),
+        about_the_agent
+    );
+
     let a = invoke(
         &s,
         Some(ALICE),

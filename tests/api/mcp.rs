@@ -325,6 +325,24 @@ async fn an_mcp_servers_refusal_of_the_credentials_reaches_the_caller_as_its_sta
         }
         assert!(started.elapsed() < Duration::from_secs(5));
     }
+    // What the server asked for travels beside the status, and the
+    // registry's challenge blames the agent's credential, not ALICE's key.
+    let resp = reqwest::Client::new()
+        .post(format!(
+            "{}/agents/{}/invoke",
+            s.http,
+            Http::url_id(&tool_id(&agents, "translate"))
+        ))
+        .bearer_auth(ALICE)
+        .header("agent-authorization", "Bearer a-wrong-key")
+        .json(&hello)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 401);
+    assert_eq!(resp.headers()["agent-authenticate"], "Bearer");
+    let challenge = resp.headers()["www-authenticate"].to_str().unwrap();
+    assert!(challenge.starts_with("Agent realm="), "{challenge}");
     s.stop().await;
 }
 

@@ -68,8 +68,22 @@ fn check_json(c: Option<&pb::OutputCheck>) -> Value {
     }
 }
 
+/// The header that carries an agent's challenge to the caller, beside the
+/// `Agent-Authorization` the caller answers it in (as `Proxy-Authenticate`
+/// is to `Proxy-Authorization`).
+const AGENT_AUTHENTICATE: &str = "agent-authenticate";
+
 /// One answer as the agent gave it, with the gateway's findings in headers.
-fn single_response(r: &pb::InvokeResult, replayed: bool, retry_after: Option<u32>) -> Response {
+/// An agent's 401 is about the call's credential for it, not the caller's
+/// registry key: its `WWW-Authenticate` says so (`agent_challenge`), so an
+/// OAuth client keeps its good registry token, and what the agent asked
+/// for is in `Agent-Authenticate`.
+fn single_response(
+    agent: &str,
+    r: &pb::InvokeResult,
+    replayed: bool,
+    retry_after: Option<u32>,
+) -> Response {
     let status = u16::try_from(r.status)
         .ok()
         .and_then(|s| StatusCode::from_u16(s).ok())
@@ -102,6 +116,16 @@ fn single_response(r: &pb::InvokeResult, replayed: bool, retry_after: Option<u32
     if let Some(s) = retry_after {
         h.insert(header::RETRY_AFTER, s.into());
     }
+    if status == StatusCode::UNAUTHORIZED {
+        if let Ok(v) = HeaderValue::from_str(&crate::api::error::agent_challenge(agent)) {
+            h.insert(header::WWW_AUTHENTICATE, v);
+        }
+    }
+    if !r.agent_challenge.is_empty() {
+        if let Ok(v) = HeaderValue::from_str(&r.agent_challenge) {
+            h.insert(AGENT_AUTHENTICATE, v);
+        }
+    }
     resp
 }
 
@@ -121,6 +145,9 @@ fn batch_response(items: &[pb::InvokeResult], replayed: bool) -> Response {
             }
             if !r.protocol.is_empty() {
                 item["binding"] = json!({"protocol": r.protocol, "endpoint": r.endpoint});
+            }
+            if !r.agent_challenge.is_empty() {
+                item["agent_challenge"] = json!(r.agent_challenge);
             }
             item
         })
@@ -160,7 +187,7 @@ pub(super) async fn invoke(
     let stream =
         parse_bool(single(&pairs, "stream"), "/stream")? || wants_sse || body_streams(&body);
     let msg = pb::InvokeRequest {
-        agent_id: id,
+        agent_id: id.clone(),
         body: body.to_vec(),
         operation: single(&pairs, "operation").unwrap_or_default(),
         protocols: values(&pairs, "protocol"),
@@ -182,7 +209,7 @@ pub(super) async fn invoke(
     let r = resp.result.ok_or_else(|| {
         ApiError::from(crate::service::ServiceError::Internal("no result".into()))
     })?;
-    Ok(single_response(&r, resp.replayed, resp.retry_after))
+    Ok(single_response(&id, &r, resp.replayed, resp.retry_after))
 }
 
 /// A streamed invocation as server-sent events; a failure in the stream

@@ -115,15 +115,16 @@ impl IntoResponse for ApiError {
         if let Some(r) = d.retry_after {
             resp.headers_mut().insert(header::RETRY_AFTER, r.into());
         }
-        if let Some(leader) = self
-            .0
-            .metadata()
-            .get(super::error::LEADER_METADATA)
-            .and_then(|v| v.to_str().ok())
-        {
-            if let Ok(v) = leader.parse() {
-                resp.headers_mut().insert(super::error::LEADER_METADATA, v);
-            }
+        let metadata = self.0.metadata();
+        let carried = |key| metadata.get(key).and_then(|v| v.to_str().ok());
+        if let Some(v) = carried(super::error::LEADER_METADATA).and_then(|l| l.parse().ok()) {
+            resp.headers_mut().insert(super::error::LEADER_METADATA, v);
+        }
+        // The error's own challenge (a refusal about an agent's credential)
+        // stands instead of the registry's, which `set_problem_instance`
+        // only adds to a 401 without one.
+        if let Some(v) = carried(super::error::CHALLENGE_METADATA).and_then(|c| c.parse().ok()) {
+            resp.headers_mut().insert(header::WWW_AUTHENTICATE, v);
         }
         resp
     }

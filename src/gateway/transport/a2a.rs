@@ -313,6 +313,7 @@ fn problem(status: u16, body: Value) -> Answer {
         json: body,
         content_type: "application/problem+json".into(),
         retry_after: None,
+        challenge: None,
     }
 }
 
@@ -399,6 +400,7 @@ fn outcome(result: Value, url: &Url) -> Result<Answer, GatewayError> {
         json: result,
         content_type: "application/json".into(),
         retry_after: None,
+        challenge: None,
     })
 }
 

@@ -88,6 +88,7 @@ pub(super) async fn call(out: &Outbound, spec: &CallSpec<'_>) -> Result<Answer, 
                     json,
                     content_type: "application/json".into(),
                     retry_after: None,
+                    challenge: None,
                 });
             }
             _ => {}

@@ -63,7 +63,11 @@ pub(super) async fn call(out: &Outbound, spec: &CallSpec<'_>) -> Result<Answer, 
         Ok(result) => mcp_answer(result, &redacted(&url), out.policy.max_response_bytes),
         // The server's refusal goes to the caller as a REST agent's 401 or
         // 403 would (and a token of the gateway's own is dropped).
-        Err(GatewayError::Refused { status, message }) => {
+        Err(GatewayError::Refused {
+            status,
+            message,
+            challenge,
+        }) => {
             let json = json!({"error": message});
             Ok(Answer {
                 status,
@@ -71,6 +75,7 @@ pub(super) async fn call(out: &Outbound, spec: &CallSpec<'_>) -> Result<Answer, 
                 json,
                 content_type: "application/json".into(),
                 retry_after: None,
+                challenge,
             })
         }
         Err(e) => Err(e),
@@ -119,6 +124,7 @@ fn mcp_answer(
         json,
         content_type: "application/json".into(),
         retry_after: None,
+        challenge: None,
     })
 }
 

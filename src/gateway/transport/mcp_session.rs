@@ -66,7 +66,8 @@ const QUOTED: usize = 512;
 /// JSON-RPC error codes (in the range JSON-RPC leaves to implementations)
 /// of the errors the gateway answers a request with itself: the server's
 /// answer passed the size limit; the server no longer knows the session;
-/// it refused the credentials (`data.status` 401 or 403); the request got
+/// it refused the credentials (`data.status` 401 or 403, `data.challenge`
+/// its `WWW-Authenticate`); the request got
 /// no answer (unreachable, an error status).
 const ANSWER_TOO_LARGE: i32 = -32099;
 const SESSION_GONE: i32 = -32098;
@@ -210,12 +211,13 @@ async fn start(out: &Outbound, url: &Url, bearer: Option<String>) -> Result<Sess
     ().serve(transport).await.map_err(|e| {
         let target = redacted(url);
         if let rmcp::service::ClientInitializeError::TransportError { error, .. } = &e {
-            if let Some(status) = credentials_refused(error.error.as_ref()) {
+            if let Some(Refusal { status, challenge }) = credentials_refused(error.error.as_ref()) {
                 return GatewayError::Refused {
                     status,
                     message: format!(
                         "the MCP server at {target} refused the credentials (HTTP {status}) when the session started"
                     ),
+                    challenge,
                 };
             }
         }
@@ -227,15 +229,34 @@ async fn start(out: &Outbound, url: &Url, bearer: Option<String>) -> Result<Sess
     })
 }
 
-/// The status of a refusal of the request's credentials (401 or 403),
-/// when that is what `error` (a transport failure) was.
-fn credentials_refused(error: &(dyn std::error::Error + Send + Sync + 'static)) -> Option<u16> {
-    match error.downcast_ref::<StreamableHttpError<McpHttpError>>()? {
-        StreamableHttpError::AuthRequired(_) => Some(401),
+/// A refusal of the request's credentials: the status (401 or 403) and
+/// the server's challenge, when it sent one.
+#[derive(Debug, PartialEq)]
+struct Refusal {
+    status: u16,
+    challenge: Option<String>,
+}
+
+/// The refusal of the request's credentials that `error` (a transport
+/// failure) was, if it was one.
+fn credentials_refused(error: &(dyn std::error::Error + Send + Sync + 'static)) -> Option<Refusal> {
+    refusal(error.downcast_ref::<StreamableHttpError<McpHttpError>>()?)
+}
+
+fn refusal(e: &StreamableHttpError<McpHttpError>) -> Option<Refusal> {
+    match e {
+        StreamableHttpError::AuthRequired(a) => Some(Refusal {
+            status: 401,
+            challenge: Some(a.www_authenticate_header.clone())
+                .filter(|c| c.len() <= super::CHALLENGE_LIMIT),
+        }),
         StreamableHttpError::Client(McpHttpError::Status {
             status: status @ (401 | 403),
             ..
-        }) => Some(*status),
+        }) => Some(Refusal {
+            status: *status,
+            challenge: None,
+        }),
         _ => None,
     }
 }
@@ -306,7 +327,7 @@ enum Failure {
     /// The server answered 404 to the session's id.
     SessionGone,
     /// The server refused the credentials (401 or 403).
-    Refused(u16),
+    Refused(Refusal),
     /// The answer passed the size limit.
     TooLarge,
     /// Anything else, by its cause.
@@ -318,10 +339,18 @@ fn failure(e: &rmcp::ServiceError) -> Failure {
         rmcp::ServiceError::McpError(error) => match error.code.0 {
             ANSWER_TOO_LARGE => Failure::TooLarge,
             SESSION_GONE => Failure::SessionGone,
-            CREDENTIALS_REFUSED => match error.data.as_ref().and_then(|d| d["status"].as_u64()) {
-                Some(status @ (401 | 403)) => Failure::Refused(status as u16),
-                _ => Failure::Other(error.message.to_string()),
-            },
+            CREDENTIALS_REFUSED => {
+                let data = error.data.as_ref();
+                match data.and_then(|d| d["status"].as_u64()) {
+                    Some(status @ (401 | 403)) => Failure::Refused(Refusal {
+                        status: status as u16,
+                        challenge: data
+                            .and_then(|d| d["challenge"].as_str())
+                            .map(str::to_string),
+                    }),
+                    _ => Failure::Other(error.message.to_string()),
+                }
+            }
             NOT_ANSWERED => Failure::Other(error.message.to_string()),
             _ => Failure::Other(e.to_string()),
         },
@@ -333,7 +362,7 @@ fn failure(e: &rmcp::ServiceError) -> Failure {
                 return Failure::SessionGone;
             }
             match credentials_refused(error) {
-                Some(status) => Failure::Refused(status),
+                Some(r) => Failure::Refused(r),
                 None => Failure::Other(error.to_string()),
             }
         }
@@ -353,12 +382,13 @@ fn refused(target: &str, what: &str, limit: usize, failure: Failure) -> GatewayE
             }
             .into();
         }
-        Failure::Refused(status) => {
+        Failure::Refused(Refusal { status, challenge }) => {
             return GatewayError::Refused {
                 status,
                 message: format!(
                     "the MCP server at {target} refused the credentials of {what} (HTTP {status})"
                 ),
+                challenge,
             };
         }
         Failure::SessionGone => McpHttpError::SessionGone.to_string(),
@@ -587,16 +617,11 @@ impl StatusAware {
 /// A failed exchange for request `id` as the JSON-RPC error the call gets,
 /// in the codes `failure` reads back.
 fn failure_event(id: &RequestId, e: &StreamableHttpError<McpHttpError>) -> Sse {
-    let refused = match e {
-        StreamableHttpError::AuthRequired(_) => Some(401),
-        StreamableHttpError::Client(McpHttpError::Status {
-            status: status @ (401 | 403),
-            ..
-        }) => Some(*status),
-        _ => None,
-    };
-    let (code, data) = match (e, refused) {
-        (_, Some(status)) => (CREDENTIALS_REFUSED, serde_json::json!({ "status": status })),
+    let (code, data) = match (e, refusal(e)) {
+        (_, Some(Refusal { status, challenge })) => (
+            CREDENTIALS_REFUSED,
+            serde_json::json!({ "status": status, "challenge": challenge }),
+        ),
         (StreamableHttpError::Client(McpHttpError::SessionGone), _) => {
             (SESSION_GONE, serde_json::Value::Null)
         }
@@ -740,6 +765,11 @@ mod tests {
                 )
             }),
         );
+        serving(app).await
+    }
+
+    /// The URL of `app`'s `/mcp`, served on a loopback port.
+    async fn serving(app: axum::Router) -> String {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(async move { axum::serve(listener, app).await });
@@ -834,11 +864,41 @@ mod tests {
         assert!(matches!(call_failure(&gone).await, Failure::SessionGone));
         assert!(matches!(
             call_failure(&failing_with(403).await).await,
-            Failure::Refused(403)
+            Failure::Refused(Refusal {
+                status: 403,
+                challenge: None
+            })
         ));
         match call_failure(&failing).await {
             Failure::Other(cause) => assert!(cause.contains("HTTP 500"), "{cause}"),
             _ => panic!("a 500 is neither a refusal nor a lost session"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_refusal_keeps_the_servers_challenge() {
+        const CHALLENGE: &str = r#"Bearer realm="tools", error="invalid_token""#;
+        let app = axum::Router::new().route(
+            "/mcp",
+            axum::routing::post(|| async {
+                (
+                    axum::http::StatusCode::UNAUTHORIZED,
+                    [("www-authenticate", CHALLENGE)],
+                    "",
+                )
+            }),
+        );
+        let uri = serving(app).await;
+        let expected = Refusal {
+            status: 401,
+            challenge: Some(CHALLENGE.into()),
+        };
+        // Sent in line (the session's start) and from the answer's stream
+        // (a call in a kept session), the same refusal.
+        assert_eq!(refusal(&sent(&uri, None).await), Some(expected));
+        match call_failure(&uri).await {
+            Failure::Refused(r) => assert_eq!(r.challenge.as_deref(), Some(CHALLENGE)),
+            _ => panic!("a 401 is a refusal of the credentials"),
         }
     }
 

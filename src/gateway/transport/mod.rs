@@ -72,7 +72,12 @@ pub enum GatewayError {
     /// or 403) where its protocol has no answer body of its own to pass on
     /// (an MCP server refuses at the HTTP level).
     #[error("{message}")]
-    Refused { status: u16, message: String },
+    Refused {
+        status: u16,
+        message: String,
+        /// The agent's `WWW-Authenticate`, when it sent one.
+        challenge: Option<String>,
+    },
 }
 
 /// The guarded client and its policy, and the TLS files the client is
@@ -256,6 +261,9 @@ pub struct Answer {
     pub json: Value,
     pub content_type: String,
     pub retry_after: Option<u32>,
+    /// The agent's `WWW-Authenticate` on a refusal of the call's
+    /// credentials (`challenge`).
+    pub challenge: Option<String>,
 }
 
 /// One event of a streamed answer.
@@ -280,6 +288,30 @@ pub(super) fn endpoint(b: &Binding) -> Result<Url, GatewayError> {
             b.endpoint
         ))
     })
+}
+
+/// Longest agent challenge passed on: a real one (scheme, realm, scope,
+/// resource metadata URL) is well under it, and a longer one is dropped
+/// whole rather than cut into something that no longer parses.
+const CHALLENGE_LIMIT: usize = 2048;
+
+/// What the agent asks for when it refuses the call's credentials: its
+/// `WWW-Authenticate` challenges on a 401 (or a 403, RFC 6750's
+/// `insufficient_scope`), joined into one list as RFC 9110 allows.
+fn challenge(resp: &reqwest::Response) -> Option<String> {
+    if !matches!(resp.status().as_u16(), 401 | 403) {
+        return None;
+    }
+    let all: Vec<&str> = resp
+        .headers()
+        .get_all(reqwest::header::WWW_AUTHENTICATE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+        .collect();
+    let joined = all.join(", ");
+    (!joined.is_empty() && joined.len() <= CHALLENGE_LIMIT).then_some(joined)
 }
 
 fn retry_after(resp: &reqwest::Response) -> Option<u32> {
@@ -371,6 +403,7 @@ pub async fn whole_answer(
 ) -> Result<Answer, GatewayError> {
     let status = resp.status().as_u16();
     let retry = retry_after(&resp);
+    let challenge = challenge(&resp);
     let content_type = resp
         .headers()
         .get(reqwest::header::CONTENT_TYPE)
@@ -378,7 +411,9 @@ pub async fn whole_answer(
         .unwrap_or("")
         .to_string();
     let body = read_limited(resp, out.policy.max_response_bytes, out.policy.timeout).await?;
-    classify_answer(status, &content_type, Bytes::from(body), retry, url)
+    let mut answer = classify_answer(status, &content_type, Bytes::from(body), retry, url)?;
+    answer.challenge = challenge;
+    Ok(answer)
 }
 
 /// The one judgement of an agent's HTTP answer.
@@ -421,6 +456,7 @@ fn classify_answer(
             json: Value::Null,
             content_type: String::new(),
             retry_after,
+            challenge: None,
         });
     }
     let json: Value = serde_json::from_slice(&body).map_err(|e| {
@@ -440,6 +476,7 @@ fn classify_answer(
         json,
         content_type: content_type.into(),
         retry_after,
+        challenge: None,
     })
 }
 
