@@ -459,12 +459,14 @@ async fn declared_authentication_is_passed_through_or_injected() {
     let wrong = [("agent-authorization", "a-wrong-secret")];
     let a = invoke(&s, Some(ALICE), "keyed", json!({}), &wrong).await;
     assert_eq!(a.status, 401, "{}", a.text);
+    let sent = json!({"type": "about:blank", "title": "Refused", "status": 401,
+        "detail": "missing or wrong X-API-Key"});
     assert_eq!(
-        a.json()["detail"],
-        "missing or wrong X-API-Key",
-        "{}",
-        a.text
+        a.text,
+        sent.to_string(),
+        "the agent's body exactly as it sent it"
     );
+    assert_eq!(a.header("content-type"), "application/problem+json");
     assert_eq!(a.header("www-authenticate"), about_the_agent);
     assert_eq!(a.header("agent-authenticate"), KEYED_CHALLENGE);
     // In a batch and a stream, where no header is the element's own.

@@ -68,6 +68,12 @@ fn check_json(c: Option<&pb::OutputCheck>) -> Value {
     }
 }
 
+/// Marks a response whose body is the agent's answer, passed on exactly
+/// as it was sent: the facade's finishing of its own errors
+/// (`set_problem_instance`) leaves it alone, even when it is a problem.
+#[derive(Clone, Copy)]
+pub(super) struct AgentAnswer;
+
 /// The header that carries an agent's challenge to the caller, beside the
 /// `Agent-Authorization` the caller answers it in (as `Proxy-Authenticate`
 /// is to `Proxy-Authorization`).
@@ -89,6 +95,7 @@ fn single_response(
         .and_then(|s| StatusCode::from_u16(s).ok())
         .unwrap_or(StatusCode::BAD_GATEWAY);
     let mut resp = (status, r.body.clone()).into_response();
+    resp.extensions_mut().insert(AgentAnswer);
     let h = resp.headers_mut();
     h.insert(
         header::CONTENT_TYPE,

@@ -163,6 +163,9 @@ async fn set_problem_instance(
         .as_ref()
         .and_then(|_| req.headers().get(header::HOST).cloned());
     let mut resp = next.run(req).await;
+    if resp.extensions().get::<invocation::AgentAnswer>().is_some() {
+        return resp;
+    }
     if resp.status() == StatusCode::UNAUTHORIZED
         && !resp.headers().contains_key(header::WWW_AUTHENTICATE)
     {
