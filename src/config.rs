@@ -231,7 +231,7 @@ pub struct CredentialConfig {
 
 /// OAuth 2.0 client credentials (RFC 6749 4.4) the gateway exchanges at
 /// the organisation's token endpoint for the tokens agents accept.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClientCredentialsConfig {
     pub token_url: String,
@@ -250,9 +250,27 @@ pub struct ClientCredentialsConfig {
     pub audience: Option<String>,
     #[serde(default)]
     pub resource: Option<String>,
-    /// `basic` (default, RFC 6749 2.3.1) or `post`: where the secret goes.
+    /// How the gateway proves itself: `basic` (default, RFC 6749 2.3.1)
+    /// or `post` (where the secret goes), or `private_key_jwt` (RFC 7523
+    /// 2.2: an assertion signed with `private_key_file`, no secret).
     #[serde(default)]
     pub client_auth: Option<String>,
+    /// `private_key_jwt`: the client's private key (PEM), whose public
+    /// key is registered at the provider.
+    #[serde(default)]
+    pub private_key_file: Option<PathBuf>,
+    /// `private_key_jwt`: the assertion's `kid`, as the provider knows the
+    /// key (some pick the key by it).
+    #[serde(default)]
+    pub key_id: Option<String>,
+    /// `private_key_jwt`: the signing algorithm, when not the key's usual
+    /// one (RS256 for RSA, ES256 for EC, EdDSA for Ed25519).
+    #[serde(default)]
+    pub signing_alg: Option<String>,
+    /// `private_key_jwt`: the assertion's `aud`, when the provider wants
+    /// another than the token endpoint (Auth0 wants its domain's URL).
+    #[serde(default)]
+    pub assertion_audience: Option<String>,
 }
 
 impl GatewayConfig {
@@ -318,12 +336,21 @@ impl GatewayConfig {
             if let Some(o) = &c.oauth2 {
                 let url_ok = url::Url::parse(&o.token_url)
                     .is_ok_and(|u| matches!(u.scheme(), "http" | "https"));
-                if !url_ok
-                    || o.client_secret.is_some() == o.client_secret_env.is_some()
-                    || !matches!(o.client_auth.as_deref(), None | Some("basic" | "post"))
-                {
+                let secrets = [o.client_secret.is_some(), o.client_secret_env.is_some()];
+                let signed = o.private_key_file.is_some()
+                    || o.key_id.is_some()
+                    || o.signing_alg.is_some()
+                    || o.assertion_audience.is_some();
+                let method_ok = match o.client_auth.as_deref() {
+                    None | Some("basic" | "post") => secrets[0] != secrets[1] && !signed,
+                    Some("private_key_jwt") => {
+                        o.private_key_file.is_some() && secrets == [false, false]
+                    }
+                    Some(_) => false,
+                };
+                if !url_ok || !method_ok {
                     return Err(ConfigError::Invalid(format!(
-                        "gateway.credentials for '{}': oauth2 needs an http(s) token_url, exactly one of client_secret and client_secret_env, and client_auth basic or post",
+                        "gateway.credentials for '{}': oauth2 needs an http(s) token_url, and client_auth basic or post (the default basic) with exactly one of client_secret and client_secret_env, or client_auth private_key_jwt with private_key_file (and key_id, signing_alg, assertion_audience if needed) and no secret",
                         c.agent
                     )));
                 }
@@ -1026,6 +1053,13 @@ mod tests {
         };
         check("client_secret_env = \"S\"\nscopes = [\"a\", \"b\"]\n", "").unwrap();
         check("client_secret = \"s\"\nclient_auth = \"post\"\n", "").unwrap();
+        let signed = "client_auth = \"private_key_jwt\"\nprivate_key_file = \"/k.pem\"\n";
+        check(signed, "").unwrap();
+        check(
+            &format!("{signed}key_id = \"k1\"\nsigning_alg = \"PS256\"\n"),
+            "",
+        )
+        .unwrap();
         for (oauth2, extra) in [
             ("client_secret = \"s\"\nclient_secret_env = \"S\"\n", ""),
             ("", ""),
@@ -1033,6 +1067,12 @@ mod tests {
                 "client_secret = \"s\"\nclient_auth = \"private_key_jwt\"\n",
                 "",
             ),
+            (
+                "client_secret = \"s\"\nclient_auth = \"private_key_jwt\"\nprivate_key_file = \"/k.pem\"\n",
+                "",
+            ),
+            ("client_secret = \"s\"\nprivate_key_file = \"/k.pem\"\n", ""),
+            ("client_auth = \"tls_client_auth\"\n", ""),
             ("client_secret = \"s\"\n", "value = \"Bearer x\"\n"),
         ] {
             let e = check(oauth2, extra).unwrap_err();

@@ -612,33 +612,20 @@ async fn agents_that_want_oauth_tokens_get_the_gateways_own_from_client_credenti
             audience: None,
             resource: None,
             client_auth: auth.map(String::from),
+            ..Default::default()
         }
     };
-    let credential = |agent: String, oauth2| agentry::config::CredentialConfig {
-        agent,
-        header: None,
-        value: None,
-        value_env: None,
-        client_cert_file: None,
-        client_key_file: None,
-        oauth2: Some(oauth2),
-    };
     let credentials = vec![
-        credential(
+        oauth_credential(
             "oauth-wrong-secret".into(),
             client(None, Some("not-the-secret"), Some("post")),
         ),
-        credential(
+        oauth_credential(
             format!("{}/*", agent.base),
             client(Some("AGENTRY_TEST_GATEWAY_CLIENT_SECRET"), None, None),
         ),
     ];
-    let s = TestServer::start_with(move |c| {
-        super::invocation::local_agents(c);
-        c.gateway.outbound.timeout_ms = 10_000;
-        c.gateway.credentials = credentials;
-    })
-    .await;
+    let s = gateway_with(credentials).await;
     let http = Http::new(&s.http);
 
     // The card's OAuth scheme: the record wants a bearer token, and the
@@ -680,15 +667,7 @@ async fn agents_that_want_oauth_tokens_get_the_gateways_own_from_client_credenti
 
     // A client the token endpoint refuses: 502 naming the endpoint and the
     // provider's error, and the agent is not called.
-    let copy = json!({
-        "id": "oauth-wrong-secret", "name": rec["name"], "description": rec["description"],
-        "bindings": rec["bindings"], "authentication": rec["authentication"],
-    });
-    let (status, _) = http
-        .call(reqwest::Method::POST, "/agents", Some(ALICE), Some(copy))
-        .await
-        .unwrap_or_else(|e| panic!("{e:?}"));
-    assert_eq!(status, 201);
+    register_copy(&http, &rec, "oauth-wrong-secret").await;
     let before = agent.requests().await.len();
     let (status, body) = invoke(&s, "oauth-wrong-secret", json!({"text": "x"}), &[]).await;
     assert_eq!(status, 502, "{body}");
@@ -703,4 +682,157 @@ async fn agents_that_want_oauth_tokens_get_the_gateways_own_from_client_credenti
         (&last["auth"], &last["refused"]),
         (&json!("post"), &json!(true))
     );
+}
+
+/// The gateway proves itself to the token endpoint with an assertion
+/// signed by its own key (`private_key_jwt`) instead of a secret, with a
+/// key of each kind. Each token request carries a new assertion (the
+/// provider refuses one it has seen), and a key the provider does not hold
+/// for the client is refused as a wrong secret is.
+#[tokio::test]
+async fn the_gateway_proves_itself_to_the_token_endpoint_with_a_signed_assertion() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
+    let jwks = file("jwks.json");
+    let kinds = ["ed25519", "ec", "rsa"];
+    let mut args = vec![
+        jwks.clone(),
+        "a2a-agents".into(),
+        "--ttl".into(),
+        "2".into(),
+    ];
+    for kind in kinds {
+        args.push("--jwt-client".into());
+        args.push(format!("gw-{kind}:{}:{kind}", file(&format!("{kind}.pem"))));
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (_idp, idp_port) = python_fixture("oauth_server.py", &args).await;
+    let idp = format!("http://127.0.0.1:{idp_port}");
+    let token_url = format!("{idp}/token");
+    let agent = A2aAgent::start_oauth(&jwks, "a2a-agents", &token_url).await;
+
+    let signed = |agent: &str, client: &str, key: &str| {
+        oauth_credential(
+            agent.into(),
+            agentry::config::ClientCredentialsConfig {
+                token_url: token_url.clone(),
+                client_id: client.into(),
+                client_auth: Some("private_key_jwt".into()),
+                private_key_file: Some(file(key).into()),
+                key_id: Some(format!("{client}-key")),
+                scopes: vec!["agents.invoke".into()],
+                ..Default::default()
+            },
+        )
+    };
+    let mut credentials: Vec<_> = kinds
+        .iter()
+        .map(|k| {
+            signed(
+                &format!("signed-{k}"),
+                &format!("gw-{k}"),
+                &format!("{k}.pem"),
+            )
+        })
+        .collect();
+    credentials.push(signed("signed-wrong-key", "gw-ed25519", "ec.pem"));
+    let s = gateway_with(credentials).await;
+    let http = Http::new(&s.http);
+    let id = import(&http, &agent).await;
+    let rec = http.record(&id, ALICE).await;
+    for kind in kinds {
+        register_copy(&http, &rec, &format!("signed-{kind}")).await;
+    }
+    register_copy(&http, &rec, "signed-wrong-key").await;
+
+    // The A2A agent takes only the provider's tokens: each call got one.
+    for kind in kinds {
+        let (status, body) =
+            invoke(&s, &format!("signed-{kind}"), json!({"text": kind}), &[]).await;
+        assert_eq!(status, 200, "{kind}: {body}");
+        assert_eq!(artifact_text(&body["task"]), vec![format!("echo: {kind}")]);
+    }
+    let got = grants(&idp).await;
+    let proven: Vec<(&str, &str, bool)> = got
+        .iter()
+        .map(|g| {
+            let text = |k: &str| g[k].as_str().unwrap_or_default();
+            (
+                text("client_id"),
+                text("auth"),
+                g["refused"] == json!(false),
+            )
+        })
+        .collect();
+    assert_eq!(
+        proven,
+        [
+            ("gw-ed25519", "private_key_jwt", true),
+            ("gw-ec", "private_key_jwt", true),
+            ("gw-rsa", "private_key_jwt", true),
+        ],
+        "{got:?}"
+    );
+    // Renewed after the token's 2 s (at 1.5 s), with a new assertion.
+    tokio::time::sleep(Duration::from_millis(1_700)).await;
+    let (status, body) = invoke(&s, "signed-ed25519", json!({"text": "renewed"}), &[]).await;
+    assert_eq!(status, 200, "{body}");
+    let last = grants(&idp).await.pop().unwrap();
+    assert_eq!(
+        (&last["client_id"], &last["refused"]),
+        (&json!("gw-ed25519"), &json!(false)),
+        "{last}"
+    );
+
+    // Another key than the client's: refused, and the agent is not called.
+    let before = agent.requests().await.len();
+    let (status, body) = invoke(&s, "signed-wrong-key", json!({"text": "x"}), &[]).await;
+    assert_eq!(status, 502, "{body}");
+    let message = body["message"].as_str().unwrap_or_default();
+    assert!(message.contains("invalid_client"), "{body}");
+    assert_eq!(agent.requests().await.len(), before);
+    let last = grants(&idp).await.pop().unwrap();
+    assert_eq!(
+        (&last["auth"], &last["refused"]),
+        (&json!("private_key_jwt"), &json!(true))
+    );
+}
+
+/// A gateway credential whose token the gateway gets with `oauth2`.
+fn oauth_credential(
+    agent: String,
+    oauth2: agentry::config::ClientCredentialsConfig,
+) -> agentry::config::CredentialConfig {
+    agentry::config::CredentialConfig {
+        agent,
+        header: None,
+        value: None,
+        value_env: None,
+        client_cert_file: None,
+        client_key_file: None,
+        oauth2: Some(oauth2),
+    }
+}
+
+/// Registers `rec`'s agent again under `id`, for a credential of its own.
+async fn register_copy(http: &Http, rec: &Value, id: &str) {
+    let copy = json!({
+        "id": id, "name": rec["name"], "description": rec["description"],
+        "bindings": rec["bindings"], "authentication": rec["authentication"],
+    });
+    let (status, _) = http
+        .call(reqwest::Method::POST, "/agents", Some(ALICE), Some(copy))
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    assert_eq!(status, 201);
+}
+
+/// A registry whose gateway calls agents on loopback with `credentials`.
+async fn gateway_with(credentials: Vec<agentry::config::CredentialConfig>) -> TestServer {
+    TestServer::start_with(move |c| {
+        super::invocation::local_agents(c);
+        c.gateway.outbound.timeout_ms = 10_000;
+        c.gateway.credentials = credentials;
+    })
+    .await
 }
