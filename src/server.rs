@@ -553,32 +553,37 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
     });
     let public_descriptors = public_descriptor_set()?;
     // Every public service reads gzip-compressed requests (a client's
-    // channel compression covers every call, reflection and health too);
-    // answers stay uncompressed, since most clients advertise gzip whether
-    // or not they want it. Decompression is bounded by each service's
-    // message limit (4 MiB where none is set).
+    // channel compression covers every call, reflection and health too),
+    // and answers a compressed request compressed (the gate's
+    // `answer_compression_as_asked`). Decompression is bounded by each
+    // service's message limit (4 MiB where none is set).
     let gzip = tonic::codec::CompressionEncoding::Gzip;
-    let health_service = health_service.accept_compressed(gzip);
+    let health_service = health_service.accept_compressed(gzip).send_compressed(gzip);
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(&public_descriptors)
         .build_v1()
         .map_err(|e| ServerError::Grpc(e.to_string()))?
-        .accept_compressed(gzip);
+        .accept_compressed(gzip)
+        .send_compressed(gzip);
     let reflection_alpha = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(&public_descriptors)
         .build_v1alpha()
         .map_err(|e| ServerError::Grpc(e.to_string()))?
-        .accept_compressed(gzip);
+        .accept_compressed(gzip)
+        .send_compressed(gzip);
     let max_message = config.max_record_bytes * 2 + 64 * 1024;
     let registry = RegistryServer::new(api.clone())
         .max_decoding_message_size(max_message)
-        .accept_compressed(gzip);
+        .accept_compressed(gzip)
+        .send_compressed(gzip);
     let discovery = DiscoveryServer::new(api.clone())
         .max_decoding_message_size(max_message)
-        .accept_compressed(gzip);
+        .accept_compressed(gzip)
+        .send_compressed(gzip);
     let ard_service = ArdServer::new(ard.clone())
         .max_decoding_message_size(max_message)
-        .accept_compressed(gzip);
+        .accept_compressed(gzip)
+        .send_compressed(gzip);
     // Peers get their own listener: never the Raft one, which must not be
     // reachable from another organisation.
     let peer_listener = bind(config.peer_addr).await?;
@@ -610,7 +615,8 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
         tonic::service::Routes::new(
             PeeringServer::new(federation.clone())
                 .max_encoding_message_size(crate::federation::MAX_PEER_MESSAGE)
-                .accept_compressed(gzip),
+                .accept_compressed(gzip)
+                .send_compressed(gzip),
         ),
     );
     let peer_task = tokio::spawn(serve_grpc(
@@ -619,14 +625,20 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
         config.connections,
         shutdown_rx.clone(),
     ));
-    let federation_service = FederationServer::new(federation.clone()).accept_compressed(gzip);
+    let federation_service = FederationServer::new(federation.clone())
+        .accept_compressed(gzip)
+        .send_compressed(gzip);
     let agent_protocol_service = AgentProtocolServer::new(invocation.clone())
         .max_decoding_message_size(max_message)
-        .accept_compressed(gzip);
+        .accept_compressed(gzip)
+        .send_compressed(gzip);
     let invocation_service = GatewayServer::new(invocation.clone())
         .max_decoding_message_size(max_message)
-        .accept_compressed(gzip);
-    let cluster_service = ClusterServer::new(cluster.clone()).accept_compressed(gzip);
+        .accept_compressed(gzip)
+        .send_compressed(gzip);
+    let cluster_service = ClusterServer::new(cluster.clone())
+        .accept_compressed(gzip)
+        .send_compressed(gzip);
     let public_tls = listener_tls("tls", config.tls.as_ref(), ClientAuth::Optional)?;
     let grpc_incoming = accept(
         "grpc",

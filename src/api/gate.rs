@@ -700,6 +700,23 @@ fn with_transport_detail(
     }
 }
 
+/// Answers are gzip-compressed for a client that compressed its request,
+/// as grpc-go's servers answer: most clients advertise gzip in
+/// `grpc-accept-encoding` whether or not they want it (grpcio always
+/// does), and compressing every answer for them would cost the server CPU
+/// for bandwidth nobody asked to save; a client that compresses its own
+/// requests (a peer registry across a WAN) has asked. The services answer
+/// compressed whenever the client accepts it, so for any other request
+/// the header is taken away before they see it.
+fn answer_compression_as_asked(headers: &mut http::HeaderMap) {
+    let compressed = headers
+        .get("grpc-encoding")
+        .is_some_and(|e| e.as_bytes() != b"identity");
+    if !compressed {
+        headers.remove("grpc-accept-encoding");
+    }
+}
+
 /// The gate as a tower layer over a listener's gRPC services, with the
 /// request deadline it holds handlers to (`deadline`, or the client's own
 /// `grpc-timeout` when sooner).
@@ -746,6 +763,7 @@ where
     }
 
     fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
+        answer_compression_as_asked(req.headers_mut());
         // The clone is the one that was not made ready; keep the ready one.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);

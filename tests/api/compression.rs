@@ -276,3 +276,37 @@ async fn gzip_coded_request_bodies_are_read_within_the_size_limit() {
     assert_eq!(status, 404);
     server.stop().await;
 }
+
+/// gRPC answers are gzip-compressed for a client that compresses its own
+/// requests, as grpc-go's servers answer, and plain for one that only says
+/// it could read them (grpcio says so on every call).
+#[tokio::test]
+async fn grpc_answers_are_compressed_for_clients_that_compress_their_requests() {
+    use agentry::pb::registry_client::RegistryClient;
+    use tonic::codec::CompressionEncoding::Gzip;
+    let server = TestServer::start().await;
+    directory(&Http::new(&server.http)).await;
+    let channel = tonic::transport::Endpoint::from_shared(server.grpc.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    for (compresses, answered) in [(false, None), (true, Some("gzip"))] {
+        let mut client = RegistryClient::new(channel.clone()).accept_compressed(Gzip);
+        if compresses {
+            client = client.send_compressed(Gzip);
+        }
+        let mut req = tonic::Request::new(agentry::pb::ListRequest::default());
+        req.metadata_mut()
+            .insert("authorization", format!("Bearer {ALICE}").parse().unwrap());
+        let resp = client.list(req).await.expect("the list is answered");
+        let encoding = resp.metadata().get("grpc-encoding");
+        assert_eq!(
+            encoding.and_then(|v| v.to_str().ok()),
+            answered,
+            "a client that compresses: {compresses}"
+        );
+        assert_eq!(resp.into_inner().records.len(), 12);
+    }
+    server.stop().await;
+}
