@@ -18,6 +18,7 @@
 //! request's `Host`, which is the URL the client itself used.
 
 use axum::extract::State;
+use axum::http::uri::Authority;
 use axum::http::{header, HeaderMap, HeaderValue, Uri};
 use axum::response::IntoResponse;
 use serde_json::json;
@@ -45,10 +46,17 @@ impl ResourceServer {
         if let Some(u) = &self.public_url {
             return u.clone();
         }
+        // Only a host and port: the `Host` is the client's to write, and
+        // anything else in it (a quote, user info) would change the
+        // challenge or the document it is quoted in.
         let host = host
             .and_then(|v| v.to_str().ok())
-            .map(str::to_string)
-            .or_else(|| uri.authority().map(|a| a.to_string()))
+            .and_then(|h| h.parse::<Authority>().ok())
+            .or_else(|| uri.authority().cloned())
+            .map(|a| match a.port() {
+                Some(port) => format!("{}:{port}", a.host()),
+                None => a.host().to_string(),
+            })
             .unwrap_or_else(|| "localhost".into());
         format!("{}://{host}", self.scheme)
     }
@@ -108,4 +116,33 @@ pub(super) async fn registry(
 /// `GET /.well-known/oauth-protected-resource/mcp`: the MCP server.
 pub(super) async fn mcp(State(s): State<HttpState>, headers: HeaderMap, uri: Uri) -> ApiResult {
     answer(&s, &headers, &uri, crate::api::mcp_server::MCP_PATH)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The base is the host and port the client used, and nothing else it
+    /// wrote in its `Host`.
+    #[test]
+    fn the_base_takes_only_the_host_and_port_of_the_host_header() {
+        let server = ResourceServer {
+            issuer: "https://id.example".into(),
+            public_url: None,
+            scheme: "https",
+        };
+        let uri: Uri = "/mcp".parse().unwrap();
+        let base = |host: &str| server.base(Some(&HeaderValue::from_str(host).unwrap()), &uri);
+        assert_eq!(
+            base("registry.example:8470"),
+            "https://registry.example:8470"
+        );
+        assert_eq!(base("[::1]:8470"), "https://[::1]:8470");
+        assert_eq!(base("user@registry.example"), "https://registry.example");
+        assert_eq!(base("a\", b=\"c"), "https://localhost");
+        assert_eq!(
+            server.challenge_parameter(Some(&HeaderValue::from_static("x\"y")), &uri),
+            "resource_metadata=\"https://localhost/.well-known/oauth-protected-resource/mcp\""
+        );
+    }
 }
