@@ -212,7 +212,20 @@ async fn preflights_say_what_a_listed_page_may_send_and_refuse_the_rest() {
         .await;
     assert_eq!(status, 200);
     assert_eq!(header(&headers, "access-control-allow-origin"), console);
-    assert!(header(&headers, "access-control-expose-headers").contains("etag"));
+    let exposed = header(&headers, "access-control-expose-headers");
+    // The invocation gateway's findings among them (docs/invocation.md).
+    for name in [
+        "etag",
+        "retry-after",
+        "www-authenticate",
+        "agent-authenticate",
+        "idempotent-replayed",
+        "x-agentry-binding",
+        "x-agentry-output-check",
+        "x-agentry-output-error",
+    ] {
+        assert!(exposed.split(", ").any(|h| h == name), "{name}: {exposed}");
+    }
     assert!(header(&headers, "vary").contains("origin"));
     let (_, headers, _) = h.send(Method::GET, "/healthz", None, None, &[]).await;
     assert!(header(&headers, "vary").contains("origin"));

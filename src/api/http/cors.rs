@@ -75,7 +75,8 @@ impl CorsPolicy {
 /// `last-modified`, ...).
 const EXPOSED: &str = "etag, location, retry-after, www-authenticate, content-disposition, \
      x-request-id, x-agentry-leader, x-agentry-applied-revision, x-agentry-binding, \
-     x-agentry-output-check, x-agentry-output-error, mcp-session-id, mcp-protocol-version";
+     x-agentry-output-check, x-agentry-output-error, idempotent-replayed, agent-authenticate, \
+     mcp-session-id, mcp-protocol-version";
 
 /// Every method a route of the facade answers.
 const METHODS: &str = "GET, HEAD, POST, PUT, PATCH, DELETE";
