@@ -346,6 +346,7 @@ fn failure(e: &rmcp::ServiceError) -> Failure {
                         status: status as u16,
                         challenge: data
                             .and_then(|d| d["challenge"].as_str())
+                            .filter(|c| c.len() <= super::CHALLENGE_LIMIT)
                             .map(str::to_string),
                     }),
                     _ => Failure::Other(error.message.to_string()),
