@@ -680,13 +680,11 @@ impl Kubelet<'_> {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+// Below the ephemeral range: a port picked from it could be handed to
+// another test's outgoing connection before the pod binds it.
+#[path = "../common/ports.rs"]
+mod ports;
+use ports::free_port;
 
 /// Starts the server container of pod `ordinal` and waits for its ready
 /// line.

@@ -1065,3 +1065,39 @@ async fn an_mcp_client_signs_in_through_the_issuer_the_registry_names() {
     assert_eq!(headers["www-authenticate"], "Bearer realm=\"agentry\"");
     plain.stop().await;
 }
+
+/// An agent's refusal of the credential `invoke_agent` passed it reaches
+/// the MCP client as a tool error with what the agent asked for.
+#[tokio::test]
+async fn invoke_agent_passes_on_what_a_refusing_agent_asks_for() {
+    let agents = Agents::start().await;
+    let s = TestServer::start_with(super::invocation::local_agents).await;
+    register(
+        &s,
+        ALICE,
+        "",
+        json!({
+            "id": "keyed-agent",
+            "name": "Keyed agent",
+            "description": "Answers only callers with its own key.",
+            "bindings": [{"protocol": "http", "endpoint": format!("{}/keyed", agents.base)}],
+            "authentication": {"type": "api_key"}
+        }),
+    )
+    .await;
+    let call = json!({"name": "invoke_agent", "arguments": {
+        "agent_id": "keyed-agent", "input": {}, "agent_authorization": "a-wrong-secret"}});
+    let (status, body) = raw_rpc(&s, Some(ALICE), "tools/call", call).await;
+    assert_eq!(status, 200, "{body}");
+    let result = &body["result"];
+    assert_eq!(result["isError"], true, "{body}");
+    let out = &result["structuredContent"];
+    assert_eq!(out["status"], 401, "{body}");
+    assert_eq!(
+        out["agent_challenge"],
+        super::agents::KEYED_CHALLENGE,
+        "{body}"
+    );
+    assert_eq!(agents.calls(), 1);
+    s.stop().await;
+}

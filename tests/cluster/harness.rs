@@ -12,6 +12,10 @@ use std::time::{Duration, Instant};
 use agentry::pb::{self, cluster_client::ClusterClient};
 use serde_json::{json, Value};
 
+#[path = "../common/ports.rs"]
+mod ports;
+use ports::free_port;
+
 pub const ADMIN: &str = "cluster-test-admin-key";
 /// Every node of a test cluster proves membership with this secret.
 pub const CLUSTER_SECRET: &str = "cluster-test-secret-0123456789";
@@ -50,30 +54,6 @@ pub struct Cluster {
     pub http: reqwest::Client,
     /// Small filesystems mounted under data directories, unmounted on drop.
     mounts: Vec<PathBuf>,
-}
-
-/// A port that is free now and stays ours across node restarts: taken
-/// below Linux's ephemeral range (32768+), so no outgoing connection of
-/// another test can be handed it as its local port while a stopped node
-/// waits to bind it again. Each test process starts at its own offset.
-fn free_port() -> u16 {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    const LOW: u32 = 20_000;
-    const SPAN: u32 = 12_000;
-    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
-    let _ = NEXT.compare_exchange(
-        u32::MAX,
-        (std::process::id() * 379) % SPAN,
-        Ordering::SeqCst,
-        Ordering::SeqCst,
-    );
-    for _ in 0..SPAN {
-        let port = (LOW + NEXT.fetch_add(1, Ordering::SeqCst) % SPAN) as u16;
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
-    panic!("no free port in {LOW}..{}", LOW + SPAN)
 }
 
 impl Cluster {
