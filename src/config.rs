@@ -445,6 +445,12 @@ pub struct PeerConfig {
     pub client_cert_file: Option<PathBuf>,
     #[serde(default)]
     pub client_key_file: Option<PathBuf>,
+    /// Send this peer gzip-compressed requests, which asks it for
+    /// compressed answers (an Agentry peer answers a compressed request
+    /// compressed): for a peer across a WAN, where the records of
+    /// discovery and the change feed cost more to carry than to compress.
+    #[serde(default)]
+    pub compress: bool,
 }
 
 fn yes() -> bool {
@@ -474,6 +480,7 @@ impl PeerConfig {
             ca_file: None,
             client_cert_file: None,
             client_key_file: None,
+            compress: false,
         }
     }
 }

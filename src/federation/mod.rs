@@ -185,8 +185,17 @@ impl Peer {
         Some(format!("{base}/ard"))
     }
 
+    /// The peer's client; with `compress`, requests go out gzip-compressed
+    /// and gzip answers are read (inflated within the same message limit).
     pub fn client(&self) -> PeeringClient<Channel> {
-        PeeringClient::new(self.channel.clone()).max_decoding_message_size(MAX_PEER_MESSAGE)
+        let client =
+            PeeringClient::new(self.channel.clone()).max_decoding_message_size(MAX_PEER_MESSAGE);
+        if self.config.compress {
+            let gzip = tonic::codec::CompressionEncoding::Gzip;
+            client.send_compressed(gzip).accept_compressed(gzip)
+        } else {
+            client
+        }
     }
 
     /// Whether keys are pinned (pinning from a well-known URL may still be

@@ -2,7 +2,8 @@
 //! `openssl` command for this test, a registry serving its peer listener
 //! with them, and registries asking it with and without the CA and a client
 //! certificate. A handshake that should fail must fail, so a peer that
-//! skipped verification would be caught.
+//! skipped verification would be caught. And a peer marked `compress`,
+//! whose answers come back in fewer bytes.
 
 use std::path::Path;
 use std::time::Duration;
@@ -221,5 +222,99 @@ async fn a_peer_listener_with_tls_but_no_client_ca_serves_without_client_certifi
     let body = federated(&Http::new(&a.http)).await;
     assert!(found(&body, "urn:b:translator"), "{body:#}");
     a.stop().await;
+    b.stop().await;
+}
+
+/// A TCP relay on loopback to `target`, counting the bytes that come back
+/// from it: what a peer's answers cost on the wire.
+async fn counting_relay(target: u16) -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let back = std::sync::Arc::new(AtomicUsize::new(0));
+    let counted = back.clone();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await else {
+                continue;
+            };
+            let counted = counted.clone();
+            let (mut client_in, mut client_out) = client.into_split();
+            let (mut server_in, mut server_out) = server.into_split();
+            tokio::spawn(async move { tokio::io::copy(&mut client_in, &mut server_out).await });
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 16 * 1024];
+                while let Ok(n) = server_in.read(&mut buf).await {
+                    if n == 0 || client_out.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                    counted.fetch_add(n, Ordering::SeqCst);
+                }
+            });
+        }
+    });
+    (port, back)
+}
+
+/// A peer marked `compress` is sent compressed requests and so answers
+/// compressed: the same federated discovery carries far fewer bytes back,
+/// and finds the same agents.
+#[tokio::test]
+async fn a_peer_marked_compress_answers_in_fewer_bytes() {
+    use std::sync::atomic::Ordering;
+    let b = TestServer::start_with(|c| c.identity.authority = Some("b.example".into())).await;
+    let b_http = Http::new(&b.http);
+    let key = signing_key(&b_http).await;
+    for i in 0..5 {
+        let (status, _) = b_http
+            .call(
+                Method::POST,
+                "/agents",
+                Some(ADMIN),
+                Some(translator(&format!("urn:b:translator-{i}"))),
+            )
+            .await
+            .expect("register");
+        assert_eq!(status, 201);
+    }
+    let port = b.server.as_ref().expect("running").peer_addr.port();
+    let mut carried = Vec::new();
+    for compress in [false, true] {
+        let (relay, back) = counting_relay(port).await;
+        let a = TestServer::start_with(|c| {
+            c.identity.authority = Some("a.example".into());
+            c.federation.peers = vec![PeerConfig {
+                keys: vec![key.clone()],
+                compress,
+                ..PeerConfig::new("b.example", &format!("http://127.0.0.1:{relay}"))
+            }];
+        })
+        .await;
+        let a_http = Http::new(&a.http);
+        // Until b's records are in its index, and then once more, counted.
+        for _ in 0..100 {
+            if found(&federated(&a_http).await, "urn:b:translator-4") {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let before = back.load(Ordering::SeqCst);
+        let body = federated(&a_http).await;
+        let ids: Vec<&str> = body["candidates"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|c| c["id"].as_str())
+            .collect();
+        assert_eq!(ids.len(), 5, "compress {compress}: {body:#}");
+        carried.push(back.load(Ordering::SeqCst) - before);
+        a.stop().await;
+    }
+    let (plain, compressed) = (carried[0], carried[1]);
+    assert!(
+        compressed * 2 < plain,
+        "{compressed} bytes compressed against {plain} plain"
+    );
     b.stop().await;
 }
