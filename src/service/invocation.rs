@@ -802,6 +802,11 @@ fn no_binding(record: &AgentRecord, accepted: &[String]) -> ServiceError {
 
 /// The gateway's answer from the agent's: checked against the output
 /// schema when it is a success.
+/// Longest agent challenge passed on: a real one (scheme, realm, scope,
+/// resource metadata URL) is well under it, and a longer one is dropped
+/// whole rather than cut into something that no longer parses.
+const CHALLENGE_LIMIT: usize = 2048;
+
 fn finish(p: &Prepared, answer: Answer) -> Invoked {
     let output_check = match (&p.schemas.outputs, answer.status) {
         (Some(v), 200..=299) => match check_instance(v, &answer.json, "") {
@@ -825,7 +830,7 @@ fn finish(p: &Prepared, answer: Answer) -> Invoked {
         protocol: binding.protocol.clone(),
         endpoint: binding.endpoint.clone(),
         retry_after: answer.retry_after,
-        challenge: answer.challenge,
+        challenge: answer.challenge.filter(|c| c.len() <= CHALLENGE_LIMIT),
     }
 }
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 use reqwest::Method;
 use serde_json::{json, Value};
 
-use super::harness::{translator, Http, TestServer, ALICE};
+use super::harness::{translator, Grpc, Http, TestServer, ALICE};
 
 fn gunzip(bytes: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
@@ -296,9 +296,7 @@ async fn grpc_answers_are_compressed_for_clients_that_compress_their_requests() 
         if compresses {
             client = client.send_compressed(Gzip);
         }
-        let mut req = tonic::Request::new(agentry::pb::ListRequest::default());
-        req.metadata_mut()
-            .insert("authorization", format!("Bearer {ALICE}").parse().unwrap());
+        let req = Grpc::req(Some(ALICE), agentry::pb::ListRequest::default());
         let resp = client.list(req).await.expect("the list is answered");
         let encoding = resp.metadata().get("grpc-encoding");
         assert_eq!(

@@ -13,7 +13,7 @@ use reqwest::header::HeaderMap;
 use serde_json::{json, Value};
 
 use super::agents::{Agents, KEYED_CHALLENGE};
-use super::harness::{Http, TestServer, ADMIN, ALICE, CAROL_READER};
+use super::harness::{Grpc, Http, TestServer, ADMIN, ALICE, CAROL_READER};
 
 /// Gateway settings for agents on loopback over plain HTTP.
 pub fn local_agents(c: &mut Config) {
@@ -237,13 +237,14 @@ async fn invocation_validates_forwards_and_checks_the_output() {
 
     // gRPC says the same.
     let mut grpc = GatewayClient::connect(s.grpc.clone()).await.unwrap();
-    let mut req = tonic::Request::new(pb::InvokeRequest {
-        agent_id: "echo".into(),
-        body: br#"{"text":"grpc"}"#.to_vec(),
-        ..Default::default()
-    });
-    req.metadata_mut()
-        .insert("authorization", format!("Bearer {ALICE}").parse().unwrap());
+    let req = Grpc::req(
+        Some(ALICE),
+        pb::InvokeRequest {
+            agent_id: "echo".into(),
+            body: br#"{"text":"grpc"}"#.to_vec(),
+            ..Default::default()
+        },
+    );
     let r = grpc.invoke(req).await.unwrap().into_inner().result.unwrap();
     assert_eq!(r.status, 200);
     assert_eq!(
@@ -251,13 +252,14 @@ async fn invocation_validates_forwards_and_checks_the_output() {
         json!({"echo": {"text": "grpc"}})
     );
     assert_eq!(r.output_check.unwrap().state, "valid");
-    let mut req = tonic::Request::new(pb::InvokeRequest {
-        agent_id: "echo".into(),
-        body: br#"{"text":7}"#.to_vec(),
-        ..Default::default()
-    });
-    req.metadata_mut()
-        .insert("authorization", format!("Bearer {ALICE}").parse().unwrap());
+    let req = Grpc::req(
+        Some(ALICE),
+        pb::InvokeRequest {
+            agent_id: "echo".into(),
+            body: br#"{"text":7}"#.to_vec(),
+            ..Default::default()
+        },
+    );
     let e = grpc.invoke(req).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::InvalidArgument);
     assert_eq!(
@@ -494,26 +496,28 @@ async fn declared_authentication_is_passed_through_or_injected() {
     );
     // And to a gRPC client.
     let mut grpc = GatewayClient::connect(s.grpc.clone()).await.unwrap();
-    let mut req = tonic::Request::new(pb::InvokeRequest {
-        agent_id: "keyed".into(),
-        body: b"{}".to_vec(),
-        agent_authorization: "a-wrong-secret".into(),
-        ..Default::default()
-    });
-    req.metadata_mut()
-        .insert("authorization", format!("Bearer {ALICE}").parse().unwrap());
+    let req = Grpc::req(
+        Some(ALICE),
+        pb::InvokeRequest {
+            agent_id: "keyed".into(),
+            body: b"{}".to_vec(),
+            agent_authorization: "a-wrong-secret".into(),
+            ..Default::default()
+        },
+    );
     let r = grpc.invoke(req).await.unwrap().into_inner().result.unwrap();
     assert_eq!(
         (r.status, r.agent_challenge.as_str()),
         (401, KEYED_CHALLENGE)
     );
-    let mut req = tonic::Request::new(pb::InvokeRequest {
-        agent_id: "keyed".into(),
-        body: b"{}".to_vec(),
-        ..Default::default()
-    });
-    req.metadata_mut()
-        .insert("authorization", format!("Bearer {ALICE}").parse().unwrap());
+    let req = Grpc::req(
+        Some(ALICE),
+        pb::InvokeRequest {
+            agent_id: "keyed".into(),
+            body: b"{}".to_vec(),
+            ..Default::default()
+        },
+    );
     let e = grpc.invoke(req).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::Unauthenticated);
     assert_eq!(
@@ -685,13 +689,14 @@ async fn streams_relay_events_and_a_disconnect_cancels_the_agent() {
 
     // gRPC streams the same events.
     let mut grpc = GatewayClient::connect(s.grpc.clone()).await.unwrap();
-    let mut req = tonic::Request::new(pb::InvokeRequest {
-        agent_id: "streamer".into(),
-        body: b"{}".to_vec(),
-        ..Default::default()
-    });
-    req.metadata_mut()
-        .insert("authorization", format!("Bearer {ALICE}").parse().unwrap());
+    let req = Grpc::req(
+        Some(ALICE),
+        pb::InvokeRequest {
+            agent_id: "streamer".into(),
+            body: b"{}".to_vec(),
+            ..Default::default()
+        },
+    );
     let events: Vec<(String, String)> = grpc
         .invoke_stream(req)
         .await

@@ -247,8 +247,7 @@ fn refusal(e: &StreamableHttpError<McpHttpError>) -> Option<Refusal> {
     match e {
         StreamableHttpError::AuthRequired(a) => Some(Refusal {
             status: 401,
-            challenge: Some(a.www_authenticate_header.clone())
-                .filter(|c| c.len() <= super::CHALLENGE_LIMIT),
+            challenge: Some(a.www_authenticate_header.clone()),
         }),
         StreamableHttpError::Client(McpHttpError::Status {
             status: status @ (401 | 403),
@@ -346,7 +345,6 @@ fn failure(e: &rmcp::ServiceError) -> Failure {
                         status: status as u16,
                         challenge: data
                             .and_then(|d| d["challenge"].as_str())
-                            .filter(|c| c.len() <= super::CHALLENGE_LIMIT)
                             .map(str::to_string),
                     }),
                     _ => Failure::Other(error.message.to_string()),
@@ -766,15 +764,15 @@ mod tests {
                 )
             }),
         );
-        serving(app).await
+        format!("{}/mcp", serving(app).await)
     }
 
-    /// The URL of `app`'s `/mcp`, served on a loopback port.
+    /// The base URL of `app`, served on a loopback port.
     async fn serving(app: axum::Router) -> String {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(async move { axum::serve(listener, app).await });
-        format!("http://{addr}/mcp")
+        format!("http://{addr}")
     }
 
     /// A JSON-RPC error without a request id, as the Python SDK answers an
@@ -889,7 +887,7 @@ mod tests {
                 )
             }),
         );
-        let uri = serving(app).await;
+        let uri = format!("{}/mcp", serving(app).await);
         let expected = Refusal {
             status: 401,
             challenge: Some(CHALLENGE.into()),
@@ -955,9 +953,7 @@ mod tests {
                     axum::response::sse::Sse::new(never)
                 }),
             );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move { axum::serve(listener, app).await });
+        let base = serving(app).await;
         let impatient = || StatusAware {
             timeout: Duration::from_millis(200),
             ..client()
@@ -966,7 +962,7 @@ mod tests {
         // answers: both closed at the deadline (the caller has gone by
         // then), instead of held for the session's life.
         for path in ["silent", "open"] {
-            let uri = format!("http://{addr}/{path}");
+            let uri = format!("{base}/{path}");
             let call = messages_from(impatient(), &uri);
             let got = tokio::time::timeout(Duration::from_secs(5), call)
                 .await

@@ -262,7 +262,9 @@ pub struct Answer {
     pub content_type: String,
     pub retry_after: Option<u32>,
     /// The agent's `WWW-Authenticate` on a refusal of the call's
-    /// credentials (`challenge`).
+    /// credentials (`challenge`), as it sent it: every transport's answer
+    /// is held to one bound where it is finished
+    /// (`service::invocation::finish`).
     pub challenge: Option<String>,
 }
 
@@ -290,11 +292,6 @@ pub(super) fn endpoint(b: &Binding) -> Result<Url, GatewayError> {
     })
 }
 
-/// Longest agent challenge passed on: a real one (scheme, realm, scope,
-/// resource metadata URL) is well under it, and a longer one is dropped
-/// whole rather than cut into something that no longer parses.
-const CHALLENGE_LIMIT: usize = 2048;
-
 /// What the agent asks for when it refuses the call's credentials: its
 /// `WWW-Authenticate` challenges on a 401 (or a 403, RFC 6750's
 /// `insufficient_scope`), joined into one list as RFC 9110 allows.
@@ -311,7 +308,7 @@ fn challenge(resp: &reqwest::Response) -> Option<String> {
         .filter(|v| !v.is_empty())
         .collect();
     let joined = all.join(", ");
-    (!joined.is_empty() && joined.len() <= CHALLENGE_LIMIT).then_some(joined)
+    (!joined.is_empty()).then_some(joined)
 }
 
 fn retry_after(resp: &reqwest::Response) -> Option<u32> {
