@@ -203,7 +203,7 @@ impl Default for OutboundConfig {
 }
 
 /// A credential the gateway adds to calls of matching agents.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CredentialConfig {
     /// An agent id, or a prefix ending in `*`.

@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
 use super::filter::{self, AgentFacts, HardFilters, Surface};
-use super::record::{AgentMetadata, AgentStatus, Binding};
+use super::record::{AgentMetadata, AgentStatus, AuthRequirement, Binding};
 use super::validate::FieldError;
 
 /// The record member that holds the versions.
@@ -461,6 +461,50 @@ fn bindings(server: &Value) -> Vec<Binding> {
     out
 }
 
+/// The credential the server's first Streamable HTTP remote (the binding
+/// the gateway calls) declares: the first of its `headers` that is
+/// required and secret, itself or through one of its `variables` (a
+/// `value` such as `Bearer {token}`). `Authorization` is AIDIP's
+/// `oauth2_bearer`, any other header an `api_key` sent in that header;
+/// the header's description is the record's `instructions` where it is a
+/// valid one (a record's limits are not a publisher's). So a caller's
+/// `Agent-Authorization` reaches the server in the header it reads, and a
+/// call without one is refused before it is sent.
+fn authentication(server: &Value) -> Option<AuthRequirement> {
+    let remote = server
+        .get("remotes")?
+        .as_array()?
+        .iter()
+        .find(|r| r.get("type").and_then(Value::as_str) == Some("streamable-http"))?;
+    let flag = |v: &Value, k: &str| v.get(k).and_then(Value::as_bool) == Some(true);
+    let header = remote.get("headers")?.as_array()?.iter().find(|h| {
+        let secret_variable = h
+            .get("variables")
+            .and_then(Value::as_object)
+            .is_some_and(|vars| vars.values().any(|v| flag(v, "isSecret")));
+        flag(h, "isRequired") && (flag(h, "isSecret") || secret_variable)
+    })?;
+    let name = header.get("name")?.as_str()?.trim();
+    if name.is_empty() {
+        return None;
+    }
+    let mut auth = AuthRequirement {
+        instructions: header
+            .get("description")
+            .and_then(Value::as_str)
+            .filter(|d| super::validate::short_text(d))
+            .map(str::to_string),
+        ..Default::default()
+    };
+    if name.eq_ignore_ascii_case("authorization") {
+        auth.kind = Some("oauth2_bearer".into());
+    } else {
+        auth.kind = Some("api_key".into());
+        auth.extra.insert("header".into(), json!(name));
+    }
+    Some(auth)
+}
+
 /// The record's metadata for a set of versions (record fields from the
 /// latest); `base` is what the record kept besides (tags, extension
 /// members of other kinds).
@@ -492,6 +536,10 @@ pub fn metadata(
     m.status = Some(l.status.agent_status());
     m.bindings = bindings;
     m.endpoint = None;
+    // ADP's `auth` and AIDIP's `authentication` are one requirement, kept
+    // the same (an earlier version's would otherwise differ from this one's).
+    m.authentication = authentication(&l.server);
+    m.auth = m.authentication.clone();
     // Never older than the record this replaces: a publish that lost a race
     // and merges again, or one taken by a node whose clock is behind the
     // one that wrote last, would otherwise be refused as stale.
@@ -915,6 +963,45 @@ mod tests {
         assert_eq!(versions(&late).len(), 2);
         let on = publish(Some(&late), server("io.acme/weather", "1.0.2"), T3).unwrap();
         assert_eq!(on.updated_at.as_deref(), Some(T3));
+    }
+
+    /// The latest version's remote says which credential a call needs.
+    #[test]
+    fn a_remotes_secret_header_is_the_records_authentication() {
+        let with_headers = |version: &str, headers: Value| {
+            let mut s = server("io.acme/weather", version);
+            s["remotes"][0]["headers"] = headers;
+            s
+        };
+        let key = json!([
+            {"name": "X-Region", "isRequired": true, "value": "eu"},
+            {"name": "X-Weather-Key", "description": "From your account page.",
+             "isRequired": true, "isSecret": true}
+        ]);
+        let m = publish(None, with_headers("1.0.0", key), T1).unwrap();
+        let auth = m.authentication.clone().unwrap();
+        assert_eq!(auth.kind.as_deref(), Some("api_key"));
+        assert_eq!(auth.extra["header"], "X-Weather-Key");
+        assert_eq!(
+            auth.instructions.as_deref(),
+            Some("From your account page.")
+        );
+        assert_eq!(m.auth, m.authentication);
+        // A token in Authorization, secret through its variable; a
+        // description that could not stand in a record is left out.
+        let bearer = json!([{"name": "Authorization", "description": "x".repeat(2000),
+            "isRequired": true, "value": "Bearer {token}",
+            "variables": {"token": {"isRequired": true, "isSecret": true}}}]);
+        let m = publish(Some(&m), with_headers("1.1.0", bearer), T2).unwrap();
+        let auth = m.authentication.clone().unwrap();
+        assert_eq!(auth.kind.as_deref(), Some("oauth2_bearer"));
+        assert!(auth.extra.get("header").is_none());
+        assert_eq!(auth.instructions, None);
+        assert_eq!(m.auth, m.authentication);
+        // An optional secret, or none: no requirement, whatever came before.
+        let optional = json!([{"name": "X-Weather-Key", "isSecret": true}]);
+        let m = publish(Some(&m), with_headers("1.2.0", optional), T3).unwrap();
+        assert_eq!((m.authentication.as_ref(), m.auth.as_ref()), (None, None));
     }
 
     #[test]

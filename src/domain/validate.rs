@@ -133,6 +133,12 @@ pub fn validate_id(id: &str, pointer: &str) -> Result {
     Ok(())
 }
 
+/// Whether `value` may stand in a record's short text member (such as
+/// `instructions`).
+pub(crate) fn short_text(value: &str) -> bool {
+    validate_text(value, "", MAX_SHORT_TEXT_LEN, false).is_ok()
+}
+
 fn validate_text(value: &str, pointer: &str, max: usize, required: bool) -> Result {
     if required && value.trim().is_empty() {
         return Err(FieldError::new(

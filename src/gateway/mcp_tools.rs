@@ -14,7 +14,7 @@ use rmcp::model::Tool;
 use url::Url;
 
 use super::outbound::{redacted, OutboundError};
-use super::transport::{bearer_of, in_session, GatewayError, Outbound, Peer};
+use super::transport::{in_session, session_headers, GatewayError, Outbound, Peer};
 
 /// Every tool the MCP server at `endpoint` (Streamable HTTP) lists, all
 /// pages of them, asked with the credential among `headers` (the one a
@@ -24,14 +24,17 @@ pub async fn list_tools(
     endpoint: &str,
     headers: &[(String, String)],
 ) -> Result<Vec<Tool>, GatewayError> {
-    let bearer = bearer_of(headers);
     let url = Url::parse(endpoint).map_err(|e| {
         GatewayError::Unsupported(format!("the MCP endpoint {endpoint} is not a URL: {e}"))
     })?;
     let target = redacted(&url);
-    let tools = in_session(out, &url, bearer, "tools/list", |peer: Peer| async move {
-        peer.list_all_tools().await
-    })
+    let tools = in_session(
+        out,
+        &url,
+        session_headers(headers),
+        "tools/list",
+        |peer: Peer| async move { peer.list_all_tools().await },
+    )
     .await?;
     // The answer was read whole by rmcp; hold it to the same limit as any
     // agent's answer before it is passed on.

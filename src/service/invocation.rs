@@ -510,6 +510,7 @@ impl InvocationService {
             .unwrap_or_default();
         let mut credentials = self.credentials_for(record, req)?;
         if let Some(k) = &req.idempotency_key {
+            header_value(k, "/idempotency_key")?;
             credentials
                 .headers
                 .push(("Idempotency-Key".into(), k.clone()));
@@ -645,7 +646,10 @@ impl InvocationService {
                 }
             });
         match (&req.agent_authorization, kind.as_str()) {
-            (Some(v), _) if !v.is_empty() => Ok(with(vec![(header, v.clone())])),
+            (Some(v), _) if !v.is_empty() => {
+                header_value(v, "/agent_authorization")?;
+                Ok(with(vec![(header, v.clone())]))
+            }
             (_, "none") => Ok(with(Vec::new())),
             (_, "mtls") if outbound.presents_certificate() => Ok(with(Vec::new())),
             (_, "mtls") => Err(ServiceError::Unsupported(format!(
@@ -771,6 +775,19 @@ pub(super) fn call_binding<'a>(
         let p = b.protocol.to_ascii_lowercase();
         transport::callable(b) && (accepted.is_empty() || accepted.contains(&p))
     })
+}
+
+/// Refuses a caller's value that cannot travel in an HTTP header (a
+/// control character, which gRPC and the MCP tools can carry): it would
+/// fail only when the call is sent, as if the agent were unreachable.
+fn header_value(v: &str, field: &str) -> Result<()> {
+    match reqwest::header::HeaderValue::from_str(v) {
+        Ok(_) => Ok(()),
+        Err(_) => Err(ServiceError::InvalidRequest {
+            field: Some(field.into()),
+            message: "must be visible ASCII characters and spaces only: it is sent to the agent in an HTTP header".into(),
+        }),
+    }
 }
 
 fn no_binding(record: &AgentRecord, accepted: &[String]) -> ServiceError {

@@ -506,12 +506,9 @@ async fn agents_behind_mutual_tls_are_called_with_the_gateways_certificate_which
         c.gateway.outbound.ca_file = Some(ca_file);
         c.gateway.credentials = vec![agentry::config::CredentialConfig {
             agent: own,
-            header: None,
-            value: None,
-            value_env: None,
             client_cert_file: Some(gateway.0),
             client_key_file: Some(gateway.1),
-            oauth2: None,
+            ..Default::default()
         }];
     })
     .await;
@@ -805,12 +802,8 @@ fn oauth_credential(
 ) -> agentry::config::CredentialConfig {
     agentry::config::CredentialConfig {
         agent,
-        header: None,
-        value: None,
-        value_env: None,
-        client_cert_file: None,
-        client_key_file: None,
         oauth2: Some(oauth2),
+        ..Default::default()
     }
 }
 

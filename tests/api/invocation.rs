@@ -423,11 +423,8 @@ async fn declared_authentication_is_passed_through_or_injected() {
         c.gateway.credentials = vec![agentry::config::CredentialConfig {
             agent: "keyed-injected".into(),
             header: Some("X-API-Key".into()),
-            value: None,
             value_env: Some("AGENTRY_TEST_KEYED_SECRET".into()),
-            client_cert_file: None,
-            client_key_file: None,
-            oauth2: None,
+            ..Default::default()
         }];
     })
     .await;
@@ -524,6 +521,30 @@ async fn declared_authentication_is_passed_through_or_injected() {
         e.metadata().get("www-authenticate").unwrap(),
         about_the_agent
     );
+    // gRPC carries any string: a credential or idempotency key that
+    // cannot travel in an HTTP header is the caller's error, named, and
+    // nothing is sent (it used to fail at sending, as an unreachable agent).
+    let before = agents.calls();
+    for (credential, key, field) in [
+        ("agent-secret\r\nX-Injected: 1", "", "/agent_authorization"),
+        ("agent-secret", "retry-1\n", "/idempotency_key"),
+    ] {
+        let req = Grpc::req(
+            Some(ALICE),
+            pb::InvokeRequest {
+                agent_id: "keyed".into(),
+                body: b"{}".to_vec(),
+                agent_authorization: credential.into(),
+                idempotency_key: key.into(),
+                ..Default::default()
+            },
+        );
+        let e = grpc.invoke(req).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+        let detail = agentry::api::error::detail_of(&e);
+        assert_eq!(detail.field.as_deref(), Some(field), "{detail:?}");
+    }
+    assert_eq!(agents.calls(), before);
 
     let a = invoke(
         &s,

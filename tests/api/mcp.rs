@@ -346,6 +346,135 @@ async fn an_mcp_servers_refusal_of_the_credentials_reaches_the_caller_as_its_sta
     s.stop().await;
 }
 
+/// `POST /agents/{id}/invoke?operation=translate` with `headers`: the
+/// status, the response headers and the body.
+async fn translate(
+    s: &TestServer,
+    id: &str,
+    headers: &[(&str, &str)],
+) -> (u16, reqwest::header::HeaderMap, Value) {
+    let mut req = reqwest::Client::new()
+        .post(format!(
+            "{}/agents/{}/invoke?operation=translate",
+            s.http,
+            Http::url_id(id)
+        ))
+        .bearer_auth(ALICE)
+        .json(&json!({"text": "hello", "target_language": "fr"}));
+    for (name, value) in headers {
+        req = req.header(*name, *value);
+    }
+    let resp = req.send().await.expect("the invocation is sent");
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    (status, headers, resp.json().await.unwrap_or(Value::Null))
+}
+
+/// MCP servers that take an API key in a header of their own (not a
+/// bearer token), as many in the MCP registry declare in their remote's
+/// `headers`: the key reaches the server in that header, whether the
+/// caller passes it or the gateway holds it.
+#[tokio::test]
+async fn an_mcp_server_gets_its_api_key_in_the_header_it_declares() {
+    const KEY: &str = "text-tools-key";
+    let (_server, port) = python_fixture("mcp_server.py", &[KEY, "--header=X-API-Key"]).await;
+    let remote = format!("http://127.0.0.1:{port}/mcp");
+    let s = TestServer::start_with(|c| {
+        super::invocation::local_agents(c);
+        c.gateway.outbound.timeout_ms = 10_000;
+        c.gateway.credentials = vec![agentry::config::CredentialConfig {
+            agent: "mcp:io.agentry.test/held-key".into(),
+            header: Some("X-API-Key".into()),
+            value: Some(KEY.into()),
+            ..Default::default()
+        }];
+    })
+    .await;
+    let http = Http::new(&s.http);
+    let publish = |name: &str, headers: Value| {
+        json!({
+            "$schema": "https://static.modelcontextprotocol.io/schemas/2025-12-11/server.schema.json",
+            "name": name,
+            "description": "Text tools: translate text and count words.",
+            "version": "1.0.0",
+            "remotes": [{"type": "streamable-http", "url": remote, "headers": headers}]
+        })
+    };
+    let declared = json!([{"name": "X-API-Key", "description": "Your Text Tools API key.",
+        "isRequired": true, "isSecret": true}]);
+    for server in [
+        publish("io.agentry.test/callers-key", declared),
+        publish("io.agentry.test/held-key", json!([])),
+    ] {
+        let (status, _, body) = http
+            .send(
+                reqwest::Method::POST,
+                "/v0.1/publish",
+                Some(ALICE),
+                Some(server),
+                &[],
+            )
+            .await;
+        assert_eq!(status, 200, "{body}");
+    }
+
+    // The declared header is the record's requirement, for every reader.
+    let callers = "mcp:io.agentry.test/callers-key";
+    let record = http.record(callers, ALICE).await;
+    assert_eq!(
+        record["authentication"],
+        json!({"type": "api_key", "header": "X-API-Key", "instructions": "Your Text Tools API key."}),
+        "{record}"
+    );
+    assert_eq!(record["auth"], record["authentication"], "{record}");
+
+    // The caller's key, in X-API-Key; calls after the first share the
+    // session started with it, an idempotency key or not.
+    for extra in [None, Some(("idempotency-key", "retry-7"))] {
+        let mut headers = vec![("agent-authorization", KEY)];
+        headers.extend(extra);
+        let (status, _, body) = translate(&s, callers, &headers).await;
+        assert_eq!(status, 200, "{extra:?}: {body}");
+        assert_eq!(body, json!({"translated_text": "[fr] olleh"}));
+    }
+    // Without one, the gateway refuses before anything is sent and says
+    // whose credential is missing; a wrong one, the server refuses.
+    let (status, headers, body) = translate(&s, callers, &[]).await;
+    assert_eq!(status, 401, "{body}");
+    assert!(
+        headers["www-authenticate"]
+            .to_str()
+            .unwrap()
+            .starts_with("Agent realm="),
+        "{headers:?}"
+    );
+    assert!(
+        body["message"].as_str().unwrap().contains("api_key"),
+        "{body}"
+    );
+    let (status, _, body) = translate(&s, callers, &[("agent-authorization", "a-wrong-key")]).await;
+    assert_eq!(status, 401, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("refused the credentials")),
+        "{body}"
+    );
+
+    // The gateway's own key for a server, in the header it is configured
+    // with; the record declares nothing, so callers need none.
+    let held = "mcp:io.agentry.test/held-key";
+    assert!(http
+        .record(held, ALICE)
+        .await
+        .get("authentication")
+        .is_none());
+    let (status, _, body) = translate(&s, held, &[]).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body, json!({"translated_text": "[fr] olleh"}));
+    s.stop().await;
+}
+
 #[tokio::test]
 async fn a_slow_mcp_call_holds_none_of_the_others_in_its_kept_session() {
     // Both ways a server answers a call: an event stream (the SDK's

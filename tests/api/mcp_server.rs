@@ -645,12 +645,8 @@ async fn mcp_server_calls_the_tools_of_a_published_mcp_server() {
         c.gateway.outbound.timeout_ms = 10_000;
         c.gateway.credentials = vec![agentry::config::CredentialConfig {
             agent: "mcp:io.agentry.test/text-tools".into(),
-            header: None,
             value: Some("Bearer text-tools-key".into()),
-            value_env: None,
-            client_cert_file: None,
-            client_key_file: None,
-            oauth2: None,
+            ..Default::default()
         }];
     })
     .await;

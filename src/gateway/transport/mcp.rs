@@ -27,13 +27,26 @@ pub(crate) type Session = rmcp::service::RunningService<rmcp::RoleClient, ()>;
 /// owns it, so it can be sent again in another session).
 pub(crate) type Peer = rmcp::Peer<rmcp::RoleClient>;
 
-/// The token of the `Authorization` header among `headers`: rmcp sends
-/// credentials as `Authorization: Bearer` only.
-pub(crate) fn bearer_of(headers: &[(String, String)]) -> Option<String> {
+/// What a kept MCP session sends on every request, from a call's
+/// `headers`: the credential, in the header the agent expects (an API key
+/// in `X-API-Key` or the header its record names, a token in
+/// `Authorization`). A session's requests share their headers, so an
+/// `Idempotency-Key`, which belongs to one call, stays behind. A bare
+/// token in `Authorization` is sent as `Bearer <token>`, the form MCP's
+/// authorization requires.
+pub(crate) fn session_headers(headers: &[(String, String)]) -> Vec<(String, String)> {
     headers
         .iter()
-        .find(|(h, _)| h.eq_ignore_ascii_case("authorization"))
-        .map(|(_, v)| v.strip_prefix("Bearer ").unwrap_or(v).to_string())
+        .filter(|(h, _)| !h.eq_ignore_ascii_case("idempotency-key"))
+        .map(|(h, v)| {
+            let bare = !v.trim().contains(' ');
+            if h.eq_ignore_ascii_case("authorization") && bare {
+                (h.clone(), format!("Bearer {}", v.trim()))
+            } else {
+                (h.clone(), v.clone())
+            }
+        })
+        .collect()
 }
 
 /// A WoA envelope as an MCP `tools/call`.
@@ -46,18 +59,23 @@ pub(super) async fn call(out: &Outbound, spec: &CallSpec<'_>) -> Result<Answer, 
         Value::Object(m) => Some(m.clone()),
         _ => None,
     };
-    let auth_header = bearer_of(&spec.headers);
     let what = format!("tools/call '{tool}'");
     let tool = tool.to_string();
-    let called = in_session(out, &url, auth_header, &what, |peer: Peer| {
-        let params = CallToolRequestParams {
-            meta: None,
-            name: tool.clone().into(),
-            arguments: arguments.clone(),
-            task: None,
-        };
-        async move { peer.call_tool(params).await }
-    })
+    let called = in_session(
+        out,
+        &url,
+        session_headers(&spec.headers),
+        &what,
+        |peer: Peer| {
+            let params = CallToolRequestParams {
+                meta: None,
+                name: tool.clone().into(),
+                arguments: arguments.clone(),
+                task: None,
+            };
+            async move { peer.call_tool(params).await }
+        },
+    )
     .await;
     match called {
         Ok(result) => mcp_answer(result, &redacted(&url), out.policy.max_response_bytes),
@@ -132,6 +150,31 @@ fn mcp_answer(
 mod tests {
     use super::super::tests::{binding, spec};
     use super::*;
+
+    #[test]
+    fn a_session_carries_the_credential_in_its_header_and_no_idempotency_key() {
+        let call = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+            pairs
+                .iter()
+                .map(|(h, v)| (h.to_string(), v.to_string()))
+                .collect()
+        };
+        // An API key in the header the agent reads, as it is.
+        assert_eq!(
+            session_headers(&call(&[("X-API-Key", "k 1"), ("Idempotency-Key", "r")])),
+            call(&[("X-API-Key", "k 1")])
+        );
+        // A bare token in Authorization is MCP's bearer; a value with its
+        // scheme is sent as it is.
+        assert_eq!(
+            session_headers(&call(&[("Authorization", "tok")])),
+            call(&[("Authorization", "Bearer tok")])
+        );
+        assert_eq!(
+            session_headers(&call(&[("authorization", "Basic dTpw")])),
+            call(&[("authorization", "Basic dTpw")])
+        );
+    }
 
     #[test]
     fn the_tool_is_named_by_the_field_the_binding_says() {

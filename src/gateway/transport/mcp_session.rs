@@ -84,7 +84,8 @@ pub(super) struct Sessions {
 #[derive(Clone, PartialEq, Eq, Hash)]
 struct Key {
     url: String,
-    bearer: Option<String>,
+    /// The credential's headers (`mcp::session_headers`).
+    headers: Vec<(String, String)>,
 }
 
 /// One kept session, started by the first call that needs it; callers
@@ -156,7 +157,7 @@ impl Sessions {
         *kept.used.lock().unwrap_or_else(|e| e.into_inner()) = now;
         let running = kept.session.initialized();
         kept.session
-            .get_or_try_init(|| start(out, url, key.bearer.clone()))
+            .get_or_try_init(|| start(out, url, &key.headers))
             .await?;
         Ok((kept, running))
     }
@@ -190,8 +191,13 @@ impl Sessions {
     }
 }
 
-/// Initialises a session over Streamable HTTP on the guarded client.
-async fn start(out: &Outbound, url: &Url, bearer: Option<String>) -> Result<Session, GatewayError> {
+/// Initialises a session over Streamable HTTP on the guarded client,
+/// every request of it carrying `headers`.
+async fn start(
+    out: &Outbound,
+    url: &Url,
+    headers: &[(String, String)],
+) -> Result<Session, GatewayError> {
     use rmcp::transport::streamable_http_client::{
         StreamableHttpClientTransport, StreamableHttpClientTransportConfig,
     };
@@ -199,12 +205,12 @@ async fn start(out: &Outbound, url: &Url, bearer: Option<String>) -> Result<Sess
     let transport = StreamableHttpClientTransport::with_client(
         StatusAware {
             client: out.client(),
+            headers: Arc::new(header_map(headers)?),
             limit: out.policy.max_response_bytes,
             timeout: out.policy.timeout,
         },
         StreamableHttpClientTransportConfig {
             uri: url.as_str().into(),
-            auth_header: bearer,
             ..Default::default()
         },
     );
@@ -227,6 +233,29 @@ async fn start(out: &Outbound, url: &Url, bearer: Option<String>) -> Result<Sess
         }
         .into()
     })
+}
+
+/// `headers` as a session sends them. A header name the agent's record or
+/// a credential's configuration got wrong makes the binding uncallable;
+/// the caller's own values were checked when the call was taken.
+fn header_map(headers: &[(String, String)]) -> Result<reqwest::header::HeaderMap, GatewayError> {
+    use reqwest::header::{HeaderName, HeaderValue};
+    let mut map = reqwest::header::HeaderMap::new();
+    for (name, value) in headers {
+        let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
+            GatewayError::Unsupported(format!(
+                "the credential header '{name}' is not an HTTP header name"
+            ))
+        })?;
+        let mut value = HeaderValue::from_str(value).map_err(|_| {
+            GatewayError::Unsupported(format!(
+                "the credential for header '{name}' cannot be sent in an HTTP header"
+            ))
+        })?;
+        value.set_sensitive(true);
+        map.append(name, value);
+    }
+    Ok(map)
 }
 
 /// A refusal of the request's credentials: the status (401 or 403) and
@@ -264,12 +293,13 @@ fn refusal(e: &StreamableHttpError<McpHttpError>) -> Option<Refusal> {
 /// first if there is none): the address checked by the outbound policy
 /// first, the whole exchange within the policy's timeout. A kept session
 /// the server no longer knows is replaced and the request sent again
-/// once. `what` names the request in a refusal; `bearer` is sent as
-/// `Authorization: Bearer` (the one credential rmcp sends).
+/// once. `what` names the request in a refusal; `headers` (the
+/// credential, `mcp::session_headers`) go with every request of the
+/// session.
 pub(crate) async fn in_session<T, F>(
     out: &Outbound,
     url: &Url,
-    bearer: Option<String>,
+    headers: Vec<(String, String)>,
     what: &str,
     request: impl Fn(Peer) -> F,
 ) -> Result<T, GatewayError>
@@ -282,7 +312,7 @@ where
     let sessions = out.mcp_sessions();
     let key = Key {
         url: url.as_str().to_string(),
-        bearer,
+        headers,
     };
     let limit = out.policy.max_response_bytes;
     let run = async {
@@ -415,6 +445,9 @@ pub enum McpHttpError {
 #[derive(Clone)]
 struct StatusAware {
     client: reqwest::Client,
+    /// The session's credential, on every request (rmcp's own client
+    /// sends only a bearer token, in `Authorization`).
+    headers: Arc<reqwest::header::HeaderMap>,
     /// The most bytes one answer may carry.
     limit: usize,
     /// How long a call's exchange may last: its caller has gone by then,
@@ -500,22 +533,6 @@ fn answer_events(
     events.chain(tail).boxed()
 }
 
-fn from_reqwest(e: StreamableHttpError<reqwest::Error>) -> StreamableHttpError<McpHttpError> {
-    match e {
-        StreamableHttpError::Client(e) => StreamableHttpError::Client(McpHttpError::Http(e)),
-        StreamableHttpError::ServerDoesNotSupportSse => {
-            StreamableHttpError::ServerDoesNotSupportSse
-        }
-        StreamableHttpError::ServerDoesNotSupportDeleteSession => {
-            StreamableHttpError::ServerDoesNotSupportDeleteSession
-        }
-        StreamableHttpError::UnexpectedContentType(t) => {
-            StreamableHttpError::UnexpectedContentType(t)
-        }
-        other => StreamableHttpError::UnexpectedServerResponse(other.to_string().into()),
-    }
-}
-
 /// The start of an error answer's body, for its error.
 async fn quoted(resp: reqwest::Response) -> String {
     let mut body = Vec::new();
@@ -549,19 +566,16 @@ impl StatusAware {
         uri: &str,
         message: &ClientJsonRpcMessage,
         session_id: Option<&str>,
-        auth_header: Option<String>,
     ) -> Result<Sent, StreamableHttpError<McpHttpError>> {
         let mut req = self
             .client
             .post(uri)
+            .headers((*self.headers).clone())
             .header(
                 reqwest::header::ACCEPT,
                 format!("{EVENT_STREAM_MIME_TYPE}, {JSON_MIME_TYPE}"),
             )
             .json(message);
-        if let Some(token) = auth_header {
-            req = req.bearer_auth(token);
-        }
         if let Some(id) = session_id {
             req = req.header(HEADER_SESSION_ID, id);
         }
@@ -643,7 +657,7 @@ impl StreamableHttpClient for StatusAware {
         uri: Arc<str>,
         message: ClientJsonRpcMessage,
         session_id: Option<Arc<str>>,
-        auth_header: Option<String>,
+        _bearer: Option<String>,
     ) -> Result<StreamableHttpPostResponse, StreamableHttpError<McpHttpError>> {
         let (id, start) = match &message {
             ClientJsonRpcMessage::Request(request) => (
@@ -657,9 +671,7 @@ impl StreamableHttpClient for StatusAware {
                 let this = self.clone();
                 let due = tokio::time::Instant::now() + self.timeout;
                 let events = futures::stream::once(async move {
-                    let sent = this
-                        .send(&uri, &message, session_id.as_deref(), auth_header)
-                        .await;
+                    let sent = this.send(&uri, &message, session_id.as_deref()).await;
                     match sent {
                         Ok(Sent::Answer { resp, json, .. }) => {
                             answer_events(resp, json, this.limit, Some(id))
@@ -678,10 +690,7 @@ impl StreamableHttpClient for StatusAware {
                 .boxed();
                 Ok(StreamableHttpPostResponse::Sse(events, None))
             }
-            _ => match self
-                .send(&uri, &message, session_id.as_deref(), auth_header)
-                .await?
-            {
+            _ => match self.send(&uri, &message, session_id.as_deref()).await? {
                 Sent::Accepted => Ok(StreamableHttpPostResponse::Accepted),
                 Sent::Answer {
                     resp,
@@ -699,12 +708,23 @@ impl StreamableHttpClient for StatusAware {
         &self,
         uri: Arc<str>,
         session_id: Arc<str>,
-        auth_header: Option<String>,
+        _bearer: Option<String>,
     ) -> Result<(), StreamableHttpError<McpHttpError>> {
-        self.client
-            .delete_session(uri, session_id, auth_header)
+        let resp = self
+            .client
+            .delete(uri.as_ref())
+            .headers((*self.headers).clone())
+            .header(HEADER_SESSION_ID, session_id.as_ref())
+            .send()
             .await
-            .map_err(from_reqwest)
+            .map_err(|e| StreamableHttpError::Client(e.into()))?;
+        // A server that keeps no sessions it can end says so with 405.
+        if resp.status() == reqwest::StatusCode::METHOD_NOT_ALLOWED {
+            return Ok(());
+        }
+        resp.error_for_status()
+            .map(drop)
+            .map_err(|e| StreamableHttpError::Client(e.into()))
     }
 
     async fn get_stream(
@@ -712,7 +732,7 @@ impl StreamableHttpClient for StatusAware {
         uri: Arc<str>,
         session_id: Arc<str>,
         last_event_id: Option<String>,
-        auth_header: Option<String>,
+        _bearer: Option<String>,
     ) -> Result<BoxStream<'static, Result<Sse, SseError>>, StreamableHttpError<McpHttpError>> {
         // Without an event id this is the standalone stream, not opened
         // (see the module's doc); with one, an answer's broken stream
@@ -720,16 +740,13 @@ impl StreamableHttpClient for StatusAware {
         let Some(last_event_id) = last_event_id else {
             return Err(StreamableHttpError::ServerDoesNotSupportSse);
         };
-        let mut req = self
+        let resp = self
             .client
             .get(uri.as_ref())
+            .headers((*self.headers).clone())
             .header(reqwest::header::ACCEPT, EVENT_STREAM_MIME_TYPE)
             .header(HEADER_SESSION_ID, session_id.as_ref())
-            .header(HEADER_LAST_EVENT_ID, last_event_id);
-        if let Some(token) = auth_header {
-            req = req.bearer_auth(token);
-        }
-        let resp = req
+            .header(HEADER_LAST_EVENT_ID, last_event_id)
             .send()
             .await
             .map_err(|e| StreamableHttpError::Client(e.into()))?;
@@ -786,6 +803,7 @@ mod tests {
     fn client() -> StatusAware {
         StatusAware {
             client: reqwest::Client::new(),
+            headers: Default::default(),
             limit: 1 << 10,
             timeout: Duration::from_secs(5),
         }
@@ -799,7 +817,7 @@ mod tests {
     }
 
     async fn sent(uri: &str, session: Option<&str>) -> StreamableHttpError<McpHttpError> {
-        match client().send(uri, &tools_list(), session, None).await {
+        match client().send(uri, &tools_list(), session).await {
             Err(e) => e,
             Ok(_) => panic!("an error status was read as an answer"),
         }

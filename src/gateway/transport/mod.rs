@@ -30,7 +30,7 @@ use serde_json::Value;
 use url::Url;
 
 pub use agent_protocol::ap_url;
-pub(crate) use mcp::{bearer_of, Peer};
+pub(crate) use mcp::{session_headers, Peer};
 pub(crate) use mcp_session::in_session;
 
 use super::outbound::{classify, read_limited, redacted, Lookup, OutboundError, OutboundPolicy};
