@@ -29,7 +29,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_server(false)
         .compile_protos(&[etcd], &["proto"])?;
-    for p in protos.iter().chain([&etcd]) {
+    // A2A 1.0's gRPC binding, for calling agents (messages only: the
+    // gateway sends under the interface URL's path with tonic's client).
+    let a2a = "proto/a2a/v1/a2a.proto";
+    tonic_prost_build::configure()
+        .build_server(false)
+        .build_client(false)
+        .compile_protos(&[a2a], &["proto"])?;
+    for p in protos.iter().chain([&etcd, &a2a]) {
         println!("cargo:rerun-if-changed={p}");
     }
     Ok(())

@@ -61,6 +61,13 @@ pub mod rpc_pb {
     tonic::include_proto!("google.rpc");
 }
 
+/// A2A 1.0's gRPC messages (`proto/a2a/v1/a2a.proto`), for calling
+/// agents over gRPC.
+pub mod a2a_pb {
+    #![allow(clippy::all, missing_docs)]
+    tonic::include_proto!("lf.a2a.v1");
+}
+
 /// etcd's KV Put (client only), for the write benchmark.
 pub mod etcd_pb {
     #![allow(clippy::all, missing_docs)]

@@ -46,6 +46,24 @@ impl TlsFiles {
             .collect()
     }
 
+    /// The same trust (the web PKI's roots and the CA file) and client
+    /// certificate for a gRPC channel, whose TLS is tonic's.
+    pub fn grpc(&self) -> Result<tonic::transport::ClientTlsConfig, String> {
+        let read =
+            |p: &PathBuf| std::fs::read(p).map_err(|e| format!("cannot read {}: {e}", p.display()));
+        let mut tls = tonic::transport::ClientTlsConfig::new().with_webpki_roots();
+        if let Some(ca) = &self.ca_file {
+            tls = tls.ca_certificate(tonic::transport::Certificate::from_pem(read(ca)?));
+        }
+        if let (Some(cert), Some(key)) = (&self.client_cert_file, &self.client_key_file) {
+            tls = tls.identity(tonic::transport::Identity::from_pem(
+                read(cert)?,
+                read(key)?,
+            ));
+        }
+        Ok(tls)
+    }
+
     /// Reads and parses every file; an error names the file and what is
     /// wrong with it.
     pub fn load(&self) -> Result<TlsMaterial, String> {

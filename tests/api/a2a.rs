@@ -27,7 +27,13 @@ impl A2aAgent {
         if let Some(k) = key {
             args.extend(["--key", k]);
         }
-        let (child, port) = python_fixture("a2a_agent.py", &args).await;
+        Self::start_args(&args).await
+    }
+
+    /// The fixture with `args` (its mode and options), its card served
+    /// over HTTP.
+    async fn start_args(args: &[&str]) -> Self {
+        let (child, port) = python_fixture("a2a_agent.py", args).await;
         Self {
             _child: child,
             base: format!("http://127.0.0.1:{port}"),
@@ -37,12 +43,7 @@ impl A2aAgent {
     /// An agent that takes only tokens of the identity provider whose keys
     /// are in `jwks`, issued for `audience`; its card names `token_url`.
     async fn start_oauth(jwks: &str, audience: &str, token_url: &str) -> Self {
-        let args = ["v1", "--oauth", jwks, audience, token_url];
-        let (child, port) = python_fixture("a2a_agent.py", &args).await;
-        Self {
-            _child: child,
-            base: format!("http://127.0.0.1:{port}"),
-        }
+        Self::start_args(&["v1", "--oauth", jwks, audience, token_url]).await
     }
 
     /// An agent behind mutual TLS with the certificates in `dir`
@@ -235,8 +236,32 @@ async fn a2a_streams_are_relayed_and_a_dropped_stream_cancels_the_task() {
     let s = server().await;
     let http = Http::new(&s.http);
     let id = import(&http, &counting).await;
-    let url = format!("{}/agents/{}/invoke?stream=true", s.http, Http::url_id(&id));
+    stream_then_leave_one(&s, &id, &counting).await;
+    s.stop().await;
+}
 
+/// Imports the booking agent `asking` and asks it to book: the answer is
+/// its task waiting for input, with its question. Returns the record id.
+async fn import_and_ask(s: &TestServer, http: &Http, asking: &A2aAgent) -> String {
+    let id = import(http, asking).await;
+    let (status, body) = invoke(s, &id, json!({"text": "book a table"}), &[]).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["task"]["status"]["state"], "TASK_STATE_INPUT_REQUIRED",
+        "{body}"
+    );
+    assert_eq!(
+        body["task"]["status"]["message"]["parts"][0]["text"],
+        "Which date?"
+    );
+    id
+}
+
+/// Streams the countdown agent `id` (`counting`) to its end, checking the
+/// events relayed; then leaves a slow stream mid-way and waits for the
+/// gateway to cancel its task.
+async fn stream_then_leave_one(s: &TestServer, id: &str, counting: &A2aAgent) {
+    let url = format!("{}/agents/{}/invoke?stream=true", s.http, Http::url_id(id));
     let resp = reqwest::Client::new()
         .post(&url)
         .bearer_auth(ALICE)
@@ -250,18 +275,10 @@ async fn a2a_streams_are_relayed_and_a_dropped_stream_cancels_the_task() {
         .unwrap()
         .starts_with("text/event-stream"));
     let text = resp.text().await.unwrap();
-    let events: Vec<(&str, &str)> = text
-        .split("\n\n")
-        .filter_map(|block| {
-            let event = block.lines().find_map(|l| l.strip_prefix("event: "))?;
-            let data = block
-                .lines()
-                .find_map(|l| l.strip_prefix("data: "))
-                .unwrap_or("");
-            Some((event, data))
-        })
+    let names: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("event: "))
         .collect();
-    let names: Vec<&str> = events.iter().map(|(e, _)| *e).collect();
     assert_eq!(names.first(), Some(&"task"), "{text}");
     assert_eq!(
         names.iter().filter(|n| **n == "artifactUpdate").count(),
@@ -303,7 +320,6 @@ async fn a2a_streams_are_relayed_and_a_dropped_stream_cancels_the_task() {
         },
     )
     .await;
-    s.stop().await;
 }
 
 #[tokio::test]
@@ -345,17 +361,7 @@ async fn a2a_declared_auth_is_applied_and_input_required_is_asked_and_resumed() 
 
     // A task waiting for input is a valid answer: the caller sees the
     // state and the agent's question.
-    let id = import(&http, &asking).await;
-    let (status, body) = invoke(&s, &id, json!({"text": "book a table"}), &[]).await;
-    assert_eq!(status, 200, "{body}");
-    assert_eq!(
-        body["task"]["status"]["state"], "TASK_STATE_INPUT_REQUIRED",
-        "{body}"
-    );
-    assert_eq!(
-        body["task"]["status"]["message"]["parts"][0]["text"],
-        "Which date?"
-    );
+    let id = import_and_ask(&s, &http, &asking).await;
 
     // Through the Agent Protocol surface the question is WaitForInput, and
     // ResumeWithInput answers it on the same A2A task.
@@ -386,6 +392,121 @@ async fn a2a_declared_auth_is_applied_and_input_required_is_asked_and_resumed() 
     // The follow-up went to the task that asked.
     let first_task = &asked_task_id(&events);
     assert_eq!(result["task"]["id"].as_str(), Some(first_task.as_str()));
+    s.stop().await;
+}
+
+/// Agents that speak A2A over gRPC only (the SDK's `GrpcHandler`): called,
+/// streamed and cancelled through `lf.a2a.v1.A2AService`, their answers
+/// in the same JSON a JSON-RPC agent's take, their refusal of a key the
+/// caller's to see.
+#[tokio::test]
+async fn a2a_agents_over_grpc_are_called_streamed_and_cancelled() {
+    let (locked, counting, asking) = tokio::join!(
+        A2aAgent::start_args(&["v1", "--grpc", "--key", "s3cret"]),
+        A2aAgent::start_args(&["stream", "--grpc"]),
+        A2aAgent::start_args(&["ask", "--grpc"]),
+    );
+    let s = server().await;
+    let http = Http::new(&s.http);
+
+    // The card's only interface is gRPC, and it is callable.
+    let id = import(&http, &locked).await;
+    let rec = http.record(&id, ALICE).await;
+    assert_eq!(rec["bindings"][0]["transport"], "GRPC", "{rec}");
+    assert_eq!(rec["authentication"]["type"], "oauth2_bearer", "{rec}");
+
+    // The key as metadata; text and JSON in, the task out as JSON (whole
+    // numbers stay whole).
+    let key = [("agent-authorization", "Bearer s3cret")];
+    let (status, body) = invoke(&s, &id, json!({"text": "hi"}), &key).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["task"]["status"]["state"], "TASK_STATE_COMPLETED",
+        "{body}"
+    );
+    assert_eq!(artifact_text(&body["task"]), vec!["echo: hi"]);
+    let (status, body) = invoke(&s, &id, json!({"city": "Paris", "nights": 2}), &key).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["task"]["artifacts"][0]["parts"][0]["data"]["echo"],
+        json!({"city": "Paris", "nights": 2}),
+        "{body}"
+    );
+    let call = locked
+        .request(|r| r["method"] == "GRPC" && r["authorization"] == "Bearer s3cret")
+        .await
+        .expect("the agent was called over gRPC with the key");
+    assert_eq!(call["path"], "/lf.a2a.v1.A2AService/SendMessage");
+    assert_eq!(call["a2a_version"], "1.0");
+
+    // A wrong key: the agent's UNAUTHENTICATED is the caller's 401, with
+    // what the agent asked for.
+    let resp = reqwest::Client::new()
+        .post(format!("{}/agents/{}/invoke", s.http, Http::url_id(&id)))
+        .bearer_auth(ALICE)
+        .header("agent-authorization", "Bearer wrong")
+        .json(&json!({"text": "hi"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 401);
+    assert_eq!(resp.headers()["agent-authenticate"], "Bearer");
+    let body: Value = resp.json().await.unwrap();
+    assert!(
+        body["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("bearer key"),
+        "{body}"
+    );
+
+    // A task that asks: its question, as over JSON-RPC.
+    let id = import_and_ask(&s, &http, &asking).await;
+
+    // The outbound guard stands before gRPC connections as before HTTP
+    // ones: a name that resolves to an internal address is refused (403),
+    // and nothing reaches the agent.
+    let grpc_endpoint = http.record(&id, ALICE).await["bindings"][0]["endpoint"]
+        .as_str()
+        .unwrap()
+        .replace("127.0.0.1", "localhost");
+    let guarded = TestServer::start_with(|c| c.gateway.outbound.allow_http = true).await;
+    Http::new(&guarded.http)
+        .call(
+            reqwest::Method::POST,
+            "/agents",
+            Some(ALICE),
+            Some(json!({"id": "grpc-inside", "name": "Booking over gRPC",
+                "description": "The booking agent, at an internal address.",
+                "bindings": [{"protocol": "a2a", "endpoint": grpc_endpoint,
+                    "transport": "GRPC", "protocolVersion": "1.0"}]})),
+        )
+        .await
+        .expect("registers");
+    let before = asking.requests().await.len();
+    let (status, body) = invoke(&guarded, "grpc-inside", json!({"text": "hi"}), &[]).await;
+    assert_eq!(status, 403, "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("internal addresses"),
+        "{body}"
+    );
+    assert_eq!(asking.requests().await.len(), before);
+    guarded.stop().await;
+
+    // A stream relayed event by event, and cancelled when its caller goes.
+    let id = import(&http, &counting).await;
+    stream_then_leave_one(&s, &id, &counting).await;
+    assert!(
+        counting
+            .request(|r| r["path"] == "/lf.a2a.v1.A2AService/CancelTask")
+            .await
+            .is_some(),
+        "{:?}",
+        counting.requests().await
+    );
     s.stop().await;
 }
 

@@ -1,8 +1,8 @@
 //! A2A (`a2a`): an invocation is one `SendMessage` (a stream is
 //! `SendStreamingMessage`) to the interface the binding names, over the
-//! binding's wire (`transport`: JSON-RPC or HTTP+JSON) in the binding's
-//! protocol version (`protocolVersion`: 1.0, or 0.3 for the cards before
-//! interfaces declared one).
+//! binding's wire (`transport`: JSON-RPC, HTTP+JSON, or gRPC in 1.0, sent
+//! by `a2a_grpc`) in the binding's protocol version (`protocolVersion`:
+//! 1.0, or 0.3 for the cards before interfaces declared one).
 //!
 //! Version 1.0 calls carry `A2A-Version: 1.0` (a 1.0 server takes a call
 //! without it for 0.3 and refuses it). 0.3 uses the method names
@@ -25,6 +25,7 @@ use futures::StreamExt;
 use serde_json::{json, Value};
 use url::Url;
 
+use super::a2a_grpc::{self, Sent};
 use super::{
     endpoint, events_or_answer, exchange, redacted, whole_answer, Answer, CallSpec, Event,
     GatewayError, Outbound, Started,
@@ -39,6 +40,7 @@ pub const VERSION_HEADER: &str = "A2A-Version";
 enum Wire {
     JsonRpc,
     HttpJson,
+    Grpc,
 }
 
 /// The protocol version the interface speaks.
@@ -54,15 +56,17 @@ struct Interface {
     version: Version,
 }
 
-/// The binding's wire and version; a gRPC interface is not callable.
+/// The binding's wire and version; a gRPC interface of 0.3 (another
+/// service, `a2a.v1`) is not callable.
 fn interface(b: &Binding) -> Result<Interface, GatewayError> {
     let text = |k: &str| b.extra.get(k).and_then(Value::as_str).map(str::trim);
     let wire = match text("transport").map(str::to_ascii_uppercase).as_deref() {
         None | Some("JSONRPC") | Some("JSON-RPC") => Wire::JsonRpc,
         Some("HTTP+JSON") | Some("REST") => Wire::HttpJson,
+        Some("GRPC") => Wire::Grpc,
         Some(other) => {
             return Err(GatewayError::Unsupported(format!(
-                "the gateway calls A2A agents over JSONRPC or HTTP+JSON, not {other}"
+                "the gateway calls A2A agents over JSONRPC, HTTP+JSON or GRPC, not {other}"
             )))
         }
     };
@@ -71,6 +75,12 @@ fn interface(b: &Binding) -> Result<Interface, GatewayError> {
         Some(_) => Version::V1,
         None => Version::V03,
     };
+    if wire == Wire::Grpc && version == Version::V03 {
+        return Err(GatewayError::Unsupported(
+            "the gateway calls A2A over gRPC in protocol version 1.0; this interface declares 0.3"
+                .into(),
+        ));
+    }
     Ok(Interface { wire, version })
 }
 
@@ -201,6 +211,12 @@ async fn send(
     };
     let (url, body) = match iface.wire {
         Wire::JsonRpc => (base, rpc(method(iface.version, stream), request)),
+        // Sent by `send_grpc`; never over HTTP.
+        Wire::Grpc => {
+            return Err(GatewayError::Unsupported(
+                "an A2A gRPC interface is not called over HTTP".into(),
+            ))
+        }
         Wire::HttpJson => {
             let path = match (iface.version, stream) {
                 (Version::V1, false) => "message:send",
@@ -216,8 +232,34 @@ async fn send(
     Ok((resp, url))
 }
 
+/// Sends the message over gRPC.
+async fn send_grpc(
+    out: &Outbound,
+    spec: &CallSpec<'_>,
+    iface: Interface,
+    stream: bool,
+) -> Result<(Sent, Url), GatewayError> {
+    let base = endpoint(spec.binding)?;
+    let request = send_request(spec.input, iface.version, spec.continues);
+    let h = headers(&spec.headers, iface.version);
+    Ok((
+        a2a_grpc::send(out, &base, &h, &request, stream).await?,
+        base,
+    ))
+}
+
 pub(super) async fn call(out: &Outbound, spec: &CallSpec<'_>) -> Result<Answer, GatewayError> {
     let iface = interface(spec.binding)?;
+    if iface.wire == Wire::Grpc {
+        return match send_grpc(out, spec, iface, false).await? {
+            (Sent::Result(result), url) => outcome(result, &url),
+            (Sent::Refused(answer), _) => Ok(answer),
+            (Sent::Events(_), url) => Err(GatewayError::BadAnswer(format!(
+                "the A2A agent at {} answered a call with a stream",
+                redacted(&url)
+            ))),
+        };
+    }
     let (resp, url) = send(out, spec, iface, false).await?;
     let answer = whole_answer(out, resp, &url).await?;
     if answer.status >= 400 {
@@ -227,7 +269,7 @@ pub(super) async fn call(out: &Outbound, spec: &CallSpec<'_>) -> Result<Answer, 
         return Ok(refused);
     }
     let result = match iface.wire {
-        Wire::JsonRpc => rpc_result(&answer.json, &url)?,
+        Wire::JsonRpc | Wire::Grpc => rpc_result(&answer.json, &url)?,
         Wire::HttpJson => answer.json.clone(),
     };
     outcome(normalised(result), &url)
@@ -238,6 +280,21 @@ pub(super) async fn open_stream(
     spec: &CallSpec<'_>,
 ) -> Result<Started, GatewayError> {
     let iface = interface(spec.binding)?;
+    let cancel = Canceller {
+        out: out.clone(),
+        base: endpoint(spec.binding)?,
+        iface,
+        headers: headers(&spec.headers, iface.version),
+        task: None,
+        finished: false,
+    };
+    if iface.wire == Wire::Grpc {
+        return match send_grpc(out, spec, iface, true).await? {
+            (Sent::Events(events), url) => Ok(Started::Events(relay(events, cancel, url))),
+            (Sent::Result(result), url) => outcome(result, &url).map(Started::Whole),
+            (Sent::Refused(answer), _) => Ok(Started::Whole(answer)),
+        };
+    }
     let (resp, url) = send(out, spec, iface, true).await?;
     match events_or_answer(out, resp, &url).await? {
         Started::Whole(answer) if answer.status >= 400 => Ok(Started::Whole(answer)),
@@ -247,22 +304,12 @@ pub(super) async fn open_stream(
                 return Ok(Started::Whole(refused));
             }
             let result = match iface.wire {
-                Wire::JsonRpc => rpc_result(&answer.json, &url)?,
+                Wire::JsonRpc | Wire::Grpc => rpc_result(&answer.json, &url)?,
                 Wire::HttpJson => answer.json.clone(),
             };
             outcome(normalised(result), &url).map(Started::Whole)
         }
-        Started::Events(events) => {
-            let cancel = Canceller {
-                out: out.clone(),
-                base: endpoint(spec.binding)?,
-                iface,
-                headers: headers(&spec.headers, iface.version),
-                task: None,
-                finished: false,
-            };
-            Ok(Started::Events(relay(events, cancel, url)))
-        }
+        Started::Events(events) => Ok(Started::Events(relay(events, cancel, url))),
     }
 }
 
@@ -447,7 +494,7 @@ impl Drop for Canceller {
 }
 
 /// `CancelTask` (`tasks/cancel` in 0.3, `POST tasks/{id}:cancel` over
-/// HTTP+JSON).
+/// HTTP+JSON, the gRPC method over gRPC).
 async fn cancel(
     out: &Outbound,
     base: &Url,
@@ -456,6 +503,7 @@ async fn cancel(
     task: &str,
 ) -> Result<(), GatewayError> {
     let (url, body) = match (iface.wire, iface.version) {
+        (Wire::Grpc, _) => return a2a_grpc::cancel(out, base, headers, task).await,
         (Wire::JsonRpc, Version::V1) => (base.clone(), rpc("CancelTask", json!({"id": task}))),
         (Wire::JsonRpc, Version::V03) => (base.clone(), rpc("tasks/cancel", json!({"id": task}))),
         (Wire::HttpJson, Version::V1) => (route(base, &format!("tasks/{task}:cancel"))?, json!({})),
@@ -616,9 +664,17 @@ mod tests {
         let b = a2a_binding("https://a.example/rest", "HTTP+JSON", "0.3.0");
         let i = interface(&b).unwrap();
         assert_eq!((i.wire, i.version), (Wire::HttpJson, Version::V03));
+        // gRPC in 1.0 only: 0.3's is another service.
+        let i = interface(&a2a_binding("https://a.example/g", "GRPC", "1.0")).unwrap();
+        assert_eq!((i.wire, i.version), (Wire::Grpc, Version::V1));
         assert!(!callable(&a2a_binding(
             "https://a.example/g",
             "GRPC",
+            "0.3.0"
+        )));
+        assert!(!callable(&a2a_binding(
+            "https://a.example/w",
+            "WEBSOCKET",
             "1.0"
         )));
         let mut legacy = a2a_binding("https://a.example/rpc", "JSONRPC", "");

@@ -5,13 +5,14 @@
 //! `mcp` (the envelope becomes a `tools/call` over Streamable HTTP, WoA
 //! 5.3), `agent_protocol` (a ChatRequest on `stream_request`, its events
 //! collected until RunCompleted) and `a2a` (`SendMessage` over JSON-RPC or
-//! HTTP+JSON, A2A 1.0 or 0.3).
+//! HTTP+JSON, A2A 1.0 or 0.3, or over gRPC in 1.0: `a2a_grpc`).
 //!
 //! Answers are classified here once: a 2xx JSON body is the agent's output,
 //! a 4xx JSON body is passed through as the agent's own refusal, 503 is
 //! "overloaded", other 5xx and anything that is not JSON are bad answers.
 
 pub mod a2a;
+mod a2a_grpc;
 mod agent_protocol;
 mod mcp;
 mod mcp_session;
@@ -39,7 +40,7 @@ use crate::domain::{Binding, Protocol};
 use crate::listener::FileStamps;
 
 /// Whether the gateway can call a binding: a protocol it speaks, in a
-/// form it supports (an A2A interface over gRPC is not).
+/// form it supports (an A2A 0.3 interface over gRPC is not).
 pub fn callable(b: &Binding) -> bool {
     match b.known_protocol() {
         Some(Protocol::A2a) => a2a::callable(b),
@@ -95,7 +96,14 @@ pub struct Outbound {
 struct Current {
     client: reqwest::Client,
     stamps: FileStamps,
+    /// gRPC channels (A2A over gRPC) by origin, opened with the same TLS
+    /// files as `client`.
+    grpc: std::collections::HashMap<String, tonic::transport::Channel>,
 }
+
+/// gRPC channels kept at most per gateway client; past it they are all
+/// dropped and opened again as calls need them.
+const MAX_GRPC_CHANNELS: usize = 256;
 
 impl Outbound {
     pub fn new(policy: OutboundPolicy, lookup: Lookup, tls: TlsFiles) -> Result<Self, String> {
@@ -105,6 +113,7 @@ impl Outbound {
             current: Arc::new(Mutex::new(Current {
                 client,
                 stamps: FileStamps::new(tls.paths()),
+                grpc: Default::default(),
             })),
             policy,
             lookup,
@@ -142,9 +151,10 @@ impl Outbound {
                     tracing::info!(files = ?self.tls.paths(), "the gateway's TLS files changed; reloaded");
                     current.client = client;
                     current.stamps.settle(stamps);
-                    // Sessions started on the previous client would go on
-                    // presenting its certificate.
+                    // Sessions and channels opened on the previous client
+                    // would go on presenting its certificate.
                     self.mcp.clear();
+                    current.grpc.clear();
                 }
                 Err(e) => tracing::warn!(
                     error = %e,
@@ -153,6 +163,42 @@ impl Outbound {
             }
         }
         current.client.clone()
+    }
+
+    /// The kept gRPC channel to `url`'s origin: connected lazily through
+    /// the outbound guard (`a2a_grpc::GuardedConnector`), with TLS that
+    /// trusts and presents what the HTTP client does.
+    fn grpc_channel(&self, url: &Url) -> Result<tonic::transport::Channel, GatewayError> {
+        self.policy.check_url(url)?;
+        // Notices rotated TLS files first, which drops the channels.
+        self.client();
+        let origin = url.origin().ascii_serialization();
+        let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(channel) = current.grpc.get(&origin) {
+            return Ok(channel.clone());
+        }
+        let unusable = |e: String| {
+            GatewayError::Unsupported(format!("the gRPC interface {}: {e}", redacted(url)))
+        };
+        let mut endpoint = tonic::transport::Endpoint::from_shared(origin.clone())
+            .map_err(|e| unusable(e.to_string()))?
+            .connect_timeout(self.policy.connect_timeout)
+            .user_agent(concat!("agentry/", env!("CARGO_PKG_VERSION")))
+            .map_err(|e| unusable(e.to_string()))?;
+        if url.scheme() == "https" {
+            endpoint = endpoint
+                .tls_config(self.tls.grpc().map_err(unusable)?)
+                .map_err(|e| unusable(crate::error_chain(&e)))?;
+        }
+        let channel = endpoint.connect_with_connector_lazy(a2a_grpc::GuardedConnector {
+            policy: self.policy.clone(),
+            lookup: self.lookup.clone(),
+        });
+        if current.grpc.len() >= MAX_GRPC_CHANNELS {
+            current.grpc.clear();
+        }
+        current.grpc.insert(origin, channel.clone());
+        Ok(channel)
     }
 
     fn mcp_sessions(&self) -> Arc<mcp_session::Sessions> {
