@@ -48,9 +48,10 @@ impl A2aAgent {
 
     /// An agent behind mutual TLS with the certificates in `dir`
     /// (`agent.pem`, and `clients-ca.pem` for the clients it accepts).
-    async fn start_tls(mode: &str, dir: &Path) -> Self {
+    async fn start_tls(mode: &str, dir: &Path, more: &[&str]) -> Self {
         let dir = dir.to_str().expect("a UTF-8 temporary path");
-        let (child, port) = python_fixture("a2a_agent.py", &[mode, "--tls", dir]).await;
+        let args = [&[mode, "--tls", dir][..], more].concat();
+        let (child, port) = python_fixture("a2a_agent.py", &args).await;
         Self {
             _child: child,
             base: format!("https://localhost:{port}"),
@@ -510,6 +511,50 @@ async fn a2a_agents_over_grpc_are_called_streamed_and_cancelled() {
     s.stop().await;
 }
 
+/// A gRPC agent behind mutual TLS: the channel trusts the gateway's CA
+/// file and presents its client certificate, and a certificate the agent
+/// does not accept gets no call through.
+#[tokio::test]
+async fn grpc_agents_behind_mutual_tls_get_the_gateways_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = mtls_certificates(dir.path()).await;
+    let agent = A2aAgent::start_tls("v1", dir.path(), &["--grpc"]).await;
+    let presenting = |cert: (std::path::PathBuf, std::path::PathBuf)| {
+        let ca_file = certs.agents_ca.clone();
+        TestServer::start_with(move |c| {
+            super::invocation::local_agents(c);
+            c.gateway.outbound.timeout_ms = 10_000;
+            c.gateway.outbound.ca_file = Some(ca_file);
+            c.gateway.outbound.client_cert_file = Some(cert.0);
+            c.gateway.outbound.client_key_file = Some(cert.1);
+        })
+    };
+    let s = presenting(certs.gateway.clone()).await;
+    let http = Http::new(&s.http);
+    let id = import(&http, &agent).await;
+    let rec = http.record(&id, ALICE).await;
+    let endpoint = rec["bindings"][0]["endpoint"].as_str().unwrap().to_string();
+    assert!(endpoint.starts_with("https://localhost:"), "{rec}");
+    assert_eq!(rec["bindings"][0]["transport"], "GRPC", "{rec}");
+    let (status, body) = invoke(&s, &id, json!({"text": "hi"}), &[]).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(artifact_text(&body["task"]), vec!["echo: hi"]);
+
+    // Another gateway, presenting a certificate of a CA the agent does not
+    // trust: the handshake fails, and the call with it (its /_seen is
+    // behind the same mutual TLS, so the agent's count is not read).
+    let rogue = presenting(certs.rogue.clone()).await;
+    register_copy(&Http::new(&rogue.http), &rec, "grpc-echo-copy").await;
+    let (status, body) = invoke(&rogue, "grpc-echo-copy", json!({"text": "hi"}), &[]).await;
+    assert_eq!(status, 502, "{body}");
+    assert!(
+        body["message"].as_str().unwrap().contains("cannot reach"),
+        "{body}"
+    );
+    rogue.stop().await;
+    s.stop().await;
+}
+
 /// The id of the A2A task whose question a run's first TextOutput carries.
 fn asked_task_id(events: &[Value]) -> String {
     let first = events
@@ -556,7 +601,7 @@ fn present(
 async fn agents_behind_mutual_tls_are_called_with_the_gateways_certificate_which_rotates() {
     let dir = tempfile::tempdir().unwrap();
     let certs = mtls_certificates(dir.path()).await;
-    let agent = A2aAgent::start_tls("v1", dir.path()).await;
+    let agent = A2aAgent::start_tls("v1", dir.path(), &[]).await;
     let presented = (
         dir.path().join("presented.pem"),
         dir.path().join("presented.key"),

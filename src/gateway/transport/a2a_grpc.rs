@@ -274,17 +274,18 @@ fn refused(status: &tonic::Status, base: &Url) -> Result<Answer, GatewayError> {
 fn failure(status: &tonic::Status, base: &Url) -> GatewayError {
     use tonic::Code;
     let target = redacted(base);
+    // A status with a cause was made by the client from a failed
+    // connection (refused, a TLS handshake the agent ended), not sent by
+    // the agent.
     if let Some(source) = std::error::Error::source(status) {
         if let Some(refusal) = outbound_cause(source) {
             return refusal.into();
         }
-        if status.code() == Code::Unavailable {
-            return OutboundError::Unreachable {
-                target,
-                reason: crate::error_chain(source),
-            }
-            .into();
+        return OutboundError::Unreachable {
+            target,
+            reason: crate::error_chain(source),
         }
+        .into();
     }
     match status.code() {
         Code::DeadlineExceeded => GatewayError::Timeout(format!(
