@@ -377,12 +377,8 @@ pub fn client(
 /// refusal raised in the resolver or the redirect check is found in the
 /// error's source chain.
 pub fn classify(e: &reqwest::Error, target: &Url, timeout: Duration) -> OutboundError {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(s) = source {
-        if let Some(o) = s.downcast_ref::<OutboundError>() {
-            return o.clone();
-        }
-        source = s.source();
+    if let Some(refusal) = refusal_in(e) {
+        return refusal;
     }
     let target = redacted(target);
     if e.is_timeout() {
@@ -395,6 +391,19 @@ pub fn classify(e: &reqwest::Error, target: &Url, timeout: Duration) -> Outbound
         target,
         reason: crate::error_chain(e),
     }
+}
+
+/// The outbound guard's refusal somewhere in `e`'s chain of causes (a
+/// client that connects through the guard reports it as a cause).
+pub fn refusal_in(e: &(dyn std::error::Error + 'static)) -> Option<OutboundError> {
+    let mut cause = Some(e);
+    while let Some(c) = cause {
+        if let Some(o) = c.downcast_ref::<OutboundError>() {
+            return Some(o.clone());
+        }
+        cause = c.source();
+    }
+    None
 }
 
 /// Reads a whole answer body, refusing it once it passes `limit` bytes.

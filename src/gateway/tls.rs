@@ -12,6 +12,11 @@
 
 use std::path::PathBuf;
 
+/// A TLS file's bytes; the error names the file.
+fn read(p: &PathBuf) -> Result<Vec<u8>, String> {
+    std::fs::read(p).map_err(|e| format!("cannot read {}: {e}", p.display()))
+}
+
 /// The files one outbound client is built from.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TlsFiles {
@@ -49,8 +54,6 @@ impl TlsFiles {
     /// The same trust (the web PKI's roots and the CA file) and client
     /// certificate for a gRPC channel, whose TLS is tonic's.
     pub fn grpc(&self) -> Result<tonic::transport::ClientTlsConfig, String> {
-        let read =
-            |p: &PathBuf| std::fs::read(p).map_err(|e| format!("cannot read {}: {e}", p.display()));
         let mut tls = tonic::transport::ClientTlsConfig::new().with_webpki_roots();
         if let Some(ca) = &self.ca_file {
             tls = tls.ca_certificate(tonic::transport::Certificate::from_pem(read(ca)?));
@@ -67,8 +70,6 @@ impl TlsFiles {
     /// Reads and parses every file; an error names the file and what is
     /// wrong with it.
     pub fn load(&self) -> Result<TlsMaterial, String> {
-        let read =
-            |p: &PathBuf| std::fs::read(p).map_err(|e| format!("cannot read {}: {e}", p.display()));
         let roots = match &self.ca_file {
             Some(p) => {
                 let roots = reqwest::Certificate::from_pem_bundle(&read(p)?)

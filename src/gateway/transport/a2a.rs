@@ -25,7 +25,7 @@ use futures::StreamExt;
 use serde_json::{json, Value};
 use url::Url;
 
-use super::a2a_grpc::{self, Sent};
+use super::a2a_grpc;
 use super::{
     endpoint, events_or_answer, exchange, redacted, whole_answer, Answer, CallSpec, Event,
     GatewayError, Outbound, Started,
@@ -232,32 +232,28 @@ async fn send(
     Ok((resp, url))
 }
 
-/// Sends the message over gRPC.
-async fn send_grpc(
-    out: &Outbound,
-    spec: &CallSpec<'_>,
-    iface: Interface,
-    stream: bool,
-) -> Result<(Sent, Url), GatewayError> {
-    let base = endpoint(spec.binding)?;
-    let request = send_request(spec.input, iface.version, spec.continues);
-    let h = headers(&spec.headers, iface.version);
-    Ok((
-        a2a_grpc::send(out, &base, &h, &request, stream).await?,
-        base,
-    ))
+/// What a gRPC call sends: the interface URL, the message, the metadata.
+struct GrpcCall {
+    base: Url,
+    request: Value,
+    headers: Vec<(String, String)>,
+}
+
+fn grpc_call(spec: &CallSpec<'_>, iface: Interface) -> Result<GrpcCall, GatewayError> {
+    Ok(GrpcCall {
+        base: endpoint(spec.binding)?,
+        request: send_request(spec.input, iface.version, spec.continues),
+        headers: headers(&spec.headers, iface.version),
+    })
 }
 
 pub(super) async fn call(out: &Outbound, spec: &CallSpec<'_>) -> Result<Answer, GatewayError> {
     let iface = interface(spec.binding)?;
     if iface.wire == Wire::Grpc {
-        return match send_grpc(out, spec, iface, false).await? {
-            (Sent::Result(result), url) => outcome(result, &url),
-            (Sent::Refused(answer), _) => Ok(answer),
-            (Sent::Events(_), url) => Err(GatewayError::BadAnswer(format!(
-                "the A2A agent at {} answered a call with a stream",
-                redacted(&url)
-            ))),
+        let c = grpc_call(spec, iface)?;
+        return match a2a_grpc::send_message(out, &c.base, &c.headers, &c.request).await? {
+            Ok(result) => outcome(result, &c.base),
+            Err(refused) => Ok(refused),
         };
     }
     let (resp, url) = send(out, spec, iface, false).await?;
@@ -289,10 +285,10 @@ pub(super) async fn open_stream(
         finished: false,
     };
     if iface.wire == Wire::Grpc {
-        return match send_grpc(out, spec, iface, true).await? {
-            (Sent::Events(events), url) => Ok(Started::Events(relay(events, cancel, url))),
-            (Sent::Result(result), url) => outcome(result, &url).map(Started::Whole),
-            (Sent::Refused(answer), _) => Ok(Started::Whole(answer)),
+        let c = grpc_call(spec, iface)?;
+        return match a2a_grpc::stream_message(out, &c.base, &c.headers, &c.request).await? {
+            Ok(events) => Ok(Started::Events(relay(events, cancel, c.base))),
+            Err(refused) => Ok(Started::Whole(refused)),
         };
     }
     let (resp, url) = send(out, spec, iface, true).await?;
@@ -353,7 +349,7 @@ fn refusal(e: &Value) -> Option<Answer> {
     Some(problem(422, body))
 }
 
-fn problem(status: u16, body: Value) -> Answer {
+pub(super) fn problem(status: u16, body: Value) -> Answer {
     Answer {
         status,
         body: Bytes::from(body.to_string()),

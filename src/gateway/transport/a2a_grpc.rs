@@ -32,101 +32,88 @@ use url::Url;
 
 use super::{redacted, Answer, Event, GatewayError, Outbound, OutboundError};
 use crate::a2a_pb as pb;
-use crate::gateway::outbound::{Lookup, OutboundPolicy};
+use crate::gateway::outbound::{refusal_in, Lookup, OutboundPolicy};
 
 /// The service's methods, under the interface URL's path (a gateway in
 /// front of the agent may route by a prefix).
 const SERVICE: &str = "lf.a2a.v1.A2AService";
 
-/// What a sent message came back with.
-pub(super) enum Sent {
-    /// A result in A2A 1.0's JSON: `{"task": …}` or `{"message": …}`.
-    Result(Value),
-    /// The agent refused the call's credentials or its content (an answer
-    /// passed to the caller, as an HTTP agent's 4xx is).
-    Refused(Answer),
-    /// A stream's events, each one `StreamResponse` as JSON.
-    Events(BoxStream<'static, Result<Event, GatewayError>>),
-}
+/// An answer for the caller instead of a result: the agent refused the
+/// call's credentials or its content, as an HTTP agent's 4xx does.
+type Refused = Answer;
 
-/// `SendMessage` (or `SendStreamingMessage`) of `request`, a
-/// `SendMessageRequest` in 1.0's JSON, with `headers` as metadata.
-pub(super) async fn send(
+/// `SendMessage` of `request`, a `SendMessageRequest` in 1.0's JSON, with
+/// `headers` as metadata: the result in 1.0's JSON (`{"task": …}` or
+/// `{"message": …}`), or the agent's refusal.
+pub(super) async fn send_message(
     out: &Outbound,
     base: &Url,
     headers: &[(String, String)],
     request: &Value,
-    stream: bool,
-) -> Result<Sent, GatewayError> {
-    let request = pb::SendMessageRequest {
-        message: Some(message_from_json(&request["message"])),
-        ..Default::default()
-    };
-    let mut grpc = client(out, base)?;
-    let method = if stream {
-        "SendStreamingMessage"
-    } else {
-        "SendMessage"
-    };
-    let path = path(base, method)?;
-    let req = with_metadata(request, headers, out)?;
-    let timeout = out.policy.timeout;
-    let target = redacted(base);
-    let deadline = |_| OutboundError::Timeout {
-        target: target.clone(),
-        ms: timeout.as_millis(),
-    };
-    if !stream {
-        let codec =
-            tonic_prost::ProstCodec::<pb::SendMessageRequest, pb::SendMessageResponse>::default();
-        let sent = tokio::time::timeout(timeout, async {
-            grpc.ready().await.map_err(|e| unreachable(base, &e))?;
-            Ok::<_, GatewayError>(grpc.unary(req, path, codec).await)
-        })
-        .await
-        .map_err(deadline)??;
-        return match sent {
-            Ok(resp) => Ok(Sent::Result(send_response_json(resp.into_inner()))),
-            Err(status) => refused(&status, base).map(Sent::Refused),
-        };
-    }
-    let codec = tonic_prost::ProstCodec::<pb::SendMessageRequest, pb::StreamResponse>::default();
-    let sent = tokio::time::timeout(timeout, async {
+) -> Result<Result<Value, Refused>, GatewayError> {
+    let codec =
+        tonic_prost::ProstCodec::<pb::SendMessageRequest, pb::SendMessageResponse>::default();
+    let req = with_metadata(send_message_request(request), headers, out)?;
+    let (mut grpc, path) = (client(out, base)?, path(base, "SendMessage")?);
+    let sent = within(out, base, async {
         grpc.ready().await.map_err(|e| unreachable(base, &e))?;
-        Ok::<_, GatewayError>(grpc.server_streaming(req, path, codec).await)
+        Ok(grpc.unary(req, path, codec).await)
     })
-    .await
-    .map_err(deadline)??;
+    .await?;
+    Ok(match sent {
+        Ok(resp) => Ok(send_response_json(resp.into_inner())),
+        Err(status) => Err(refused(&status, base)?),
+    })
+}
+
+/// `SendStreamingMessage` of `request`, as `send_message`: the stream's
+/// events, each one `StreamResponse` as JSON and each within the policy's
+/// timeout, or the agent's refusal.
+pub(super) async fn stream_message(
+    out: &Outbound,
+    base: &Url,
+    headers: &[(String, String)],
+    request: &Value,
+) -> Result<Result<BoxStream<'static, Result<Event, GatewayError>>, Refused>, GatewayError> {
+    let codec = tonic_prost::ProstCodec::<pb::SendMessageRequest, pb::StreamResponse>::default();
+    let req = with_metadata(send_message_request(request), headers, out)?;
+    let (mut grpc, path) = (client(out, base)?, path(base, "SendStreamingMessage")?);
+    let sent = within(out, base, async {
+        grpc.ready().await.map_err(|e| unreachable(base, &e))?;
+        Ok(grpc.server_streaming(req, path, codec).await)
+    })
+    .await?;
     let messages = match sent {
         Ok(resp) => resp.into_inner(),
-        Err(status) => return refused(&status, base).map(Sent::Refused),
+        Err(status) => return Ok(Err(refused(&status, base)?)),
     };
-    let url = base.clone();
+    let (out, url) = (out.clone(), base.clone());
     let events = futures::stream::unfold(Some(messages), move |messages| {
-        let url = url.clone();
+        let (out, url) = (out.clone(), url.clone());
         async move {
             let mut messages = messages?;
-            let next = tokio::time::timeout(timeout, messages.message()).await;
+            let next = within(&out, &url, async {
+                messages
+                    .message()
+                    .await
+                    .map_err(|status| failure(&status, &url))
+            })
+            .await;
             let item = match next {
-                Ok(Ok(Some(m))) => Ok(Event {
+                Ok(Some(m)) => Ok(Event {
                     event: "message".into(),
                     data: stream_response_json(m).to_string(),
                     id: None,
                 }),
-                Ok(Ok(None)) => return None,
-                Ok(Err(status)) => Err(failure(&status, &url)),
-                Err(_) => Err(OutboundError::Timeout {
-                    target: redacted(&url),
-                    ms: timeout.as_millis(),
-                }
-                .into()),
+                Ok(None) => return None,
+                Err(e) => Err(e),
             };
             let more = item.is_ok().then_some(messages);
             Some((item, more))
         }
     })
     .boxed();
-    Ok(Sent::Events(events))
+    Ok(Ok(events))
 }
 
 /// `CancelTask` of `task`.
@@ -140,23 +127,40 @@ pub(super) async fn cancel(
         id: task.to_string(),
         ..Default::default()
     };
-    let mut grpc = client(out, base)?;
-    let path = path(base, "CancelTask")?;
-    let req = with_metadata(request, headers, out)?;
     let codec = tonic_prost::ProstCodec::<pb::CancelTaskRequest, pb::Task>::default();
-    let timeout = out.policy.timeout;
-    let answer = tokio::time::timeout(timeout, async {
+    let req = with_metadata(request, headers, out)?;
+    let (mut grpc, path) = (client(out, base)?, path(base, "CancelTask")?);
+    within(out, base, async {
         grpc.ready().await.map_err(|e| unreachable(base, &e))?;
         grpc.unary(req, path, codec)
             .await
             .map_err(|status| failure(&status, base))
     })
     .await
-    .map_err(|_| OutboundError::Timeout {
-        target: redacted(base),
-        ms: timeout.as_millis(),
-    })?;
-    answer.map(drop)
+    .map(drop)
+}
+
+/// `work` (an exchange with the agent at `base`) within the policy's
+/// timeout.
+async fn within<T>(
+    out: &Outbound,
+    base: &Url,
+    work: impl Future<Output = Result<T, GatewayError>>,
+) -> Result<T, GatewayError> {
+    let timeout = out.policy.timeout;
+    tokio::time::timeout(timeout, work)
+        .await
+        .map_err(|_| OutboundError::Timeout {
+            target: redacted(base),
+            ms: timeout.as_millis(),
+        })?
+}
+
+fn send_message_request(request: &Value) -> pb::SendMessageRequest {
+    pb::SendMessageRequest {
+        message: Some(message_from_json(&request["message"])),
+        ..Default::default()
+    }
 }
 
 /// A gRPC client on the kept channel to `base`'s origin, its answers held
@@ -204,29 +208,15 @@ fn with_metadata<T>(
     Ok(req)
 }
 
-/// A channel that could not be used: the outbound policy's refusal as
-/// such, anything else as an unreachable agent.
+/// A connection that could not be made or used: the outbound policy's
+/// refusal as such, anything else as an unreachable agent.
 fn unreachable(base: &Url, e: &(dyn std::error::Error + 'static)) -> GatewayError {
-    if let Some(refusal) = outbound_cause(e) {
-        return refusal.into();
-    }
-    OutboundError::Unreachable {
-        target: redacted(base),
-        reason: crate::error_chain(e),
-    }
-    .into()
-}
-
-/// The outbound guard's refusal somewhere in `e`'s chain of causes.
-fn outbound_cause(e: &(dyn std::error::Error + 'static)) -> Option<OutboundError> {
-    let mut cause = Some(e);
-    while let Some(c) = cause {
-        if let Some(o) = c.downcast_ref::<OutboundError>() {
-            return Some(o.clone());
-        }
-        cause = c.source();
-    }
-    None
+    refusal_in(e)
+        .unwrap_or_else(|| OutboundError::Unreachable {
+            target: redacted(base),
+            reason: crate::error_chain(e),
+        })
+        .into()
 }
 
 /// A status that is an answer for the caller: the agent refused the
@@ -246,26 +236,22 @@ fn refused(status: &tonic::Status, base: &Url) -> Result<Answer, GatewayError> {
     } else {
         "The A2A agent refused the credentials"
     };
-    let body = json!({
-        "type": "about:blank",
-        "title": title,
-        "status": http,
-        "detail": status.message(),
-        "grpc_status": status.code() as i32,
-    });
-    let challenge = (http != 422)
+    let mut answer = super::a2a::problem(
+        http,
+        json!({
+            "type": "about:blank",
+            "title": title,
+            "status": http,
+            "detail": status.message(),
+            "grpc_status": status.code() as i32,
+        }),
+    );
+    answer.challenge = (http != 422)
         .then(|| status.metadata().get("www-authenticate"))
         .flatten()
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
-    Ok(Answer {
-        status: http,
-        body: axum::body::Bytes::from(body.to_string()),
-        json: body,
-        content_type: "application/problem+json".into(),
-        retry_after: None,
-        challenge,
-    })
+    Ok(answer)
 }
 
 /// A failed exchange as the gateway's error: a connection that failed (or
@@ -278,14 +264,7 @@ fn failure(status: &tonic::Status, base: &Url) -> GatewayError {
     // connection (refused, a TLS handshake the agent ended), not sent by
     // the agent.
     if let Some(source) = std::error::Error::source(status) {
-        if let Some(refusal) = outbound_cause(source) {
-            return refusal.into();
-        }
-        return OutboundError::Unreachable {
-            target,
-            reason: crate::error_chain(source),
-        }
-        .into();
+        return unreachable(base, source);
     }
     match status.code() {
         Code::DeadlineExceeded => GatewayError::Timeout(format!(
