@@ -340,6 +340,7 @@ pub fn validate_server(server: &Value) -> Result<(), FieldError> {
             ));
         }
         check_url(required(r, "url", &at)?, &format!("{at}/url"), true)?;
+        check_headers(r, &at)?;
     }
     for (i, p) in objects(o, "packages")?.into_iter().enumerate() {
         let at = format!("/packages/{i}");
@@ -373,17 +374,36 @@ pub fn validate_server(server: &Value) -> Result<(), FieldError> {
         let kind = required(transport, "type", &format!("{at}/transport"))?;
         match kind {
             "stdio" => {}
-            "streamable-http" | "sse" => check_url(
-                required(transport, "url", &format!("{at}/transport"))?,
-                &format!("{at}/transport/url"),
-                true,
-            )?,
+            "streamable-http" | "sse" => {
+                let at = format!("{at}/transport");
+                check_url(required(transport, "url", &at)?, &format!("{at}/url"), true)?;
+                check_headers(transport, &at)?;
+            }
             other => {
                 return Err(refuse(
                     &format!("{at}/transport/type"),
                     format!("'{other}' is not a transport (stdio, streamable-http or sse)"),
                 ))
             }
+        }
+    }
+    Ok(())
+}
+
+/// The `headers` a remote (or a package's HTTP transport) asks its clients
+/// to send: each `name` must be one an HTTP request can carry, or no
+/// client could follow the document.
+fn check_headers(o: &Map<String, Value>, at: &str) -> Result<(), FieldError> {
+    let headers =
+        objects(o, "headers").map_err(|e| refuse(&format!("{at}{}", e.pointer), e.message))?;
+    for (j, h) in headers.into_iter().enumerate() {
+        let at = format!("{at}/headers/{j}");
+        let name = required(h, "name", &at)?;
+        if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+            return Err(refuse(
+                &format!("{at}/name"),
+                format!("'{name}' is not an HTTP header name"),
+            ));
         }
     }
     Ok(())
@@ -482,12 +502,15 @@ fn authentication(server: &Value) -> Option<AuthRequirement> {
             .get("variables")
             .and_then(Value::as_object)
             .is_some_and(|vars| vars.values().any(|v| flag(v, "isSecret")));
-        flag(h, "isRequired") && (flag(h, "isSecret") || secret_variable)
+        // A header the gateway sets itself cannot carry a credential
+        // (validate::credential_header); the server's clients set it.
+        let usable = h
+            .get("name")
+            .and_then(Value::as_str)
+            .is_some_and(|n| super::validate::credential_header(n).is_ok());
+        usable && flag(h, "isRequired") && (flag(h, "isSecret") || secret_variable)
     })?;
-    let name = header.get("name")?.as_str()?.trim();
-    if name.is_empty() {
-        return None;
-    }
+    let name = header.get("name")?.as_str()?;
     let mut auth = AuthRequirement {
         instructions: header
             .get("description")
@@ -998,6 +1021,15 @@ mod tests {
         assert!(auth.extra.get("header").is_none());
         assert_eq!(auth.instructions, None);
         assert_eq!(m.auth, m.authentication);
+        // A header the gateway sets itself is the server's clients' to
+        // set, never a credential: the next secret one is.
+        let reserved = json!([
+            {"name": "User-Agent", "isRequired": true, "isSecret": true},
+            {"name": "X-Weather-Key", "isRequired": true, "isSecret": true}
+        ]);
+        let m = publish(Some(&m), with_headers("1.1.5", reserved), T2).unwrap();
+        let auth = m.authentication.clone().unwrap();
+        assert_eq!(auth.extra["header"], "X-Weather-Key");
         // An optional secret, or none: no requirement, whatever came before.
         let optional = json!([{"name": "X-Weather-Key", "isSecret": true}]);
         let m = publish(Some(&m), with_headers("1.2.0", optional), T3).unwrap();
@@ -1110,6 +1142,30 @@ mod tests {
                 json!({"name": "io.acme/x", "description": "d", "version": "1.0.0",
                     "remotes": [{"type": "sse", "url": "ftp://a.example"}]}),
                 "/remotes/0/url",
+            ),
+            (
+                json!({"name": "io.acme/x", "description": "d", "version": "1.0.0",
+                    "remotes": [{"type": "streamable-http", "url": "https://a.example/mcp",
+                        "headers": [{"name": "X-Ok"}, {"name": "X Api Key", "isSecret": true}]}]}),
+                "/remotes/0/headers/1/name",
+            ),
+            (
+                json!({"name": "io.acme/x", "description": "d", "version": "1.0.0",
+                    "remotes": [{"type": "streamable-http", "url": "https://a.example/mcp",
+                        "headers": [{"description": "no name"}]}]}),
+                "/remotes/0/headers/0/name",
+            ),
+            (
+                json!({"name": "io.acme/x", "description": "d", "version": "1.0.0",
+                    "remotes": [{"type": "streamable-http", "url": "https://a.example/mcp",
+                        "headers": {"name": "X-Key"}}]}),
+                "/remotes/0/headers",
+            ),
+            (
+                json!({"name": "io.acme/x", "description": "d", "version": "1.0.0",
+                    "packages": [{"registryType": "npm", "identifier": "x", "transport":
+                        {"type": "sse", "url": "https://a.example/sse", "headers": [{"name": "X-Key:"}]}}]}),
+                "/packages/0/transport/headers/0/name",
             ),
             (
                 json!({"name": "io.acme/x", "description": "d", "version": "1.0.0", "title": ""}),

@@ -340,9 +340,65 @@ fn validate_binding(b: &mut Binding, pointer: &str, limits: &Limits) -> Result {
     Ok(())
 }
 
+/// Headers a credential may not travel in: those that frame the message or
+/// its connection, and those the gateway sets itself for a protocol (MCP's
+/// session, A2A's version, the caller's idempotency key). A credential sent
+/// in one of them would replace what the call needs, or be replaced by it.
+const RESERVED_HEADERS: &[&str] = &[
+    "host",
+    "content-length",
+    "content-type",
+    "content-encoding",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "upgrade",
+    "te",
+    "trailer",
+    "expect",
+    "accept",
+    "accept-encoding",
+    "user-agent",
+    "idempotency-key",
+    "mcp-session-id",
+    "mcp-protocol-version",
+    "last-event-id",
+    "a2a-version",
+];
+
+/// Checks the name of the header an agent's credential is sent in (a
+/// record's `authentication.header`, a server.json remote's secret header,
+/// `[[gateway.credentials]] header`), so a name no HTTP request or gRPC
+/// call can carry is refused where it is written, not at every call.
+pub fn credential_header(name: &str) -> std::result::Result<(), String> {
+    if http::HeaderName::from_bytes(name.as_bytes()).is_err() || name.len() > 128 {
+        return Err(format!(
+            "'{name}' is not an HTTP header name (letters, digits and !#$%&'*+-.^_`|~, at most 128)"
+        ));
+    }
+    let lower = name.to_ascii_lowercase();
+    if RESERVED_HEADERS.contains(&lower.as_str()) || lower.starts_with("grpc-") {
+        return Err(format!(
+            "'{name}' is a header the gateway sets itself for the call; a credential cannot travel in it"
+        ));
+    }
+    Ok(())
+}
+
 fn validate_auth(a: &AuthRequirement, pointer: &str) -> Result {
     if let Some(kind) = &a.kind {
         validate_text(kind, &format!("{pointer}/type"), 64, true)?;
+    }
+    if let Some(header) = a.extra.get("header") {
+        let at = format!("{pointer}/header");
+        let name = header.as_str().ok_or_else(|| {
+            FieldError::new(
+                &at,
+                "must be a string: the HTTP header the credential is sent in",
+            )
+        })?;
+        credential_header(name).map_err(|m| FieldError::new(&at, m))?;
     }
     if let Some(i) = &a.instructions {
         validate_text(
@@ -663,6 +719,31 @@ mod tests {
             m.auth.as_ref().and_then(|a| a.kind.as_deref()),
             Some("api_key")
         );
+    }
+
+    #[test]
+    fn a_credential_header_must_be_one_a_call_can_carry() {
+        let with = |header: Value| {
+            let mut v = minimal();
+            v["authentication"] = json!({"type": "api_key", "header": header});
+            check(v)
+        };
+        let m = with(json!("X-API-Key")).unwrap();
+        assert_eq!(m.auth.unwrap().extra["header"], "X-API-Key");
+        for (header, says) in [
+            (json!("X API Key"), "not an HTTP header name"),
+            (json!("X-Key\r\nX-Injected: 1"), "not an HTTP header name"),
+            (json!(""), "not an HTTP header name"),
+            (json!("Content-Type"), "sets itself"),
+            (json!("host"), "sets itself"),
+            (json!("Mcp-Session-Id"), "sets itself"),
+            (json!("grpc-timeout"), "sets itself"),
+            (json!(["X-Key"]), "must be a string"),
+        ] {
+            let e = with(header.clone()).expect_err("refused");
+            assert_eq!(e.pointer, "/authentication/header", "{header}");
+            assert!(e.message.contains(says), "{header}: {}", e.message);
+        }
     }
 
     #[test]

@@ -648,6 +648,14 @@ impl InvocationService {
         match (&req.agent_authorization, kind.as_str()) {
             (Some(v), _) if !v.is_empty() => {
                 header_value(v, "/agent_authorization")?;
+                // Records are checked when written; one written before
+                // that check (or by another registry) gets a clear answer.
+                crate::domain::validate::credential_header(&header).map_err(|e| {
+                    ServiceError::Unsupported(format!(
+                        "agent '{}' cannot take a credential: its record's authentication header {e}",
+                        meta.id
+                    ))
+                })?;
                 Ok(with(vec![(header, v.clone())]))
             }
             (_, "none") => Ok(with(Vec::new())),
@@ -724,6 +732,10 @@ impl InvocationService {
 }
 
 fn credential(c: &CredentialConfig, base: &Outbound) -> std::result::Result<Credential, String> {
+    if let Some(h) = &c.header {
+        crate::domain::validate::credential_header(h)
+            .map_err(|e| format!("gateway.credentials for '{}': header {e}", c.agent))?;
+    }
     let value = match (&c.value, &c.value_env) {
         (Some(v), _) => Some(v.clone()),
         (None, Some(var)) => Some(std::env::var(var).map_err(|_| {
@@ -872,4 +884,37 @@ fn whole_events(i: Invoked) -> Vec<Event> {
             id: None,
         },
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gateway::outbound::{system_lookup, OutboundPolicy};
+
+    #[test]
+    fn a_configured_credential_header_is_checked_at_start() {
+        let outbound = Outbound::new(
+            OutboundPolicy::default(),
+            system_lookup(),
+            Default::default(),
+        )
+        .unwrap();
+        let config = |header: &str| CredentialConfig {
+            agent: "acme/*".into(),
+            header: Some(header.into()),
+            value: Some("k".into()),
+            ..Default::default()
+        };
+        let c = credential(&config("X-API-Key"), &outbound).unwrap();
+        assert_eq!(c.header, Some(("X-API-Key".into(), "k".into())));
+        for bad in ["X API Key", "Content-Type", "mcp-session-id"] {
+            let e = credential(&config(bad), &outbound)
+                .err()
+                .unwrap_or_else(|| panic!("{bad} taken"));
+            assert!(
+                e.starts_with("gateway.credentials for 'acme/*': header '"),
+                "{e}"
+            );
+        }
+    }
 }

@@ -407,6 +407,33 @@ async fn bad_input_is_refused_and_changes_nothing() {
             "invalid_request",
             Some("/id"),
         ),
+        // The gateway sends callers' credentials in this header: one no
+        // call can carry, or one the call needs for itself, is refused
+        // when written rather than at every call.
+        case(
+            "credential header that is not an HTTP header name",
+            post.clone(),
+            "/agents",
+            Some(with(t.clone(), |m| {
+                m["authentication"] = json!({"type": "api_key", "header": "X API Key"});
+            })),
+            400,
+            "invalid_request",
+            Some("/authentication/header"),
+        ),
+        case(
+            "credential header the gateway sets itself",
+            Method::PUT,
+            "/agents/agent-12345",
+            Some(with(translator("agent-12345"), |m| {
+                let auth = json!({"type": "api_key", "header": "Content-Type"});
+                m["auth"] = auth.clone();
+                m["authentication"] = auth;
+            })),
+            400,
+            "invalid_request",
+            Some("/authentication/header"),
+        ),
         // Stored, a date in the future would make the owner's honest
         // refreshes stale until then.
         case(
