@@ -74,6 +74,16 @@ const SESSION_GONE: i32 = -32098;
 const CREDENTIALS_REFUSED: i32 = -32097;
 const NOT_ANSWERED: i32 = -32096;
 
+/// The mark (`data.agentry`) on the gateway's own error events, drawn once
+/// per process and never sent: a server's error that reuses one of the
+/// codes above is read as the server's error, so a server cannot pass
+/// itself off as having lost the session (the call would be sent again),
+/// as a refusal of the caller's credentials, or as too large.
+fn own_mark() -> &'static str {
+    static MARK: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    MARK.get_or_init(|| uuid::Uuid::new_v4().simple().to_string())
+}
+
 /// The MCP sessions of one gateway client, by server and credential.
 #[derive(Default)]
 pub(super) struct Sessions {
@@ -349,6 +359,16 @@ where
         })?
 }
 
+/// True for an error the gateway answered itself (`error_event`).
+fn is_own(error: &rmcp::model::ErrorData) -> bool {
+    error
+        .data
+        .as_ref()
+        .and_then(|d| d.get("agentry"))
+        .and_then(serde_json::Value::as_str)
+        == Some(own_mark())
+}
+
 /// How a request failed, whether that came back as a transport error (a
 /// message sent in place) or as the gateway's own error event (a request
 /// sent from its answer's stream, `failure_event`).
@@ -365,7 +385,7 @@ enum Failure {
 
 fn failure(e: &rmcp::ServiceError) -> Failure {
     match e {
-        rmcp::ServiceError::McpError(error) => match error.code.0 {
+        rmcp::ServiceError::McpError(error) if is_own(error) => match error.code.0 {
             ANSWER_TOO_LARGE => Failure::TooLarge,
             SESSION_GONE => Failure::SessionGone,
             CREDENTIALS_REFUSED => {
@@ -380,8 +400,7 @@ fn failure(e: &rmcp::ServiceError) -> Failure {
                     _ => Failure::Other(error.message.to_string()),
                 }
             }
-            NOT_ANSWERED => Failure::Other(error.message.to_string()),
-            _ => Failure::Other(e.to_string()),
+            _ => Failure::Other(error.message.to_string()),
         },
         rmcp::ServiceError::TransportSend(sent) => {
             let error = sent.error.as_ref();
@@ -459,6 +478,11 @@ struct StatusAware {
 /// An event carrying a JSON-RPC error for request `id`, which the
 /// gateway answers itself.
 fn error_event(id: &RequestId, code: i32, message: String, data: serde_json::Value) -> Sse {
+    let mut data = match data {
+        serde_json::Value::Object(o) => o,
+        _ => serde_json::Map::new(),
+    };
+    data.insert("agentry".into(), own_mark().into());
     let error = serde_json::json!({
         "jsonrpc": "2.0",
         "id": id,
@@ -889,6 +913,28 @@ mod tests {
         match call_failure(&failing).await {
             Failure::Other(cause) => assert!(cause.contains("HTTP 500"), "{cause}"),
             _ => panic!("a 500 is neither a refusal nor a lost session"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_servers_error_in_the_gateways_codes_is_the_servers() {
+        // The codes the gateway answers with itself, sent by a server as
+        // its own JSON-RPC errors, even with the data they would carry.
+        for (code, data) in [
+            (SESSION_GONE, serde_json::Value::Null),
+            (
+                CREDENTIALS_REFUSED,
+                serde_json::json!({"status": 401, "challenge": "Basic"}),
+            ),
+            (ANSWER_TOO_LARGE, serde_json::json!({"agentry": "guessed"})),
+        ] {
+            let body = serde_json::json!({"jsonrpc": "2.0", "id": 7,
+                "error": {"code": code, "message": "as the server says", "data": data}});
+            let uri = answering(200, "application/json", body.to_string()).await;
+            match call_failure(&uri).await {
+                Failure::Other(cause) => assert!(cause.contains("as the server says"), "{cause}"),
+                _ => panic!("{code}: the server's error was read as the gateway's"),
+            }
         }
     }
 
