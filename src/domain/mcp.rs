@@ -450,6 +450,10 @@ fn bindings(server: &Value) -> Vec<Binding> {
                 if let Some(t) = r.get("type").and_then(Value::as_str) {
                     b.interaction_model = Some(t.to_string());
                 }
+                let settings = fixed_headers(&r);
+                if !settings.is_empty() {
+                    b.extra.insert("headers".into(), Value::Object(settings));
+                }
                 out.push(b);
             }
         }
@@ -481,6 +485,60 @@ fn bindings(server: &Value) -> Vec<Binding> {
     out
 }
 
+/// The headers a remote asks every client to send that are no secret and
+/// have a value the document gives: a `value` (or `default`) whose
+/// `{variables}` all have defaults, as `"X-Region": "{region}"` with
+/// `region` defaulting to `eu`. They become the binding's `headers`, which
+/// the gateway sends with every request. Secrets are the caller's
+/// credential (`authentication`); a header whose value the client must
+/// choose, or that the gateway could not send (`validate::declared_header`),
+/// is left to the server's other clients.
+fn fixed_headers(remote: &Value) -> Map<String, Value> {
+    let secret = |v: &Value| v.get("isSecret").and_then(Value::as_bool) == Some(true);
+    let text = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).map(str::to_string);
+    let mut out = Map::new();
+    let headers = remote.get("headers").and_then(Value::as_array);
+    for h in headers.into_iter().flatten() {
+        let (Some(name), Some(template)) =
+            (text(h, "name"), text(h, "value").or(text(h, "default")))
+        else {
+            continue;
+        };
+        if secret(h) || out.len() == super::validate::MAX_BINDING_HEADERS {
+            continue;
+        }
+        let variables = h.get("variables");
+        let Some(value) = fill(&template, |var| {
+            let v = variables?.get(var)?;
+            if secret(v) {
+                return None;
+            }
+            text(v, "default")
+        }) else {
+            continue;
+        };
+        if super::validate::declared_header(&name, &value).is_ok() {
+            out.insert(name, Value::String(value));
+        }
+    }
+    out
+}
+
+/// `template` with each `{name}` replaced by `value(name)`; None when one
+/// has no value or a brace is left open.
+fn fill(template: &str, value: impl Fn(&str) -> Option<String>) -> Option<String> {
+    let mut out = String::new();
+    let mut rest = template;
+    while let Some(open) = rest.find('{') {
+        out.push_str(&rest[..open]);
+        let close = rest[open..].find('}')? + open;
+        out.push_str(&value(&rest[open + 1..close])?);
+        rest = &rest[close + 1..];
+    }
+    out.push_str(rest);
+    Some(out)
+}
+
 /// The credential the server's first Streamable HTTP remote (the binding
 /// the gateway calls) declares: the first of its `headers` that is
 /// required and secret, itself or through one of its `variables` (a
@@ -503,11 +561,11 @@ fn authentication(server: &Value) -> Option<AuthRequirement> {
             .and_then(Value::as_object)
             .is_some_and(|vars| vars.values().any(|v| flag(v, "isSecret")));
         // A header the gateway sets itself cannot carry a credential
-        // (validate::credential_header); the server's clients set it.
+        // (validate::agent_header); the server's clients set it.
         let usable = h
             .get("name")
             .and_then(Value::as_str)
-            .is_some_and(|n| super::validate::credential_header(n).is_ok());
+            .is_some_and(|n| super::validate::agent_header(n).is_ok());
         usable && flag(h, "isRequired") && (flag(h, "isSecret") || secret_variable)
     })?;
     let name = header.get("name")?.as_str()?;
@@ -1034,6 +1092,33 @@ mod tests {
         let optional = json!([{"name": "X-Weather-Key", "isSecret": true}]);
         let m = publish(Some(&m), with_headers("1.2.0", optional), T3).unwrap();
         assert_eq!((m.authentication.as_ref(), m.auth.as_ref()), (None, None));
+    }
+
+    #[test]
+    fn a_remotes_settings_become_its_bindings_headers() {
+        let mut s = server("io.acme/weather", "1.0.0");
+        s["remotes"][0]["headers"] = json!([
+            {"name": "X-Region", "value": "{region}-1", "isRequired": true,
+             "variables": {"region": {"default": "eu"}}},
+            {"name": "X-Client", "default": "registry"},
+            {"name": "X-Key", "isRequired": true, "isSecret": true},
+            {"name": "X-Token", "value": "Bearer {t}", "variables": {"t": {"isSecret": true, "default": "x"}}},
+            {"name": "X-Tenant", "value": "{tenant}", "variables": {"tenant": {"description": "yours"}}},
+            {"name": "X-Open", "value": "{unclosed"},
+            {"name": "User-Agent", "value": "mine/1.0"},
+            {"name": "X-Plain", "description": "chosen by the client"}
+        ]);
+        let m = publish(None, s, T1).unwrap();
+        assert_eq!(
+            m.bindings[0].extra["headers"],
+            json!({"X-Region": "eu-1", "X-Client": "registry"})
+        );
+        // What the record's validation holds the binding to, it passes.
+        let mut stored = m.clone();
+        super::super::validate::normalise_and_validate(&mut stored, &Default::default()).unwrap();
+        // A remote without such headers declares none.
+        let m = publish(None, server("io.acme/plain", "1.0.0"), T1).unwrap();
+        assert!(m.bindings[0].extra.get("headers").is_none());
     }
 
     #[test]

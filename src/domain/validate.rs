@@ -337,13 +337,74 @@ fn validate_binding(b: &mut Binding, pointer: &str, limits: &Limits) -> Result {
     if let Some(im) = &b.interaction_model {
         validate_text(im, &format!("{pointer}/interaction_model"), 64, true)?;
     }
+    binding_headers(b)
+        .map_err(|e| FieldError::new(format!("{pointer}{}", e.pointer), e.message))?;
     Ok(())
 }
 
-/// Headers a credential may not travel in: those that frame the message or
-/// its connection, and those the gateway sets itself for a protocol (MCP's
-/// session, A2A's version, the caller's idempotency key). A credential sent
-/// in one of them would replace what the call needs, or be replaced by it.
+/// Most headers one binding may declare.
+pub const MAX_BINDING_HEADERS: usize = 16;
+/// Longest value of a declared header.
+pub const MAX_HEADER_VALUE_LEN: usize = 1024;
+
+/// The headers a binding declares for every request to its endpoint (its
+/// `headers` member, `{"X-Region": "eu"}`: settings the agent needs that
+/// are no secret, such as a server.json remote's fixed headers), each a
+/// name `agent_header` accepts with a value an HTTP header can carry.
+/// Refusals point into the binding (`/headers/X-Region`).
+pub fn binding_headers(b: &Binding) -> Result<Vec<(String, String)>> {
+    let Some(declared) = b.extra.get("headers") else {
+        return Ok(Vec::new());
+    };
+    let declared = declared.as_object().ok_or_else(|| {
+        FieldError::new(
+            "/headers",
+            "must be an object of header names and their values",
+        )
+    })?;
+    if declared.len() > MAX_BINDING_HEADERS {
+        return Err(FieldError::new(
+            "/headers",
+            format!("must hold at most {MAX_BINDING_HEADERS} headers"),
+        ));
+    }
+    declared
+        .iter()
+        .map(|(name, value)| {
+            let at = format!("/headers/{}", pointer_token(name));
+            let value = value
+                .as_str()
+                .ok_or_else(|| FieldError::new(&at, "must be a string"))?;
+            declared_header(name, value).map_err(|m| FieldError::new(&at, m))?;
+            Ok((name.clone(), value.to_string()))
+        })
+        .collect()
+}
+
+/// True for a value any HTTP request and gRPC call can carry in a header:
+/// visible ASCII, spaces and tabs (`http` alone would also pass bytes past
+/// ASCII, which gRPC metadata cannot carry and many servers misread).
+pub fn header_value(value: &str) -> bool {
+    value.is_ascii() && http::HeaderValue::from_str(value).is_ok()
+}
+
+/// Checks one header a binding declares: a name `agent_header` accepts,
+/// and a value an HTTP header can carry.
+pub fn declared_header(name: &str, value: &str) -> std::result::Result<(), String> {
+    agent_header(name)?;
+    if value.len() > MAX_HEADER_VALUE_LEN || !header_value(value) {
+        return Err(format!(
+            "must be a string of at most {MAX_HEADER_VALUE_LEN} visible ASCII characters and spaces"
+        ));
+    }
+    Ok(())
+}
+
+/// Headers the gateway sends nothing else in (a credential, a binding's
+/// declared header): those that frame the message or its connection, and
+/// those it sets itself for a protocol (MCP's session, A2A's version, the
+/// caller's idempotency key). Sent in one of them, a credential or setting
+/// would replace what the call needs, or be replaced by it.
 const RESERVED_HEADERS: &[&str] = &[
     "host",
     "content-length",
@@ -367,11 +428,12 @@ const RESERVED_HEADERS: &[&str] = &[
     "a2a-version",
 ];
 
-/// Checks the name of the header an agent's credential is sent in (a
-/// record's `authentication.header`, a server.json remote's secret header,
-/// `[[gateway.credentials]] header`), so a name no HTTP request or gRPC
+/// Checks the name of a header the gateway sends to an agent: the one its
+/// credential travels in (a record's `authentication.header`, a server.json
+/// remote's secret header, `[[gateway.credentials]] header`) or one a
+/// binding declares (`binding_headers`), so a name no HTTP request or gRPC
 /// call can carry is refused where it is written, not at every call.
-pub fn credential_header(name: &str) -> std::result::Result<(), String> {
+pub fn agent_header(name: &str) -> std::result::Result<(), String> {
     if http::HeaderName::from_bytes(name.as_bytes()).is_err() || name.len() > 128 {
         return Err(format!(
             "'{name}' is not an HTTP header name (letters, digits and !#$%&'*+-.^_`|~, at most 128)"
@@ -380,7 +442,7 @@ pub fn credential_header(name: &str) -> std::result::Result<(), String> {
     let lower = name.to_ascii_lowercase();
     if RESERVED_HEADERS.contains(&lower.as_str()) || lower.starts_with("grpc-") {
         return Err(format!(
-            "'{name}' is a header the gateway sets itself for the call; a credential cannot travel in it"
+            "'{name}' is a header the gateway sets itself for the call; nothing else can travel in it"
         ));
     }
     Ok(())
@@ -398,7 +460,7 @@ fn validate_auth(a: &AuthRequirement, pointer: &str) -> Result {
                 "must be a string: the HTTP header the credential is sent in",
             )
         })?;
-        credential_header(name).map_err(|m| FieldError::new(&at, m))?;
+        agent_header(name).map_err(|m| FieldError::new(&at, m))?;
     }
     if let Some(i) = &a.instructions {
         validate_text(
@@ -743,6 +805,45 @@ mod tests {
             let e = with(header.clone()).expect_err("refused");
             assert_eq!(e.pointer, "/authentication/header", "{header}");
             assert!(e.message.contains(says), "{header}: {}", e.message);
+        }
+    }
+
+    #[test]
+    fn a_binding_declares_headers_a_call_can_carry() {
+        let with = |headers: Value| {
+            let mut v = minimal();
+            v["bindings"][0]["headers"] = headers;
+            check(v)
+        };
+        let m = with(json!({"X-Region": "eu", "X-Client": "agentry registry"})).unwrap();
+        assert_eq!(
+            binding_headers(&m.bindings[0]).unwrap(),
+            [
+                ("X-Region".to_string(), "eu".to_string()),
+                ("X-Client".to_string(), "agentry registry".to_string())
+            ]
+        );
+        let many: serde_json::Map<String, Value> =
+            (0..17).map(|i| (format!("X-H{i}"), json!("v"))).collect();
+        for (headers, pointer) in [
+            (json!(["X-Region", "eu"]), "/bindings/0/headers"),
+            (Value::Object(many), "/bindings/0/headers"),
+            (json!({"X Region": "eu"}), "/bindings/0/headers/X Region"),
+            (json!({"Host": "other.example"}), "/bindings/0/headers/Host"),
+            (json!({"X-Region": 5}), "/bindings/0/headers/X-Region"),
+            (
+                json!({"X-Region": "eu\r\nX-Injected: 1"}),
+                "/bindings/0/headers/X-Region",
+            ),
+            (json!({"X-Region": "é"}), "/bindings/0/headers/X-Region"),
+            (
+                json!({"X-Region": "e".repeat(1025)}),
+                "/bindings/0/headers/X-Region",
+            ),
+            (json!({"a/b": "v"}), "/bindings/0/headers/a~1b"),
+        ] {
+            let e = with(headers.clone()).expect_err("refused");
+            assert_eq!(e.pointer, pointer, "{headers}");
         }
     }
 

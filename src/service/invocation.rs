@@ -26,7 +26,7 @@ use super::woa_host::WoaHost;
 use crate::config::{CredentialConfig, GatewayConfig};
 use crate::domain::invoke::{parse_body, select_operation, Body, Call, Target};
 use crate::domain::resolve::preferred_binding;
-use crate::domain::validate::{check_instance, compile_schema};
+use crate::domain::validate::{agent_header, binding_headers, check_instance, compile_schema};
 use crate::domain::{AgentMetadata, AgentRecord, AgentStatus, Binding, FieldError, Principal};
 use crate::gateway::outbound::OutboundError;
 use crate::gateway::token::ClientCredentials;
@@ -157,6 +157,35 @@ impl Credentials {
         Ok((headers, Some(bearer)))
     }
 
+    /// The credentials with the headers `binding` declares for every
+    /// request (`validate::binding_headers`: settings such as a region),
+    /// sent first; a header the credential travels in stays the
+    /// credential's. A declaration the record's checks would refuse (a
+    /// record of another registry, or stored before them) is 501.
+    pub(super) fn with_binding(mut self, agent: &str, binding: &Binding) -> Result<Self> {
+        let declared = binding_headers(binding).map_err(|e| {
+            ServiceError::Unsupported(format!(
+                "agent '{agent}' cannot be called: its binding declares headers{}: {}",
+                e.pointer, e.message
+            ))
+        })?;
+        let credential = |name: &str| {
+            let token = self.token.as_ref().map(|(h, _)| h);
+            self.headers
+                .iter()
+                .map(|(h, _)| h)
+                .chain(token)
+                .any(|h| h.eq_ignore_ascii_case(name))
+        };
+        let mut headers: Vec<_> = declared
+            .into_iter()
+            .filter(|(n, _)| !credential(n))
+            .collect();
+        headers.append(&mut self.headers);
+        self.headers = headers;
+        Ok(self)
+    }
+
     /// The agent answered `status` to a request that carried `bearer`: a
     /// 401 means the token is no good, and the next call gets a new one.
     pub(super) async fn answered(&self, bearer: Option<String>, status: u16) {
@@ -282,13 +311,15 @@ impl InvocationService {
         binding: &Binding,
         agent_authorization: Option<String>,
     ) -> Result<Vec<rmcp::model::Tool>> {
-        let c = self.credentials_for(
-            record,
-            &InvokeRequest {
-                agent_authorization,
-                ..Default::default()
-            },
-        )?;
+        let c = self
+            .credentials_for(
+                record,
+                &InvokeRequest {
+                    agent_authorization,
+                    ..Default::default()
+                },
+            )?
+            .with_binding(&record.metadata.id, binding)?;
         let (headers, _) = c.headers().await?;
         Ok(crate::gateway::mcp_tools::list_tools(&c.outbound, &binding.endpoint, &headers).await?)
     }
@@ -503,12 +534,14 @@ impl InvocationService {
             check_instance(v, &call.input, "").map_err(|e| invalid(e, &prefix))?;
         }
         let operation = target.name().map(String::from);
+        let mut credentials = self
+            .credentials_for(record, req)?
+            .with_binding(&meta.id, binding)?;
         let binding = meta
             .bindings
             .iter()
             .position(|b| std::ptr::eq(b, binding))
             .unwrap_or_default();
-        let mut credentials = self.credentials_for(record, req)?;
         if let Some(k) = &req.idempotency_key {
             header_value(k, "/idempotency_key")?;
             credentials
@@ -650,7 +683,7 @@ impl InvocationService {
                 header_value(v, "/agent_authorization")?;
                 // Records are checked when written; one written before
                 // that check (or by another registry) gets a clear answer.
-                crate::domain::validate::credential_header(&header).map_err(|e| {
+                agent_header(&header).map_err(|e| {
                     ServiceError::Unsupported(format!(
                         "agent '{}' cannot take a credential: its record's authentication header {e}",
                         meta.id
@@ -733,7 +766,7 @@ impl InvocationService {
 
 fn credential(c: &CredentialConfig, base: &Outbound) -> std::result::Result<Credential, String> {
     if let Some(h) = &c.header {
-        crate::domain::validate::credential_header(h)
+        agent_header(h)
             .map_err(|e| format!("gateway.credentials for '{}': header {e}", c.agent))?;
     }
     let value = match (&c.value, &c.value_env) {
@@ -793,13 +826,13 @@ pub(super) fn call_binding<'a>(
 /// control character, which gRPC and the MCP tools can carry): it would
 /// fail only when the call is sent, as if the agent were unreachable.
 fn header_value(v: &str, field: &str) -> Result<()> {
-    match reqwest::header::HeaderValue::from_str(v) {
-        Ok(_) => Ok(()),
-        Err(_) => Err(ServiceError::InvalidRequest {
-            field: Some(field.into()),
-            message: "must be visible ASCII characters and spaces only: it is sent to the agent in an HTTP header".into(),
-        }),
+    if crate::domain::validate::header_value(v) {
+        return Ok(());
     }
+    Err(ServiceError::InvalidRequest {
+        field: Some(field.into()),
+        message: "must be visible ASCII characters and spaces only: it is sent to the agent in an HTTP header".into(),
+    })
 }
 
 fn no_binding(record: &AgentRecord, accepted: &[String]) -> ServiceError {

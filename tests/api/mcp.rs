@@ -402,9 +402,14 @@ async fn an_mcp_server_gets_its_api_key_in_the_header_it_declares() {
     };
     let declared = json!([{"name": "X-API-Key", "description": "Your Text Tools API key.",
         "isRequired": true, "isSecret": true}]);
+    // A header every client sends as the document gives it (here the
+    // same header, as a server whose key is public would have it).
+    let setting = json!([{"name": "X-API-Key", "value": "{key}", "isRequired": true,
+        "variables": {"key": {"default": KEY}}}]);
     for server in [
         publish("io.agentry.test/callers-key", declared),
         publish("io.agentry.test/held-key", json!([])),
+        publish("io.agentry.test/set-key", setting),
     ] {
         let (status, _, body) = http
             .send(
@@ -470,6 +475,20 @@ async fn an_mcp_server_gets_its_api_key_in_the_header_it_declares() {
         .get("authentication")
         .is_none());
     let (status, _, body) = translate(&s, held, &[]).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body, json!({"translated_text": "[fr] olleh"}));
+
+    // A header the document sets is the binding's, sent with every call:
+    // no credential is required or needed.
+    let set = "mcp:io.agentry.test/set-key";
+    let record = http.record(set, ALICE).await;
+    assert!(record.get("authentication").is_none(), "{record}");
+    assert_eq!(
+        record["bindings"][0]["headers"],
+        json!({"X-API-Key": KEY}),
+        "{record}"
+    );
+    let (status, _, body) = translate(&s, set, &[]).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body, json!({"translated_text": "[fr] olleh"}));
     s.stop().await;

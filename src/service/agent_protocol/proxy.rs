@@ -7,18 +7,23 @@ use serde_json::Value;
 
 use super::{ApEvents, ApReply, Result};
 use crate::domain::resolve::preferred_binding;
-use crate::domain::{AgentRecord, Protocol};
+use crate::domain::{AgentRecord, Binding, Protocol};
 use crate::gateway::transport::{self, ap_url, Event, Started};
 use crate::service::error::ServiceError;
 use crate::service::invocation::{InvocationService, InvokeRequest};
 
-/// The AP endpoint of an agent that speaks AP, or None when the gateway
+/// The AP binding of an agent that speaks AP, or None when the gateway
 /// runs the agent.
-pub(super) fn ap_endpoint(record: &AgentRecord) -> Option<String> {
+fn ap_binding(record: &AgentRecord) -> Option<&Binding> {
     preferred_binding(&record.metadata.bindings, |b| {
         b.known_protocol() == Some(Protocol::AgentProtocol)
     })
-    .map(|b| b.endpoint.clone())
+}
+
+/// The AP endpoint of an agent that speaks AP, or None when the gateway
+/// runs the agent.
+pub(super) fn ap_endpoint(record: &AgentRecord) -> Option<String> {
+    ap_binding(record).map(|b| b.endpoint.clone())
 }
 
 /// A proxied agent's events as our events; a whole answer (a refusal)
@@ -55,13 +60,16 @@ impl InvocationService {
         auth: Option<String>,
         accept: &str,
     ) -> Result<reqwest::Response> {
-        let c = self.credentials_for(
+        let mut c = self.credentials_for(
             record,
             &InvokeRequest {
                 agent_authorization: auth,
                 ..Default::default()
             },
         )?;
+        if let Some(binding) = ap_binding(record) {
+            c = c.with_binding(&record.metadata.id, binding)?;
+        }
         let (headers, bearer) = c.headers().await?;
         let resp = transport::exchange(&c.outbound, method, url, body, &headers, accept).await?;
         c.answered(bearer, resp.status().as_u16()).await;
