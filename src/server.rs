@@ -15,7 +15,7 @@ use crate::api::cluster::ClusterApi;
 use crate::api::federation::FederationApi;
 use crate::api::gate::{Gate, GateLayer, GateService};
 use crate::api::grpc::RegistryApi;
-use crate::api::http::{router, HttpState};
+use crate::api::http::{router, HttpServices, HttpState};
 use crate::api::invocation::InvocationApi;
 use crate::config::Config;
 use crate::consensus::cluster_auth::SecretSource;
@@ -670,7 +670,7 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
         shutdown_rx.clone(),
     ));
 
-    let state = HttpState {
+    let state = HttpState::new(HttpServices {
         api,
         ard,
         mcp,
@@ -697,7 +697,7 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
         gate,
         max_body: config.max_record_bytes + 64 * 1024,
         documents: Default::default(),
-    };
+    });
     let app = router(state, Duration::from_secs(config.request_timeout_secs));
     let http_incoming = accept(
         "http",

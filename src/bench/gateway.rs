@@ -5,9 +5,14 @@
 //! agent is an A2A 1.0 JSON-RPC agent: the direct call is the same
 //! `SendMessage` the gateway sends, so the difference is what the gateway
 //! adds (building the message, the version header, reading the result).
+//! With `a2a-grpc` the agent serves A2A 1.0 over gRPC, and the direct
+//! call is the same `SendMessage` from a tonic client.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
+use futures::FutureExt;
 
 use axum::routing::post;
 use axum::{Json, Router};
@@ -17,6 +22,8 @@ use serde_json::{json, Value};
 use super::discover::{config, measured, Measured};
 
 const ADMIN: &str = "bench-admin-key-0000001";
+/// The A2A 1.0 gRPC method the gateway calls, at the root of the agent's URL.
+const A2A_GRPC_SEND: &str = "/lf.a2a.v1.A2AService/SendMessage";
 
 /// The figures of one run: (clients, direct, through the gateway).
 pub struct GatewayReport {
@@ -69,6 +76,68 @@ async fn start_a2a_echo() -> Result<String, String> {
     Ok(format!("http://{addr}/jsonrpc"))
 }
 
+/// An A2A 1.0 gRPC agent: `lf.a2a.v1.A2AService/SendMessage` answers a
+/// completed task whose artifact echoes the message's parts, served over
+/// HTTP/2 without TLS as the SDKs' gRPC servers are.
+async fn start_a2a_grpc_echo() -> Result<String, String> {
+    use crate::a2a_pb as pb;
+
+    #[derive(Clone)]
+    struct Echo;
+    impl tonic::server::UnaryService<pb::SendMessageRequest> for Echo {
+        type Response = pb::SendMessageResponse;
+        type Future = std::future::Ready<Result<tonic::Response<Self::Response>, tonic::Status>>;
+        fn call(&mut self, req: tonic::Request<pb::SendMessageRequest>) -> Self::Future {
+            let parts = req
+                .into_inner()
+                .message
+                .map(|m| m.parts)
+                .unwrap_or_default();
+            let task = pb::Task {
+                id: "t".into(),
+                context_id: "c".into(),
+                status: Some(pb::TaskStatus {
+                    state: pb::TaskState::Completed as i32,
+                    ..Default::default()
+                }),
+                artifacts: vec![pb::Artifact {
+                    artifact_id: "a".into(),
+                    name: "echo".into(),
+                    parts,
+                    ..Default::default()
+                }],
+                ..Default::default()
+            };
+            std::future::ready(Ok(tonic::Response::new(pb::SendMessageResponse {
+                payload: Some(pb::send_message_response::Payload::Task(task)),
+            })))
+        }
+    }
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| e.to_string())?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let app = Router::new().route(
+        A2A_GRPC_SEND,
+        post(|req: axum::extract::Request| async move {
+            let codec =
+                tonic_prost::ProstCodec::<pb::SendMessageResponse, pb::SendMessageRequest>::default(
+                );
+            tonic::server::Grpc::new(codec)
+                .unary(Echo, req)
+                .await
+                .map(axum::body::Body::new)
+        }),
+    );
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!(error = %e, "A2A gRPC echo agent stopped");
+        }
+    });
+    Ok(format!("http://{addr}"))
+}
+
 /// Which echo agent the run calls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Agent {
@@ -76,6 +145,40 @@ pub enum Agent {
     Rest,
     /// A2A 1.0 over JSON-RPC.
     A2a,
+    /// A2A 1.0 over gRPC.
+    A2aGrpc,
+}
+
+/// One `SendMessage` straight to the gRPC echo agent, as the gateway sends it.
+async fn grpc_direct(channel: tonic::transport::Channel, k: usize) -> Result<Duration, String> {
+    use crate::a2a_pb as pb;
+    let started = Instant::now();
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.map_err(|e| e.to_string())?;
+    let message = pb::Message {
+        message_id: format!("m{k}"),
+        role: pb::Role::User as i32,
+        parts: vec![pb::Part {
+            content: Some(pb::part::Content::Text(format!("measure me {k}"))),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let mut req = tonic::Request::new(pb::SendMessageRequest {
+        message: Some(message),
+        ..Default::default()
+    });
+    req.metadata_mut().insert(
+        "a2a-version",
+        tonic::metadata::AsciiMetadataValue::from_static("1.0"),
+    );
+    let codec =
+        tonic_prost::ProstCodec::<pb::SendMessageRequest, pb::SendMessageResponse>::default();
+    let path = http::uri::PathAndQuery::from_static(A2A_GRPC_SEND);
+    grpc.unary(req, path, codec)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(started.elapsed())
 }
 
 /// Runs `calls` calls at each concurrency, direct and through the gateway.
@@ -88,6 +191,18 @@ pub async fn run(
     let echo = match kind {
         Agent::Rest => start_echo().await?,
         Agent::A2a => start_a2a_echo().await?,
+        Agent::A2aGrpc => start_a2a_grpc_echo().await?,
+    };
+    let channel = match kind {
+        Agent::A2aGrpc => Some(
+            tonic::transport::Endpoint::from_shared(echo.clone())
+                .map_err(|e| e.to_string())?
+                .tcp_nodelay(true)
+                .connect()
+                .await
+                .map_err(|e| e.to_string())?,
+        ),
+        _ => None,
     };
     let mut c = config(dir);
     c.gateway.outbound.allow = vec!["127.0.0.1".into()];
@@ -112,12 +227,13 @@ pub async fn run(
                 "outputs": {"type": "object", "properties": {"echo": {"type": "object"}}, "required": ["echo"]}
             }]
         }),
-        Agent::A2a => json!({
+        Agent::A2a | Agent::A2aGrpc => json!({
             "id": "echo",
             "name": "Echo",
             "description": "Answers with its input, over A2A.",
             "bindings": [{"protocol": "a2a", "endpoint": echo,
-                "transport": "JSONRPC", "protocolVersion": "1.0"}],
+                "transport": if kind == Agent::A2a { "JSONRPC" } else { "GRPC" },
+                "protocolVersion": "1.0"}],
         }),
     };
     let resp = client
@@ -131,18 +247,21 @@ pub async fn run(
         return Err(format!("registering the echo agent: {}", resp.status()));
     }
     let invoke = format!("{base}/agents/echo/invoke");
-    let call = |through_gateway: bool, k: usize| {
+    let call = |through_gateway: bool, k: usize| -> BoxFuture<'static, Result<Duration, String>> {
+        if let (false, Some(channel)) = (through_gateway, &channel) {
+            return grpc_direct(channel.clone(), k).boxed();
+        }
         let (req, body) = match (through_gateway, kind) {
             (true, Agent::Rest) => (
                 client.post(&invoke).bearer_auth(ADMIN),
                 json!({"text": "measure me", "n": k}),
             ),
-            (true, Agent::A2a) => (
+            (true, Agent::A2a | Agent::A2aGrpc) => (
                 client.post(&invoke).bearer_auth(ADMIN),
                 json!({"text": format!("measure me {k}")}),
             ),
             (false, Agent::Rest) => (client.post(&echo), json!({"text": "measure me", "n": k})),
-            (false, Agent::A2a) => (
+            (false, Agent::A2a | Agent::A2aGrpc) => (
                 client.post(&echo).header("A2A-Version", "1.0"),
                 json!({"jsonrpc": "2.0", "id": k, "method": "SendMessage", "params": {"message": {
                     "messageId": format!("m{k}"), "role": "ROLE_USER",
@@ -159,6 +278,7 @@ pub async fn run(
             }
             Ok::<_, String>(started.elapsed())
         }
+        .boxed()
     };
     // Connections up and caches warm, both ways.
     for k in 0..200 {
@@ -195,6 +315,9 @@ pub fn report(r: &GatewayReport) -> String {
     let agent = match r.kind {
         Agent::Rest => "a local echo agent (AIDIP REST, input and output schema checked)",
         Agent::A2a => "a local A2A 1.0 echo agent (JSON-RPC SendMessage)",
+        Agent::A2aGrpc => {
+            "a local A2A 1.0 echo agent (gRPC SendMessage; called directly with tonic)"
+        }
     };
     let mut out = format!(
         "Invocation gateway overhead: {agent} called directly and through POST /agents/{{id}}/invoke, HTTP/1.1 keep-alive on loopback, {} calls per run\n\n",

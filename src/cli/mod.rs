@@ -366,6 +366,9 @@ pub enum BenchCommand {
         /// Call an A2A 1.0 (JSON-RPC) echo agent instead of a REST one.
         #[arg(long)]
         a2a: bool,
+        /// With --a2a: the agent serves A2A 1.0 over gRPC instead.
+        #[arg(long, requires = "a2a")]
+        grpc: bool,
     },
     /// What TLS and token checks cost: discover and register over plain
     /// text and TLS, with an API key and with a JWT, side by side.
@@ -483,12 +486,13 @@ pub async fn run_bench(args: BenchArgs) -> Result<(), CliError> {
             calls,
             clients,
             a2a,
+            grpc,
         } => {
             let temp = tempfile_dir(None)?;
-            let kind = if a2a {
-                crate::bench::gateway::Agent::A2a
-            } else {
-                crate::bench::gateway::Agent::Rest
+            let kind = match (a2a, grpc) {
+                (true, true) => crate::bench::gateway::Agent::A2aGrpc,
+                (true, false) => crate::bench::gateway::Agent::A2a,
+                _ => crate::bench::gateway::Agent::Rest,
             };
             let r = crate::bench::gateway::run(temp.path(), calls.max(1), &clients, kind)
                 .await

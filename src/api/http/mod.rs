@@ -52,9 +52,29 @@ pub use encoding::DocumentCodings;
 pub use oauth::ResourceServer;
 pub use openapi::OPENAPI_JSON;
 
-/// Shared state of the facade.
+/// Shared state of the facade, one handle to it: axum clones the state for
+/// every request (and every middleware that reads it), and a clone of the
+/// services themselves took tens of reference counts each time (every
+/// service holds the registry, which holds the Raft node's handles).
 #[derive(Clone)]
-pub struct HttpState {
+pub struct HttpState(Arc<HttpServices>);
+
+impl HttpState {
+    pub fn new(services: HttpServices) -> Self {
+        Self(Arc::new(services))
+    }
+}
+
+impl std::ops::Deref for HttpState {
+    type Target = HttpServices;
+
+    fn deref(&self) -> &HttpServices {
+        &self.0
+    }
+}
+
+/// What the facade's handlers use.
+pub struct HttpServices {
     pub api: RegistryApi,
     pub ard: super::ard::ArdApi,
     pub mcp: crate::service::McpService,
