@@ -512,31 +512,14 @@ async fn a2a_agents_over_grpc_are_called_streamed_and_cancelled() {
 }
 
 /// A gRPC agent behind mutual TLS: the channel trusts the gateway's CA
-/// file and presents its client certificate, and a certificate the agent
-/// does not accept gets no call through.
+/// file and presents its client certificate; rotated to one the agent
+/// does not accept, the kept channel is dropped and no call gets through.
 #[tokio::test]
 async fn grpc_agents_behind_mutual_tls_get_the_gateways_certificate_which_rotates() {
     let dir = tempfile::tempdir().unwrap();
     let certs = mtls_certificates(dir.path()).await;
     let agent = A2aAgent::start_tls("v1", dir.path(), &["--grpc"]).await;
-    let presented = (
-        dir.path().join("presented.pem"),
-        dir.path().join("presented.key"),
-    );
-    present(&certs.gateway, &presented);
-    let (ca_file, cert, key) = (
-        certs.agents_ca.clone(),
-        presented.0.clone(),
-        presented.1.clone(),
-    );
-    let s = TestServer::start_with(move |c| {
-        super::invocation::local_agents(c);
-        c.gateway.outbound.timeout_ms = 10_000;
-        c.gateway.outbound.ca_file = Some(ca_file);
-        c.gateway.outbound.client_cert_file = Some(cert);
-        c.gateway.outbound.client_key_file = Some(key);
-    })
-    .await;
+    let (s, presented) = presenting_gateway(dir.path(), &certs).await;
     let http = Http::new(&s.http);
     let id = import(&http, &agent).await;
     let rec = http.record(&id, ALICE).await;
@@ -607,18 +590,14 @@ fn present(
     std::fs::copy(&files.1, &at.1).expect("key copied");
 }
 
-#[tokio::test]
-async fn agents_behind_mutual_tls_are_called_with_the_gateways_certificate_which_rotates() {
-    let dir = tempfile::tempdir().unwrap();
-    let certs = mtls_certificates(dir.path()).await;
-    let agent = A2aAgent::start_tls("v1", dir.path(), &[]).await;
-    let presented = (
-        dir.path().join("presented.pem"),
-        dir.path().join("presented.key"),
-    );
+/// A gateway that trusts the agents' CA and presents the gateway's
+/// certificate from files in `dir`, which a test rotates (`present`).
+async fn presenting_gateway(
+    dir: &Path,
+    certs: &Certificates,
+) -> (TestServer, (std::path::PathBuf, std::path::PathBuf)) {
+    let presented = (dir.join("presented.pem"), dir.join("presented.key"));
     present(&certs.gateway, &presented);
-
-    // The gateway trusts the agents' CA and presents its own certificate.
     let (ca_file, cert, key) = (
         certs.agents_ca.clone(),
         presented.0.clone(),
@@ -632,6 +611,15 @@ async fn agents_behind_mutual_tls_are_called_with_the_gateways_certificate_which
         c.gateway.outbound.client_key_file = Some(key);
     })
     .await;
+    (s, presented)
+}
+
+#[tokio::test]
+async fn agents_behind_mutual_tls_are_called_with_the_gateways_certificate_which_rotates() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = mtls_certificates(dir.path()).await;
+    let agent = A2aAgent::start_tls("v1", dir.path(), &[]).await;
+    let (s, presented) = presenting_gateway(dir.path(), &certs).await;
     let http = Http::new(&s.http);
 
     // The card is read over mutual TLS; its mtls scheme becomes the
