@@ -674,10 +674,12 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
         api,
         ard,
         mcp,
-        mcp_origins: Arc::new(mcp_origins(&config)?),
-        cors: Arc::new(cors_policy(&config)?),
-        oauth: config.jwt.as_ref().map(|jwt| {
-            Arc::new(crate::api::http::ResourceServer {
+        mcp_origins: mcp_origins(&config)?,
+        cors: cors_policy(&config)?,
+        oauth: config
+            .jwt
+            .as_ref()
+            .map(|jwt| crate::api::http::ResourceServer {
                 issuer: jwt.issuer.clone(),
                 public_url: config
                     .gateway
@@ -689,8 +691,7 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
                 } else {
                     "http"
                 },
-            })
-        }),
+            }),
         cluster,
         federation,
         invocation,

@@ -11,12 +11,10 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use futures::future::BoxFuture;
-use futures::FutureExt;
-
 use axum::routing::post;
 use axum::{Json, Router};
-use futures::{stream, StreamExt};
+use futures::future::BoxFuture;
+use futures::{stream, FutureExt, StreamExt};
 use serde_json::{json, Value};
 
 use super::discover::{config, measured, Measured};
@@ -32,31 +30,32 @@ pub struct GatewayReport {
     pub kind: Agent,
 }
 
-/// The echo agent: answers `{"echo": <input>}`.
-async fn start_echo() -> Result<String, String> {
+/// Serves `app` (the agent called `what`) on a loopback port: its address.
+async fn serve(app: Router, what: &'static str) -> Result<std::net::SocketAddr, String> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .map_err(|e| e.to_string())?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!(error = %e, "{what} stopped");
+        }
+    });
+    Ok(addr)
+}
+
+/// The echo agent: answers `{"echo": <input>}`.
+async fn start_echo() -> Result<String, String> {
     let app = Router::new().route(
         "/echo",
         post(|Json(v): Json<Value>| async move { Json(json!({"echo": v})) }),
     );
-    tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::error!(error = %e, "echo agent stopped");
-        }
-    });
-    Ok(format!("http://{addr}/echo"))
+    Ok(format!("http://{}/echo", serve(app, "echo agent").await?))
 }
 
 /// An A2A 1.0 JSON-RPC agent: `SendMessage` answers a completed task whose
 /// artifact echoes the message's parts.
 async fn start_a2a_echo() -> Result<String, String> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .map_err(|e| e.to_string())?;
-    let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let app = Router::new().route(
         "/jsonrpc",
         post(|Json(v): Json<Value>| async move {
@@ -68,12 +67,10 @@ async fn start_a2a_echo() -> Result<String, String> {
             }}}))
         }),
     );
-    tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::error!(error = %e, "A2A echo agent stopped");
-        }
-    });
-    Ok(format!("http://{addr}/jsonrpc"))
+    Ok(format!(
+        "http://{}/jsonrpc",
+        serve(app, "A2A echo agent").await?
+    ))
 }
 
 /// An A2A 1.0 gRPC agent: `lf.a2a.v1.A2AService/SendMessage` answers a
@@ -114,10 +111,6 @@ async fn start_a2a_grpc_echo() -> Result<String, String> {
         }
     }
 
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .map_err(|e| e.to_string())?;
-    let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let app = Router::new().route(
         A2A_GRPC_SEND,
         post(|req: axum::extract::Request| async move {
@@ -130,12 +123,10 @@ async fn start_a2a_grpc_echo() -> Result<String, String> {
                 .map(axum::body::Body::new)
         }),
     );
-    tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::error!(error = %e, "A2A gRPC echo agent stopped");
-        }
-    });
-    Ok(format!("http://{addr}"))
+    Ok(format!(
+        "http://{}",
+        serve(app, "A2A gRPC echo agent").await?
+    ))
 }
 
 /// Which echo agent the run calls.

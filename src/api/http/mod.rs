@@ -79,11 +79,11 @@ pub struct HttpServices {
     pub ard: super::ard::ArdApi,
     pub mcp: crate::service::McpService,
     /// The names and origins `/mcp` answers (DNS-rebinding protection).
-    pub mcp_origins: Arc<super::mcp_origin::OriginPolicy>,
+    pub mcp_origins: super::mcp_origin::OriginPolicy,
     /// The browser pages of other origins that may call the facade.
-    pub cors: Arc<CorsPolicy>,
+    pub cors: CorsPolicy,
     /// The authorization server 401s point clients to (`[jwt]`), if any.
-    pub oauth: Option<Arc<ResourceServer>>,
+    pub oauth: Option<ResourceServer>,
     pub cluster: super::cluster::ClusterApi,
     pub federation: super::federation::FederationApi,
     pub invocation: super::invocation::InvocationApi,
@@ -91,7 +91,7 @@ pub struct HttpServices {
     /// Largest request body accepted, in bytes.
     pub max_body: usize,
     /// Compressed copies of the documents crawlers fetch.
-    pub documents: Arc<DocumentCodings>,
+    pub documents: DocumentCodings,
 }
 
 /// An error answer: the gRPC status plus the path it answers for.
