@@ -46,6 +46,13 @@ pub struct RefusalLabels {
     pub reason: &'static str,
 }
 
+/// Lines of the audit file lost, and why.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AuditDropLabels {
+    /// `write_failed` or `behind`.
+    pub reason: &'static str,
+}
+
 /// One of the node's listeners (`http`, `grpc`, `peer`, `raft`).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ListenerLabels {
@@ -81,6 +88,7 @@ struct Instruments {
     backup_seconds: Histogram,
     backup_bytes: Counter,
     federation_refused: Family<RefusalLabels, Counter>,
+    audit_lines_dropped: Family<AuditDropLabels, Counter>,
     open_connections: Family<ListenerLabels, Gauge>,
     connections_closed: Family<ClosedLabels, Counter>,
 }
@@ -118,6 +126,7 @@ fn instruments() -> &'static Instruments {
         backup_seconds: long(),
         backup_bytes: Counter::default(),
         federation_refused: Family::default(),
+        audit_lines_dropped: Family::default(),
         open_connections: Family::default(),
         connections_closed: Family::default(),
     })
@@ -215,6 +224,14 @@ pub fn observe_federation_refusal(peer: &str, reason: &'static str) {
             reason,
         })
         .inc();
+}
+
+/// Counts `lines` of the audit file lost for `reason`.
+pub fn observe_audit_lines_dropped(reason: &'static str, lines: u64) {
+    instruments()
+        .audit_lines_dropped
+        .get_or_create(&AuditDropLabels { reason })
+        .inc_by(lines);
 }
 
 /// Counts a connection the node closed on `listener` for `reason`.
@@ -343,6 +360,11 @@ pub fn register(registry: &mut Registry) {
         "agentry_federation_refused_records",
         "Leader: records of a peer's feed not kept here, by peer and reason (a bad signature, the trust policy, the peer's record limit, ...)",
         i.federation_refused.clone(),
+    );
+    registry.register(
+        "agentry_audit_file_dropped_lines",
+        "Lines of the audit trail's JSON-lines file lost (the database keeps the entries), by reason: write_failed (the file could not be written) or behind (the writer was too far behind)",
+        i.audit_lines_dropped.clone(),
     );
     registry.register(
         "agentry_open_connections",

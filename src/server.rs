@@ -316,7 +316,7 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
     let db_handle = db.clone();
     // Every node keeps the committed trail (written by apply) and its own
     // refusals; the gate records through this log.
-    let audit_sink = config.audit.sink().await?;
+    let audit_sink = config.audit.sink()?;
     let space = config
         .storage
         .space(&config.data_dir)

@@ -10,14 +10,12 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use serde::Deserialize;
-use tokio::io::AsyncWriteExt;
-use tokio::sync::mpsc;
 
 use super::ServiceError;
 use crate::consensus::{Command, CommandResult, RaftNode, WriteError};
 use crate::domain::audit::{AuditContext, AuditEntry, AuditQuery, Outcome};
 use crate::domain::{Principal, Role};
-use crate::storage::{AuditCursor, AuditSink, AuditStore, Retention};
+use crate::storage::{AuditCursor, AuditSink, AuditStore, Retention, Rotation};
 
 type Result<T> = std::result::Result<T, ServiceError>;
 
@@ -32,6 +30,11 @@ pub struct AuditConfig {
     /// Append every entry this node records (committed and refused) to
     /// this file as one JSON object per line.
     pub file: Option<PathBuf>,
+    /// The file is rotated before a line would take it past this size;
+    /// 0: never (another tool rotates it).
+    pub file_max_bytes: u64,
+    /// Rotated files kept; 0: all.
+    pub file_max_files: usize,
 }
 
 impl Default for AuditConfig {
@@ -41,6 +44,10 @@ impl Default for AuditConfig {
             max_entries: r.max_entries,
             max_age_days: r.max_age_secs / 86_400,
             file: None,
+            // With the default trail of a million entries of a few hundred
+            // bytes, the files hold at least what the trail does.
+            file_max_bytes: 100 * 1024 * 1024,
+            file_max_files: 10,
         }
     }
 }
@@ -52,6 +59,9 @@ impl AuditConfig {
                 "audit: max_entries must be at least 1000 and max_age_days at least 1".into(),
             );
         }
+        if self.file_max_bytes != 0 && self.file_max_bytes < 4096 {
+            return Err("audit: file_max_bytes must be 0 (never rotated) or at least 4096".into());
+        }
         Ok(())
     }
 
@@ -62,31 +72,16 @@ impl AuditConfig {
         }
     }
 
-    /// Starts the task that appends entries to `file`, if one is set.
-    pub async fn sink(&self) -> std::io::Result<Option<AuditSink>> {
+    /// Opens `file`, if one is set, and starts its writer.
+    pub fn sink(&self) -> std::io::Result<Option<AuditSink>> {
         let Some(path) = &self.file else {
             return Ok(None);
         };
-        let mut file = tokio::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .await?;
-        let (tx, mut rx) = mpsc::channel::<AuditEntry>(4096);
-        let path = path.clone();
-        tokio::spawn(async move {
-            while let Some(e) = rx.recv().await {
-                let mut line = serde_json::to_vec(&e).unwrap_or_default();
-                line.push(b'\n');
-                if let Err(err) = file.write_all(&line).await {
-                    tracing::warn!(path = %path.display(), error = %err, "audit file write failed");
-                }
-                if rx.is_empty() {
-                    let _ = file.flush().await;
-                }
-            }
-        });
-        Ok(Some(tx))
+        let rotation = Rotation {
+            max_bytes: self.file_max_bytes,
+            max_files: self.file_max_files,
+        };
+        crate::storage::audit_file_sink(path.clone(), rotation).map(Some)
     }
 }
 

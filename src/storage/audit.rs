@@ -7,9 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use rocksdb::{WriteBatch, DB};
-use tokio::sync::mpsc;
 
-use super::{cf, key_u64, u64_key, DiskSpace, StorageError, CF_AUDIT, CF_AUDIT_LOCAL};
+use super::{cf, key_u64, u64_key, AuditSink, DiskSpace, StorageError, CF_AUDIT, CF_AUDIT_LOCAL};
 use crate::domain::audit::{AuditEntry, AuditQuery};
 
 /// How much of the trail is kept.
@@ -35,9 +34,6 @@ pub(super) const TRIM_EVERY: u64 = 256;
 /// At most this many entries are dropped for age per trim, so one trim
 /// never stalls a write.
 const AGE_TRIM_BATCH: usize = 4096;
-
-/// Where entries go besides the database (a JSON-lines file for a SIEM).
-pub type AuditSink = mpsc::Sender<AuditEntry>;
 
 /// Puts into `batch` the deletions retention asks of `cf_name`, whose
 /// newest sequence is `seq`, at `now_unix` (the leader's clock for the
@@ -144,7 +140,7 @@ impl AuditStore {
             // while space is short, refusals go to the JSON-lines file only.
             tracing::debug!(error = %short, "refusal not stored in the local trail");
             if let Some(sink) = &self.sink {
-                let _ = sink.try_send(entry.clone());
+                sink.send(entry.clone());
             }
             return Ok(entry);
         }
@@ -167,9 +163,7 @@ impl AuditStore {
         }
         self.db.write(batch)?;
         if let Some(sink) = &self.sink {
-            // A full sink drops the line, never the request (the database
-            // keeps the entry).
-            let _ = sink.try_send(entry.clone());
+            sink.send(entry.clone());
         }
         Ok(entry)
     }

@@ -6,6 +6,7 @@
 //! Values are JSON, which keeps unknown metadata fields exactly as published.
 
 mod audit;
+mod audit_file;
 mod backup;
 mod checkpoint;
 mod format;
@@ -17,7 +18,8 @@ mod record_cache;
 mod space;
 mod state_machine;
 
-pub use audit::{AuditCursor, AuditSink, AuditStore, Retention};
+pub use audit::{AuditCursor, AuditStore, Retention};
+pub use audit_file::{open as audit_file_sink, AuditSink, Rotation};
 pub use backup::{
     apply_log, restore, scratch_copy, verify_backup, write_backup, BackupEnd, BackupError,
     BackupHeader, BackupSummary, RestoreTarget, BACKUP_FORMAT,

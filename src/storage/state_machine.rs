@@ -29,11 +29,12 @@ use rocksdb::{WriteBatch, DB};
 use serde::Deserialize;
 use tokio::sync::broadcast;
 
-use super::audit::{trim as trim_audit, AuditSink, Retention, TRIM_EVERY as AUDIT_TRIM_EVERY};
+use super::audit::{trim as trim_audit, Retention, TRIM_EVERY as AUDIT_TRIM_EVERY};
 use super::checkpoint;
 use super::install;
 use super::quota::RecordCounts;
 use super::reader::{Applied, AppliedState, HoldsChanged};
+use super::AuditSink;
 use super::{
     cf, get_json, u64_key, unlogged, Reader, StorageError as LocalError, CF_AGENTS, CF_AUDIT,
     CF_CHANGES, CF_LEASES, CF_SM,
@@ -1349,8 +1350,7 @@ impl StateMachine {
         self.audit_seq.store(audit_seq, Ordering::Release);
         if let Some(sink) = &self.audit_sink {
             for e in audited {
-                // A full sink drops the line, never the write.
-                let _ = sink.try_send(e);
+                sink.send(e);
             }
         }
         if identity_changed {

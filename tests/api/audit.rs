@@ -6,7 +6,9 @@ use std::time::Duration;
 use agentry::pb::{self, cluster_client::ClusterClient};
 use serde_json::Value;
 
-use crate::harness::{minimal, Http, TestServer, Transport, ADMIN, ALICE, BOB, CAROL_READER};
+use crate::harness::{
+    eventually, minimal, Http, TestServer, Transport, ADMIN, ALICE, BOB, CAROL_READER,
+};
 
 /// The oldest entry of the node's trail with `outcome` (an admin's view).
 async fn oldest_with_outcome(h: &Http, outcome: &str) -> Value {
@@ -222,4 +224,82 @@ async fn only_admins_get_a_backup() {
     assert!(text.contains("\"backup-secret\""));
     let (_, end) = agentry::storage::verify_backup(text.as_bytes()).expect("valid backup");
     assert_eq!(end.records, 1);
+}
+
+/// The JSON-lines file is rotated at its size, only the newest rotated
+/// files are kept, and a file moved away by another tool (logrotate) is
+/// followed: the next line goes to a new file at the path.
+#[tokio::test]
+async fn the_audit_file_is_rotated_and_follows_a_move() {
+    use std::os::unix::fs::PermissionsExt;
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("audit.jsonl");
+    let path = file.clone();
+    let s = TestServer::start_with(move |c| {
+        c.audit.file = Some(path);
+        c.audit.file_max_bytes = 4096;
+        c.audit.file_max_files = 2;
+    })
+    .await;
+    let h = Http::new(&s.http);
+    let ids: Vec<String> = (0..60).map(|i| format!("rotated-{i:02}")).collect();
+    for id in &ids {
+        h.register(Some(ALICE), minimal(id)).await.unwrap();
+    }
+    let read = |f: &std::path::Path| std::fs::read_to_string(f).unwrap_or_default();
+    eventually(
+        Duration::from_secs(10),
+        "the last registration's line",
+        || {
+            let text = read(&file);
+            async move { text.contains("\"rotated-59\"") }
+        },
+    )
+    .await;
+    let mut rotated: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p != &file)
+        .collect();
+    rotated.sort();
+    assert_eq!(rotated.len(), 2, "{rotated:?}");
+    let mut registered = Vec::new();
+    for f in rotated.iter().chain([&file]) {
+        let meta = std::fs::metadata(f).unwrap();
+        assert!(
+            meta.len() <= 4096,
+            "{} holds {} bytes",
+            f.display(),
+            meta.len()
+        );
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600, "{}", f.display());
+        for line in read(f).lines() {
+            let e: Value = serde_json::from_str(line).unwrap();
+            if e["operation"] == "register" {
+                registered.push(e["target"].as_str().unwrap().to_string());
+            }
+        }
+    }
+    // The newest registrations, in order and each once; the oldest went
+    // with the rotated files deleted.
+    assert!(
+        !registered.is_empty() && registered.len() < ids.len(),
+        "{registered:?}"
+    );
+    assert_eq!(registered, ids[ids.len() - registered.len()..]);
+
+    // logrotate's move: the next line starts a new file at the path.
+    let moved = dir.path().join("moved-away.jsonl");
+    std::fs::rename(&file, &moved).unwrap();
+    h.register(Some(ALICE), minimal("after-the-move"))
+        .await
+        .unwrap();
+    eventually(Duration::from_secs(10), "a new file at the path", || {
+        let text = read(&file);
+        async move { text.contains("\"after-the-move\"") }
+    })
+    .await;
+    assert!(!read(&moved).contains("after-the-move"));
+    s.stop().await;
 }
