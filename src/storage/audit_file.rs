@@ -58,6 +58,11 @@ impl AuditSink {
 pub fn open(path: PathBuf, rotation: Rotation) -> io::Result<AuditSink> {
     let mut writer = Writer::new(path, rotation);
     writer.current()?;
+    // At zero from the start, so the first loss is an increase an alert
+    // sees.
+    for reason in ["write_failed", "behind"] {
+        crate::metrics::observe_audit_lines_dropped(reason, 0);
+    }
     let (tx, mut rx) = mpsc::channel::<AuditEntry>(QUEUE);
     std::thread::Builder::new()
         .name("audit-file".into())

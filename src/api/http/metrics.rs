@@ -388,6 +388,7 @@ mod tests {
         };
         crate::metrics::observe_federation_refusal("b.example", "signature");
         crate::metrics::observe_connection_closed("http", "client_cap");
+        crate::metrics::observe_audit_lines_dropped("write_failed", 0);
         crate::metrics::observe_snapshot("build", std::time::Duration::from_millis(4));
         drop(crate::metrics::connection_opened("http"));
         render(&s, 41, 1, &index, streams, &peers, space)
