@@ -843,10 +843,21 @@ pub async fn run(config: Config) -> Result<(), ServerError> {
 async fn wait_for_signal() -> Result<(), ServerError> {
     #[cfg(unix)]
     {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-        tokio::select! {
-            r = tokio::signal::ctrl_c() => r?,
-            _ = term.recv() => {}
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate())?;
+        // SIGHUP's default action ends the process, without the leader's
+        // hand-off; a logrotate `postrotate` or a habit of "reload" sends
+        // it. Nothing needs it: certificates and the audit file are
+        // followed as they change.
+        let mut hangup = signal(SignalKind::hangup())?;
+        loop {
+            tokio::select! {
+                r = tokio::signal::ctrl_c() => break r?,
+                _ = term.recv() => break,
+                _ = hangup.recv() => info!(
+                    "SIGHUP ignored: TLS certificates and the audit file are followed as they change; other settings take a restart"
+                ),
+            }
         }
     }
     #[cfg(not(unix))]

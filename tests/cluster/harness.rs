@@ -265,9 +265,14 @@ impl Cluster {
 
     /// SIGTERM: the node's own graceful stop (a leader hands over first).
     pub fn terminate(&self, id: u64) {
+        self.signal(id, "-TERM");
+    }
+
+    /// Sends node `id` the signal `kill` names `flag` (`-HUP`).
+    pub fn signal(&self, id: u64, flag: &str) {
         if let Some(child) = self.nodes.get(&id).and_then(|n| n.child.as_ref()) {
             let status = Command::new("kill")
-                .args(["-TERM", &child.id().to_string()])
+                .args([flag, &child.id().to_string()])
                 .status()
                 .expect("kill runs");
             assert!(status.success());

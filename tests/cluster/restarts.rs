@@ -23,6 +23,38 @@ async fn three_nodes() -> Cluster {
     .await
 }
 
+/// SIGHUP, which logrotate's `postrotate` or an operator's "reload"
+/// sends, would end the process by default, without the leader's
+/// hand-off: the node ignores it, says so, and keeps serving.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hang_up_signal_leaves_the_node_serving() {
+    let _serial = SERIAL.lock().await;
+    let mut c = Cluster::start(
+        1,
+        Options {
+            log: Some("warn,agentry::server=info"),
+            ..Default::default()
+        },
+    )
+    .await;
+    let leader = c.wait_for_leader(Duration::from_secs(30)).await;
+    c.signal(leader, "-HUP");
+    assert!(
+        c.wait_exit(leader, Duration::from_secs(2)).is_none(),
+        "the node stopped on SIGHUP:\n{}",
+        c.log(leader)
+    );
+    let (status, body) = c
+        .register(leader, "after-hup", "Written after SIGHUP.")
+        .await;
+    assert_eq!(status, 201, "{body}");
+    assert!(
+        c.log(leader).contains("SIGHUP ignored"),
+        "{}",
+        c.log(leader)
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn sigterm_on_the_leader_hands_leadership_over() {
     let _serial = SERIAL.lock().await;
