@@ -805,6 +805,7 @@ async fn load_embedder(config: &crate::config::DiscoveryConfig) -> Result<Embedd
 pub async fn run(config: Config) -> Result<(), ServerError> {
     let data_dir = config.data_dir.clone();
     let server = start(config).await?;
+    let stop = stop_signal()?;
     if let Some(key) = &server.generated_admin_key {
         eprintln!("Generated the bootstrap admin API key (shown only this once; its digest is in {}):\n  {key}", data_dir.join(ADMIN_DIGEST_FILE).display());
     }
@@ -821,7 +822,7 @@ pub async fn run(config: Config) -> Result<(), ServerError> {
     // Borrowed, not cloned: shutdown waits for every holder of the node
     // (and so of the database) to let go.
     let core_stopped = tokio::select! {
-        signal = wait_for_signal() => {
+        signal = stop => {
             signal?;
             None
         }
@@ -840,27 +841,34 @@ pub async fn run(config: Config) -> Result<(), ServerError> {
     Ok(())
 }
 
-async fn wait_for_signal() -> Result<(), ServerError> {
+/// Listens for the signals that stop the node, and for SIGHUP, which it
+/// ignores. The handlers are installed when this is called, before the
+/// ready line, so a signal sent once that line is out is never one whose
+/// default action (ending the process) still applies.
+fn stop_signal() -> Result<impl std::future::Future<Output = std::io::Result<()>>, ServerError> {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
+        let mut interrupt = signal(SignalKind::interrupt())?;
         let mut term = signal(SignalKind::terminate())?;
         // SIGHUP's default action ends the process, without the leader's
         // hand-off; a logrotate `postrotate` or a habit of "reload" sends
         // it. Nothing needs it: certificates and the audit file are
         // followed as they change.
         let mut hangup = signal(SignalKind::hangup())?;
-        loop {
-            tokio::select! {
-                r = tokio::signal::ctrl_c() => break r?,
-                _ = term.recv() => break,
-                _ = hangup.recv() => info!(
-                    "SIGHUP ignored: TLS certificates and the audit file are followed as they change; other settings take a restart"
-                ),
+        Ok(async move {
+            loop {
+                tokio::select! {
+                    _ = interrupt.recv() => break,
+                    _ = term.recv() => break,
+                    _ = hangup.recv() => info!(
+                        "SIGHUP ignored: TLS certificates and the audit file are followed as they change; other settings take a restart"
+                    ),
+                }
             }
-        }
+            Ok(())
+        })
     }
     #[cfg(not(unix))]
-    tokio::signal::ctrl_c().await?;
-    Ok(())
+    Ok(tokio::signal::ctrl_c())
 }
