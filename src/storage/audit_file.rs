@@ -241,29 +241,35 @@ impl Writer {
     /// going to the file as it is, past its size, rather than losing it;
     /// the next batch tries again.
     fn rotate(&mut self) {
-        let renamed = rotated_files(&self.path).and_then(|kept| {
+        let renamed = rotated_files(&self.path).and_then(|mut kept| {
             let target = rotated_path(&self.path, time::OffsetDateTime::now_utc(), &kept);
-            std::fs::rename(&self.path, target)
+            std::fs::rename(&self.path, &target)?;
+            kept.push(target);
+            Ok(kept)
         });
-        if let Err(err) = renamed {
-            self.rotation_failed = true;
-            self.warn(
-                &err,
-                "audit file could not be rotated; it grows past max_bytes",
-            );
-            return;
-        }
+        let rotated = match renamed {
+            Ok(rotated) => rotated,
+            Err(err) => {
+                self.rotation_failed = true;
+                self.warn(
+                    &err,
+                    "audit file could not be rotated; it grows past max_bytes",
+                );
+                return;
+            }
+        };
         self.close();
-        if let Err(err) = self.prune() {
+        if let Err(err) = self.prune(rotated) {
             self.warn(&err, "old audit files could not be deleted");
         }
     }
 
-    fn prune(&self) -> io::Result<()> {
+    /// Deletes the oldest of `rotated` (the directory's rotated files, as
+    /// listed for the rotation) past `max_files`.
+    fn prune(&self, mut rotated: Vec<PathBuf>) -> io::Result<()> {
         if self.rotation.max_files == 0 {
             return Ok(());
         }
-        let mut rotated = rotated_files(&self.path)?;
         let excess = rotated.len().saturating_sub(self.rotation.max_files);
         rotated.sort();
         for old in rotated.into_iter().take(excess) {
