@@ -32,7 +32,7 @@ fn document(reply: ApReply) -> Response<pb::ApDocument> {
 }
 
 fn request_json(text: &str) -> Result<Value, ServiceError> {
-    serde_json::from_str(text).map_err(|e| ServiceError::InvalidRequest {
+    crate::domain::json::parse_json(text.as_bytes()).map_err(|e| ServiceError::InvalidRequest {
         field: Some(String::new()),
         message: format!("the AP request is not valid JSON: {e}"),
     })

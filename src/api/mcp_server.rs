@@ -699,7 +699,7 @@ fn refusal(status: Status) -> Response {
 /// reports as an unknown method.
 fn not_json_rpc(body: &[u8]) -> Option<Response> {
     let mut id = Value::Null;
-    let (code, message) = match serde_json::from_slice::<Value>(body) {
+    let (code, message) = match crate::domain::json::parse_json(body) {
         Err(e) => (-32700, format!("Parse error: {e}")),
         Ok(Value::Object(m)) if m.get("jsonrpc").and_then(Value::as_str) == Some("2.0") => {
             let method = m.get("method").and_then(Value::as_str);

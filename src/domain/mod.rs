@@ -8,6 +8,7 @@ pub mod discovery;
 pub mod federation;
 pub mod filter;
 pub mod invoke;
+pub mod json;
 pub mod lease;
 pub mod mcp;
 pub mod protocol;

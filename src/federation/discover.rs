@@ -207,7 +207,7 @@ fn accept(
             Some(_) if c.record_json.len() > bounds.record_bytes => {
                 Err(Refusal::TooLarge(c.record_json.len(), bounds.record_bytes))
             }
-            Some(v) => serde_json::from_str::<Value>(&c.record_json)
+            Some(v) => crate::domain::json::parse_json(c.record_json.as_bytes())
                 .map_err(|e| Refusal::Malformed(e.to_string()))
                 .and_then(|served| v.verify(&served).map(|r| (r, served, v))),
         };

@@ -433,7 +433,7 @@ fn to_change(
     let checked = if size > max_record_bytes {
         Err(Refusal::TooLarge(size, max_record_bytes))
     } else {
-        serde_json::from_str::<Value>(&event.record_json)
+        crate::domain::json::parse_json(event.record_json.as_bytes())
             .map_err(|e| Refusal::Malformed(e.to_string()))
             .and_then(|served| peer.verify(&served).map(|r| (r, served)))
     };

@@ -167,7 +167,8 @@ impl InvocationService {
                 format.name()
             )));
         }
-        let doc: Value = serde_json::from_slice(&fetched.body).map_err(|e| bad_document(url, e))?;
+        let doc =
+            crate::domain::json::parse_json(&fetched.body).map_err(|e| bad_document(url, e))?;
         let allow_http = self.outbound().policy.allow_http;
         let agents = match format {
             ImportFormat::Woa => {
@@ -305,7 +306,7 @@ impl InvocationService {
                 fetched.status
             )));
         }
-        serde_json::from_slice(&fetched.body).map_err(|e| bad_document(url, e))
+        crate::domain::json::parse_json(&fetched.body).map_err(|e| bad_document(url, e))
     }
 
     /// Creates, updates or leaves alone one imported record.

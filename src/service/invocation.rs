@@ -461,11 +461,12 @@ impl InvocationService {
     }
 
     fn parse(&self, record: &AgentRecord, req: &InvokeRequest) -> Result<Body> {
-        let value: Value =
-            serde_json::from_slice(&req.body).map_err(|e| ServiceError::InvalidRequest {
+        let value = crate::domain::json::parse_json(&req.body).map_err(|e| {
+            ServiceError::InvalidRequest {
                 field: Some(String::new()),
                 message: format!("the invocation body is not valid JSON: {e}"),
-            })?;
+            }
+        })?;
         let id = record.metadata.id.as_str();
         let token = crate::gateway::import::woa_token(id);
         parse_body(value, &[id, token.as_str()]).map_err(|e| invalid(e, ""))

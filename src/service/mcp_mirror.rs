@@ -268,7 +268,7 @@ impl Mirror {
                     fetched.status
                 )));
             }
-            let page: Value = serde_json::from_slice(&fetched.body)
+            let page = crate::domain::json::parse_json(&fetched.body)
                 .map_err(|e| ServiceError::BadUpstream(format!("{url}: not JSON: {e}")))?;
             let servers = page
                 .get("servers")

@@ -1065,6 +1065,33 @@ async fn bad_input_is_refused_and_changes_nothing() {
     ]);
     cases[0].body = Some("{\"id\": \"x\", \"name\": ".into());
     cases[0].content_type = Some("application/json");
+    // A member named twice means one thing to a parser that keeps the
+    // first and another to one that keeps the last: refused, never guessed.
+    for (name, method, path, body) in [
+        (
+            "an id named twice",
+            post.clone(),
+            "/agents",
+            r#"{"id": "first-id", "name": "n", "description": "d", "id": "second-id"}"#,
+        ),
+        (
+            "a member named twice inside an example",
+            Method::PUT,
+            "/agents/agent-12345",
+            r#"{"id": "agent-12345", "name": "n", "description": "d", "examples": [{"text": "a", "text": "b"}]}"#,
+        ),
+        (
+            "an invocation's input with a member named twice",
+            post.clone(),
+            "/agents/agent-12345/invoke",
+            r#"{"text": "hello", "text": "bye"}"#,
+        ),
+    ] {
+        let mut c = case(name, method, path, None, 400, "invalid_request", None);
+        c.body = Some(body.into());
+        c.content_type = Some("application/json");
+        cases.push(c);
+    }
     assert!(cases.len() >= 30, "the issue asks for at least 30 cases");
 
     let before = snapshot(&h).await;
@@ -1296,6 +1323,133 @@ async fn http_edges_answer_as_the_standards_say() {
     assert_eq!(r.status().as_u16(), 400);
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["error"]["code"], -32700, "{v}");
+    s.stop().await;
+}
+
+/// A member named twice in any JSON the registry reads is refused with the
+/// name, in each route family's own error shape, and stores nothing: a
+/// proxy that keeps the first of two and the registry that kept the last
+/// would otherwise read one body as two different requests.
+#[tokio::test]
+async fn a_member_named_twice_is_refused_in_each_routes_shape() {
+    let s = TestServer::start().await;
+    let h = Http::new(&s.http);
+    let post = |path: &str, key: Option<&str>, body: &'static str| {
+        let mut req = h
+            .client
+            .post(format!("{}{path}", s.http))
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .body(body);
+        if let Some(k) = key {
+            req = req.bearer_auth(k);
+        }
+        async move {
+            let r = req.send().await.unwrap();
+            let status = r.status().as_u16();
+            let ctype = content_type(&r);
+            (
+                status,
+                ctype,
+                r.json::<Value>().await.unwrap_or(Value::Null),
+            )
+        }
+    };
+
+    // The registry's own routes: the problem body, naming the member.
+    let (status, ctype, body) = post(
+        "/agents",
+        Some(ALICE),
+        r#"{"id": "dup-first", "name": "n", "description": "d", "id": "dup-last"}"#,
+    )
+    .await;
+    assert_eq!(
+        (status, ctype.as_str()),
+        (400, "application/problem+json"),
+        "{body}"
+    );
+    assert_eq!(body["code"], "invalid_request", "{body}");
+    let message = body["message"].as_str().unwrap();
+    assert!(
+        message.contains(r#"duplicate member name "id""#),
+        "{message}"
+    );
+    for id in ["dup-first", "dup-last"] {
+        let (status, _, _) = h
+            .send(
+                Method::GET,
+                &format!("/agents/{id}"),
+                Some(ADMIN),
+                None,
+                &[],
+            )
+            .await;
+        assert_eq!(status, 404, "{id} was not stored");
+    }
+    let (status, _, body) = post(
+        "/discover",
+        None,
+        r#"{"query": "translate", "limit": 1, "limit": 50}"#,
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["message"].as_str().unwrap().contains("\"limit\""),
+        "{body}"
+    );
+
+    // The MCP Registry API's shape.
+    let (status, _, body) = post(
+        "/v0.1/publish",
+        Some(ALICE),
+        r#"{"name": "io.example/one", "version": "1.0.0", "name": "io.example/two"}"#,
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("duplicate member name"),
+        "{body}"
+    );
+    let (_, _, list) = h.send(Method::GET, "/v0.1/servers", None, None, &[]).await;
+    assert_eq!(list["servers"], json!([]), "nothing published: {list}");
+
+    // ARD's shape.
+    let (status, _, body) = post(
+        "/ard/search",
+        None,
+        r#"{"query": {"text": "a"}, "query": {"text": "b"}}"#,
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["errorCode"], "INVALID_ARGUMENT", "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("duplicate member name"),
+        "{body}"
+    );
+
+    // MCP's JSON-RPC: a parse error, since the message cannot be read as
+    // one request.
+    let (status, _, body) = post(
+        "/mcp",
+        Some(ALICE),
+        r#"{"jsonrpc": "2.0", "id": 1, "method": "tools/list", "method": "tools/call"}"#,
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["code"], -32700, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("duplicate member name"),
+        "{body}"
+    );
     s.stop().await;
 }
 

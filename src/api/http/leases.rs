@@ -47,7 +47,7 @@ async fn refresh_body(
             "a refresh body must be JSON (Content-Type: application/json) or empty",
         ));
     }
-    let v: Value = serde_json::from_slice(&bytes)
+    let v = crate::domain::json::parse_json(&bytes)
         .map_err(|e| invalid(None, format!("request body is not valid JSON: {e}")))?;
     typed(v)
 }

@@ -333,7 +333,7 @@ fn etag(r: &pb::AgentRecord) -> String {
 /// limit, and the text well-formed.
 async fn json_body(state: &HttpState, headers: &HeaderMap, body: Body) -> Result<Value, ApiError> {
     let bytes = json_bytes(state, headers, body).await?;
-    serde_json::from_slice(&bytes)
+    crate::domain::json::parse_json(&bytes)
         .map_err(|e| invalid(None, format!("request body is not valid JSON: {e}")))
 }
 

@@ -73,7 +73,7 @@ pub(super) fn chat_input(
         .and_then(Value::as_object);
     let map = match input {
         Some(Value::Object(m)) => m,
-        Some(Value::String(s)) => match serde_json::from_str::<Value>(&s) {
+        Some(Value::String(s)) => match crate::domain::json::parse_json(s.as_bytes()) {
             Ok(Value::Object(m)) => m,
             _ => {
                 let strings: Vec<&String> = props
