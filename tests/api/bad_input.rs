@@ -1065,6 +1065,15 @@ async fn bad_input_is_refused_and_changes_nothing() {
     ]);
     cases[0].body = Some("{\"id\": \"x\", \"name\": ".into());
     cases[0].content_type = Some("application/json");
+    cases.push(case(
+        "a single-valued filter given twice",
+        Method::GET,
+        "/agents?publisher=alice&publisher=bob",
+        None,
+        400,
+        "invalid_request",
+        Some("/publisher"),
+    ));
     // A member named twice means one thing to a parser that keeps the
     // first and another to one that keeps the last: refused, never guessed.
     for (name, method, path, body) in [
@@ -1450,6 +1459,105 @@ async fn a_member_named_twice_is_refused_in_each_routes_shape() {
             .contains("duplicate member name"),
         "{body}"
     );
+    s.stop().await;
+}
+
+/// A request head that could be read two ways (two `Host`s, none, two
+/// `Content-Type`s, a query parameter given twice) is refused with the
+/// error body, and what it would have written is not stored.
+#[tokio::test]
+async fn a_request_head_read_two_ways_is_refused() {
+    let s = TestServer::start().await;
+    let addr = s.http.trim_start_matches("http://").to_string();
+    let body = minimal("head-probe").to_string();
+    let register = |head: String| {
+        format!(
+            "POST /agents HTTP/1.1\r\n{head}Authorization: Bearer {ALICE}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    let json = "Content-Type: application/json\r\n";
+    for (head, says) in [
+        (
+            format!("Host: {addr}\r\nHost: evil.example.com\r\n{json}"),
+            "send one Host header, not 2",
+        ),
+        (json.to_string(), "must name its host"),
+        (format!("Host: a b\r\n{json}"), "is not a host name"),
+        (
+            format!("Host: {addr}\r\n{json}Content-Type: text/plain\r\n"),
+            "send one Content-Type header, not 2",
+        ),
+    ] {
+        let answer = raw_http(&addr, register(head.clone()).as_bytes()).await;
+        assert!(answer.starts_with("HTTP/1.1 400"), "{head:?}: {answer}");
+        assert!(
+            answer.contains("application/problem+json"),
+            "{head:?}: {answer}"
+        );
+        assert!(answer.contains(says), "{head:?}: {answer}");
+    }
+    // The same request with one of each is stored, so it was the head
+    // that was refused.
+    let h = Http::new(&s.http);
+    let (status, _, _) = h
+        .send(Method::GET, "/agents/head-probe", Some(ADMIN), None, &[])
+        .await;
+    assert_eq!(status, 404, "nothing stored from a refused head");
+    let answer = raw_http(
+        &addr,
+        register(format!("Host: {addr}\r\n{json}")).as_bytes(),
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 201"), "{answer}");
+
+    // A single-valued query parameter given twice, in the MCP Registry
+    // API's own error shape.
+    let (status, _, v) = h
+        .send(
+            Method::GET,
+            "/v0.1/servers?limit=1&limit=100",
+            None,
+            None,
+            &[],
+        )
+        .await;
+    assert_eq!(status, 400, "{v}");
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .contains("'limit' may be given once"),
+        "{v}"
+    );
+    // A repeatable one still adds its values.
+    let (status, _, v) = h
+        .send(
+            Method::GET,
+            "/agents?tags=a&tags=b&status=active&status=deprecated",
+            None,
+            None,
+            &[],
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+
+    // A body said to be gzip-coded twice is refused as that, not as an
+    // unknown coding.
+    let (status, _, v) = h
+        .send(
+            Method::POST,
+            "/discover",
+            None,
+            None,
+            &[
+                ("content-type", "application/json"),
+                ("content-encoding", "gzip, gzip"),
+            ],
+        )
+        .await;
+    assert_eq!(status, 415, "{v}");
+    assert!(v["message"].as_str().unwrap().contains("not twice"), "{v}");
     s.stop().await;
 }
 

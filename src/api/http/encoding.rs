@@ -215,16 +215,19 @@ fn request_coding(headers: &HeaderMap) -> Result<bool, tonic::Status> {
         .map(|c| c.trim().to_ascii_lowercase())
         .filter(|c| !c.is_empty() && c != "identity");
     for coding in codings {
-        if (coding == "gzip" || coding == "x-gzip") && !gzip {
+        let is_gzip = coding == "gzip" || coding == "x-gzip";
+        let why = if is_gzip && !gzip {
             gzip = true;
+            continue;
+        } else if is_gzip {
+            "request bodies are read gzip-coded once, not twice (Content-Encoding names gzip twice)"
+                .to_string()
         } else {
-            return Err(transport_refusal(
-                415,
-                format!(
-                    "request bodies may be sent gzip-coded or as they are, not as Content-Encoding '{coding}'"
-                ),
-            ));
-        }
+            format!(
+                "request bodies may be sent gzip-coded or as they are, not as Content-Encoding '{coding}'"
+            )
+        };
+        return Err(transport_refusal(415, why));
     }
     Ok(gzip)
 }

@@ -44,6 +44,7 @@ mod mcp_registry;
 mod metrics;
 mod oauth;
 mod openapi;
+mod request_head;
 mod ui;
 
 pub use cors::{CorsConfig, CorsPolicy};
@@ -477,11 +478,24 @@ fn parse_metadata(v: Value) -> Result<pb::AgentMetadata, ApiError> {
 
 /// Query parameters, all values of repeated or comma-separated keys, with
 /// unknown keys refused so typos do not silently widen a query.
+/// Query parameters that may be repeated, each occurrence adding values
+/// (`?tags=a&tags=b` is `?tags=a,b`). Any other may be given once:
+/// `?publisher=a&publisher=b` is refused, not read as whichever one a
+/// proxy in front did not read.
+const REPEATABLE_PARAMS: &[&str] = &[
+    "capabilities",
+    "tags",
+    "language",
+    "status",
+    "protocol",
+    "reader",
+];
+
 fn query_params(raw: Option<&str>, allowed: &[&str]) -> Result<Vec<(String, String)>, ApiError> {
     let pairs: Vec<(String, String)> = url::form_urlencoded::parse(raw.unwrap_or("").as_bytes())
         .into_owned()
         .collect();
-    for (k, _) in &pairs {
+    for (i, (k, _)) in pairs.iter().enumerate() {
         if !allowed.contains(&k.as_str()) {
             return Err(invalid(
                 None,
@@ -489,6 +503,12 @@ fn query_params(raw: Option<&str>, allowed: &[&str]) -> Result<Vec<(String, Stri
                     "unknown query parameter '{k}' (allowed: {})",
                     allowed.join(", ")
                 ),
+            ));
+        }
+        if !REPEATABLE_PARAMS.contains(&k.as_str()) && pairs[..i].iter().any(|(p, _)| p == k) {
+            return Err(invalid(
+                Some(&format!("/{k}")),
+                format!("/{k}: query parameter '{k}' may be given once"),
             ));
         }
     }
@@ -509,12 +529,9 @@ fn values(pairs: &[(String, String)], key: &str) -> Vec<String> {
         .collect()
 }
 
+/// The value of a parameter `query_params` let through once at most.
 fn single(pairs: &[(String, String)], key: &str) -> Option<String> {
-    pairs
-        .iter()
-        .rev()
-        .find(|(k, _)| k == key)
-        .map(|(_, v)| v.clone())
+    pairs.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone())
 }
 
 fn consistency_param(pairs: &[(String, String)]) -> Result<i32, ApiError> {
@@ -1625,6 +1642,10 @@ pub fn router(state: HttpState, request_timeout: std::time::Duration) -> Router 
         ))
         .fallback(no_route)
         .method_not_allowed_fallback(wrong_method)
+        // Every request, routed or not, after CORS's preflights (which
+        // carry nothing to read) and inside it, so a browser can read the
+        // refusal.
+        .layer(axum::middleware::from_fn(request_head::check_request_head))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             cors::cors,
