@@ -476,8 +476,6 @@ fn parse_metadata(v: Value) -> Result<pb::AgentMetadata, ApiError> {
     crate::convert::metadata_from_json(v).map_err(|e| ServiceError::from(e).into())
 }
 
-/// Query parameters, all values of repeated or comma-separated keys, with
-/// unknown keys refused so typos do not silently widen a query.
 /// Query parameters that may be repeated, each occurrence adding values
 /// (`?tags=a&tags=b` is `?tags=a,b`). Any other may be given once:
 /// `?publisher=a&publisher=b` is refused, not read as whichever one a
@@ -491,6 +489,9 @@ const REPEATABLE_PARAMS: &[&str] = &[
     "reader",
 ];
 
+/// Query parameters, all values of repeated or comma-separated keys, with
+/// unknown keys refused so typos do not silently widen a query, and keys
+/// outside `REPEATABLE_PARAMS` refused when given twice.
 fn query_params(raw: Option<&str>, allowed: &[&str]) -> Result<Vec<(String, String)>, ApiError> {
     let pairs: Vec<(String, String)> = url::form_urlencoded::parse(raw.unwrap_or("").as_bytes())
         .into_owned()
