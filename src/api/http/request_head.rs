@@ -43,16 +43,16 @@ pub(super) async fn check_request_head(req: Request, next: Next) -> Response {
 }
 
 fn head_error(version: Version, uri: &Uri, headers: &HeaderMap) -> Option<ApiError> {
-    let hosts: Vec<_> = headers.get_all(header::HOST).iter().collect();
-    match hosts.as_slice() {
-        [] if version == Version::HTTP_11 => {
+    let mut hosts = headers.get_all(header::HOST).iter();
+    match (hosts.next(), hosts.next()) {
+        (None, _) if version == Version::HTTP_11 => {
             return Some(invalid(
                 None,
                 "an HTTP/1.1 request must name its host (a Host header)",
             ));
         }
-        [] => {}
-        [host] => {
+        (None, _) => {}
+        (Some(host), None) => {
             let text = host.to_str().unwrap_or("\u{fffd}");
             if !text.is_empty() && !valid_host(text) {
                 return Some(invalid(
@@ -72,10 +72,10 @@ fn head_error(version: Version, uri: &Uri, headers: &HeaderMap) -> Option<ApiErr
                 }
             }
         }
-        several => {
+        (Some(_), Some(_)) => {
             return Some(invalid(
                 None,
-                format!("send one Host header, not {}", several.len()),
+                format!("send one Host header, not {}", 2 + hosts.count()),
             ));
         }
     }
