@@ -313,26 +313,24 @@ fn rotated_path(path: &Path, at: time::OffsetDateTime, kept: &[PathBuf]) -> Path
         at.second(),
         at.millisecond()
     );
-    let mut name = path.as_os_str().to_owned();
+    let mut name = path.file_name().unwrap_or_default().to_owned();
     name.push(".");
     name.push(&stamp);
-    let own = path
-        .file_name()
-        .and_then(|n| n.to_str())
-        .unwrap_or_default();
-    let own = format!("{own}.{stamp}");
     let same_time = kept.iter().filter_map(|k| {
-        let rest = k.file_name()?.to_str()?.strip_prefix(&own)?;
-        if rest.is_empty() {
-            Some(0)
-        } else {
-            rest.strip_prefix('-')?.parse::<u32>().ok()
+        let rest = k
+            .file_name()?
+            .as_encoded_bytes()
+            .strip_prefix(name.as_encoded_bytes())?;
+        match rest {
+            [] => Some(0),
+            [b'-', number @ ..] => std::str::from_utf8(number).ok()?.parse::<u32>().ok(),
+            _ => None,
         }
     });
     if let Some(highest) = same_time.max() {
         name.push(format!("-{:04}", highest + 1));
     }
-    PathBuf::from(name)
+    path.with_file_name(name)
 }
 
 /// The rotated files of `path` in its directory (names this writer gives,
