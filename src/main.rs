@@ -45,6 +45,7 @@ async fn main() -> std::process::ExitCode {
     }
     let result = match cli.command {
         Command::Serve(args) => match args.config() {
+            Ok(config) if args.check_config => check_config(config).await,
             Ok(config) => agentry::server::run(config)
                 .await
                 .map_err(|e| e.to_string()),
@@ -68,4 +69,16 @@ async fn main() -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// `agentry serve --check-config`: everything a start reads from its
+/// configuration, read and checked, and what it would run, printed; the
+/// data directory and the ports are left alone.
+async fn check_config(config: agentry::config::Config) -> Result<(), String> {
+    let prepared = agentry::server::Prepared::new(config).map_err(|e| e.to_string())?;
+    println!("configuration ok");
+    for line in prepared.describe().await {
+        println!("  {line}");
+    }
+    Ok(())
 }

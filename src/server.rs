@@ -260,50 +260,244 @@ async fn bind(addr: SocketAddr) -> Result<TcpListener, ServerError> {
         .map_err(|source| ServerError::Bind { addr, source })
 }
 
+/// What a start reads and builds from its configuration beyond
+/// `Config::validate`: files (TLS certificates and keys, the signing key
+/// file, the gateway's credentials, a JWKS file), the cluster's
+/// credentials, the admin key, and the clients of peers and the gateway.
+/// Made before a start creates its data directory or binds a port, so a
+/// configuration that cannot serve fails before the node initialises a
+/// cluster or joins one; `agentry serve --check-config` stops here. It only
+/// reads: a cluster secret or admin key still to be made is made by the
+/// start that serves.
+pub struct Prepared {
+    config: Config,
+    auth: Authenticator,
+    generated_admin_key: Option<String>,
+    bootstrap: Bootstrap,
+    /// `None`: this node founds a cluster and generates its secret.
+    cluster_auth: Option<(ClusterAuth, SecretSource)>,
+    public_tls: Option<Arc<ReloadingTls>>,
+    peer_tls: Option<Arc<ReloadingTls>>,
+    outbound: crate::gateway::transport::Outbound,
+    credentials: crate::service::ConfiguredCredentials,
+    peers: crate::federation::Peers,
+    key_file: Option<crate::crypto::KeyFile>,
+}
+
+impl Prepared {
+    pub fn new(mut config: Config) -> Result<Self, ServerError> {
+        use crate::config::ConfigError::Invalid;
+        config.resolve_node_id(&hostname())?;
+        config.validate()?;
+        // The issuer's keys and the gateway's calls go out under one guard.
+        let outbound = config.gateway.outbound()?;
+        let (mut auth, generated_admin_key) = authenticator(&config)?;
+        if let Some(jwt) = &config.jwt {
+            let verifier = crate::api::jwt::JwtVerifier::new(jwt.clone(), Some(outbound.clone()))
+                .map_err(Invalid)?;
+            auth = auth.with_jwt(verifier);
+        }
+        let auth = auth.with_client_certificates(config.client_certificates.clone());
+        let members = config.members()?;
+        // A node missing from the static list (a StatefulSet scaled up after
+        // the cluster formed) waits to be added, like a manual one.
+        let bootstrap = if config.bootstrap == "manual"
+            || (!members.is_empty() && !members.contains_key(&config.node_id))
+        {
+            Bootstrap::Manual
+        } else if members.is_empty() {
+            Bootstrap::Single
+        } else {
+            Bootstrap::Members(members)
+        };
+        // Nobody but a member of this cluster is served on the Raft
+        // listener. A node founding a cluster alone may create its secret;
+        // members of a static multi-node list must be given the same one.
+        let may_generate = !matches!(&bootstrap, Bootstrap::Members(m) if m.len() > 1);
+        let cluster_auth = ClusterAuth::resolve(&config.cluster, &config.data_dir, may_generate)?;
+        let public_tls = listener_tls("tls", config.tls.as_ref(), ClientAuth::Optional)?;
+        let peer_tls = listener_tls(
+            "federation.tls",
+            config.federation.tls.as_ref(),
+            ClientAuth::Required,
+        )?;
+        let credentials = crate::service::ConfiguredCredentials::load(&config.gateway, &outbound)
+            .map_err(Invalid)?;
+        // A served record is the metadata and its envelope (signatures,
+        // provenance): the same room the HTTP facade gives a request body.
+        let peers =
+            crate::federation::Peers::new(&config.federation, config.max_record_bytes + 64 * 1024)
+                .map_err(Invalid)?;
+        let key_file = config
+            .identity
+            .key_file
+            .as_deref()
+            .map(crate::crypto::KeyFile::read)
+            .transpose()
+            .map_err(|e| Invalid(format!("identity.key_file: {e}")))?;
+        config
+            .audit
+            .check_sink()
+            .map_err(|e| Invalid(format!("audit.file: {e}")))?;
+        Ok(Self {
+            config,
+            auth,
+            generated_admin_key,
+            bootstrap,
+            cluster_auth,
+            public_tls,
+            peer_tls,
+            outbound,
+            credentials,
+            peers,
+            key_file,
+        })
+    }
+
+    /// What a node started on this configuration would run, one line per
+    /// part, for the operator checking it (`--check-config`). Loads the
+    /// embedding model, which a start loads too but survives without.
+    pub async fn describe(&self) -> Vec<String> {
+        let c = &self.config;
+        let mut lines = Vec::new();
+        let dir = if c.data_dir.join("db").exists() {
+            "holds a node's database"
+        } else if c.data_dir.exists() {
+            "exists, no database yet"
+        } else {
+            "will be created"
+        };
+        lines.push(format!(
+            "node {}, data directory {} ({dir})",
+            c.node_id,
+            c.data_dir.display()
+        ));
+        lines.push(match &self.bootstrap {
+            Bootstrap::Single => "cluster: a single node, initialised on its first start".into(),
+            Bootstrap::Manual => {
+                "cluster: waits for `agentry cluster init` or to be added by a member".into()
+            }
+            Bootstrap::Members(m) => format!(
+                "cluster: static members {} (the lowest id initialises)",
+                m.iter()
+                    .map(|(id, a)| format!("{id}={a}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        });
+        let tls = |t: &Option<Arc<ReloadingTls>>| if t.is_some() { " (TLS)" } else { "" };
+        lines.push(format!(
+            "listeners: gRPC {}{}, HTTP {}{}, Raft {}, peers {}{}",
+            c.grpc_addr,
+            tls(&self.public_tls),
+            c.http_addr,
+            tls(&self.public_tls),
+            c.raft_addr,
+            c.peer_addr,
+            tls(&self.peer_tls),
+        ));
+        lines.push(format!(
+            "Raft traffic: {}",
+            match &self.cluster_auth {
+                Some((_, SecretSource::Tls)) => "mutual TLS (cluster certificates)".to_string(),
+                Some((_, SecretSource::Configured)) => "the configured cluster secret".into(),
+                Some((_, SecretSource::Stored)) => {
+                    "the cluster secret stored in the data directory".into()
+                }
+                Some((_, SecretSource::Generated(_))) | None => {
+                    "a cluster secret generated on the first start (in the data directory)".into()
+                }
+            }
+        ));
+        let admin = match (&c.admin_key, &self.generated_admin_key) {
+            (Some(_), _) => "configured",
+            (None, Some(_)) => "generated and printed on the first start that serves",
+            (None, None) => "stored in the data directory",
+        };
+        lines.push(format!(
+            "access: admin key {admin}; {} API key(s){}{}; reads {}",
+            c.api_keys.len(),
+            c.jwt
+                .as_ref()
+                .map(|j| format!("; tokens of {}", j.issuer))
+                .unwrap_or_default(),
+            if c.client_certificates.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "; {} client certificate name(s)",
+                    c.client_certificates.len()
+                )
+            },
+            if c.anonymous_reads {
+                "anonymous"
+            } else {
+                "need a key"
+            },
+        ));
+        lines.push(match &self.key_file {
+            Some(f) => format!("signing: {} key(s) from the key file", f.keys.len()),
+            None => "signing: the cluster's own key (generated once)".into(),
+        });
+        lines.push(format!(
+            "federation: {} peer(s); gateway: {} credential(s)",
+            self.peers.all().len(),
+            c.gateway.credentials.len()
+        ));
+        if let Some(f) = &c.audit.file {
+            lines.push(format!("audit file: {}", f.display()));
+        }
+        lines.push(match load_embedder(&c.discovery).await {
+            Ok(e) => format!("discovery: {} ({} dimensions)", e.name(), e.dim()),
+            Err(why) => format!(
+                "warning: discovery without an embedding model ({why}); it ranks by lexical and tag matches"
+            ),
+        });
+        lines
+    }
+}
+
 /// Starts a node: storage, Raft (bootstrapping a new cluster as configured),
 /// the internal Raft listener, the public gRPC listener and the HTTP facade.
-pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
-    config.resolve_node_id(&hostname())?;
-    config.validate()?;
-    std::fs::create_dir_all(&config.data_dir)?;
-    let (mut auth, generated_admin_key) = authenticator(&config)?;
-    if let Some(jwt) = &config.jwt {
-        // The issuer's keys are fetched under the gateway's outbound guard.
-        let outbound = config.gateway.outbound()?;
-        let verifier = crate::api::jwt::JwtVerifier::new(jwt.clone(), Some(outbound))
-            .map_err(crate::config::ConfigError::Invalid)?;
-        auth = auth.with_jwt(verifier);
-    }
-    let auth = auth.with_client_certificates(config.client_certificates.clone());
-
-    // Bind the Raft listener first: with port 0 its real port is the one to
-    // advertise.
+pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
+    let Prepared {
+        config,
+        auth,
+        generated_admin_key,
+        bootstrap,
+        cluster_auth,
+        public_tls,
+        peer_tls,
+        outbound,
+        credentials,
+        peers,
+        key_file,
+    } = Prepared::new(config)?;
+    // Every listener bound before the data directory is touched: a port
+    // taken fails the start before it initialises a cluster or joins one.
+    // The Raft listener's real port (with port 0) is the one to advertise;
+    // the HTTP one's names the WoA host. Connections wait in the backlog
+    // until each is served.
     let raft_listener = bind(config.raft_addr).await?;
     let raft_addr = raft_listener.local_addr()?;
-    let members = config.members()?;
+    let http_listener = bind(config.http_addr).await?;
+    let http_addr = http_listener.local_addr()?;
+    let grpc_listener = bind(config.grpc_addr).await?;
+    let grpc_addr = grpc_listener.local_addr()?;
+    // Peers get their own listener: never the Raft one, which must not be
+    // reachable from another organisation.
+    let peer_listener = bind(config.peer_addr).await?;
+    let peer_addr = peer_listener.local_addr()?;
+    std::fs::create_dir_all(&config.data_dir)?;
     let advertise_addr = config
         .raft_advertise_addr
         .clone()
-        .or_else(|| members.get(&config.node_id).cloned())
+        .or_else(|| config.members().ok()?.remove(&config.node_id))
         .unwrap_or_else(|| raft_addr.to_string());
-    // A node missing from the static list (a StatefulSet scaled up after
-    // the cluster formed) waits to be added, like a manual one.
-    let bootstrap = if config.bootstrap == "manual"
-        || (!members.is_empty() && !members.contains_key(&config.node_id))
-    {
-        Bootstrap::Manual
-    } else if members.is_empty() {
-        Bootstrap::Single
-    } else {
-        Bootstrap::Members(members)
+    let (cluster_auth, secret_source) = match cluster_auth {
+        Some(found) => found,
+        None => ClusterAuth::generate(&config.data_dir)?,
     };
-
-    // Nobody but a member of this cluster is served on the Raft listener.
-    // A node founding a cluster alone may create its secret; members of a
-    // static multi-node list must be given the same one.
-    let may_generate = !matches!(&bootstrap, Bootstrap::Members(m) if m.len() > 1);
-    let (cluster_auth, secret_source) =
-        ClusterAuth::resolve(&config.cluster, &config.data_dir, may_generate)?;
     if let SecretSource::Generated(path) = &secret_source {
         info!(path = %path.display(), "generated the cluster secret; nodes that join this cluster need it (AGENTRY_CLUSTER_SECRET_FILE)");
     }
@@ -419,11 +613,6 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
         config.discovery.weights.clone(),
     );
     let indexer = index.spawn(reader.clone(), shutdown_rx.clone());
-    // A served record is the metadata and its envelope (signatures,
-    // provenance): the same room the HTTP facade gives a request body.
-    let peers =
-        crate::federation::Peers::new(&config.federation, config.max_record_bytes + 64 * 1024)
-            .map_err(crate::config::ConfigError::Invalid)?;
     let service = RegistryService::new(
         node.clone(),
         reader.clone(),
@@ -460,22 +649,25 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
             fallback_authority: Some(hostname())
                 .filter(|h| !h.is_empty())
                 .unwrap_or_else(|| "localhost".into()),
-            key_file: config.identity.key_file.clone(),
+            key_file,
         }),
     );
     if config.demo {
         tokio::spawn(crate::demo::load(service.clone()));
     }
     let service_handle = service.clone();
-    // Bound before the gateway is built: the WoA document names it.
-    let http_listener = bind(config.http_addr).await?;
-    let http_addr = http_listener.local_addr()?;
     let scheme = if config.tls.is_some() {
         "https"
     } else {
         "http"
     };
-    let gateway = gateway(&config, service.clone(), &format!("{scheme}://{http_addr}"))?;
+    let gateway = gateway(
+        &config,
+        service.clone(),
+        outbound,
+        credentials,
+        &format!("{scheme}://{http_addr}"),
+    );
     for source in &config.gateway.woa_sources {
         tokio::spawn(crate::service::crawl(
             gateway.clone(),
@@ -522,8 +714,6 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
     );
 
     // gRPC: health and reflection next to the registry, on one listener.
-    let grpc_listener = bind(config.grpc_addr).await?;
-    let grpc_addr = grpc_listener.local_addr()?;
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<RegistryServer<RegistryApi>>().await;
     health.set_serving::<DiscoveryServer<RegistryApi>>().await;
@@ -584,15 +774,6 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
         .max_decoding_message_size(max_message)
         .accept_compressed(gzip)
         .send_compressed(gzip);
-    // Peers get their own listener: never the Raft one, which must not be
-    // reachable from another organisation.
-    let peer_listener = bind(config.peer_addr).await?;
-    let peer_addr = peer_listener.local_addr()?;
-    let peer_tls = listener_tls(
-        "federation.tls",
-        config.federation.tls.as_ref(),
-        ClientAuth::Required,
-    )?;
     let scheme = if peer_tls.is_some() { "https" } else { "http" };
     let federation = FederationApi::new(
         service_handle.clone(),
@@ -639,7 +820,6 @@ pub async fn start(mut config: Config) -> Result<RunningServer, ServerError> {
     let cluster_service = ClusterServer::new(cluster.clone())
         .accept_compressed(gzip)
         .send_compressed(gzip);
-    let public_tls = listener_tls("tls", config.tls.as_ref(), ClientAuth::Optional)?;
     let grpc_incoming = accept(
         "grpc",
         grpc_listener,
@@ -768,17 +948,17 @@ fn cors_policy(config: &Config) -> Result<crate::api::http::CorsPolicy, ServerEr
 fn gateway(
     config: &Config,
     registry: RegistryService,
+    outbound: crate::gateway::transport::Outbound,
+    credentials: crate::service::ConfiguredCredentials,
     http_base: &str,
-) -> Result<crate::service::InvocationService, ServerError> {
+) -> crate::service::InvocationService {
     let g = &config.gateway;
-    let outbound = g.outbound()?;
     let base = g
         .public_url
         .clone()
         .unwrap_or_else(|| http_base.to_string());
     let woa = crate::service::WoaHost::new(base, Duration::from_secs(g.woa_max_age_secs));
-    crate::service::InvocationService::new(registry, g, outbound, woa)
-        .map_err(|e| crate::config::ConfigError::Invalid(e).into())
+    crate::service::InvocationService::new(registry, g, outbound, credentials, woa)
 }
 
 /// Loads the configured embedder, or says why there is none (discovery

@@ -603,6 +603,12 @@ pub struct ServeArgs {
     /// TOML config file.
     #[arg(long, env = "AGENTRY_CONFIG")]
     pub config: Option<PathBuf>,
+    /// Check the configuration and exit (0 when it would serve): read the
+    /// files it names (TLS, keys, secrets, credentials) and say what the
+    /// node would run, without creating the data directory or binding a
+    /// port.
+    #[arg(long)]
+    pub check_config: bool,
     /// Data directory (RocksDB, snapshots, admin key digest).
     #[arg(long, env = "AGENTRY_DATA_DIR")]
     pub data_dir: Option<PathBuf>,

@@ -207,18 +207,20 @@ pub enum SecretSource {
 impl ClusterAuth {
     /// Cluster TLS if configured; else the configured secret
     /// (`AGENTRY_CLUSTER_SECRET`, else `secret_file`); else the one stored
-    /// in the data directory; else, when this node may found a cluster on
-    /// its own (`may_generate`), a new one stored there.
+    /// in the data directory. `None` when there is none and this node may
+    /// found a cluster on its own (`may_generate`): [`Self::generate`] makes
+    /// one once the node starts. Only reads, so a configuration can be
+    /// checked without touching the data directory.
     pub fn resolve(
         config: &ClusterAuthConfig,
         data_dir: &Path,
         may_generate: bool,
-    ) -> Result<(Self, SecretSource), ClusterAuthError> {
+    ) -> Result<Option<(Self, SecretSource)>, ClusterAuthError> {
         if let Some(tls) = &config.tls {
-            return Ok((
+            return Ok(Some((
                 ClusterAuth::Tls(Arc::new(ClusterTls::load(tls.clone())?)),
                 SecretSource::Tls,
-            ));
+            )));
         }
         let configured = match (&config.secret, &config.secret_file) {
             (Some(s), _) => Some(s.trim().to_string()),
@@ -231,13 +233,16 @@ impl ClusterAuth {
                     "must be at least {MIN_SECRET_LEN} characters"
                 )));
             }
-            return Ok((Self::from_secret(&secret)?, SecretSource::Configured));
+            return Ok(Some((
+                Self::from_secret(&secret)?,
+                SecretSource::Configured,
+            )));
         }
         let stored = data_dir.join(SECRET_FILE);
         if stored.exists() {
             let secret = read_secret(&stored)?;
             if secret.len() >= MIN_SECRET_LEN {
-                return Ok((Self::from_secret(&secret)?, SecretSource::Stored));
+                return Ok(Some((Self::from_secret(&secret)?, SecretSource::Stored)));
             }
         }
         if !may_generate {
@@ -248,6 +253,12 @@ impl ClusterAuth {
                     .into(),
             ));
         }
+        Ok(None)
+    }
+
+    /// A new secret, stored in the data directory for the next start.
+    pub fn generate(data_dir: &Path) -> Result<(Self, SecretSource), ClusterAuthError> {
+        let stored = data_dir.join(SECRET_FILE);
         let mut bytes = [0u8; 32];
         getrandom::fill(&mut bytes).map_err(|e| ClusterAuthError::Secret(e.to_string()))?;
         let secret = crate::crypto::hex(&bytes);
@@ -454,9 +465,18 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let none = ClusterAuthConfig::default();
         assert!(ClusterAuth::resolve(&none, dir.path(), false).is_err());
-        let (_, src) = ClusterAuth::resolve(&none, dir.path(), true).unwrap();
+        assert!(ClusterAuth::resolve(&none, dir.path(), true)
+            .unwrap()
+            .is_none());
+        assert!(
+            !dir.path().join(SECRET_FILE).exists(),
+            "resolving only reads"
+        );
+        let (_, src) = ClusterAuth::generate(dir.path()).unwrap();
         assert_eq!(src, SecretSource::Generated(dir.path().join(SECRET_FILE)));
-        let (_, src) = ClusterAuth::resolve(&none, dir.path(), false).unwrap();
+        let (_, src) = ClusterAuth::resolve(&none, dir.path(), false)
+            .unwrap()
+            .unwrap();
         assert_eq!(src, SecretSource::Stored);
         let short = ClusterAuthConfig {
             secret: Some("short".into()),

@@ -83,6 +83,14 @@ impl AuditConfig {
         };
         crate::storage::audit_file_sink(path.clone(), rotation).map(Some)
     }
+
+    /// What [`Self::sink`] would open, checked without creating it.
+    pub fn check_sink(&self) -> std::io::Result<()> {
+        match &self.file {
+            Some(path) => crate::storage::check_audit_file(path),
+            None => Ok(()),
+        }
+    }
 }
 
 tokio::task_local! {

@@ -7,7 +7,6 @@
 //! founds one, so nodes racing at the first start agree on whichever came
 //! first, and an operator's key file is imported once.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use tracing::{info, instrument, warn};
@@ -27,8 +26,9 @@ pub struct IdentitySettings {
     /// Used when neither the configuration nor the key file names one
     /// (this host's name).
     pub fallback_authority: String,
-    /// The operator's keys (for example a mounted Kubernetes secret).
-    pub key_file: Option<PathBuf>,
+    /// The operator's keys (for example a mounted Kubernetes secret), read
+    /// before the node started.
+    pub key_file: Option<KeyFile>,
 }
 
 /// The outcome of a key change.
@@ -161,14 +161,8 @@ impl RegistryService {
     }
 
     async fn establish_once(&self, settings: &IdentitySettings) -> Result<()> {
-        let file = match &settings.key_file {
-            Some(path) => {
-                Some(KeyFile::read(path).map_err(|e| ServiceError::Internal(e.to_string()))?)
-            }
-            None => None,
-        };
         let current = self.identity();
-        let change = match (&file, &current) {
+        let change = match (&settings.key_file, &current) {
             (Some(file), Some(current)) => {
                 // Import only keys the identity lacks.
                 let missing = file.keys.iter().any(|k| {

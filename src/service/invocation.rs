@@ -267,19 +267,32 @@ impl From<GatewayError> for ServiceError {
     }
 }
 
+/// The gateway's configured credentials (`[[gateway.credentials]]`), read
+/// before the node starts: a variable unset or a certificate unreadable
+/// stops the start before it touches the data directory.
+pub struct ConfiguredCredentials(Vec<Credential>);
+
+impl ConfiguredCredentials {
+    pub fn load(config: &GatewayConfig, outbound: &Outbound) -> std::result::Result<Self, String> {
+        config
+            .credentials
+            .iter()
+            .map(|c| credential(c, outbound))
+            .collect::<std::result::Result<_, _>>()
+            .map(Self)
+    }
+}
+
 impl InvocationService {
     pub fn new(
         registry: RegistryService,
         config: &GatewayConfig,
         outbound: Outbound,
+        credentials: ConfiguredCredentials,
         woa: WoaHost,
-    ) -> std::result::Result<Self, String> {
-        let credentials = config
-            .credentials
-            .iter()
-            .map(|c| credential(c, &outbound))
-            .collect::<std::result::Result<_, _>>()?;
-        Ok(Self {
+    ) -> Self {
+        let credentials = credentials.0;
+        Self {
             inner: Arc::new(Inner {
                 registry,
                 outbound,
@@ -295,7 +308,7 @@ impl InvocationService {
                     config.run_input_wait_secs,
                 )),
             }),
-        })
+        }
     }
 
     pub fn outbound(&self) -> &Outbound {

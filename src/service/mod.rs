@@ -34,7 +34,10 @@ pub use error::ServiceError;
 pub use federated::{FeedEvent, FeedStream, PeerAnswer};
 pub use identity::{IdentitySettings, KeyChange};
 pub use import::{document_url, ImportFormat, ImportReport};
-pub use invocation::{Invocation, InvocationService, InvokeRequest, Invoked, Outcome, OutputCheck};
+pub use invocation::{
+    ConfiguredCredentials, Invocation, InvocationService, InvokeRequest, Invoked, Outcome,
+    OutputCheck,
+};
 pub use mcp::{McpService, ServerPage};
 pub use mcp_mirror::{mirror as mcp_mirror, McpRegistryConfig, McpUpstreamConfig};
 pub use registry::{

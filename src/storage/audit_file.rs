@@ -83,6 +83,27 @@ pub fn open(path: PathBuf, rotation: Rotation) -> io::Result<AuditSink> {
     Ok(AuditSink(tx))
 }
 
+/// Whether [`open`] would find room for the trail at `path`, without
+/// creating anything: the file opens for appending, or the directory it
+/// would be made in exists (`agentry serve --check-config`).
+pub fn check(path: &Path) -> io::Result<()> {
+    if path.exists() {
+        return OpenOptions::new().append(true).open(path).map(drop);
+    }
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    if std::fs::metadata(dir)?.is_dir() {
+        Ok(())
+    } else {
+        Err(io::Error::new(
+            io::ErrorKind::NotADirectory,
+            format!("{} is not a directory", dir.display()),
+        ))
+    }
+}
+
 fn line(entry: &AuditEntry) -> Vec<u8> {
     let mut line = serde_json::to_vec(entry).unwrap_or_default();
     line.push(b'\n');

@@ -19,7 +19,7 @@ mod space;
 mod state_machine;
 
 pub use audit::{AuditCursor, AuditStore, Retention};
-pub use audit_file::{open as audit_file_sink, AuditSink, Rotation};
+pub use audit_file::{check as check_audit_file, open as audit_file_sink, AuditSink, Rotation};
 pub use backup::{
     apply_log, restore, scratch_copy, verify_backup, write_backup, BackupEnd, BackupError,
     BackupHeader, BackupSummary, RestoreTarget, BACKUP_FORMAT,

@@ -306,3 +306,148 @@ async fn a_stopped_node_closes_its_database_without_waiting_out_the_grace() {
         "shutdown took {took:?}"
     );
 }
+
+/// `agentry serve` on `data_dir` and the given listener addresses plus
+/// `args`, run to its end (a start that fails, or `--check-config`).
+fn serve_to_the_end(
+    data_dir: &std::path::Path,
+    grpc_addr: &str,
+    args: &[&std::ffi::OsStr],
+) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_agentry"))
+        .args([
+            "serve",
+            "--grpc-addr",
+            grpc_addr,
+            "--http-addr",
+            "127.0.0.1:0",
+        ])
+        .args(["--raft-addr", "127.0.0.1:0", "--peer-addr", "127.0.0.1:0"])
+        .arg("--data-dir")
+        .arg(data_dir)
+        .args(args)
+        .env("AGENTRY_ADMIN_KEY", ADMIN)
+        .env("AGENTRY_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .expect("agentry runs")
+}
+
+/// A configuration that cannot serve stops the start before the node
+/// creates its data directory, so it never initialises a cluster (with a
+/// cluster id and secret of its own) that the corrected start would then
+/// have to live with; `--check-config` finds the same faults, except a
+/// port taken: it binds nothing, so it can check a running node's next
+/// configuration.
+#[tokio::test]
+async fn a_configuration_that_cannot_serve_fails_before_it_touches_the_data_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let missing = dir.path().join("missing.pem");
+    let not_keys = dir.path().join("keys.json");
+    std::fs::write(&not_keys, "{\"keys\": \"none\"}").unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken = taken.local_addr().unwrap().to_string();
+    let m = missing.as_os_str();
+    let cases: [(&str, &str, Vec<&std::ffi::OsStr>, &str); 5] = [
+        (
+            "a TLS certificate that is not there",
+            "127.0.0.1:0",
+            vec!["--tls-cert".as_ref(), m, "--tls-key".as_ref(), m],
+            "missing.pem",
+        ),
+        (
+            "a signing key file that is not one",
+            "127.0.0.1:0",
+            vec!["--key-file".as_ref(), not_keys.as_os_str()],
+            "identity.key_file",
+        ),
+        (
+            "a cluster secret file that is not there",
+            "127.0.0.1:0",
+            vec!["--cluster-secret-file".as_ref(), m],
+            "missing.pem",
+        ),
+        (
+            "a member of a static cluster without its secret",
+            "127.0.0.1:0",
+            vec![
+                "--node-id".as_ref(),
+                "1".as_ref(),
+                "--initial-members".as_ref(),
+                "1=127.0.0.1:1,2=127.0.0.1:2,3=127.0.0.1:3".as_ref(),
+            ],
+            "needs the cluster's secret",
+        ),
+        ("a port taken", &taken, vec![], "cannot bind"),
+    ];
+    for (case, grpc, args, says) in cases {
+        let out = serve_to_the_end(&data, grpc, &args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{case}: the start fails");
+        assert!(stderr.contains(says), "{case}: {stderr}");
+        assert!(!data.exists(), "{case}: the data directory is left alone");
+
+        let mut checking = args.clone();
+        checking.push("--check-config".as_ref());
+        let out = serve_to_the_end(&data, grpc, &checking);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if case == "a port taken" {
+            assert!(out.status.success(), "{case}: the check binds nothing");
+        } else {
+            assert!(!out.status.success(), "{case}: the check fails");
+            assert!(stderr.contains(says), "{case}: {stderr}");
+        }
+        assert!(!data.exists(), "{case}: the check leaves it alone too");
+    }
+}
+
+/// `--check-config` says what a start would run, creates nothing, and
+/// reads what a node made on its first start once there is one.
+#[tokio::test]
+async fn check_config_says_what_would_run_and_touches_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let generated = Command::new(env!("CARGO_BIN_EXE_agentry"))
+        .args(["keys", "generate", "--authority", "registry.example.com"])
+        .output()
+        .unwrap();
+    assert!(generated.status.success());
+    let key_file = dir.path().join("keys.json");
+    std::fs::write(&key_file, &generated.stdout).unwrap();
+    let args = [
+        "--key-file".as_ref(),
+        key_file.as_os_str(),
+        "--no-embedder".as_ref(),
+        "--check-config".as_ref(),
+    ];
+    let out = serve_to_the_end(&data, "127.0.0.1:0", &args);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    for says in [
+        "configuration ok",
+        "(will be created)",
+        "a single node, initialised on its first start",
+        "a cluster secret generated on the first start",
+        "admin key configured",
+        "1 key(s) from the key file",
+        "warning: discovery without an embedding model",
+    ] {
+        assert!(stdout.contains(says), "{says:?} in {stdout}");
+    }
+    assert!(!data.exists(), "nothing created");
+
+    // A start on the same configuration, then the check again: it finds
+    // the database and the secret the start made.
+    let node = spawn_with(&data, &args[..3]);
+    terminate(node);
+    let out = serve_to_the_end(&data, "127.0.0.1:0", &args);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains("(holds a node's database)"), "{stdout}");
+    assert!(
+        stdout.contains("the cluster secret stored in the data directory"),
+        "{stdout}"
+    );
+}
