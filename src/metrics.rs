@@ -16,6 +16,24 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
+/// The `route` of a request answered before it reached one: a malformed
+/// head, a path no route takes, a method its path does not take, or an
+/// unknown gRPC method. One value whatever was asked, so a client cannot
+/// mint label values, and a probe of the listeners still shows.
+pub const UNROUTED: &str = "(unrouted)";
+
+/// Counts a request answered with `code` before it reached a route.
+pub fn observe_unrouted(transport: &'static str, code: String, took: Duration) {
+    observe_request(
+        RequestLabels {
+            transport,
+            route: UNROUTED.into(),
+            code,
+        },
+        took,
+    );
+}
+
 /// One request's route and outcome.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {

@@ -773,7 +773,13 @@ where
             let Some(class) = grpc_class(req.uri().path()) else {
                 let unknown =
                     ServiceError::Unsupported(format!("unknown method {}", req.uri().path()));
-                return Ok(tonic::Status::from(unknown).into_http());
+                let response = tonic::Status::from(unknown).into_http();
+                crate::metrics::observe_unrouted(
+                    "grpc",
+                    grpc_code_name(response.headers()),
+                    std::time::Duration::ZERO,
+                );
+                return Ok(response);
             };
             let peer = req.extensions().get::<Peer>().cloned();
             // The connection is not idle until the answer has been sent.

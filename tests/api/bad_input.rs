@@ -1579,6 +1579,67 @@ async fn a_request_head_read_two_ways_is_refused() {
     s.stop().await;
 }
 
+/// Requests answered before they reach a route (a malformed head, a path
+/// no route takes, a method its path does not take, an unknown gRPC
+/// method) are counted in `agentry_requests_total`, under one route value
+/// whatever was asked: an operator sees a client probing the listeners,
+/// and the client cannot mint label values. The counters are the
+/// process's (other tests' servers count too), so each is read as an
+/// increase.
+#[tokio::test]
+async fn requests_answered_before_a_route_are_counted() {
+    let s = TestServer::start().await;
+    let addr = s.http.trim_start_matches("http://").to_string();
+    let h = Http::new(&s.http);
+    let counted = |page: &str, transport: &str, code: &str| -> f64 {
+        let labels = format!("transport=\"{transport}\",route=\"(unrouted)\",code=\"{code}\"");
+        page.lines()
+            .find(|l| l.starts_with("agentry_requests_total{") && l.contains(&labels))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or(0.0)
+    };
+    let page = || async {
+        let r = h.client.get(format!("{}/metrics", h.base)).send().await;
+        r.unwrap().text().await.unwrap()
+    };
+    let cases = [
+        ("http", "400"),
+        ("http", "404"),
+        ("http", "405"),
+        ("grpc", "Unimplemented"),
+    ];
+    let before = page().await;
+    let answer = raw_http(
+        &addr,
+        format!(
+            "GET /agents HTTP/1.1\r\nHost: {addr}\r\nHost: x.example\r\nConnection: close\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    let (status, _, _) = h
+        .send(Method::GET, "/probe/wp-login.php", None, None, &[])
+        .await;
+    assert_eq!(status, 404);
+    let (status, _, _) = h.send(Method::DELETE, "/healthz", None, None, &[]).await;
+    assert_eq!(status, 405);
+    let unknown = raw_call(&s.grpc, "/agentry.v1.Registry/Probe", b"a".to_vec()).await;
+    assert_eq!(unknown.code(), tonic::Code::Unimplemented);
+    let after = page().await;
+    for (transport, code) in cases {
+        assert!(
+            counted(&after, transport, code) >= counted(&before, transport, code) + 1.0,
+            "{transport} {code} counted:\n{after}"
+        );
+    }
+    assert!(
+        !after.contains("wp-login") && !after.contains("Registry/Probe"),
+        "a path asked for never becomes a label"
+    );
+    s.stop().await;
+}
+
 /// Sends `request` as it is and reads the answer until the server closes.
 async fn raw_http(addr: &str, request: &[u8]) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -1065,15 +1065,18 @@ async fn openapi() -> Response {
 }
 
 async fn no_route(method: Method, uri: Uri) -> Response {
-    ApiError::from(ServiceError::NotFound(format!(
+    let response = ApiError::from(ServiceError::NotFound(format!(
         "no route for {method} {}",
         uri.path()
     )))
-    .into_response()
+    .into_response();
+    crate::metrics::observe_unrouted("http", "404".into(), std::time::Duration::ZERO);
+    response
 }
 
 async fn wrong_method(method: Method, uri: Uri) -> Response {
     let message = format!("method {method} is not allowed on {}", uri.path());
+    crate::metrics::observe_unrouted("http", "405".into(), std::time::Duration::ZERO);
     ApiError(transport_refusal(405, message)).into_response()
 }
 

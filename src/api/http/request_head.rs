@@ -36,9 +36,18 @@ const SINGLE_VALUED: &[&str] = &[
 
 /// Middleware: the request as it came, or a 400 naming what is wrong.
 pub(super) async fn check_request_head(req: Request, next: Next) -> Response {
+    let started = std::time::Instant::now();
     match head_error(req.version(), req.uri(), req.headers()) {
         None => next.run(req).await,
-        Some(e) => e.into_response(),
+        Some(e) => {
+            let response = e.into_response();
+            crate::metrics::observe_unrouted(
+                "http",
+                response.status().as_u16().to_string(),
+                started.elapsed(),
+            );
+            response
+        }
     }
 }
 
