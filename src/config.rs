@@ -90,6 +90,10 @@ pub struct GatewayConfig {
     pub max_concurrent_per_agent: usize,
     /// How long a repeated `Idempotency-Key` returns the first answer.
     pub idempotency_window_secs: u64,
+    /// Bytes of first answers kept for repeated keys on one node; the
+    /// oldest are forgotten past it, and one answer over an eighth of it
+    /// is not kept (a repeat is refused instead of calling again).
+    pub idempotency_max_bytes: usize,
     /// How long an Agent Protocol run waits for input it asked for before
     /// it completes with an error (a waiting run holds node memory).
     pub run_input_wait_secs: u64,
@@ -149,6 +153,7 @@ impl Default for GatewayConfig {
             anonymous_invoke: false,
             max_concurrent_per_agent: 64,
             idempotency_window_secs: 600,
+            idempotency_max_bytes: 64 * 1024 * 1024,
             run_input_wait_secs: 600,
             public_url: None,
             woa_max_age_secs: 60,
@@ -300,6 +305,9 @@ impl GatewayConfig {
         }
         if self.max_concurrent_per_agent == 0 {
             return bad("max_concurrent_per_agent must be at least 1");
+        }
+        if self.idempotency_max_bytes < 1024 * 1024 {
+            return bad("idempotency_max_bytes must be at least 1048576 (1 MiB)");
         }
         if let Some(u) = &self.public_url {
             match url::Url::parse(u) {

@@ -105,17 +105,37 @@ type IdempotencyKey = (String, String, String);
 struct Remembered {
     fingerprint: [u8; 32],
     answer: Arc<OnceCell<Outcome>>,
+    /// The kept answer's size (0 while the call runs).
+    bytes: usize,
+    /// The size of a first answer too large to keep: a repeat is refused
+    /// rather than calling the agent again.
+    not_kept: Option<usize>,
 }
 
-/// Keys seen within the window, oldest first.
+/// Keys seen within the window, oldest first, and the bytes of the
+/// answers they keep.
 #[derive(Default)]
 struct Idempotency {
     entries: HashMap<IdempotencyKey, Remembered>,
     order: VecDeque<(Instant, IdempotencyKey)>,
+    bytes: usize,
+}
+
+impl Idempotency {
+    fn forget_oldest(&mut self) {
+        if let Some((_, old)) = self.order.pop_front() {
+            if let Some(r) = self.entries.remove(&old) {
+                self.bytes -= r.bytes;
+            }
+        }
+    }
 }
 
 /// Entries kept at most, whatever the window (each holds an answer).
 const MAX_REMEMBERED: usize = 10_000;
+/// The longest `Idempotency-Key` taken (the MCP tool's bound too): keys
+/// are held in memory for the window.
+const MAX_IDEMPOTENCY_KEY: usize = 256;
 /// Compiled operations kept; the cache starts over when it fills.
 const MAX_SCHEMAS: usize = 4_096;
 /// Batch elements called at the same time.
@@ -217,6 +237,8 @@ struct Inner {
     anonymous: bool,
     max_concurrent: usize,
     window: Duration,
+    /// Bytes of answers the idempotency memo keeps.
+    memo_bytes: usize,
     credentials: Vec<Credential>,
     schemas: Mutex<HashMap<SchemaKey, Arc<Schemas>>>,
     inflight: Mutex<HashMap<String, Arc<Semaphore>>>,
@@ -300,6 +322,7 @@ impl InvocationService {
                 anonymous: config.anonymous_invoke,
                 max_concurrent: config.max_concurrent_per_agent,
                 window: Duration::from_secs(config.idempotency_window_secs),
+                memo_bytes: config.idempotency_max_bytes,
                 credentials,
                 schemas: Mutex::new(HashMap::new()),
                 inflight: Mutex::new(HashMap::new()),
@@ -400,7 +423,8 @@ impl InvocationService {
                 replayed: false,
             });
         };
-        let cell = self.remember(principal, &record.metadata.id, &key, &req)?;
+        idempotency_key(&key)?;
+        let (k, cell) = self.remember(principal, &record.metadata.id, &key, &req)?;
         let mut ran = false;
         let outcome = cell
             .get_or_try_init(|| {
@@ -409,6 +433,9 @@ impl InvocationService {
             })
             .await?
             .clone();
+        if ran {
+            self.kept(&k, &cell, &outcome);
+        }
         Ok(Invocation {
             outcome,
             replayed: !ran,
@@ -557,7 +584,7 @@ impl InvocationService {
             .position(|b| std::ptr::eq(b, binding))
             .unwrap_or_default();
         if let Some(k) = &req.idempotency_key {
-            header_value(k, "/idempotency_key")?;
+            idempotency_key(k)?;
             credentials
                 .headers
                 .push(("Idempotency-Key".into(), k.clone()));
@@ -730,7 +757,7 @@ impl InvocationService {
         id: &str,
         key: &str,
         req: &InvokeRequest,
-    ) -> Result<Arc<OnceCell<Outcome>>> {
+    ) -> Result<(IdempotencyKey, Arc<OnceCell<Outcome>>)> {
         let mut h = Sha256::new();
         h.update(&req.body);
         h.update([0]);
@@ -748,13 +775,11 @@ impl InvocationService {
             .idempotency
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        while let Some((at, old)) = memo.order.front() {
+        while let Some((at, _)) = memo.order.front() {
             if now.duration_since(*at) < self.inner.window && memo.entries.len() < MAX_REMEMBERED {
                 break;
             }
-            let old = old.clone();
-            memo.order.pop_front();
-            memo.entries.remove(&old);
+            memo.forget_oldest();
         }
         if let Some(r) = memo.entries.get(&k) {
             if r.fingerprint != fingerprint {
@@ -763,7 +788,14 @@ impl InvocationService {
                     self.inner.window.as_secs()
                 )));
             }
-            return Ok(r.answer.clone());
+            if let Some(size) = r.not_kept {
+                return Err(ServiceError::Conflict(format!(
+                    "Idempotency-Key '{key}' was answered within the last {} s, but that answer ({size} bytes) was larger than this node keeps for a repeat ({} bytes); the agent was not called again",
+                    self.inner.window.as_secs(),
+                    self.inner.memo_bytes / 8
+                )));
+            }
+            return Ok((k, r.answer.clone()));
         }
         let answer = Arc::new(OnceCell::new());
         memo.entries.insert(
@@ -771,11 +803,82 @@ impl InvocationService {
             Remembered {
                 fingerprint,
                 answer: answer.clone(),
+                bytes: 0,
+                not_kept: None,
             },
         );
-        memo.order.push_back((now, k));
-        Ok(answer)
+        memo.order.push_back((now, k.clone()));
+        Ok((k, answer))
     }
+
+    /// Counts the first answer to `k` against the memo's bytes, forgetting
+    /// the oldest answers past them. One over an eighth of them is not
+    /// kept, so a few large answers cannot push every other key out; a
+    /// repeat of it is refused instead of calling the agent again.
+    fn kept(&self, k: &IdempotencyKey, cell: &Arc<OnceCell<Outcome>>, outcome: &Outcome) {
+        let size = outcome_bytes(outcome);
+        let mut memo = self
+            .inner
+            .idempotency
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        // Forgotten meanwhile (the window, the count), or another call's.
+        let Some(r) = memo
+            .entries
+            .get_mut(k)
+            .filter(|r| Arc::ptr_eq(&r.answer, cell))
+        else {
+            return;
+        };
+        if size > self.inner.memo_bytes / 8 {
+            r.answer = Arc::new(OnceCell::new());
+            r.not_kept = Some(size);
+            return;
+        }
+        r.bytes = size;
+        memo.bytes += size;
+        while memo.bytes > self.inner.memo_bytes && !memo.order.is_empty() {
+            memo.forget_oldest();
+        }
+    }
+}
+
+/// About what an outcome holds in memory: its bodies and texts.
+fn outcome_bytes(outcome: &Outcome) -> usize {
+    let invoked = |i: &Invoked| {
+        i.body.len()
+            + i.content_type.len()
+            + i.protocol.len()
+            + i.endpoint.len()
+            + i.challenge.as_ref().map_or(0, String::len)
+            + std::mem::size_of::<Invoked>()
+    };
+    match outcome {
+        Outcome::Single(i) => invoked(i),
+        Outcome::Batch(results) => results
+            .iter()
+            .map(|r| match r {
+                Ok(i) => invoked(i),
+                Err(e) => e.to_string().len() + std::mem::size_of::<Invoked>(),
+            })
+            .sum(),
+    }
+}
+
+/// An `Idempotency-Key` that can travel in a header and is not longer
+/// than keys are kept.
+fn idempotency_key(key: &str) -> Result<()> {
+    header_value(key, "/idempotency_key")?;
+    if key.len() > MAX_IDEMPOTENCY_KEY {
+        return Err(ServiceError::InvalidRequest {
+            field: Some("/idempotency_key".into()),
+            message: format!(
+                "/idempotency_key: at most {MAX_IDEMPOTENCY_KEY} bytes, not {}",
+                key.len()
+            ),
+        });
+    }
+    Ok(())
 }
 
 fn credential(c: &CredentialConfig, base: &Outbound) -> std::result::Result<Credential, String> {

@@ -601,6 +601,100 @@ async fn idempotency_keys_return_the_first_answer() {
     s.stop().await;
 }
 
+/// The answers kept for repeated keys are bounded in bytes, not only in
+/// number: an invoker whose agent answers in megabytes cannot make a node
+/// hold ten thousand of them. Past the bound the oldest are forgotten (a
+/// repeat of one calls again, as after the window); an answer over an
+/// eighth of it is not kept, and its repeat is refused rather than sent to
+/// the agent a second time. A key longer than keys are kept is refused
+/// before anything is sent.
+#[tokio::test]
+async fn idempotent_answers_are_kept_within_a_byte_bound() {
+    let agents = Agents::start().await;
+    let s = TestServer::start_with(|c| {
+        local_agents(c);
+        c.gateway.outbound.max_response_bytes = 512 * 1024;
+        c.gateway.idempotency_max_bytes = 1024 * 1024;
+    })
+    .await;
+    register(
+        &s,
+        agent("echo-big", format!("{}/echo", agents.base), json!({})),
+    )
+    .await;
+    let text = |kb: usize| json!({"text": "x".repeat(kb * 1024)});
+
+    // 200 KiB is over an eighth of 1 MiB: answered, not kept.
+    let key = [("idempotency-key", "large-1")];
+    let first = invoke(&s, Some(ALICE), "echo-big", text(200), &key).await;
+    assert_eq!(first.status, 200, "{}", first.text);
+    let calls = agents.calls();
+    let again = invoke(&s, Some(ALICE), "echo-big", text(200), &key).await;
+    assert_eq!(
+        (again.status, again.code().as_str()),
+        (409, "conflict"),
+        "{}",
+        again.text
+    );
+    assert!(
+        again.text.contains("was not called again"),
+        "{}",
+        again.text
+    );
+    assert_eq!(agents.calls(), calls, "the repeat never reached the agent");
+
+    // Answers of 100 KiB are kept until they fill 1 MiB; then the oldest
+    // goes, and its repeat calls again while the newest still replays.
+    for i in 0..12 {
+        let key = format!("small-{i}");
+        let a = invoke(
+            &s,
+            Some(ALICE),
+            "echo-big",
+            text(100),
+            &[("idempotency-key", &key)],
+        )
+        .await;
+        assert_eq!(a.status, 200, "{}", a.text);
+    }
+    let calls = agents.calls();
+    let newest = invoke(
+        &s,
+        Some(ALICE),
+        "echo-big",
+        text(100),
+        &[("idempotency-key", "small-11")],
+    )
+    .await;
+    assert_eq!(newest.header("idempotent-replayed"), "true");
+    assert_eq!(agents.calls(), calls);
+    let oldest = invoke(
+        &s,
+        Some(ALICE),
+        "echo-big",
+        text(100),
+        &[("idempotency-key", "small-0")],
+    )
+    .await;
+    assert_eq!(oldest.status, 200, "{}", oldest.text);
+    assert_eq!(oldest.header("idempotent-replayed"), "");
+    assert_eq!(agents.calls(), calls + 1, "a forgotten key calls again");
+
+    let long = "k".repeat(257);
+    let a = invoke(
+        &s,
+        Some(ALICE),
+        "echo-big",
+        json!({}),
+        &[("idempotency-key", &long)],
+    )
+    .await;
+    assert_eq!(a.status, 400, "{}", a.text);
+    assert!(a.text.contains("/idempotency_key"), "{}", a.text);
+    assert_eq!(agents.calls(), calls + 1, "nothing sent for a key too long");
+    s.stop().await;
+}
+
 /// Reads SSE frames from a response until `until` events have arrived.
 async fn read_events(
     resp: reqwest::Response,
