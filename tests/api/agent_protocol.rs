@@ -553,3 +553,38 @@ async fn anonymous_callers_hold_open_runs_by_address() {
     );
     s.stop().await;
 }
+
+/// Every Agent Protocol route refuses a query parameter it does not take,
+/// as the registry's other routes do, instead of ignoring it: a client
+/// sending `stream_request?wait=true` is told, not left to think it waited.
+#[tokio::test]
+async fn ap_routes_refuse_query_parameters_they_do_not_take() {
+    use super::harness::*;
+    use reqwest::Method;
+    let s = TestServer::start().await;
+    let h = Http::new(&s.http);
+    h.register(Some(ALICE), minimal("ap-params")).await.unwrap();
+    let get = Method::GET;
+    for (method, path, body) in [
+        (get.clone(), "/ap?page=2", None),
+        (get.clone(), "/agents/ap-params/describe?x=1", None),
+        (get.clone(), "/agents/ap-params/threads?x=1", None),
+        (get.clone(), "/agents/ap-params/runs/r-1?x=1", None),
+        (
+            Method::POST,
+            "/agents/ap-params/stream_request?wait=true",
+            Some(json!({"input": "hi"})),
+        ),
+    ] {
+        let (status, _, v) = h.send(method, path, Some(ALICE), body, &[]).await;
+        assert_eq!(status, 400, "{path}: {v}");
+        assert!(
+            v["message"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("unknown query parameter"),
+            "{path}: {v}"
+        );
+    }
+    s.stop().await;
+}

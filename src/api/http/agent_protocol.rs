@@ -77,7 +77,12 @@ fn agent_auth(headers: &HeaderMap) -> String {
         .to_string()
 }
 
-pub(super) async fn list(State(s): State<HttpState>, caller: Caller) -> ApiResult {
+pub(super) async fn list(
+    State(s): State<HttpState>,
+    caller: Caller,
+    RawQuery(q): RawQuery,
+) -> ApiResult {
+    query_params(q.as_deref(), &[])?;
     let req = grpc_request(&caller, pb::ApListRequest {});
     Ok(document(s.invocation.list_agents(req).await?.into_inner()))
 }
@@ -86,7 +91,9 @@ pub(super) async fn describe(
     State(s): State<HttpState>,
     caller: Caller,
     Path(agent_id): Path<String>,
+    RawQuery(q): RawQuery,
 ) -> ApiResult {
+    query_params(q.as_deref(), &[])?;
     let req = grpc_request(&caller, pb::ApAgentRef { agent_id });
     Ok(document(s.invocation.describe(req).await?.into_inner()))
 }
@@ -146,9 +153,11 @@ pub(super) async fn stream_request(
     State(s): State<HttpState>,
     caller: Caller,
     Path(agent_id): Path<String>,
+    RawQuery(q): RawQuery,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult {
+    query_params(q.as_deref(), &[])?;
     let request: Value = json_body(&s, &headers, body).await?;
     let msg = pb::ApRunRequest {
         agent_id,
@@ -164,7 +173,9 @@ pub(super) async fn run_status(
     State(s): State<HttpState>,
     caller: Caller,
     Path((agent_id, run_id)): Path<(String, String)>,
+    RawQuery(q): RawQuery,
 ) -> ApiResult {
+    query_params(q.as_deref(), &[])?;
     let req = grpc_request(&caller, pb::ApRunRef { agent_id, run_id });
     Ok(document(s.invocation.get_run(req).await?.into_inner()))
 }
@@ -173,7 +184,9 @@ pub(super) async fn threads(
     State(s): State<HttpState>,
     caller: Caller,
     Path(agent_id): Path<String>,
+    RawQuery(q): RawQuery,
 ) -> ApiResult {
+    query_params(q.as_deref(), &[])?;
     let req = grpc_request(&caller, pb::ApAgentRef { agent_id });
     Ok(document(s.invocation.list_threads(req).await?.into_inner()))
 }
