@@ -97,6 +97,9 @@ pub struct GatewayConfig {
     /// How long an Agent Protocol run waits for input it asked for before
     /// it completes with an error (a waiting run holds node memory).
     pub run_input_wait_secs: u64,
+    /// Bytes the Agent Protocol runs' events (their outputs) may hold on
+    /// one node; the oldest completed runs are forgotten past it.
+    pub runs_max_bytes: usize,
     /// Where clients reach this registry's HTTP API, for the `rest`
     /// transport of `/.well-known/woa.json` (default: the HTTP listener as
     /// bound, plain http: set the public https URL in production).
@@ -155,6 +158,7 @@ impl Default for GatewayConfig {
             idempotency_window_secs: 600,
             idempotency_max_bytes: 64 * 1024 * 1024,
             run_input_wait_secs: 600,
+            runs_max_bytes: 256 * 1024 * 1024,
             public_url: None,
             woa_max_age_secs: 60,
             outbound: OutboundConfig::default(),
@@ -306,8 +310,10 @@ impl GatewayConfig {
         if self.max_concurrent_per_agent == 0 {
             return bad("max_concurrent_per_agent must be at least 1");
         }
-        if self.idempotency_max_bytes < 1024 * 1024 {
-            return bad("idempotency_max_bytes must be at least 1048576 (1 MiB)");
+        if self.idempotency_max_bytes < 1024 * 1024 || self.runs_max_bytes < 1024 * 1024 {
+            return bad(
+                "idempotency_max_bytes and runs_max_bytes must be at least 1048576 (1 MiB)",
+            );
         }
         if let Some(u) = &self.public_url {
             match url::Url::parse(u) {

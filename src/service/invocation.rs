@@ -327,9 +327,10 @@ impl InvocationService {
                 schemas: Mutex::new(HashMap::new()),
                 inflight: Mutex::new(HashMap::new()),
                 idempotency: Mutex::new(Idempotency::default()),
-                ap_runs: super::agent_protocol::ApRuns::new(Duration::from_secs(
-                    config.run_input_wait_secs,
-                )),
+                ap_runs: super::agent_protocol::ApRuns::new(
+                    Duration::from_secs(config.run_input_wait_secs),
+                    config.runs_max_bytes,
+                ),
             }),
         }
     }

@@ -87,6 +87,8 @@ enum Pending {
 
 struct RunState {
     events: Vec<Value>,
+    /// About what `events` hold in memory ([`json_bytes`]).
+    bytes: usize,
     status: Status,
     finish_reason: Option<String>,
     completed_at: Option<Instant>,
@@ -143,6 +145,7 @@ impl Run {
             holder,
             state: Mutex::new(RunState {
                 events: Vec::new(),
+                bytes: 0,
                 status: Status::Running,
                 finish_reason: None,
                 completed_at: None,
@@ -184,6 +187,7 @@ impl Run {
             st.finish_reason = event["finish_reason"].as_str().map(String::from);
             st.completed_at = Some(Instant::now());
         }
+        st.bytes += json_bytes(&event);
         st.events.push(event.clone());
         let n = st.events.len();
         drop(st);
@@ -265,14 +269,18 @@ pub struct ApRuns {
     threads: Mutex<HashMap<String, Vec<String>>>,
     /// How long a run waits for input it asked for.
     input_wait: Duration,
+    /// What the runs' events may hold in memory together
+    /// (`gateway.runs_max_bytes`).
+    max_bytes: usize,
 }
 
 impl ApRuns {
-    pub fn new(input_wait: Duration) -> Self {
+    pub fn new(input_wait: Duration, max_bytes: usize) -> Self {
         Self {
             runs: Mutex::default(),
             threads: Mutex::default(),
             input_wait,
+            max_bytes,
         }
     }
 
@@ -285,7 +293,11 @@ impl ApRuns {
     }
 
     /// Adds a run, forgetting completed runs past their time (and the
-    /// oldest completed ones when the node holds too many). A caller with
+    /// oldest completed ones when the node holds too many, or their events
+    /// more than `max_bytes`: an agent answering in megabytes would
+    /// otherwise have the node keep ten thousand such answers for an
+    /// hour). A node whose open runs alone hold that much takes no more
+    /// until some complete. A caller with
     /// [`MAX_OPEN_PER_CALLER`] runs open is told to finish some first, and
     /// so is an anonymous caller once anonymous callers together hold
     /// [`MAX_OPEN_ANONYMOUS`].
@@ -323,17 +335,26 @@ impl ApRuns {
                 .completed_at
                 .is_none_or(|t| t.elapsed() < KEEP_COMPLETED)
         });
-        let mut full = runs.len() >= MAX_RUNS;
-        if full {
-            let oldest = runs
+        let mut held: usize = runs.values().map(|r| r.lock().bytes).sum();
+        if runs.len() >= MAX_RUNS || held > self.max_bytes {
+            let mut completed: Vec<_> = runs
                 .iter()
-                .filter_map(|(id, r)| r.lock().completed_at.map(|t| (t, id.clone())))
-                .min();
-            if let Some((_, id)) = oldest {
+                .filter_map(|(id, r)| {
+                    let st = r.lock();
+                    st.completed_at.map(|t| (t, id.clone(), st.bytes))
+                })
+                .collect();
+            completed.sort_unstable();
+            for (_, id, bytes) in completed {
+                if runs.len() < MAX_RUNS && held <= self.max_bytes {
+                    break;
+                }
                 runs.remove(&id);
-                full = false;
+                held -= bytes;
             }
         }
+        let full = runs.len() >= MAX_RUNS;
+        let heavy = held > self.max_bytes;
         let mut threads = self.threads.lock().unwrap_or_else(|e| e.into_inner());
         if runs.len() < before {
             // Threads list only runs still kept.
@@ -345,6 +366,15 @@ impl ApRuns {
         if full {
             return Err(ServiceError::Overloaded {
                 message: format!("this node already runs {MAX_RUNS} Agent Protocol runs"),
+                retry_after: Some(5),
+            });
+        }
+        if heavy {
+            return Err(ServiceError::Overloaded {
+                message: format!(
+                    "the Agent Protocol runs open on this node hold {held} bytes of events, more than it keeps ({} bytes, gateway.runs_max_bytes); retry once some complete",
+                    self.max_bytes
+                ),
                 retry_after: Some(5),
             });
         }
@@ -592,6 +622,17 @@ impl InvocationService {
     }
 }
 
+/// About what a JSON value holds in memory: its texts, and a word for
+/// each value.
+fn json_bytes(v: &Value) -> usize {
+    8 + match v {
+        Value::String(s) => s.len(),
+        Value::Array(a) => a.iter().map(json_bytes).sum(),
+        Value::Object(m) => m.iter().map(|(k, v)| k.len() + json_bytes(v)).sum(),
+        _ => 0,
+    }
+}
+
 /// A successful answer: its text out, then the run completes, or (an A2A
 /// task that asks something) waits for the caller's answer.
 fn answered(run: &Arc<Run>, answer: &Invoked, operation: Option<String>, wait: Duration) {
@@ -743,7 +784,7 @@ mod tests {
 
     #[test]
     fn one_caller_holds_at_most_its_share_of_open_runs() {
-        let runs = ApRuns::new(Duration::from_secs(600));
+        let runs = ApRuns::new(Duration::from_secs(600), usize::MAX);
         for i in 0..MAX_OPEN_PER_CALLER {
             runs.insert(run("alice", &format!("t{i}"))).unwrap();
         }
@@ -761,7 +802,7 @@ mod tests {
 
     #[test]
     fn anonymous_callers_hold_open_runs_by_address() {
-        let runs = ApRuns::new(Duration::from_secs(600));
+        let runs = ApRuns::new(Duration::from_secs(600), usize::MAX);
         let (one, other): (IpAddr, IpAddr) =
             ("192.0.2.1".parse().unwrap(), "2001:db8::".parse().unwrap());
         for i in 0..MAX_OPEN_PER_CALLER {
@@ -778,7 +819,7 @@ mod tests {
 
     #[test]
     fn anonymous_callers_together_hold_at_most_their_share_of_runs() {
-        let runs = ApRuns::new(Duration::from_secs(600));
+        let runs = ApRuns::new(Duration::from_secs(600), usize::MAX);
         let address = |i: usize| IpAddr::from([10, 0, (i >> 8) as u8, i as u8]);
         // Filled directly: through `insert`, each would scan the table.
         {
@@ -804,9 +845,60 @@ mod tests {
             .unwrap();
     }
 
+    /// The runs' events are bounded in bytes: past the bound the oldest
+    /// completed runs go (and their threads), and while open runs alone
+    /// hold more, no run is started.
+    #[test]
+    fn runs_hold_at_most_their_bytes_of_events() {
+        let runs = ApRuns::new(Duration::from_secs(600), 1 << 20);
+        let answer = |r: &Arc<Run>, kb: usize| {
+            r.publish(
+                "TextOutput",
+                "assistant",
+                json!({"content": "x".repeat(kb << 10)}),
+            );
+        };
+        let mut ids = Vec::new();
+        for i in 0..4 {
+            let r = run("alice", &format!("t{i}"));
+            runs.insert(r.clone()).unwrap();
+            answer(&r, 300);
+            r.publish(
+                "RunCompleted",
+                "assistant",
+                json!({"finish_reason": "success"}),
+            );
+            ids.push(r.id.clone());
+        }
+        // 1.2 MB of events: the next run makes the oldest go, only it.
+        let open = run("bob", "open");
+        runs.insert(open.clone()).unwrap();
+        assert!(runs.get(&ids[0]).is_none(), "the oldest completed run went");
+        assert!(!runs.threads.lock().unwrap().contains_key("t0"));
+        assert!(ids[1..].iter().all(|id| runs.get(id).is_some()));
+
+        // An open run past the bound with the rest: the completed runs
+        // go, and then no more runs are taken while it holds too much.
+        answer(&open, 1100);
+        let refused = runs.insert(run("carol", "c")).unwrap_err();
+        assert!(
+            matches!(&refused, ServiceError::Overloaded { message, .. } if message.contains("runs_max_bytes")),
+            "{refused:?}"
+        );
+        assert!(ids.iter().all(|id| runs.get(id).is_none()));
+        assert!(runs.get(&open.id).is_some(), "an open run is never dropped");
+        open.publish(
+            "RunCompleted",
+            "assistant",
+            json!({"finish_reason": "success"}),
+        );
+        runs.insert(run("carol", "c")).unwrap();
+        assert!(runs.get(&open.id).is_none(), "completed, it made room");
+    }
+
     #[test]
     fn forgotten_runs_leave_their_threads() {
-        let runs = ApRuns::new(Duration::from_secs(600));
+        let runs = ApRuns::new(Duration::from_secs(600), usize::MAX);
         let mut oldest = None;
         // Filled directly: through `insert`, each would scan the table.
         for i in 0..MAX_RUNS {
