@@ -19,6 +19,17 @@ pub fn parse_json(bytes: &[u8]) -> serde_json::Result<Value> {
     serde_json::from_slice::<Unique>(bytes).map(|u| u.0)
 }
 
+/// About what a JSON value holds in memory: its texts, and a word for
+/// each value. What the gateway's caches count a value as.
+pub fn json_bytes(v: &Value) -> usize {
+    8 + match v {
+        Value::String(s) => s.len(),
+        Value::Array(a) => a.iter().map(json_bytes).sum(),
+        Value::Object(m) => m.iter().map(|(k, v)| k.len() + json_bytes(v)).sum(),
+        _ => 0,
+    }
+}
+
 /// A value read with duplicate member names refused at any depth.
 struct Unique(Value);
 

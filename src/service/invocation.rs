@@ -100,6 +100,37 @@ struct Schemas {
 }
 
 type SchemaKey = (String, u64, String);
+
+/// Compiled schemas by agent, revision and operation, with the size of
+/// the JSON they were compiled from.
+#[derive(Default)]
+struct SchemaCache {
+    entries: HashMap<SchemaKey, (Arc<Schemas>, usize)>,
+    bytes: usize,
+}
+
+impl SchemaCache {
+    /// Keeps `compiled` (from `size` bytes of JSON). An agent's earlier
+    /// revisions are never asked for again, so they go: a publisher
+    /// updating one record cannot fill the cache with them. Past
+    /// [`MAX_SCHEMAS`] or [`MAX_SCHEMA_BYTES`] it starts over.
+    fn insert(&mut self, key: SchemaKey, compiled: Arc<Schemas>, size: usize) {
+        let bytes = &mut self.bytes;
+        self.entries.retain(|(id, revision, _), (_, b)| {
+            let stale = *id == key.0 && *revision != key.1;
+            if stale {
+                *bytes -= *b;
+            }
+            !stale
+        });
+        if self.entries.len() >= MAX_SCHEMAS || self.bytes + size > MAX_SCHEMA_BYTES {
+            self.entries.clear();
+            self.bytes = 0;
+        }
+        self.bytes += size;
+        self.entries.insert(key, (compiled, size));
+    }
+}
 type IdempotencyKey = (String, String, String);
 
 struct Remembered {
@@ -138,6 +169,9 @@ const MAX_REMEMBERED: usize = 10_000;
 const MAX_IDEMPOTENCY_KEY: usize = 256;
 /// Compiled operations kept; the cache starts over when it fills.
 const MAX_SCHEMAS: usize = 4_096;
+/// The schemas' JSON the cache may hold (their compiled forms are a few
+/// times as large); it starts over past it.
+const MAX_SCHEMA_BYTES: usize = 32 * 1024 * 1024;
 /// Batch elements called at the same time.
 const BATCH_PARALLELISM: usize = 4;
 
@@ -240,7 +274,7 @@ struct Inner {
     /// Bytes of answers the idempotency memo keeps.
     memo_bytes: usize,
     credentials: Vec<Credential>,
-    schemas: Mutex<HashMap<SchemaKey, Arc<Schemas>>>,
+    schemas: Mutex<SchemaCache>,
     inflight: Mutex<HashMap<String, Arc<Semaphore>>>,
     idempotency: Mutex<Idempotency>,
     ap_runs: super::agent_protocol::ApRuns,
@@ -324,7 +358,7 @@ impl InvocationService {
                 window: Duration::from_secs(config.idempotency_window_secs),
                 memo_bytes: config.idempotency_max_bytes,
                 credentials,
-                schemas: Mutex::new(HashMap::new()),
+                schemas: Mutex::default(),
                 inflight: Mutex::new(HashMap::new()),
                 idempotency: Mutex::new(Idempotency::default()),
                 ap_runs: super::agent_protocol::ApRuns::new(
@@ -649,11 +683,12 @@ impl InvocationService {
             record.envelope.revision,
             target.operation.map(|o| o.name.clone()).unwrap_or_default(),
         );
-        if let Some(s) = self
+        if let Some((s, _)) = self
             .inner
             .schemas
             .lock()
             .unwrap_or_else(|e| e.into_inner())
+            .entries
             .get(&key)
         {
             return Ok(s.clone());
@@ -667,11 +702,16 @@ impl InvocationService {
             inputs: compile(target.inputs)?,
             outputs: compile(target.outputs)?,
         });
-        let mut cache = self.inner.schemas.lock().unwrap_or_else(|e| e.into_inner());
-        if cache.len() >= MAX_SCHEMAS {
-            cache.clear();
-        }
-        cache.insert(key, compiled.clone());
+        let size = [target.inputs, target.outputs]
+            .into_iter()
+            .flatten()
+            .map(crate::domain::json::json_bytes)
+            .sum::<usize>();
+        self.inner
+            .schemas
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, compiled.clone(), size);
         Ok(compiled)
     }
 
@@ -1041,6 +1081,35 @@ fn whole_events(i: Invoked) -> Vec<Event> {
 mod tests {
     use super::*;
     use crate::gateway::outbound::{system_lookup, OutboundPolicy};
+
+    /// The schema cache holds one revision per agent and at most its
+    /// bytes: a publisher updating a record with a large schema, or many
+    /// agents with large ones, cannot grow it without bound.
+    #[test]
+    fn the_schema_cache_keeps_one_revision_per_agent_and_its_bytes() {
+        let mut cache = SchemaCache::default();
+        let none = || {
+            Arc::new(Schemas {
+                inputs: None,
+                outputs: None,
+            })
+        };
+        let key = |id: &str, revision: u64, op: &str| (id.to_string(), revision, op.to_string());
+        cache.insert(key("a", 1, "x"), none(), 1000);
+        cache.insert(key("a", 1, "y"), none(), 500);
+        cache.insert(key("b", 7, "x"), none(), 200);
+        assert_eq!((cache.entries.len(), cache.bytes), (3, 1700));
+        // A new revision of `a` drops both operations of the old one.
+        cache.insert(key("a", 2, "x"), none(), 300);
+        assert_eq!((cache.entries.len(), cache.bytes), (2, 500));
+        assert!(cache.entries.contains_key(&key("b", 7, "x")));
+        // Past the bytes, it starts over with the newcomer.
+        cache.insert(key("c", 1, "x"), none(), MAX_SCHEMA_BYTES - 100);
+        assert_eq!(cache.entries.len(), 1);
+        assert_eq!(cache.bytes, MAX_SCHEMA_BYTES - 100);
+        cache.insert(key("d", 1, "x"), none(), 100);
+        assert_eq!(cache.entries.len(), 2, "exactly at the bound still fits");
+    }
 
     #[test]
     fn a_configured_credential_header_is_checked_at_start() {

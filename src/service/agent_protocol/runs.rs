@@ -87,7 +87,7 @@ enum Pending {
 
 struct RunState {
     events: Vec<Value>,
-    /// About what `events` hold in memory ([`json_bytes`]).
+    /// About what `events` hold in memory (`domain::json::json_bytes`).
     bytes: usize,
     status: Status,
     finish_reason: Option<String>,
@@ -187,7 +187,7 @@ impl Run {
             st.finish_reason = event["finish_reason"].as_str().map(String::from);
             st.completed_at = Some(Instant::now());
         }
-        st.bytes += json_bytes(&event);
+        st.bytes += crate::domain::json::json_bytes(&event);
         st.events.push(event.clone());
         let n = st.events.len();
         drop(st);
@@ -619,17 +619,6 @@ impl InvocationService {
             }
         }
         Ok(run.status_json())
-    }
-}
-
-/// About what a JSON value holds in memory: its texts, and a word for
-/// each value.
-fn json_bytes(v: &Value) -> usize {
-    8 + match v {
-        Value::String(s) => s.len(),
-        Value::Array(a) => a.iter().map(json_bytes).sum(),
-        Value::Object(m) => m.iter().map(|(k, v)| k.len() + json_bytes(v)).sum(),
-        _ => 0,
     }
 }
 
