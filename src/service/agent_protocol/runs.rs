@@ -350,7 +350,9 @@ impl ApRuns {
                     break;
                 }
                 runs.remove(&id);
-                held -= bytes;
+                // Saturating: a run that completed since `held` was summed
+                // may count a last event that sum did not.
+                held = held.saturating_sub(bytes);
             }
         }
         let full = runs.len() >= MAX_RUNS;
