@@ -274,6 +274,8 @@ pub struct Prepared {
     auth: Authenticator,
     generated_admin_key: Option<String>,
     bootstrap: Bootstrap,
+    /// This node's Raft address in `initial_members`, if listed.
+    listed_addr: Option<String>,
     /// `None`: this node founds a cluster and generates its secret.
     cluster_auth: Option<(ClusterAuth, SecretSource)>,
     public_tls: Option<Arc<ReloadingTls>>,
@@ -299,6 +301,7 @@ impl Prepared {
         }
         let auth = auth.with_client_certificates(config.client_certificates.clone());
         let members = config.members()?;
+        let listed_addr = members.get(&config.node_id).cloned();
         // A node missing from the static list (a StatefulSet scaled up after
         // the cluster formed) waits to be added, like a manual one.
         let bootstrap = if config.bootstrap == "manual"
@@ -344,6 +347,7 @@ impl Prepared {
             auth,
             generated_admin_key,
             bootstrap,
+            listed_addr,
             cluster_auth,
             public_tls,
             peer_tls,
@@ -465,6 +469,7 @@ pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
         auth,
         generated_admin_key,
         bootstrap,
+        listed_addr,
         cluster_auth,
         public_tls,
         peer_tls,
@@ -492,7 +497,7 @@ pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
     let advertise_addr = config
         .raft_advertise_addr
         .clone()
-        .or_else(|| config.members().ok()?.remove(&config.node_id))
+        .or(listed_addr)
         .unwrap_or_else(|| raft_addr.to_string());
     let (cluster_auth, secret_source) = match cluster_auth {
         Some(found) => found,

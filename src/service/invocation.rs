@@ -458,7 +458,6 @@ impl InvocationService {
                 replayed: false,
             });
         };
-        idempotency_key(&key)?;
         let (k, cell) = self.remember(principal, &record.metadata.id, &key, &req)?;
         let mut ran = false;
         let outcome = cell
@@ -535,6 +534,8 @@ impl InvocationService {
         })
     }
 
+    /// The request's body, and its `Idempotency-Key` checked: every call
+    /// that carries one passes here before it is remembered or sent.
     fn parse(&self, record: &AgentRecord, req: &InvokeRequest) -> Result<Body> {
         let value = crate::domain::json::parse_json(&req.body).map_err(|e| {
             ServiceError::InvalidRequest {
@@ -544,7 +545,11 @@ impl InvocationService {
         })?;
         let id = record.metadata.id.as_str();
         let token = crate::gateway::import::woa_token(id);
-        parse_body(value, &[id, token.as_str()]).map_err(|e| invalid(e, ""))
+        let body = parse_body(value, &[id, token.as_str()]).map_err(|e| invalid(e, ""))?;
+        if let Some(k) = &req.idempotency_key {
+            idempotency_key(k)?;
+        }
+        Ok(body)
     }
 
     /// Runs a parsed body: one call, or each element of a batch.
@@ -619,7 +624,6 @@ impl InvocationService {
             .position(|b| std::ptr::eq(b, binding))
             .unwrap_or_default();
         if let Some(k) = &req.idempotency_key {
-            idempotency_key(k)?;
             credentials
                 .headers
                 .push(("Idempotency-Key".into(), k.clone()));
