@@ -86,6 +86,13 @@ pub struct ClosedLabels {
     pub reason: &'static str,
 }
 
+/// How a replica consistency check came out.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CheckLabels {
+    /// `consistent`, `diverged` or `incomplete`.
+    pub outcome: &'static str,
+}
+
 struct Instruments {
     requests: Family<RequestLabels, Counter>,
     request_seconds: Family<RequestLabels, Histogram, fn() -> Histogram>,
@@ -109,6 +116,9 @@ struct Instruments {
     audit_lines_dropped: Family<AuditDropLabels, Counter>,
     open_connections: Family<ListenerLabels, Gauge>,
     connections_closed: Family<ClosedLabels, Counter>,
+    replica_checks: Family<CheckLabels, Counter>,
+    replica_check_seconds: Histogram,
+    replicas_diverged: Gauge,
 }
 
 /// 0.25 ms to about 8 s, doubling.
@@ -147,6 +157,9 @@ fn instruments() -> &'static Instruments {
         audit_lines_dropped: Family::default(),
         open_connections: Family::default(),
         connections_closed: Family::default(),
+        replica_checks: Family::default(),
+        replica_check_seconds: long(),
+        replicas_diverged: Gauge::default(),
     })
 }
 
@@ -258,6 +271,17 @@ pub fn observe_connection_closed(listener: &'static str, reason: &'static str) {
         .connections_closed
         .get_or_create(&ClosedLabels { listener, reason })
         .inc();
+}
+
+/// A replica consistency check this node ran: its outcome, the members
+/// whose state differed, and how long the whole check took.
+pub fn observe_replica_check(outcome: &'static str, diverged: i64, took: Duration) {
+    let i = instruments();
+    i.replica_checks
+        .get_or_create(&CheckLabels { outcome })
+        .inc();
+    i.replica_check_seconds.observe(took.as_secs_f64());
+    i.replicas_diverged.set(diverged);
 }
 
 /// Counts a connection accepted on `listener` as open until the returned
@@ -393,5 +417,20 @@ pub fn register(registry: &mut Registry) {
         "agentry_connections_closed",
         "Connections this node closed, by listener and reason (a connection or client cap, a header or TLS deadline, idle, a client that stopped reading)",
         i.connections_closed.clone(),
+    );
+    registry.register(
+        "agentry_replica_checks",
+        "Replica consistency checks this node ran (on demand, or periodically as leader), by outcome: consistent, diverged (a member's state differs from the others') or incomplete (a member did not answer)",
+        i.replica_checks.clone(),
+    );
+    registry.register(
+        "agentry_replica_check_duration_seconds",
+        "Time of a replica consistency check, from proposing its entry until every member's digest was compared",
+        i.replica_check_seconds.clone(),
+    );
+    registry.register(
+        "agentry_replicas_diverged",
+        "Members whose replicated state differed from the others' in the last consistency check this node ran (0 until one ran)",
+        i.replicas_diverged.clone(),
     );
 }

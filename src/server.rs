@@ -657,6 +657,12 @@ pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
             key_file,
         }),
     );
+    if config.consistency_check_secs > 0 {
+        tokio::spawn(crate::service::consistency::run_periodically(
+            node.clone(),
+            Duration::from_secs(config.consistency_check_secs),
+        ));
+    }
     if config.demo {
         tokio::spawn(crate::demo::load(service.clone()));
     }

@@ -10,7 +10,9 @@ use super::grpc::principal;
 use crate::consensus::LinkFault;
 use crate::convert::{audit_query_from_pb, audit_to_pb};
 use crate::pb::{self, cluster_server::Cluster};
-use crate::service::{AuditLog, BackupPart, ClusterService, ClusterView, ServiceError};
+use crate::service::{
+    AuditLog, BackupPart, CheckReport, ClusterService, ClusterView, MemberState, ServiceError,
+};
 
 /// The chunks of a backup file on the wire.
 pub type BackupChunks =
@@ -73,6 +75,43 @@ fn view_to_pb(v: ClusterView) -> pb::ClusterStatus {
             })
             .collect(),
         replication_known: v.replication_known,
+    }
+}
+
+fn report_to_pb(r: CheckReport) -> pb::ClusterCheckReport {
+    pb::ClusterCheckReport {
+        index: r.index,
+        revision: r.revision,
+        outcome: r.outcome.as_str().into(),
+        members: r
+            .members
+            .into_iter()
+            .map(|m| {
+                let (state, differing, error) = match m.state {
+                    MemberState::Agrees => ("agrees", Vec::new(), String::new()),
+                    MemberState::Differs(sections) => ("differs", sections, String::new()),
+                    MemberState::Unanswered(why) => ("unanswered", Vec::new(), why),
+                };
+                pb::MemberCheck {
+                    id: m.id,
+                    raft_addr: m.raft_addr,
+                    role: if m.voter { "voter" } else { "learner" }.into(),
+                    state: state.into(),
+                    differing,
+                    error,
+                    sections: m
+                        .sections
+                        .into_iter()
+                        .map(|s| pb::SectionDigest {
+                            name: s.name,
+                            entries: s.entries,
+                            sha256: s.sha256,
+                        })
+                        .collect(),
+                    took_ms: m.took_ms,
+                }
+            })
+            .collect(),
     }
 }
 
@@ -205,6 +244,15 @@ impl Cluster for ClusterApi {
             }
         });
         Ok(Response::new(Box::pin(chunks)))
+    }
+
+    #[tracing::instrument(name = "grpc.Cluster.Check", skip_all)]
+    async fn check(
+        &self,
+        req: Request<pb::ClusterCheckRequest>,
+    ) -> Result<Response<pb::ClusterCheckReport>, Status> {
+        let report = self.service.check(principal(&req).as_ref()).await?;
+        Ok(Response::new(report_to_pb(report)))
     }
 
     #[tracing::instrument(name = "grpc.Cluster.ListAudit", skip_all)]

@@ -89,7 +89,7 @@ pub fn grpc_class(path: &str) -> Option<OpClass> {
         (
             "agentry.v1.Cluster",
             "Initialize" | "AddLearner" | "Promote" | "Remove" | "TransferLeader" | "SetFaults"
-            | "Backup",
+            | "Backup" | "Check",
         ) => Admin,
         ("agentry.v1.Federation", "GetRegistryInfo" | "ListPublisherKeys") => Read,
         ("agentry.v1.Federation", "RotateKey" | "RetireKey" | "RevokeKey") => Admin,

@@ -6,7 +6,7 @@ use clap::{Args, Subcommand};
 use tonic::transport::Channel;
 
 use super::{local, CliError, ClientArgs};
-use crate::convert::cluster_status_to_json;
+use crate::convert::{cluster_check_to_json, cluster_status_to_json};
 use crate::pb::{self, cluster_client::ClusterClient};
 
 #[derive(Debug, Args)]
@@ -54,6 +54,10 @@ pub enum ClusterCommand {
     /// leader's machine): to ID, or without it to the most caught-up voter.
     /// New writes wait meanwhile; none is lost.
     TransferLeader { id: Option<u64> },
+    /// Replica consistency check: every member hashes its replicated state
+    /// at one new log entry and the digests are compared. Exits non-zero
+    /// unless every member answered with the same digest.
+    Check,
 }
 
 fn parse_member(m: &str) -> Result<pb::Member, CliError> {
@@ -151,6 +155,56 @@ fn print_status(args: &ClientArgs, s: &pb::ClusterStatus) -> Result<(), CliError
     Ok(())
 }
 
+/// Prints a consistency check's report; an error unless it is consistent.
+fn print_check(args: &ClientArgs, r: &pb::ClusterCheckReport) -> Result<(), CliError> {
+    if args.json {
+        let v = cluster_check_to_json(r);
+        out!("{}", serde_json::to_string_pretty(&v).map_err(local)?);
+    } else {
+        out!(
+            "replica check at log index {} (revision {}): {}",
+            r.index,
+            r.revision,
+            r.outcome
+        );
+        out!(
+            "{:>4}  {:<28} {:<8} {:<10} {:>8}  {}",
+            "ID",
+            "RAFT ADDRESS",
+            "ROLE",
+            "STATE",
+            "RECORDS",
+            "DIGEST (records) / WHY"
+        );
+        for m in &r.members {
+            let records = m.sections.iter().find(|s| s.name == "records");
+            let detail = match m.state.as_str() {
+                "unanswered" => m.error.clone(),
+                "differs" => format!("differs in {}", m.differing.join(", ")),
+                _ => records.map_or(String::new(), |s| s.sha256.chars().take(16).collect()),
+            };
+            out!(
+                "{:>4}  {:<28} {:<8} {:<10} {:>8}  {}",
+                m.id,
+                m.raft_addr,
+                m.role,
+                m.state,
+                records.map_or("-".into(), |s| s.entries.to_string()),
+                detail
+            );
+        }
+    }
+    match r.outcome.as_str() {
+        "consistent" => Ok(()),
+        "diverged" => Err(local(
+            "members hold state the log does not explain: remove each differing member, empty              its data directory and add it back (docs/operations.md, \"Checking replicas\")",
+        )),
+        _ => Err(local(
+            "not every member could be compared; run the check again once all answer",
+        )),
+    }
+}
+
 async fn client(args: &ClientArgs) -> Result<ClusterClient<Channel>, CliError> {
     Ok(ClusterClient::new(args.connect(0).await?.1))
 }
@@ -160,6 +214,10 @@ pub async fn run_cluster(all: ClusterArgs) -> Result<(), CliError> {
     let args = &all.client;
     let mut c = client(args).await?;
     let status = match &all.command {
+        ClusterCommand::Check => {
+            let report = c.check(args.request(pb::ClusterCheckRequest {})?).await?;
+            return print_check(args, report.get_ref());
+        }
         ClusterCommand::Status => c.status(args.request(pb::ClusterStatusRequest {})?).await?,
         ClusterCommand::Init { members } => {
             let members = members

@@ -47,16 +47,22 @@ use crate::domain::{
 ///    peer (`Command::Federate::quota`); an older node keeps no such count
 ///    and would keep the copy the others refuse, so the quota is applied
 ///    only by these rules and ignored in entries asking for older ones.
+/// 6. A consistency check (`Command::Check`) makes every node hash its
+///    state as of that entry; an older node cannot read the command at
+///    all, so it is proposed only once every member follows rules 6.
 ///
 /// The newest rules an applied entry asked for are kept in the replicated
 /// state (`ClusterRecord::apply_rules`), as etcd keeps its cluster
 /// version: a new leader assumes them of members it has not heard from
 /// yet, and a node whose binary follows older rules than an entry asks for
 /// stops rather than apply it differently from the others.
-pub const APPLY_RULES: u32 = 5;
+pub const APPLY_RULES: u32 = 6;
 
 /// The apply rules a refusal in the cluster record takes ([`APPLY_RULES`]).
 pub const REFUSAL_RULES: u32 = 4;
+
+/// The apply rules a consistency check takes ([`APPLY_RULES`]).
+pub const CHECK_RULES: u32 = 6;
 
 fn is_zero(n: &u32) -> bool {
     *n == 0
@@ -153,6 +159,10 @@ pub enum Command {
     /// Changes nothing but the audit trail: records an admin action that
     /// took effect outside the state machine (a membership change).
     Note { now: String },
+    /// Changes nothing: marks the entry at which every node digests its
+    /// replicated state for the replica consistency check
+    /// (`storage::digest`).
+    Check { now: String },
     /// Moves a named cursor of a follower of another registry forward (the
     /// MCP registry mirror's `updatedAt`, `mcp-upstream:<url>`): kept with
     /// the federation cursors, so snapshots and backups carry it and a new
@@ -226,6 +236,7 @@ impl Command {
                 expected_revision: Some(_),
                 ..
             } => 2,
+            Self::Check { .. } => CHECK_RULES,
             Self::Audited { command, .. } => command.rules_needed(),
             Self::Batch(commands) => commands.iter().map(Self::rules_needed).max().unwrap_or(0),
             _ => 0,
@@ -276,6 +287,7 @@ impl Command {
             Self::Identity { .. }
             | Self::PublisherKey { .. }
             | Self::Note { .. }
+            | Self::Check { .. }
             | Self::Cursor { .. }
             | Self::Refresh { .. }
             | Self::RevokeLease { .. }
@@ -295,6 +307,7 @@ impl Command {
             | Self::Identity { now, .. }
             | Self::Federate { now, .. }
             | Self::Note { now }
+            | Self::Check { now }
             | Self::Cursor { now, .. }
             | Self::Refresh { now, .. }
             | Self::RevokeLease { now, .. }
@@ -446,6 +459,9 @@ pub enum CommandResult {
     Leases(Vec<Result<LeaseState, Rejection>>),
     /// A blank or membership entry; there is no client to answer.
     Internal,
+    /// A consistency check entry was applied at this log index and
+    /// revision; each node's digest is kept under the index.
+    Checked { index: u64, revision: u64 },
     /// The outcome of each command of a `Command::Batch`, in order.
     Batch(Vec<CommandResult>),
 }

@@ -5,6 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::{Command, CommandResult, NodeId, NodeStatus};
+use crate::storage::StateDigest;
 
 /// A request executed on the leader.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -35,6 +36,9 @@ pub enum Forwarded {
     /// Hand leadership to the voter `to` (`None`: the most caught-up one),
     /// as a stopping leader does; answered with the new leader.
     TransferLeader { to: Option<NodeId> },
+    /// The receiving node's digest of its state at the consistency check
+    /// entry `index` (answered by that node, not forwarded).
+    Digest { index: u64 },
 }
 
 impl Forwarded {
@@ -60,6 +64,7 @@ impl Forwarded {
             Forwarded::Probe => "probe",
             Forwarded::Campaign => "campaign",
             Forwarded::TransferLeader { .. } => "transfer_leader",
+            Forwarded::Digest { .. } => "digest",
         }
     }
 }
@@ -76,4 +81,5 @@ pub enum ForwardReply {
     },
     /// The node that leads after a transfer.
     Leader(NodeId),
+    Digest(StateDigest),
 }

@@ -21,8 +21,8 @@ pub use forward::Forwarded;
 pub use membership_check::{ClusterRecord, MembershipCheck, SharedRecord};
 pub use network::{Network, WINDOW};
 pub use node::{
-    Bootstrap, NodeSettings, NodeStatus, RaftNode, Role, WriteError, ANSWERED_WITHIN,
-    CATCH_UP_TIMEOUT, HAND_OFF_TIMEOUT,
+    Bootstrap, MemberDigest, NodeSettings, NodeStatus, RaftNode, Role, WriteError, ANSWERED_WITHIN,
+    CATCH_UP_TIMEOUT, DIGEST_WAIT, HAND_OFF_TIMEOUT,
 };
 pub use transport::RaftService;
 

@@ -23,7 +23,8 @@ use super::membership_check::MembershipCheck;
 use super::network::TransportError;
 use super::{Command, CommandResult, LogId, Network, NodeId, Proposal, Raft};
 use crate::storage::{
-    DiskSpace, LogStore, NoSpace, Reader, SnapshotStats, SnapshotWeight, SpaceStats, StateMachine,
+    DigestUnavailable, DiskSpace, LogStore, NoSpace, Reader, SnapshotStats, SnapshotWeight,
+    SpaceStats, StateDigest, StateMachine,
 };
 
 /// Why a request could not be carried out. Crosses the internal transport
@@ -277,6 +278,20 @@ fn revision_of(result: &CommandResult) -> Option<u64> {
         CommandResult::Batch(results) => results.iter().filter_map(revision_of).max(),
         _ => None,
     }
+}
+
+/// How long a node waits to have applied a check entry and hashed its
+/// state: hashing reads every record (seconds at a million agents).
+pub const DIGEST_WAIT: Duration = Duration::from_secs(60);
+
+/// One member's answer to a consistency check.
+#[derive(Debug, Clone)]
+pub struct MemberDigest {
+    pub id: NodeId,
+    pub raft_addr: String,
+    pub voter: bool,
+    /// Its digest, or why it has none to give.
+    pub digest: Result<StateDigest, String>,
 }
 
 /// Counts a proposal as in flight for as long as it lives.
@@ -765,6 +780,47 @@ impl RaftNode {
         }
     }
 
+    /// This node's digest of its state at the consistency check entry
+    /// `index`, waiting up to [`DIGEST_WAIT`] for it to apply and hash it.
+    async fn local_digest(&self, index: u64) -> Result<StateDigest, DigestUnavailable> {
+        let metrics = self.raft.metrics();
+        let applied = || metrics.borrow().last_applied.map_or(0, |l| l.index);
+        self.applied.state_digest(index, applied, DIGEST_WAIT).await
+    }
+
+    /// Every member's digest of its state at the consistency check entry
+    /// `index`, asked of all of them at once: this node's own, and the
+    /// others' over the internal transport.
+    #[instrument(level = "info", skip(self), fields(node_id = self.id))]
+    pub async fn member_digests(&self, index: u64) -> Vec<MemberDigest> {
+        let status = self.status();
+        let asks = status.addresses.iter().map(|(&id, addr)| {
+            let voter = status.voters.contains(&id);
+            async move {
+                let digest = if id == self.id {
+                    self.local_digest(index).await.map_err(|e| e.to_string())
+                } else {
+                    let ask = Forwarded::Digest { index };
+                    // The bound covers the asked node's own wait.
+                    let within = DIGEST_WAIT + Duration::from_secs(5);
+                    match self.network.forward(id, addr, &ask, within).await {
+                        Ok(Ok(ForwardReply::Digest(d))) => Ok(d),
+                        Ok(Ok(other)) => Err(unexpected(&other).to_string()),
+                        Ok(Err(e)) => Err(e.to_string()),
+                        Err(e) => Err(format!("not reachable: {e}")),
+                    }
+                };
+                MemberDigest {
+                    id,
+                    raft_addr: addr.clone(),
+                    voter,
+                    digest,
+                }
+            }
+        });
+        futures::future::join_all(asks).await
+    }
+
     /// Read index: after this returns, this node has applied everything
     /// committed before the call, so a local read is linearizable. The leader
     /// confirms its leadership with a quorum; a follower asks the leader and
@@ -1059,6 +1115,11 @@ impl RaftNode {
                 .hand_off(to, HAND_OFF_TIMEOUT)
                 .await
                 .map(ForwardReply::Leader),
+            Forwarded::Digest { index } => self
+                .local_digest(index)
+                .await
+                .map(ForwardReply::Digest)
+                .map_err(|e| WriteError::Unavailable(e.to_string())),
             Forwarded::Status => {
                 let status = self.status();
                 if status.is_leader {

@@ -689,6 +689,37 @@ pub fn dataset_agent_json(mut v: Value) -> Result<Value, FieldError> {
 
 /// The JSON form of a cluster status, shared by `GET /cluster` and
 /// `agentry cluster status --json`.
+/// `POST /cluster/check`'s body: the gRPC report's fields, with empty
+/// ones left out.
+pub fn cluster_check_to_json(r: &pb::ClusterCheckReport) -> Value {
+    serde_json::json!({
+        "index": r.index,
+        "revision": r.revision,
+        "outcome": r.outcome,
+        "members": r.members.iter().map(|m| {
+            let mut member = serde_json::json!({
+                "id": m.id,
+                "raft_addr": m.raft_addr,
+                "role": m.role,
+                "state": m.state,
+                "sections": m.sections.iter().map(|s| serde_json::json!({
+                    "name": s.name,
+                    "entries": s.entries,
+                    "sha256": s.sha256,
+                })).collect::<Vec<_>>(),
+                "took_ms": m.took_ms,
+            });
+            if !m.differing.is_empty() {
+                member["differing"] = serde_json::json!(m.differing);
+            }
+            if !m.error.is_empty() {
+                member["error"] = serde_json::json!(m.error);
+            }
+            member
+        }).collect::<Vec<_>>(),
+    })
+}
+
 pub fn cluster_status_to_json(s: &pb::ClusterStatus) -> Value {
     let node = s.node.clone().unwrap_or_default();
     serde_json::json!({

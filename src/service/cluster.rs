@@ -8,6 +8,7 @@ use crate::consensus::{Command, Faults, LinkFault, NodeId, NodeStatus, RaftNode}
 use crate::domain::{Principal, Role};
 use crate::storage::{BackupError, BackupSummary, Reader, StorageError};
 
+use super::consistency::CheckReport;
 use super::ServiceError;
 
 type Result<T> = std::result::Result<T, ServiceError>;
@@ -171,6 +172,14 @@ impl ClusterService {
             let _ = tx.blocking_send(part);
         });
         Ok(rx)
+    }
+
+    /// Runs a replica consistency check (admins): every member's digest
+    /// of its state at one new log entry, compared.
+    pub async fn check(&self, principal: Option<&Principal>) -> Result<CheckReport> {
+        super::audit::begin("cluster.check", None);
+        require_admin(principal)?;
+        super::consistency::check(&self.node).await
     }
 
     /// This node's state and the membership with replication progress.

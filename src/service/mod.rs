@@ -7,6 +7,7 @@ mod agent_protocol;
 mod ard;
 pub mod audit;
 mod cluster;
+pub mod consistency;
 mod crawl;
 mod discovery;
 mod error;
@@ -28,6 +29,7 @@ pub use ard::{
 };
 pub use audit::{AuditConfig, AuditLog};
 pub use cluster::{BackupPart, ClusterService, ClusterView, MemberView};
+pub use consistency::{CheckReport, MemberState};
 pub use crawl::crawl;
 pub use discovery::RankedPage;
 pub use error::ServiceError;

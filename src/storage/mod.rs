@@ -9,6 +9,7 @@ mod audit;
 mod audit_file;
 mod backup;
 mod checkpoint;
+mod digest;
 mod format;
 mod install;
 mod log_store;
@@ -25,6 +26,7 @@ pub use backup::{
     BackupHeader, BackupSummary, RestoreTarget, BACKUP_FORMAT,
 };
 pub use checkpoint::Outgoing;
+pub use digest::{DigestUnavailable, SectionDigest, StateDigest, DIGEST_FORMAT};
 pub use format::DATA_FORMAT;
 pub use log_store::LogStore;
 pub use reader::{Applied, FollowEnd, HoldsChanged, HoldsListener, Reader};

@@ -90,6 +90,8 @@ pub(crate) struct AppliedState {
     /// when the database holds part of the old state and part of the new
     /// (`storage::install`). Reads check it before and after, as a seqlock.
     pub installs: AtomicU64,
+    /// This node's digests of the state at consistency-check entries.
+    pub digests: Arc<super::digest::ReplicaDigests>,
 }
 
 impl AppliedState {
@@ -162,6 +164,17 @@ pub struct Reader {
 }
 
 impl Reader {
+    /// This node's digest of its state at the consistency check entry
+    /// `index`; `applied` is the log index the node has applied.
+    pub async fn state_digest(
+        &self,
+        index: u64,
+        applied: impl Fn() -> u64,
+        wait: std::time::Duration,
+    ) -> Result<super::StateDigest, super::DigestUnavailable> {
+        self.applied.digests.get(index, applied, wait).await
+    }
+
     /// Whether a snapshot install is replacing the state now (reads are
     /// refused meanwhile; readiness says so).
     pub fn installing(&self) -> bool {

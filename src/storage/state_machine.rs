@@ -31,6 +31,7 @@ use tokio::sync::broadcast;
 
 use super::audit::{trim as trim_audit, Retention, TRIM_EVERY as AUDIT_TRIM_EVERY};
 use super::checkpoint;
+use super::digest::CheckPoint;
 use super::install;
 use super::quota::RecordCounts;
 use super::reader::{Applied, AppliedState, HoldsChanged};
@@ -321,6 +322,7 @@ impl StateMachine {
             holds_listener: Default::default(),
             records: Default::default(),
             installs: Default::default(),
+            digests: Default::default(),
         });
         let this = Self {
             db,
@@ -536,6 +538,7 @@ impl StateMachine {
             | Command::PublisherKey { .. }
             | Command::Audited { .. }
             | Command::Note { .. }
+            | Command::Check { .. }
             | Command::Cursor { .. }
             | Command::Refresh { .. }
             | Command::RevokeLease { .. }
@@ -939,9 +942,16 @@ impl StateMachine {
     /// Applies one batch of committed entries (`RaftStateMachine::apply`).
     // openraft's own error type, returned as its `apply` returns it.
     #[allow(clippy::result_large_err)]
-    fn apply_batch<I>(&mut self, entries: I) -> Result<Vec<CommandResult>, StorageError>
+    ///
+    /// Stops after an entry holding a consistency check (`Command::Check`)
+    /// and returns where it was applied: the caller digests the state as
+    /// of that entry before applying the rest.
+    fn apply_batch<I>(
+        &mut self,
+        entries: I,
+    ) -> Result<(Vec<CommandResult>, Option<CheckPoint>), StorageError>
     where
-        I: IntoIterator<Item = Entry<TypeConfig>>,
+        I: Iterator<Item = Entry<TypeConfig>>,
     {
         // All entries of a call go into one WriteBatch (one WAL write);
         // records written earlier in the batch are read from `written`, so
@@ -978,6 +988,7 @@ impl StateMachine {
         let mut staged = Staged::new(&lease_table);
         let mut weight = 0;
         let mut revision_at = self.applied.revision.load(Ordering::Acquire);
+        let mut check = None;
         for entry in entries {
             // The command's bytes as its proposer encoded them, decoded
             // once, here; a batch entry is applied as its commands would be
@@ -1054,6 +1065,19 @@ impl StateMachine {
                     // Batches are never nested (`consensus::batcher`).
                     Applying::Normal(Command::Note { .. } | Command::Batch(_)) => {
                         CommandResult::Internal
+                    }
+                    Applying::Normal(Command::Check { now }) => {
+                        check = Some(CheckPoint {
+                            index: entry.log_id.index,
+                            revision,
+                            // Counted below, with this command's own entry.
+                            audit_seq: audit_seq + u64::from(audit.is_some()),
+                            now_unix: unix_of(&now),
+                        });
+                        CommandResult::Checked {
+                            index: entry.log_id.index,
+                            revision,
+                        }
                     }
                     Applying::Normal(Command::Refresh { refreshes, now }) => {
                         let now_unix = unix_of(&now);
@@ -1242,9 +1266,12 @@ impl StateMachine {
             } else {
                 outcomes.pop().unwrap_or(CommandResult::Internal)
             });
+            if check.is_some() {
+                break;
+            }
         }
         let Some(last) = last else {
-            return Ok(results);
+            return Ok((results, check));
         };
         let lease_writes = staged.into_writes();
         drop(lease_table);
@@ -1378,7 +1405,7 @@ impl StateMachine {
                 let _ = self.applied.changes.send(Applied::Change(change.clone()));
             }
         }
-        Ok(results)
+        Ok((results, check))
     }
 }
 
@@ -1470,12 +1497,20 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             .wait_for(proposer, last.index, crate::crypto::signature_book::WAIT)
             .await;
         let started = std::time::Instant::now();
-        let applied = self.apply_batch(entries);
-        let count = applied.as_ref().map_or(0, |r| r.len() as u64);
-        crate::metrics::observe_apply(started.elapsed(), count);
+        let mut entries = entries.into_iter();
+        let mut applied = Vec::new();
+        loop {
+            let (results, check) = self.apply_batch(entries.by_ref())?;
+            applied.extend(results);
+            let Some(at) = check else { break };
+            // The state as of the check entry, hashed off the apply path:
+            // nothing is written until the snapshot is taken.
+            self.applied.digests.start(self.db.clone(), at).await;
+        }
+        crate::metrics::observe_apply(started.elapsed(), applied.len() as u64);
         self.signatures
             .applied(last.index, self.applied.revision.load(Ordering::Acquire));
-        applied
+        Ok(applied)
     }
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
@@ -2438,6 +2473,106 @@ mod tests {
                 .unwrap(),
             30
         );
+    }
+
+    /// A check entry's digest is the state as of that entry, whether the
+    /// entries after it arrive in the same call or later, so every node
+    /// digests the same state however openraft groups its entries; a node
+    /// whose stored record differs has a different records digest.
+    #[tokio::test]
+    async fn a_check_digests_the_state_as_of_its_own_entry() {
+        let leader = openraft::CommittedLeaderId::new(1, 1);
+        let entry = |index: u64, command: Command| Entry {
+            log_id: openraft::LogId::new(leader, index),
+            payload: normal(command),
+        };
+        let alice = Principal::new("alice", Role::Publisher);
+        let now = "2026-12-08T00:00:00Z";
+        let check = || Command::Check { now: now.into() };
+        let wait = std::time::Duration::from_secs(10);
+        let digest_of = |sm: &StateMachine, index: u64| {
+            let reader = sm.reader();
+            async move { reader.state_digest(index, || 0, wait).await.unwrap() }
+        };
+
+        let dir = tempfile::tempdir().unwrap();
+        let mut together = state_machine_in(&dir.path().join("together"));
+        let results = together
+            .apply([
+                entry(1, register("a", &alice, now)),
+                entry(2, check()),
+                entry(3, register("b", &alice, now)),
+            ])
+            .await
+            .unwrap();
+        assert_eq!(
+            results[1],
+            CommandResult::Checked {
+                index: 2,
+                revision: 2
+            }
+        );
+        assert_eq!(
+            results.len(),
+            3,
+            "the entries after the check are applied too"
+        );
+
+        let mut apart = state_machine_in(&dir.path().join("apart"));
+        apart
+            .apply([entry(1, register("a", &alice, now)), entry(2, check())])
+            .await
+            .unwrap();
+        apart
+            .apply([entry(3, register("b", &alice, now))])
+            .await
+            .unwrap();
+        let (one, other) = (digest_of(&together, 2).await, digest_of(&apart, 2).await);
+        assert_eq!(one.sections, other.sections);
+        let records = |d: &crate::storage::StateDigest| {
+            d.sections
+                .iter()
+                .find(|s| s.name == "records")
+                .cloned()
+                .unwrap()
+        };
+        assert_eq!(records(&one).entries, 1, "b came after the check");
+
+        // A later check sees b, and a member that installed a snapshot of
+        // the same state (stored in its own encoding) digests it alike.
+        let (mut installed, _db) = restored_from_snapshot(&mut apart, &dir.path().join("b")).await;
+        apart.apply([entry(4, check())]).await.unwrap();
+        installed.apply([entry(4, check())]).await.unwrap();
+        let later = digest_of(&apart, 4).await;
+        assert_eq!(records(&later).entries, 2);
+        assert_eq!(later.sections, digest_of(&installed, 4).await.sections);
+
+        // A record changed behind the log changes the records digest.
+        let agents = cf(&apart.db, CF_AGENTS).unwrap();
+        let stored = apart.db.get_cf(agents, b"a").unwrap().unwrap();
+        let changed = String::from_utf8(stored)
+            .unwrap()
+            .replacen("\"d\"", "\"e\"", 1);
+        apart.db.put_cf(agents, b"a", changed).unwrap();
+        apart.apply([entry(5, check())]).await.unwrap();
+        let tampered = digest_of(&apart, 5).await;
+        for (before, after) in later.sections.iter().zip(&tampered.sections) {
+            match before.name.as_str() {
+                "records" => assert_ne!(before.sha256, after.sha256),
+                // The check entry itself moved the revision.
+                "registry" | "changes" | "audit" | "leases" => {}
+                other => panic!("unexpected section {other}"),
+            }
+        }
+        assert_eq!(
+            tampered.sections.iter().find(|s| s.name == "leases"),
+            later.sections.iter().find(|s| s.name == "leases")
+        );
+
+        // An index this node never applied a check at.
+        let reader = apart.reader();
+        let missing = reader.state_digest(3, || 5, wait).await.unwrap_err();
+        assert!(missing.to_string().contains("did not apply"), "{missing}");
     }
 
     #[tokio::test]

@@ -5,6 +5,7 @@ mod audit;
 mod backup;
 mod batching;
 mod cluster_id;
+mod consistency;
 mod disk;
 mod federation;
 mod harness;

@@ -10,7 +10,7 @@ use super::{
     grpc_request, invalid, json_response, optional_body, typed_body, ApiError, ApiResult, Caller,
     HttpState,
 };
-use crate::convert::cluster_status_to_json;
+use crate::convert::{cluster_check_to_json, cluster_status_to_json};
 use crate::pb::{self, cluster_server::Cluster};
 
 fn ok(resp: tonic::Response<pb::ClusterStatus>) -> ApiResult {
@@ -123,6 +123,30 @@ pub(super) async fn transfer_leader(
         .transfer_leader(grpc_request(&caller, msg))
         .await?)
 }
+
+/// `POST /cluster/check`: a replica consistency check, answered with
+/// every member's digest (200 whatever the outcome: the report says it).
+pub(super) async fn check(
+    State(s): State<HttpState>,
+    caller: Caller,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult {
+    let _: NoBody = optional_body(&s, &headers, body).await?;
+    let resp = s
+        .cluster
+        .check(grpc_request(&caller, pb::ClusterCheckRequest {}))
+        .await?;
+    Ok(json_response(
+        StatusCode::OK,
+        &cluster_check_to_json(resp.get_ref()),
+    ))
+}
+
+/// A request that takes no members (an empty JSON object, or no body).
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct NoBody {}
 
 pub(super) async fn remove(
     State(s): State<HttpState>,

@@ -1362,6 +1362,12 @@ pub fn routes() -> Routes {
         routing::post(cluster::transfer_leader),
     )
     .add(
+        OpClass::Admin,
+        "POST",
+        "/cluster/check",
+        routing::post(cluster::check),
+    )
+    .add(
         OpClass::Read,
         "GET",
         "/.well-known/agentry.json",
