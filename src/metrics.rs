@@ -119,6 +119,8 @@ struct Instruments {
     replica_checks: Family<CheckLabels, Counter>,
     replica_check_seconds: Histogram,
     replicas_diverged: Gauge,
+    /// Unix seconds of the last check this node ran; 0: none.
+    replica_check_at: Gauge,
 }
 
 /// 0.25 ms to about 8 s, doubling.
@@ -160,6 +162,7 @@ fn instruments() -> &'static Instruments {
         replica_checks: Family::default(),
         replica_check_seconds: long(),
         replicas_diverged: Gauge::default(),
+        replica_check_at: Gauge::default(),
     })
 }
 
@@ -282,6 +285,19 @@ pub fn observe_replica_check(outcome: &'static str, diverged: i64, took: Duratio
         .inc();
     i.replica_check_seconds.observe(took.as_secs_f64());
     i.replicas_diverged.set(diverged);
+    i.replica_check_at
+        .set(time::OffsetDateTime::now_utc().unix_timestamp());
+}
+
+/// Sets `agentry_replicas_diverged` back to 0 once the last check this
+/// node ran is older than `after` (`service::consistency`).
+pub fn expire_replica_check(after: Duration) {
+    let i = instruments();
+    let at = i.replica_check_at.get();
+    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    if at > 0 && now.saturating_sub(at) >= i64::try_from(after.as_secs()).unwrap_or(i64::MAX) {
+        i.replicas_diverged.set(0);
+    }
 }
 
 /// Counts a connection accepted on `listener` as open until the returned
@@ -430,7 +446,12 @@ pub fn register(registry: &mut Registry) {
     );
     registry.register(
         "agentry_replicas_diverged",
-        "Members whose replicated state differed from the others' in the last consistency check this node ran (0 until one ran)",
+        "Members whose replicated state differed from the others' in the last consistency check this node ran (0 until one ran; a node that does not lead sets it back to 0 once that check is older than consistency_check_secs)",
         i.replicas_diverged.clone(),
+    );
+    registry.register(
+        "agentry_replica_check_last_timestamp_seconds",
+        "Unix time of the last replica consistency check this node ran (0: none since it started)",
+        i.replica_check_at.clone(),
     );
 }

@@ -661,6 +661,7 @@ pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
         tokio::spawn(crate::service::consistency::run_periodically(
             node.clone(),
             Duration::from_secs(config.consistency_check_secs),
+            shutdown_rx.clone(),
         ));
     }
     if config.demo {

@@ -20,7 +20,7 @@ use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use serde::Deserialize;
 
 use super::auth::{Authenticator, Identity};
-use crate::consensus::CATCH_UP_TIMEOUT;
+use crate::consensus::{CATCH_UP_TIMEOUT, DIGEST_WAIT};
 use crate::domain::Principal;
 use crate::listener::{client_key, Answer, Peer};
 use crate::service::audit::Scope;
@@ -132,11 +132,18 @@ pub fn grpc_streams(path: &str) -> bool {
 /// minutes for a large directory). The leader bounds that wait
 /// (`CATCH_UP_TIMEOUT`) and a follower passing it on allows one request
 /// timeout more; the deadline leaves one more again, so the operation's
-/// own answer arrives first.
+/// own answer arrives first. A replica consistency check likewise outlasts
+/// its members' wait to hash their state, so a member that never answers
+/// is reported in the check's own answer.
 pub fn deadline(operation: &str, request_timeout: Duration) -> Duration {
     match operation.trim_start_matches('/') {
         "agentry.v1.Cluster/AddLearner" | "POST /cluster/learners" => {
             CATCH_UP_TIMEOUT + 2 * request_timeout
+        }
+        // The check's entry is a write; then every member is given
+        // `DIGEST_WAIT` to hash its state, and the transport a little more.
+        "agentry.v1.Cluster/Check" | "POST /cluster/check" => {
+            request_timeout + DIGEST_WAIT + Duration::from_secs(10)
         }
         _ => request_timeout,
     }
@@ -876,6 +883,9 @@ mod tests {
         for op in ["agentry.v1.Cluster/AddLearner", "POST /cluster/learners"] {
             // The leader's wait, then a follower's forwarding, answer first.
             assert!(deadline(op, request) > CATCH_UP_TIMEOUT + request, "{op}");
+        }
+        for op in ["agentry.v1.Cluster/Check", "POST /cluster/check"] {
+            assert!(deadline(op, request) > DIGEST_WAIT + request, "{op}");
         }
         for op in [
             "agentry.v1.Cluster/Promote",

@@ -213,17 +213,36 @@ pub async fn check(node: &RaftNode) -> Result<CheckReport, ServiceError> {
 }
 
 /// Runs a check every `every` while this node leads (one leader at a time,
-/// so one check per interval in the cluster).
-pub async fn run_periodically(node: RaftNode, every: Duration) {
+/// so one check per interval in the cluster), until `shutdown`.
+///
+/// A node that does not lead forgets its own last outcome once it is older
+/// than `every` (`agentry_replicas_diverged` back to 0): the leader's
+/// checks speak for the cluster from then on, so a member replaced after a
+/// divergence is not still reported by a node that lost the leadership.
+pub async fn run_periodically(
+    node: RaftNode,
+    every: Duration,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
     let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        ticks.tick().await;
+        tokio::select! {
+            _ = ticks.tick() => {}
+            _ = shutdown.changed() => {}
+        }
+        if *shutdown.borrow() {
+            return;
+        }
         if !node.status().is_leader {
+            crate::metrics::expire_replica_check(every);
             continue;
         }
-        if let Err(e) = check(&node).await {
-            tracing::warn!(error = %e, "the periodic replica consistency check could not run");
+        tokio::select! {
+            checked = check(&node) => if let Err(e) = checked {
+                tracing::warn!(error = %e, "the periodic replica consistency check could not run");
+            },
+            _ = shutdown.changed() => return,
         }
     }
 }

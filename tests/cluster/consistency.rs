@@ -208,6 +208,22 @@ async fn a_consistency_check_names_the_member_whose_state_was_changed_behind_the
         c.log(asker).contains("replica consistency check"),
         "the divergence is logged"
     );
+    // The leader's own periodic check finds it too; the follower that
+    // asked forgets its outcome once it is older than the interval, so a
+    // node that does not lead never reports a stale divergence.
+    let deadline = tokio::time::Instant::now() + LONG;
+    loop {
+        let leader_says = c.sample(leader, "agentry_replicas_diverged", &[]).await;
+        let asker_says = c.sample(asker, "agentry_replicas_diverged", &[]).await;
+        if leader_says == Some(1) && asker_says == Some(0) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "leader {leader_says:?}, asker {asker_says:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 
     // The remedy: a fresh member in its place.
     let server = c.grpc_url(leader);
@@ -237,5 +253,11 @@ async fn a_consistency_check_names_the_member_whose_state_was_changed_behind_the
     assert_eq!(
         c.sample(asker, "agentry_replicas_diverged", &[]).await,
         Some(0)
+    );
+    assert!(
+        c.sample(asker, "agentry_replica_check_last_timestamp_seconds", &[])
+            .await
+            .unwrap_or(0)
+            > 0
     );
 }
