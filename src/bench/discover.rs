@@ -293,6 +293,10 @@ const NOTHING_ADMITTED_QUERIES: usize = 200;
 pub struct SizeReport {
     pub agents: usize,
     pub load_secs: f64,
+    /// A replica consistency check of the loaded node: the whole check,
+    /// and the node's hashing of its state within it.
+    pub check_ms: u64,
+    pub hash_ms: u64,
     pub restart: Restart,
     pub vector_bytes_per_agent: f64,
     pub postings_per_agent: f64,
@@ -651,7 +655,7 @@ pub async fn run_size(
         wall.saturating_sub(embedding),
     ));
     // Over gRPC on loopback.
-    let discovery = DiscoveryClient::new(channel);
+    let discovery = DiscoveryClient::new(channel.clone());
     for &c in concurrencies {
         runs.push(over_grpc(&discovery, &qs, c).await?);
     }
@@ -679,6 +683,20 @@ pub async fn run_size(
     // As after the load: the refreshes leave a snapshot due, which would
     // otherwise be built during the measured queries.
     server.snapshot_now().await.map_err(|e| e.to_string())?;
+    // What a replica consistency check costs at this size (one node: the
+    // hashing is what grows with the directory; each member hashes its
+    // own at the same time).
+    let checked = Instant::now();
+    let report = crate::pb::cluster_client::ClusterClient::new(channel)
+        .check(request(crate::pb::ClusterCheckRequest {}))
+        .await
+        .map_err(|e| e.to_string())?
+        .into_inner();
+    let check_ms = checked.elapsed().as_millis() as u64;
+    let hash_ms = report.members.first().map_or(0, |m| m.took_ms);
+    if report.outcome != "consistent" {
+        return Err(format!("the consistency check said {}", report.outcome));
+    }
     let (lat, _, wall) = server_side(&service, &qs, Narrowing::Protocols(&[])).await?;
     runs.push(measured(
         "server-side, 1 client, every agent on a lease".into(),
@@ -721,6 +739,8 @@ pub async fn run_size(
     Ok(SizeReport {
         agents: n,
         load_secs,
+        check_ms,
+        hash_ms,
         restart,
         vector_bytes_per_agent: stats.vector_bytes as f64 / n.max(1) as f64,
         postings_per_agent: stats.postings as f64 / n.max(1) as f64,
@@ -752,6 +772,10 @@ pub fn report(sizes: &[SizeReport]) -> String {
             mib(r.rss_serving),
             mib(r.rss_after_queries),
             r.rss_after_queries as f64 / s.agents.max(1) as f64,
+        ));
+        out.push_str(&format!(
+            "  replica consistency check: {} ms, of which hashing the state {} ms\n",
+            s.check_ms, s.hash_ms
         ));
         out.push_str(&format!(
             "  index per agent: vectors {:.0} B, {:.1} postings; RSS growth of the loading process (node and load generator) {}\n",
